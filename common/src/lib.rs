@@ -1,0 +1,364 @@
+//! Types the kernel programs and the agent exchange through BPF maps.
+//!
+//! Everything here is `#[repr(C)]` with every padding byte spelled out as a
+//! named `_pad` field, because the kernel compares map keys byte for byte: an
+//! uninitialised padding byte would make two equal keys differ. Sizes are
+//! checked at compile time below so a field added on one side cannot silently
+//! shift the layout the other side reads.
+//!
+//! Addresses are stored as 16 bytes in network byte order; IPv4 addresses use
+//! the IPv4-mapped IPv6 form (`::ffff:a.b.c.d`) so that one key type serves v4,
+//! v6 and dual-stack sockets alike. Ports are stored in host byte order.
+//!
+//! With the `user` feature the types implement [`aya::Pod`] so user space can
+//! read and write them in maps.
+#![no_std]
+
+pub mod maps;
+
+/// Port of the in-pod listener that receives captured outbound connections.
+pub const OUTBOUND_PORT: u16 = 15001;
+/// Port of the in-pod listener that receives captured inbound plaintext.
+pub const INBOUND_PLAINTEXT_PORT: u16 = 15006;
+/// Port of the in-pod HBONE (mutual TLS) listener.
+pub const HBONE_PORT: u16 = 15008;
+/// Socket mark the engine sets on its own sockets so the kernel programs let
+/// them through (the same value Istio uses, 0x539).
+pub const DEFAULT_PROXY_MARK: u32 = 0x539;
+
+/// `AF_INET`, as the kernel reports a socket family.
+pub const AF_INET: u16 = 2;
+/// `AF_INET6`, as the kernel reports a socket family.
+pub const AF_INET6: u16 = 10;
+
+/// An IPv4 or IPv6 address as 16 bytes in network byte order, IPv4 in the
+/// IPv4-mapped form.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct IpAddr16 {
+    /// The address as four 32-bit words, each in network byte order, so that
+    /// eBPF code can copy the kernel's `user_ip6[4]` words without swapping.
+    pub words: [u32; 4],
+}
+
+impl IpAddr16 {
+    /// The IPv4-mapped form of an IPv4 address given in network byte order
+    /// (as the kernel stores `user_ip4` and `local_ip4`).
+    pub const fn from_ipv4_be(addr_be: u32) -> Self {
+        Self {
+            words: [0, 0, u32::to_be(0x0000_ffff), addr_be],
+        }
+    }
+
+    /// The address from the kernel's four network-order words.
+    pub const fn from_ipv6_words(words: [u32; 4]) -> Self {
+        Self { words }
+    }
+
+    /// The 16 address bytes in network order.
+    pub fn octets(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        let mut i = 0;
+        while i < 4 {
+            // Each word already holds network-order bytes in memory order.
+            let b = self.words[i].to_ne_bytes();
+            out[i * 4] = b[0];
+            out[i * 4 + 1] = b[1];
+            out[i * 4 + 2] = b[2];
+            out[i * 4 + 3] = b[3];
+            i += 1;
+        }
+        out
+    }
+
+    /// The address from its 16 network-order bytes.
+    pub fn from_octets(b: [u8; 16]) -> Self {
+        let w = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Self {
+            words: [w(0), w(4), w(8), w(12)],
+        }
+    }
+
+    /// Whether this is an IPv4-mapped address (`::ffff:0:0/96`).
+    pub const fn is_ipv4_mapped(&self) -> bool {
+        self.words[0] == 0 && self.words[1] == 0 && self.words[2] == u32::to_be(0x0000_ffff)
+    }
+}
+
+/// The connection tuple of a client socket as the client sees it: its own
+/// address and port, and the address and port it is connected to after any
+/// rewrite. The engine rebuilds the same tuple from an accepted socket's peer
+/// and local addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SockTuple {
+    /// Client (source) address.
+    pub src_addr: IpAddr16,
+    /// Address the client is connected to (the listener, after a rewrite).
+    pub dst_addr: IpAddr16,
+    /// Client port, host byte order.
+    pub src_port: u16,
+    /// Connected-to port, host byte order.
+    pub dst_port: u16,
+}
+
+/// The destination a client asked for before the kernel rewrote it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OrigDst {
+    /// Original destination address.
+    pub addr: IpAddr16,
+    /// Original destination port, host byte order.
+    pub port: u16,
+    /// [`AF_INET`] or [`AF_INET6`]: the family the application used, so an
+    /// IPv4 destination reached through an IPv4-mapped IPv6 socket can be
+    /// reported in the form the application expects.
+    pub family: u16,
+}
+
+/// Settings of one agent instance that every kernel program reads. Lives in
+/// slot 0 of the `AGENT_CONFIG` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// Sockets carrying this mark belong to the engine and are never captured.
+    pub proxy_mark: u32,
+    /// In-pod port of the outbound capture listener.
+    pub outbound_port: u16,
+    /// In-pod port of the inbound plaintext capture listener.
+    pub inbound_port: u16,
+    /// In-pod port of the HBONE listener.
+    pub hbone_port: u16,
+    /// Explicit padding; always zero.
+    pub _pad: u16,
+    /// Bit set of `AGENT_*` flags.
+    pub flags: u32,
+}
+
+/// [`AgentConfig::flags`] bit: when an enrolled pod's engine listener is
+/// missing (agent down), let traffic through uncaptured (fail-open) instead
+/// of refusing it (fail-closed, the default).
+pub const AGENT_FAIL_OPEN: u32 = 1 << 0;
+
+/// What the agent knows about one enrolled network namespace. The value of
+/// the `ENROLLED_NETNS` map, keyed by the namespace cookie.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EnrolledNetns {
+    /// Bit set of `ENROLLED_*` flags.
+    pub flags: u32,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 4],
+}
+
+/// [`EnrolledNetns::flags`] bit: capture outbound TCP.
+pub const ENROLLED_CAPTURE_OUTBOUND: u32 = 1 << 0;
+/// [`EnrolledNetns::flags`] bit: the engine's outbound listeners are up. The
+/// agent clears it when it stops and re-sets it when it re-adopts the pod;
+/// while clear, `connect4`/`connect6` apply the fail-open/fail-closed setting.
+pub const ENROLLED_ENGINE_READY: u32 = 1 << 1;
+
+/// A network namespace and a port: key of the per-pod excluded-port maps.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NetnsPort {
+    /// Network namespace cookie.
+    pub netns_cookie: u64,
+    /// Port, host byte order.
+    pub port: u16,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 6],
+}
+
+/// Data part of an `OUT_EXCLUDED_CIDRS` LPM-trie key: the namespace cookie
+/// (big-endian bytes, so the first 64 prefix bits match it exactly) followed
+/// by the address. A CIDR `a/n` of namespace `c` is stored with prefix length
+/// `64 + n` (IPv4: `64 + 96 + n`, addresses being IPv4-mapped).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NetnsAddr {
+    /// `netns_cookie.to_be_bytes()`.
+    pub netns_cookie_be: [u8; 8],
+    /// The address.
+    pub addr: IpAddr16,
+}
+
+/// Prefix bits of [`NetnsAddr::netns_cookie_be`] in an LPM-trie key.
+pub const NETNS_PREFIX_BITS: u32 = 64;
+
+/// An enrolled pod as inbound capture sees it: the value of `POD_INBOUND`,
+/// keyed by each of the pod's IP addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodInbound {
+    /// Cookie of the pod's network namespace.
+    pub netns_cookie: u64,
+    /// The node-side address toward the pod (kubelet probes come from it).
+    pub node_addr: IpAddr16,
+    /// Bit set of `POD_*` flags.
+    pub flags: u32,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 4],
+}
+
+/// [`PodInbound::flags`] bit: capture inbound TCP.
+pub const POD_CAPTURE_INBOUND: u32 = 1 << 0;
+
+/// Key of the `LISTENERS` sock hash: an engine listener of one pod, by pod
+/// IP and role port ([`INBOUND_PLAINTEXT_PORT`] or [`HBONE_PORT`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ListenerKey {
+    /// One of the pod's IPs.
+    pub pod_addr: IpAddr16,
+    /// The listener's role port.
+    pub port: u16,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 2],
+}
+
+/// A pod IP and a port: key of the inbound excluded-port map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PodPort {
+    /// One of the pod's IPs.
+    pub pod_addr: IpAddr16,
+    /// Port, host byte order.
+    pub port: u16,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 2],
+}
+
+/// `SO_ORIGINAL_DST` (`<linux/netfilter_ipv4.h>`), also
+/// `IP6T_SO_ORIGINAL_DST` at level `SOL_IPV6`.
+pub const SO_ORIGINAL_DST: i32 = 80;
+/// `SOL_IP`.
+pub const SOL_IP: i32 = 0;
+/// `SOL_IPV6`.
+pub const SOL_IPV6: i32 = 41;
+
+/// Indexes into the per-CPU `REDIRECT_STATS` counter array: one per decision
+/// the kernel programs take.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Outbound connection rewritten to the outbound listener.
+    RedirectedOutbound = 0,
+    /// Inbound connection assigned to the inbound plaintext listener.
+    RedirectedInbound = 1,
+    /// Inbound connection to port 15008 assigned to the HBONE listener.
+    InboundHbone = 2,
+    /// Socket not in an enrolled network namespace (or destination not an enrolled pod IP).
+    SkippedNotEnrolled = 3,
+    /// Not a TCP socket.
+    SkippedNotTcp = 4,
+    /// Socket carries the proxy mark.
+    ExemptProxyMark = 5,
+    /// Destination is a loopback address, or the pod is talking to itself.
+    ExemptLoopback = 6,
+    /// Port excluded for this pod.
+    ExemptExcludedPort = 7,
+    /// Destination inside a CIDR excluded for this pod.
+    ExemptExcludedCidr = 8,
+    /// Inbound from the node-side address or a configured probe address.
+    ExemptProbe = 9,
+    /// Outbound to port 15008: already tunnel traffic.
+    ExemptHbonePort = 10,
+    /// Connection aimed at an engine capture port: refused, never looped.
+    RefusedEnginePort = 11,
+    /// Engine listener missing (agent down), fail-closed: refused.
+    EngineDownRefused = 12,
+    /// Engine listener missing (agent down), fail-open: let through.
+    EngineDownPassed = 13,
+    /// Original-destination record written at TCP connect time.
+    OrigDstRecorded = 14,
+    /// `getsockopt(SO_ORIGINAL_DST)` answered from the map.
+    OrigDstAnswered = 15,
+    /// `getpeername()` answered with the original destination.
+    PeerRewritten = 16,
+    /// A map update failed (map full or kernel error).
+    MapUpdateFailed = 17,
+}
+
+/// Number of slots in the `REDIRECT_STATS` array.
+pub const COUNTER_SLOTS: u32 = 32;
+
+impl Counter {
+    /// Every counter, in index order.
+    pub const ALL: [Counter; 18] = [
+        Counter::RedirectedOutbound,
+        Counter::RedirectedInbound,
+        Counter::InboundHbone,
+        Counter::SkippedNotEnrolled,
+        Counter::SkippedNotTcp,
+        Counter::ExemptProxyMark,
+        Counter::ExemptLoopback,
+        Counter::ExemptExcludedPort,
+        Counter::ExemptExcludedCidr,
+        Counter::ExemptProbe,
+        Counter::ExemptHbonePort,
+        Counter::RefusedEnginePort,
+        Counter::EngineDownRefused,
+        Counter::EngineDownPassed,
+        Counter::OrigDstRecorded,
+        Counter::OrigDstAnswered,
+        Counter::PeerRewritten,
+        Counter::MapUpdateFailed,
+    ];
+
+    /// Stable snake_case name, used by the CLI and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Counter::RedirectedOutbound => "redirected_outbound",
+            Counter::RedirectedInbound => "redirected_inbound",
+            Counter::InboundHbone => "inbound_hbone",
+            Counter::SkippedNotEnrolled => "skipped_not_enrolled",
+            Counter::SkippedNotTcp => "skipped_not_tcp",
+            Counter::ExemptProxyMark => "exempt_proxy_mark",
+            Counter::ExemptLoopback => "exempt_loopback",
+            Counter::ExemptExcludedPort => "exempt_excluded_port",
+            Counter::ExemptExcludedCidr => "exempt_excluded_cidr",
+            Counter::ExemptProbe => "exempt_probe",
+            Counter::ExemptHbonePort => "exempt_hbone_port",
+            Counter::RefusedEnginePort => "refused_engine_port",
+            Counter::EngineDownRefused => "engine_down_refused",
+            Counter::EngineDownPassed => "engine_down_passed",
+            Counter::OrigDstRecorded => "orig_dst_recorded",
+            Counter::OrigDstAnswered => "orig_dst_answered",
+            Counter::PeerRewritten => "peer_rewritten",
+            Counter::MapUpdateFailed => "map_update_failed",
+        }
+    }
+}
+
+// Layouts are part of the kernel/user contract: fail the build if they move.
+const _: () = {
+    assert!(core::mem::size_of::<IpAddr16>() == 16);
+    assert!(core::mem::size_of::<SockTuple>() == 36);
+    assert!(core::mem::size_of::<OrigDst>() == 20);
+    assert!(core::mem::size_of::<AgentConfig>() == 16);
+    assert!(core::mem::size_of::<EnrolledNetns>() == 8);
+    assert!(core::mem::size_of::<NetnsPort>() == 16);
+    assert!(core::mem::size_of::<NetnsAddr>() == 24);
+    assert!(core::mem::size_of::<PodInbound>() == 32);
+    assert!(core::mem::size_of::<ListenerKey>() == 20);
+    assert!(core::mem::size_of::<PodPort>() == 20);
+    assert!((Counter::ALL.len() as u32) <= COUNTER_SLOTS);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: every type is `repr(C)`, `Copy`, has no padding bytes the
+    // compiler could leave uninitialised (all padding is explicit), and any
+    // bit pattern is a valid value.
+    unsafe impl aya::Pod for super::IpAddr16 {}
+    unsafe impl aya::Pod for super::SockTuple {}
+    unsafe impl aya::Pod for super::OrigDst {}
+    unsafe impl aya::Pod for super::AgentConfig {}
+    unsafe impl aya::Pod for super::EnrolledNetns {}
+    unsafe impl aya::Pod for super::NetnsPort {}
+    unsafe impl aya::Pod for super::NetnsAddr {}
+    unsafe impl aya::Pod for super::PodInbound {}
+    unsafe impl aya::Pod for super::ListenerKey {}
+    unsafe impl aya::Pod for super::PodPort {}
+}

@@ -1,0 +1,65 @@
+//! Names of the maps and programs in the kernel object, shared so that the
+//! agent never spells one differently from the kernel crate.
+//!
+//! Object names are limited to 15 bytes by the kernel (`BPF_OBJ_NAME_LEN`);
+//! pinned file names carry the longer, self-explaining form (see the agent's
+//! `redirect::pins` module).
+
+/// `HashMap<u64 netns cookie, EnrolledNetns>`: network namespaces in the mesh.
+pub const ENROLLED_NETNS: &str = "ENROLLED_NETNS";
+/// `LruHashMap<u64 socket cookie, OrigDst>`: original destination of a
+/// captured client socket, for `sockops` (to re-key it by tuple) and for
+/// `getpeername` (for the socket's lifetime, until LRU eviction).
+pub const ORIG_DST_COOKIE: &str = "ORIG_DST_COOKIE";
+/// `LruHashMap<SockTuple, OrigDst>`: original destination by connection tuple,
+/// read by the engine when it accepts a captured connection and by
+/// `getsockopt(SO_ORIGINAL_DST)`.
+pub const ORIG_DST: &str = "ORIG_DST";
+/// `Array<AgentConfig>` with one slot.
+pub const AGENT_CONFIG: &str = "AGENT_CONFIG";
+/// `PerCpuArray<u64>` indexed by [`crate::Counter`].
+pub const REDIRECT_STATS: &str = "REDIRECT_STATS";
+/// `HashMap<NetnsPort, u8>`: outbound destination ports a pod excludes.
+pub const OUT_EXCL_PORTS: &str = "OUT_EXCL_PORTS";
+/// `LpmTrie<NetnsAddr, u8>`: outbound destination CIDRs a pod excludes.
+pub const OUT_EXCL_CIDRS: &str = "OUT_EXCL_CIDRS";
+/// `HashMap<IpAddr16 pod IP, PodInbound>`: enrolled pods by IP, for
+/// `sk_lookup`.
+pub const POD_INBOUND: &str = "POD_INBOUND";
+/// `HashMap<PodPort, u8>`: inbound ports a pod excludes.
+pub const IN_EXCL_PORTS: &str = "IN_EXCL_PORTS";
+/// `HashMap<IpAddr16, u8>`: source addresses whose inbound connections are
+/// never captured (kubelet probe addresses such as 169.254.7.127).
+pub const PROBE_SOURCES: &str = "PROBE_SOURCES";
+/// `SockHash<ListenerKey>`: the engine's in-pod inbound (15006) and HBONE
+/// (15008) listeners, by pod IP and role port.
+pub const LISTENERS: &str = "LISTENERS";
+
+/// Capacity of [`ORIG_DST`] and [`ORIG_DST_COOKIE`]: concurrent captured
+/// connections the node tracks before the oldest records are evicted.
+pub const ORIG_DST_CAPACITY: u32 = 65_536;
+/// Capacity of [`ENROLLED_NETNS`]: pods per node.
+pub const ENROLLED_CAPACITY: u32 = 4_096;
+/// Capacity of [`POD_INBOUND`] (two IPs per pod) and [`LISTENERS`] (two
+/// roles per IP).
+pub const POD_IP_CAPACITY: u32 = 2 * ENROLLED_CAPACITY;
+/// Capacity of the exclusion maps.
+pub const EXCLUSION_CAPACITY: u32 = 16_384;
+
+/// `cgroup/connect4`: rewrites enrolled pods' outbound IPv4 TCP connections
+/// to the outbound listener.
+pub const PROG_CONNECT4: &str = "dp_connect4";
+/// `cgroup/connect6`: the same for IPv6 sockets, IPv4-mapped included.
+pub const PROG_CONNECT6: &str = "dp_connect6";
+/// `sockops`: at TCP connect time, re-keys the original destination from
+/// the socket cookie to the connection tuple.
+pub const PROG_SOCKOPS: &str = "dp_sockops";
+/// `cgroup/getsockopt`: answers `SO_ORIGINAL_DST` (v4 and v6).
+pub const PROG_GETSOCKOPT: &str = "dp_getsockopt";
+/// `cgroup/getpeername4`: apps see the peer they dialled.
+pub const PROG_GETPEERNAME4: &str = "dp_getpeername4";
+/// `cgroup/getpeername6`: the same for IPv6 sockets.
+pub const PROG_GETPEERNAME6: &str = "dp_getpeername6";
+/// `sk_lookup`, one link per enrolled pod network namespace: inbound TCP to
+/// the pod's IPs goes to the engine's listeners.
+pub const PROG_SK_LOOKUP: &str = "dp_sk_lookup";

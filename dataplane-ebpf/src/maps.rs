@@ -1,0 +1,46 @@
+//! The maps shared with user space. Their key and value types live in
+//! `dataplane-common`; their names in `dataplane_common::maps`.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+};
+use dataplane_common::{
+    AgentConfig, COUNTER_SLOTS, Counter, EnrolledNetns, OrigDst, SockTuple,
+    maps::{ENROLLED_CAPACITY, ORIG_DST_CAPACITY},
+};
+
+#[map]
+pub static ENROLLED_NETNS: HashMap<u64, EnrolledNetns> =
+    HashMap::with_max_entries(ENROLLED_CAPACITY, 0);
+
+#[map]
+pub static ORIG_DST_COOKIE: LruHashMap<u64, OrigDst> =
+    LruHashMap::with_max_entries(ORIG_DST_CAPACITY, 0);
+
+#[map]
+pub static ORIG_DST: LruHashMap<SockTuple, OrigDst> =
+    LruHashMap::with_max_entries(ORIG_DST_CAPACITY, 0);
+
+#[map]
+pub static AGENT_CONFIG: Array<AgentConfig> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static REDIRECT_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
+
+/// Adds one to a decision counter. Per-CPU slots need no atomics.
+#[inline(always)]
+pub fn count(counter: Counter) {
+    if let Some(slot) = REDIRECT_STATS.get_ptr_mut(counter as u32) {
+        // SAFETY: the pointer comes from a successful per-CPU array lookup
+        // and programs do not migrate CPUs while running.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// The agent's settings, or `None` before the agent has written them (then
+/// every program lets traffic through untouched).
+#[inline(always)]
+pub fn agent_config() -> Option<&'static AgentConfig> {
+    AGENT_CONFIG.get(0)
+}

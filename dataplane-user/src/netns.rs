@@ -1,0 +1,116 @@
+//! Network namespaces: their cookies (how the kernel programs name them) and
+//! running code inside one.
+//!
+//! Minimum kernel: 5.14 for `SO_NETNS_COOKIE`.
+
+use std::{
+    fs::File,
+    io,
+    os::fd::{AsFd, AsRawFd, BorrowedFd},
+    path::{Path, PathBuf},
+};
+
+use nix::sched::{CloneFlags, setns};
+
+/// Errors entering or inspecting a network namespace.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    /// The namespace file could not be opened.
+    #[error("cannot open network namespace {path}")]
+    Open {
+        /// The namespace path (e.g. `/var/run/netns/NAME`, `/proc/PID/ns/net`).
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `setns(2)` failed.
+    #[error("cannot enter network namespace {path} (the agent needs CAP_SYS_ADMIN)")]
+    Enter {
+        /// The namespace path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: nix::Error,
+    },
+    /// Reading the cookie failed.
+    #[error(
+        "cannot read the cookie of network namespace {path} (SO_NETNS_COOKIE needs kernel >= 5.14)"
+    )]
+    Cookie {
+        /// The namespace path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The helper thread died.
+    #[error("the thread working in network namespace {path} panicked")]
+    ThreadPanicked {
+        /// The namespace path.
+        path: PathBuf,
+    },
+}
+
+/// The cookie of the network namespace `socket` belongs to.
+pub fn socket_netns_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: valid fd, and a buffer of the size the kernel writes.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(cookie)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The cookie of the calling thread's network namespace.
+pub fn current_netns_cookie() -> io::Result<u64> {
+    // Any socket will do; a Unix datagram socket needs no address family
+    // support beyond the basics and touches no network state.
+    let (a, _b) = std::os::unix::net::UnixDatagram::pair()?;
+    socket_netns_cookie(a.as_fd())
+}
+
+/// Runs `f` on a fresh thread that has joined the network namespace at
+/// `path`. Sockets `f` creates stay in that namespace after it returns, which
+/// is how in-pod listeners are made; the caller's threads never switch.
+pub fn run_in_netns<T, F>(path: &Path, f: F) -> Result<T, NetnsError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let ns = File::open(path).map_err(|source| NetnsError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let owned_path = path.to_path_buf();
+    let handle = std::thread::spawn(move || -> Result<T, NetnsError> {
+        setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
+            path: owned_path,
+            source,
+        })?;
+        Ok(f())
+    });
+    handle.join().map_err(|_| NetnsError::ThreadPanicked {
+        path: path.to_path_buf(),
+    })?
+}
+
+/// The cookie of the network namespace at `path`.
+pub fn netns_cookie_of_path(path: &Path) -> Result<u64, NetnsError> {
+    let owned = path.to_path_buf();
+    run_in_netns(path, current_netns_cookie)?.map_err(|source| NetnsError::Cookie {
+        path: owned,
+        source,
+    })
+}

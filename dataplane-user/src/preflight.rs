@@ -1,0 +1,247 @@
+//! Start-up checks that turn a missing capability, filesystem or kernel
+//! feature into one message naming what is missing and how to fix it,
+//! instead of a failed syscall deep inside the loader.
+//!
+//! All checks run and every problem is reported at once, so an operator fixes
+//! the pod spec in one go.
+
+use std::{
+    fmt,
+    path::{Path, PathBuf},
+};
+
+use caps::{CapSet, Capability};
+use nix::sys::statfs::{BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC, statfs};
+
+/// Capabilities the agent needs, with what each is for.
+pub const REQUIRED_CAPABILITIES: [(Capability, &str); 3] = [
+    (Capability::CAP_BPF, "load eBPF programs and create maps"),
+    (
+        Capability::CAP_NET_ADMIN,
+        "load and attach cgroup socket programs, set socket marks",
+    ),
+    (
+        Capability::CAP_SYS_ADMIN,
+        "enter pod network namespaces (setns), pin in bpffs",
+    ),
+];
+
+/// Oldest kernel the programs can run on at all (BPF links for cgroup
+/// programs, netns cookies in sock_addr programs).
+pub const MIN_KERNEL: (u32, u32) = (5, 7);
+
+/// One thing that stops the agent from starting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    /// Effective capabilities lack some the agent needs.
+    MissingCapabilities {
+        /// Names of the missing capabilities and what each is for.
+        missing: Vec<(String, &'static str)>,
+    },
+    /// The bpffs directory is not on a bpf filesystem.
+    NotBpffs {
+        /// The directory that was checked.
+        path: PathBuf,
+    },
+    /// No cgroup v2 hierarchy is mounted (cgroup v1 only).
+    NoCgroupV2,
+    /// The attach cgroup is not on a cgroup v2 filesystem.
+    NotCgroupV2 {
+        /// The directory that was checked.
+        path: PathBuf,
+    },
+    /// The kernel is older than [`MIN_KERNEL`].
+    KernelTooOld {
+        /// The running kernel's release string.
+        release: String,
+    },
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::MissingCapabilities { missing } => {
+                write!(f, "missing capabilities:")?;
+                for (name, why) in missing {
+                    write!(f, " {name} (to {why});")?;
+                }
+                write!(
+                    f,
+                    " run as root, or grant them (DaemonSet: securityContext.capabilities.add)"
+                )
+            }
+            Problem::NotBpffs { path } => write!(
+                f,
+                "{} is not on a bpf filesystem, so maps and links cannot be pinned; \
+                 mount bpffs with `mount -t bpf bpf /sys/fs/bpf` (DaemonSet: a hostPath \
+                 volume of /sys/fs/bpf) and pass --bpffs with a directory on it",
+                path.display()
+            ),
+            Problem::NoCgroupV2 => write!(
+                f,
+                "no cgroup v2 hierarchy is mounted (cgroup v1 only), and the redirection \
+                 programs attach to a cgroup v2 directory; mount one with \
+                 `mount -t cgroup2 none /sys/fs/cgroup/unified` or boot with \
+                 systemd.unified_cgroup_hierarchy=1"
+            ),
+            Problem::NotCgroupV2 { path } => write!(
+                f,
+                "{} is not a cgroup v2 directory (cgroup v1 or not a cgroup); pass a \
+                 directory of the cgroup2 mount with --cgroup (see `grep cgroup2 /proc/mounts`)",
+                path.display()
+            ),
+            Problem::KernelTooOld { release } => write!(
+                f,
+                "kernel {release} is too old: the redirection programs need kernel >= {}.{} \
+                 (6.1 or newer is supported)",
+                MIN_KERNEL.0, MIN_KERNEL.1
+            ),
+        }
+    }
+}
+
+/// Every problem found, reported together.
+#[derive(Debug, thiserror::Error)]
+#[error("the agent cannot start on this host:\n{}", list(.problems))]
+pub struct PreflightError {
+    /// What is wrong, in check order.
+    pub problems: Vec<Problem>,
+}
+
+fn list(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What to check.
+#[derive(Debug, Clone)]
+pub struct PreflightInput<'a> {
+    /// bpffs directory for pins.
+    pub bpffs: &'a Path,
+    /// Attach cgroup, or `None` when it is to be detected.
+    pub cgroup: Option<&'a Path>,
+}
+
+/// Runs every check. On success returns the cgroup to attach to (the one
+/// given, or the detected cgroup v2 mount).
+pub fn check(input: &PreflightInput<'_>) -> Result<PathBuf, PreflightError> {
+    let mut problems = Vec::new();
+    if let Some(p) = check_kernel() {
+        problems.push(p);
+    }
+    if let Some(p) = check_capabilities() {
+        problems.push(p);
+    }
+    if !on_filesystem(input.bpffs, BPF_FS_MAGIC) {
+        problems.push(Problem::NotBpffs {
+            path: input.bpffs.to_path_buf(),
+        });
+    }
+    let cgroup = match input.cgroup {
+        Some(path) if on_filesystem(path, CGROUP2_SUPER_MAGIC) => Some(path.to_path_buf()),
+        Some(path) => {
+            problems.push(Problem::NotCgroupV2 {
+                path: path.to_path_buf(),
+            });
+            None
+        }
+        None => {
+            let found = cgroup2_mount();
+            if found.is_none() {
+                problems.push(Problem::NoCgroupV2);
+            }
+            found
+        }
+    };
+    match cgroup {
+        Some(cgroup) if problems.is_empty() => Ok(cgroup),
+        _ => Err(PreflightError { problems }),
+    }
+}
+
+fn check_capabilities() -> Option<Problem> {
+    let missing: Vec<(String, &'static str)> = REQUIRED_CAPABILITIES
+        .iter()
+        .filter(|(cap, _)| {
+            // CAP_BPF is unknown to kernels before 5.8; there CAP_SYS_ADMIN
+            // covers it, and the kernel check reports the old kernel anyway.
+            !caps::has_cap(None, CapSet::Effective, *cap).unwrap_or(false)
+        })
+        .map(|(cap, why)| (cap.to_string(), *why))
+        .collect();
+    (!missing.is_empty()).then_some(Problem::MissingCapabilities { missing })
+}
+
+fn check_kernel() -> Option<Problem> {
+    let release = nix::sys::utsname::uname()
+        .ok()?
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    let version = parse_release(&release)?;
+    (version < MIN_KERNEL).then_some(Problem::KernelTooOld { release })
+}
+
+/// `(major, minor)` of a kernel release string such as `6.18.44-foo`.
+pub fn parse_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+fn on_filesystem(path: &Path, magic: nix::sys::statfs::FsType) -> bool {
+    statfs(path).is_ok_and(|s| s.filesystem_type() == magic)
+}
+
+/// The first cgroup v2 mount point: `/sys/fs/cgroup` on unified hosts,
+/// `/sys/fs/cgroup/unified` on hybrid ones.
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    mount_points("cgroup2").into_iter().next()
+}
+
+/// Mount points of every filesystem of type `fstype`, in the order of
+/// `/proc/self/mountinfo`.
+pub fn mount_points(fstype: &str) -> Vec<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            // Fields: id parent dev root mount_point ... - fstype source options
+            let (left, right) = line.split_once(" - ")?;
+            let mount_point = left.split_whitespace().nth(4)?;
+            (right.split_whitespace().next()? == fstype).then(|| PathBuf::from(mount_point))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_kernel_releases() {
+        assert_eq!(parse_release("6.18.44-fc-v669"), Some((6, 18)));
+        assert_eq!(parse_release("5.10.0-32-cloud-amd64"), Some((5, 10)));
+        assert_eq!(parse_release("garbage"), None);
+    }
+
+    #[test]
+    fn problems_name_the_fix() {
+        let text = PreflightError {
+            problems: vec![
+                Problem::NoCgroupV2,
+                Problem::NotBpffs {
+                    path: "/tmp/x".into(),
+                },
+            ],
+        }
+        .to_string();
+        assert!(text.contains("mount -t cgroup2"), "{text}");
+        assert!(text.contains("/tmp/x is not on a bpf filesystem"), "{text}");
+        assert!(text.contains("mount -t bpf bpf /sys/fs/bpf"), "{text}");
+    }
+}

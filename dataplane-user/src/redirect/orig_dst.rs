@@ -1,0 +1,138 @@
+//! Recovering a captured connection's original destination from the
+//! tuple-keyed `ORIG_DST` map, given the accepted socket's addresses.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use aya::maps::{HashMap, Map, MapData};
+use dataplane_common::{AF_INET, IpAddr16, OrigDst, SockTuple, maps::ORIG_DST};
+
+use super::{PinLayout, RedirectError};
+
+/// A handle on an instance's pinned `ORIG_DST` map. Opened by path, so the
+/// engine holds its own descriptor independent of the loader.
+pub struct OrigDstTable {
+    map: HashMap<MapData, SockTuple, OrigDst>,
+}
+
+impl std::fmt::Debug for OrigDstTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OrigDstTable")
+    }
+}
+
+impl OrigDstTable {
+    /// Opens the pinned map of the instance laid out by `pins`.
+    pub fn open(pins: &PinLayout) -> Result<Self, RedirectError> {
+        let err = |source| RedirectError::Map {
+            name: ORIG_DST,
+            source,
+        };
+        let data = MapData::from_pin(pins.map(ORIG_DST)).map_err(err)?;
+        let map = HashMap::try_from(Map::from_map_data(data).map_err(err)?).map_err(err)?;
+        Ok(Self { map })
+    }
+
+    /// The original destination of the connection whose accepted socket has
+    /// peer address `peer` and local address `local`, removing the record
+    /// (each connection is looked up once). `None` when the connection was
+    /// not captured by our programs.
+    pub fn take(
+        &mut self,
+        peer: SocketAddr,
+        local: SocketAddr,
+    ) -> Result<Option<SocketAddr>, RedirectError> {
+        let key = tuple_of(peer, local);
+        match self.map.get(&key, 0) {
+            Ok(orig) => {
+                // A failed delete only leaves the record to LRU eviction.
+                let _ = self.map.remove(&key);
+                Ok(Some(socket_addr_of(&orig)))
+            }
+            Err(err) if super::is_not_found(&err) => Ok(None),
+            Err(source) => Err(RedirectError::Map {
+                name: ORIG_DST,
+                source,
+            }),
+        }
+    }
+}
+
+/// The key the kernel wrote for a connection from `client` to `connected_to`
+/// (the client's view: its own address, and the rewritten destination).
+pub fn tuple_of(client: SocketAddr, connected_to: SocketAddr) -> SockTuple {
+    SockTuple {
+        src_addr: addr16(client.ip()),
+        dst_addr: addr16(connected_to.ip()),
+        src_port: client.port(),
+        dst_port: connected_to.port(),
+    }
+}
+
+fn addr16(ip: IpAddr) -> IpAddr16 {
+    let v6 = match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    IpAddr16::from_octets(v6.octets())
+}
+
+fn socket_addr_of(orig: &OrigDst) -> SocketAddr {
+    let v6 = Ipv6Addr::from(orig.addr.octets());
+    let ip = match v6.to_ipv4_mapped() {
+        Some(v4) if orig.family == AF_INET || orig.addr.is_ipv4_mapped() => IpAddr::V4(v4),
+        _ => IpAddr::V6(v6),
+    };
+    SocketAddr::new(ip, orig.port)
+}
+
+#[cfg(test)]
+#[expect(
+    clippy::unwrap_used,
+    reason = "a bad fixture should fail the test loudly"
+)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    #[test]
+    fn v4_tuple_uses_mapped_form_and_host_order_ports() {
+        let t = tuple_of(
+            "10.0.0.1:40000".parse().unwrap(),
+            "127.0.0.1:15001".parse().unwrap(),
+        );
+        assert_eq!(t.src_port, 40000);
+        assert_eq!(t.dst_port, 15001);
+        assert!(t.src_addr.is_ipv4_mapped());
+        assert_eq!(
+            t.dst_addr,
+            IpAddr16::from_ipv4_be(u32::from(Ipv4Addr::LOCALHOST).to_be())
+        );
+    }
+
+    #[test]
+    fn v4_and_mapped_v6_sockets_give_the_same_key() {
+        let v4 = tuple_of("10.0.0.1:1".parse().unwrap(), "10.0.0.2:2".parse().unwrap());
+        let mapped = tuple_of(
+            "[::ffff:10.0.0.1]:1".parse().unwrap(),
+            "[::ffff:10.0.0.2]:2".parse().unwrap(),
+        );
+        assert_eq!(v4, mapped);
+    }
+
+    #[test]
+    fn orig_dst_round_trips_both_families() {
+        let v4 = OrigDst {
+            addr: IpAddr16::from_ipv4_be(u32::from(Ipv4Addr::new(10, 1, 2, 3)).to_be()),
+            port: 8080,
+            family: AF_INET,
+        };
+        assert_eq!(socket_addr_of(&v4), "10.1.2.3:8080".parse().unwrap());
+        let v6 = OrigDst {
+            addr: IpAddr16::from_octets("fd00::7".parse::<Ipv6Addr>().unwrap().octets()),
+            port: 443,
+            family: dataplane_common::AF_INET6,
+        };
+        assert_eq!(socket_addr_of(&v6), "[fd00::7]:443".parse().unwrap());
+    }
+}

@@ -1,0 +1,85 @@
+//! Test harness for integration tests against the real kernel: network
+//! namespaces, cgroups, bpffs directories and child processes, each owned by
+//! a guard that removes it on drop, including when the test panics.
+//!
+//! Every name carries the prefix `dpt-` plus the test's tag, the process id
+//! and a counter, so tests run in parallel (and in parallel test binaries)
+//! without colliding, and anything left behind by a killed run is easy to
+//! attribute.
+//!
+//! Traffic stays inside namespaces the tests create or on loopback.
+
+pub mod cgroup;
+pub mod netns;
+pub mod process;
+pub mod responder;
+pub mod topology;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+pub use cgroup::Cgroup;
+pub use netns::Netns;
+pub use process::{ChildGuard, agent_binary, probe_binary, spawn_in};
+pub use responder::Responder;
+
+/// A name unique to this process and call: `dpt-<tag>-<pid>-<n>`.
+pub fn unique_name(tag: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("dpt-{tag}-{}-{n}", std::process::id())
+}
+
+/// A directory on bpffs that the test owns; removed recursively on drop.
+#[derive(Debug)]
+pub struct BpffsDir {
+    path: PathBuf,
+}
+
+impl BpffsDir {
+    /// Creates `/sys/fs/bpf/<unique name>`.
+    pub fn new(tag: &str) -> anyhow::Result<Self> {
+        let path = Path::new("/sys/fs/bpf").join(unique_name(tag));
+        std::fs::create_dir_all(&path).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot create {} ({e}); is bpffs mounted? run `cargo xtask setup`",
+                path.display()
+            )
+        })?;
+        Ok(Self { path })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for BpffsDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            eprintln!("cleanup: cannot remove {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// Runs a command to completion and fails with its output if it fails.
+pub fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run {program}: {e}"))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "`{program} {}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

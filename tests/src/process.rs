@@ -1,0 +1,176 @@
+//! Child processes placed in a test's network namespace and cgroup, killed
+//! on drop.
+
+use std::{
+    fs::File,
+    io::Read,
+    os::{fd::AsRawFd, unix::process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// Path of the `dp-probe` test client (built by cargo alongside this
+/// package's integration tests).
+pub fn probe_binary() -> anyhow::Result<PathBuf> {
+    target_binary("dp-probe", "cargo builds it with this package's tests")
+}
+
+/// Path of the agent binary under test: `$DATAPLANE_BIN`, else `dataplane`
+/// in the same target directory as the running test (which `cargo xtask
+/// test` builds first).
+pub fn agent_binary() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("DATAPLANE_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    target_binary(
+        "dataplane",
+        "build it with `cargo build -p dataplane-user` (`cargo xtask test` does) or set DATAPLANE_BIN",
+    )
+}
+
+/// `target/<profile>/<name>`, found from the running test executable
+/// (`target/<profile>/deps/<test>`).
+fn target_binary(name: &str, hint: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let candidate = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join(name))
+        .ok_or_else(|| anyhow::anyhow!("cannot locate the target directory from {exe:?}"))?;
+    anyhow::ensure!(
+        candidate.exists(),
+        "{} does not exist: {hint}",
+        candidate.display()
+    );
+    Ok(candidate)
+}
+
+/// A child process killed (and reaped) on drop.
+#[derive(Debug)]
+pub struct ChildGuard {
+    child: Option<Child>,
+}
+
+/// What a finished child produced.
+#[derive(Debug)]
+pub struct Finished {
+    /// Exit code, or `None` if killed by a signal.
+    pub code: Option<i32>,
+    /// Captured stdout.
+    pub stdout: String,
+    /// Captured stderr.
+    pub stderr: String,
+}
+
+impl ChildGuard {
+    /// Wraps a spawned child.
+    pub fn new(child: Child) -> Self {
+        Self { child: Some(child) }
+    }
+
+    /// The child's pid.
+    pub fn id(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Waits for the child to exit, killing it after `limit` (a guard
+    /// against hangs, not a timing assertion), and returns its output.
+    pub fn wait(mut self, limit: Duration) -> anyhow::Result<Finished> {
+        let mut child = self
+            .child
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("child already taken"))?;
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                anyhow::bail!("child {} did not exit within {limit:?}", child.id());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        if let Some(mut out) = child.stdout.take() {
+            out.read_to_string(&mut stdout)?;
+        }
+        if let Some(mut err) = child.stderr.take() {
+            err.read_to_string(&mut stderr)?;
+        }
+        Ok(Finished {
+            code: status.code(),
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Whether the child has not exited yet.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Sends `signal` to the child.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) -> anyhow::Result<()> {
+        let pid = self.id().ok_or_else(|| anyhow::anyhow!("no child"))?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal)?;
+        Ok(())
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Spawns `command` with stdout and stderr captured, inside the network
+/// namespace `netns` (if any) and the cgroup `cgroup` (if any), joined
+/// between fork and exec so the program never runs outside them.
+pub fn spawn_in(
+    mut command: Command,
+    netns: Option<&Path>,
+    cgroup: Option<&Path>,
+) -> anyhow::Result<ChildGuard> {
+    let netns_file = netns.map(File::open).transpose()?;
+    let procs_file = cgroup
+        .map(|dir| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(dir.join("cgroup.procs"))
+        })
+        .transpose()?;
+    let netns_fd = netns_file.as_ref().map(AsRawFd::as_raw_fd);
+    let procs_fd = procs_file.as_ref().map(AsRawFd::as_raw_fd);
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: the closure only makes async-signal-safe system calls on file
+    // descriptors opened before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            if let Some(fd) = procs_fd {
+                // Writing "0" moves the writing process itself.
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if let Some(fd) = netns_fd
+                && libc::setns(fd, libc::CLONE_NEWNET) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn()?;
+    drop(netns_file);
+    drop(procs_file);
+    Ok(ChildGuard::new(child))
+}

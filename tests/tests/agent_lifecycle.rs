@@ -1,0 +1,278 @@
+//! The `dataplane` binary as an operator meets it: it refuses to start on a
+//! host that lacks what it needs with a message naming the fix, and on
+//! SIGTERM it keeps or removes its kernel state exactly as `--on-exit` says.
+
+use std::{
+    ffi::CString,
+    os::unix::process::CommandExt,
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use dataplane_tests::{BpffsDir, Cgroup, ChildGuard, agent_binary, spawn_in};
+use dataplane_user::{preflight::mount_points, redirect::PinLayout};
+use nix::sys::signal::Signal;
+
+const LIMIT: Duration = Duration::from_secs(30);
+/// Exit code the agent documents for "the host lacks something".
+const EXIT_ENVIRONMENT: i32 = 3;
+
+fn agent() -> anyhow::Result<Command> {
+    Ok(Command::new(agent_binary()?))
+}
+
+/// Runs the agent to completion (it is expected to fail fast).
+fn run_to_exit(cmd: Command) -> anyhow::Result<(Option<i32>, String)> {
+    let out = spawn_in(cmd, None, None)?.wait(LIMIT)?;
+    Ok((out.code, out.stderr))
+}
+
+/// Makes the child see a private copy of the mount table in which every
+/// mount at `targets` is detached, so the agent meets a host without them
+/// while the real host keeps them.
+fn without_mounts(cmd: &mut Command, targets: Vec<PathBuf>) -> anyhow::Result<()> {
+    let targets: Vec<CString> = targets
+        .iter()
+        .map(|p| CString::new(p.as_os_str().as_encoded_bytes()))
+        .collect::<Result<_, _>>()?;
+    let root = CString::new("/")?;
+    // SAFETY: unshare/mount/umount2 are plain system calls on memory
+    // allocated before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let flags = libc::MS_REC | libc::MS_PRIVATE;
+            if libc::mount(
+                std::ptr::null(),
+                root.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            for target in &targets {
+                // Stacked mounts: peel until nothing is left (bounded).
+                for _ in 0..8 {
+                    if libc::umount2(target.as_ptr(), libc::MNT_DETACH) != 0 {
+                        break;
+                    }
+                }
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+#[test]
+fn refuses_to_run_without_capabilities() -> anyhow::Result<()> {
+    let mut cmd = agent()?;
+    cmd.arg("run");
+    // Dropping to an unprivileged user clears every capability (std also
+    // drops supplementary groups when a root parent sets the uid).
+    cmd.uid(65534).gid(65534);
+    let (code, stderr) = run_to_exit(cmd)?;
+    assert_eq!(code, Some(EXIT_ENVIRONMENT), "{stderr}");
+    assert!(stderr.contains("missing capabilities"), "{stderr}");
+    for cap in ["CAP_BPF", "CAP_NET_ADMIN", "CAP_SYS_ADMIN"] {
+        assert!(stderr.contains(cap), "{cap} not named: {stderr}");
+    }
+    assert!(stderr.contains("run as root, or grant them"), "{stderr}");
+    Ok(())
+}
+
+#[test]
+fn refuses_to_run_without_bpffs() -> anyhow::Result<()> {
+    let mut cmd = agent()?;
+    cmd.arg("run");
+    without_mounts(&mut cmd, mount_points("bpf"))?;
+    let (code, stderr) = run_to_exit(cmd)?;
+    assert_eq!(code, Some(EXIT_ENVIRONMENT), "{stderr}");
+    assert!(
+        stderr.contains("/sys/fs/bpf is not on a bpf filesystem"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("mount -t bpf bpf /sys/fs/bpf"), "{stderr}");
+    Ok(())
+}
+
+#[test]
+fn refuses_to_run_on_cgroup_v1_only() -> anyhow::Result<()> {
+    let mut cmd = agent()?;
+    cmd.arg("run");
+    without_mounts(&mut cmd, mount_points("cgroup2"))?;
+    let (code, stderr) = run_to_exit(cmd)?;
+    assert_eq!(code, Some(EXIT_ENVIRONMENT), "{stderr}");
+    assert!(
+        stderr.contains("no cgroup v2 hierarchy is mounted"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("mount -t cgroup2"), "{stderr}");
+    Ok(())
+}
+
+#[test]
+fn refuses_a_cgroup_that_is_not_cgroup_v2() -> anyhow::Result<()> {
+    let dir = std::env::temp_dir();
+    let mut cmd = agent()?;
+    cmd.arg("run").arg("--cgroup").arg(&dir);
+    let (code, stderr) = run_to_exit(cmd)?;
+    assert_eq!(code, Some(EXIT_ENVIRONMENT), "{stderr}");
+    assert!(stderr.contains("is not a cgroup v2 directory"), "{stderr}");
+    Ok(())
+}
+
+#[test]
+fn rejects_a_bad_config_file_with_its_position() -> anyhow::Result<()> {
+    let dir = BpffsDir::new("cfg")?; // only for a unique name
+    let file = std::env::temp_dir().join(
+        dir.path()
+            .file_name()
+            .ok_or_else(|| anyhow::anyhow!("no name"))?,
+    );
+    std::fs::write(
+        &file,
+        "workloads:\n- uid: a\n  name: b\n  namespace: c\n  servceAccount: typo\n",
+    )?;
+    let mut cmd = agent()?;
+    cmd.arg("run").arg("--config").arg(&file);
+    let result = run_to_exit(cmd);
+    let _ = std::fs::remove_file(&file);
+    let (code, stderr) = result?;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("servceAccount"), "{stderr}");
+    assert!(stderr.contains("line 5"), "{stderr}");
+    Ok(())
+}
+
+/// A running agent attached to a test cgroup with its pins in a test bpffs
+/// directory.
+fn start_agent(cgroup: &Cgroup, bpffs: &BpffsDir, on_exit: &str) -> anyhow::Result<ChildGuard> {
+    let mut cmd = agent()?;
+    cmd.arg("run")
+        .arg("--instance")
+        .arg("life")
+        .arg("--bpffs")
+        .arg(bpffs.path())
+        .arg("--cgroup")
+        .arg(cgroup.path())
+        .arg("--on-exit")
+        .arg(on_exit);
+    spawn_in(cmd, None, None)
+}
+
+fn link_pins(pins: &PinLayout) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(pins.links_dir())
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Waits until both links are pinned (the agent is attached).
+fn wait_attached(pins: &PinLayout, agent: &mut ChildGuard) -> anyhow::Result<()> {
+    let deadline = Instant::now() + LIMIT;
+    while link_pins(pins).len() < 2 {
+        anyhow::ensure!(agent.is_running(), "agent exited before attaching");
+        anyhow::ensure!(Instant::now() < deadline, "agent did not attach in time");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// IDs of the links attached to `cgroup`, from the kernel's own view.
+fn cgroup_link_ids(pins: &PinLayout) -> anyhow::Result<Vec<u32>> {
+    link_pins(pins)
+        .iter()
+        .map(|name| {
+            let link = aya::programs::links::PinnedLink::from_pin(pins.links_dir().join(name))?;
+            let fd: aya::programs::links::FdLink = link.into();
+            Ok(fd.info()?.id())
+        })
+        .collect()
+}
+
+#[test]
+fn sigterm_with_detach_leaves_nothing() -> anyhow::Result<()> {
+    let bpffs = BpffsDir::new("lifedet")?;
+    let cgroup = Cgroup::new("lifedet")?;
+    let pins = PinLayout::new(bpffs.path(), "life");
+    let mut agent = start_agent(&cgroup, &bpffs, "detach")?;
+    wait_attached(&pins, &mut agent)?;
+    agent.signal(Signal::SIGTERM)?;
+    let out = agent.wait(LIMIT)?;
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(!pins.dir().exists(), "pins left: {}", pins.dir().display());
+    assert!(
+        !bpffs.path().join("dataplane").exists(),
+        "empty parent directories left behind"
+    );
+    Ok(())
+}
+
+#[test]
+fn sigterm_with_keep_leaves_state_for_the_next_agent() -> anyhow::Result<()> {
+    let bpffs = BpffsDir::new("lifekeep")?;
+    let cgroup = Cgroup::new("lifekeep")?;
+    let pins = PinLayout::new(bpffs.path(), "life");
+
+    let mut first = start_agent(&cgroup, &bpffs, "keep")?;
+    wait_attached(&pins, &mut first)?;
+    let first_links = cgroup_link_ids(&pins)?;
+    first.signal(Signal::SIGTERM)?;
+    let out = first.wait(LIMIT)?;
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // Documented: programs stay attached and maps pinned.
+    assert_eq!(
+        link_pins(&pins),
+        ["cgroup_connect4_dp_connect4", "cgroup_sockops_dp_sockops"]
+    );
+    assert_eq!(cgroup_link_ids(&pins)?, first_links);
+
+    // The next agent re-adopts: new links replace the old generation.
+    let mut second = start_agent(&cgroup, &bpffs, "detach")?;
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let ids = cgroup_link_ids(&pins).unwrap_or_default();
+        if ids.len() == 2 && ids.iter().all(|id| !first_links.contains(id)) {
+            break;
+        }
+        anyhow::ensure!(second.is_running(), "second agent exited");
+        anyhow::ensure!(Instant::now() < deadline, "links were not replaced");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    second.signal(Signal::SIGTERM)?;
+    let out = second.wait(LIMIT)?;
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(!pins.dir().exists());
+    Ok(())
+}
+
+#[test]
+fn version_lists_every_embedded_program() -> anyhow::Result<()> {
+    let out = Command::new(agent_binary()?).arg("version").output()?;
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout)?;
+    assert!(
+        text.contains("dp_connect4  cgroup_sock_addr  cgroup/connect4"),
+        "{text}"
+    );
+    assert!(text.contains("dp_sockops   sock_ops"), "{text}");
+    assert!(text.contains("aya 0.14.0"), "{text}");
+    let json = Command::new(agent_binary()?)
+        .args(["version", "--json"])
+        .output()?;
+    let parsed: serde_json::Value = serde_json::from_slice(&json.stdout)?;
+    assert_eq!(parsed["programs"].as_array().map(Vec::len), Some(2));
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! The seed of the redirection work, end to end in the running kernel:
+//! `cgroup/connect4` attached to a test cgroup steers a real process's
+//! connection to a listener in its network namespace, and user space recovers
+//! the original destination from the tuple-keyed map.
+//!
+//! Topology per test: one network namespace (`lo` up, 10.99.0.1/32 on `lo` so
+//! the "real" destination exists and answers `direct`), one cgroup, one bpffs
+//! directory, one redirector instance. Guards remove all of it.
+
+use std::{
+    net::{SocketAddr, TcpListener},
+    process::Command,
+    time::Duration,
+};
+
+use dataplane_common::DEFAULT_PROXY_MARK;
+use dataplane_tests::{BpffsDir, Cgroup, Netns, Responder, probe_binary, spawn_in};
+use dataplane_user::redirect::{
+    CounterValue, OrigDstTable, PinLayout, Redirector, RedirectorOptions, read_counters,
+};
+
+const REAL_DST: &str = "10.99.0.1:8080";
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// One pod-like sandbox with the redirector attached to its cgroup.
+/// Field order is drop order: the redirector detaches before its pins,
+/// cgroup and namespace go.
+struct Sandbox {
+    redirector: Option<Redirector>,
+    capture: Responder,
+    direct: Responder,
+    cgroup: Cgroup,
+    netns: Netns,
+    _bpffs: BpffsDir,
+    pins: PinLayout,
+}
+
+impl Sandbox {
+    fn new(tag: &str) -> anyhow::Result<Self> {
+        let bpffs = BpffsDir::new(tag)?;
+        let netns = Netns::new(tag)?;
+        netns.ip(&["addr", "add", "10.99.0.1/32", "dev", "lo"])?;
+        let cgroup = Cgroup::new(tag)?;
+
+        // The capture listener answers with the original destination it
+        // recovers; the real destination answers "direct".
+        let pins = PinLayout::new(bpffs.path(), "seed");
+        let redirector = Redirector::attach(&RedirectorOptions::new(
+            cgroup.path().to_path_buf(),
+            pins.clone(),
+        ))?;
+        let mut table = OrigDstTable::open(&pins)?;
+        let capture_listener = netns.run(|| TcpListener::bind("127.0.0.1:15001"))??;
+        let capture = Responder::start(capture_listener, move |req| {
+            match table.take(req.peer, req.local) {
+                Ok(Some(orig)) => format!("orig={orig}").into_bytes(),
+                Ok(None) => b"orig=none".to_vec(),
+                Err(e) => format!("error={e}").into_bytes(),
+            }
+        })?;
+        let direct_listener = netns.run(|| TcpListener::bind(REAL_DST))??;
+        let direct = Responder::start(direct_listener, |_| b"direct".to_vec())?;
+        Ok(Self {
+            redirector: Some(redirector),
+            capture,
+            direct,
+            cgroup,
+            netns,
+            _bpffs: bpffs,
+            pins,
+        })
+    }
+
+    fn enroll(&mut self) -> anyhow::Result<()> {
+        let cookie = self.netns.cookie()?;
+        self.redirector
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("redirector gone"))?
+            .enroll_netns(cookie)?;
+        Ok(())
+    }
+
+    /// Runs `dp-probe connect` in the namespace, inside the cgroup or not.
+    fn probe(&self, dst: &str, in_cgroup: bool, extra: &[&str]) -> anyhow::Result<String> {
+        let mut cmd = Command::new(probe_binary()?);
+        cmd.args(["connect", dst, "hello"]).args(extra);
+        let cgroup = in_cgroup.then(|| self.cgroup.path());
+        let out = spawn_in(cmd, Some(self.netns.path()), cgroup)?.wait(LIMIT)?;
+        anyhow::ensure!(
+            out.code == Some(0),
+            "probe failed ({:?}): {}",
+            out.code,
+            out.stderr
+        );
+        Ok(out.stdout)
+    }
+
+    fn counter(&self, name: &str) -> anyhow::Result<u64> {
+        read_counters(&self.pins)?
+            .into_iter()
+            .find(|c: &CounterValue| c.name == name)
+            .map(|c| c.value)
+            .ok_or_else(|| anyhow::anyhow!("no counter {name}"))
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Some(r) = self.redirector.take()
+            && let Err(e) = r.shutdown(dataplane_user::redirect::ExitMode::Detach)
+        {
+            eprintln!("cleanup: {e}");
+        }
+    }
+}
+
+#[test]
+fn enrolled_connection_is_steered_and_orig_dst_recovered() -> anyhow::Result<()> {
+    let mut sb = Sandbox::new("c4steer")?;
+    sb.enroll()?;
+
+    let reply = sb.probe(REAL_DST, true, &[])?;
+    assert_eq!(reply, format!("orig={REAL_DST}"));
+
+    let req = sb
+        .capture
+        .next_request(LIMIT)
+        .ok_or_else(|| anyhow::anyhow!("capture listener saw no request"))?;
+    assert_eq!(req.body, b"hello");
+    assert_eq!(req.local, "127.0.0.1:15001".parse::<SocketAddr>()?);
+    assert!(
+        sb.direct.drain().is_empty(),
+        "real destination must not be reached"
+    );
+    assert_eq!(sb.counter("redirected_outbound")?, 1);
+    assert_eq!(sb.counter("orig_dst_recorded")?, 1);
+    Ok(())
+}
+
+#[test]
+fn original_destination_record_is_consumed_once() -> anyhow::Result<()> {
+    let mut sb = Sandbox::new("c4once")?;
+    sb.enroll()?;
+    assert_eq!(sb.probe(REAL_DST, true, &[])?, format!("orig={REAL_DST}"));
+    let req = sb
+        .capture
+        .next_request(LIMIT)
+        .ok_or_else(|| anyhow::anyhow!("no request"))?;
+    let mut table = OrigDstTable::open(&sb.pins)?;
+    assert_eq!(table.take(req.peer, req.local)?, None);
+    Ok(())
+}
+
+#[test]
+fn netns_not_enrolled_is_untouched() -> anyhow::Result<()> {
+    let sb = Sandbox::new("c4noenr")?;
+    assert_eq!(sb.probe(REAL_DST, true, &[])?, "direct");
+    assert!(sb.capture.drain().is_empty());
+    assert_eq!(sb.counter("redirected_outbound")?, 0);
+    assert!(sb.counter("skipped_not_enrolled")? >= 1);
+    Ok(())
+}
+
+#[test]
+fn process_outside_the_cgroup_is_untouched() -> anyhow::Result<()> {
+    let mut sb = Sandbox::new("c4nocg")?;
+    sb.enroll()?;
+    assert_eq!(sb.probe(REAL_DST, false, &[])?, "direct");
+    assert_eq!(sb.counter("redirected_outbound")?, 0);
+    Ok(())
+}
+
+#[test]
+fn proxy_marked_socket_is_exempt() -> anyhow::Result<()> {
+    let mut sb = Sandbox::new("c4mark")?;
+    sb.enroll()?;
+    let mark = format!("{DEFAULT_PROXY_MARK:#x}");
+    assert_eq!(sb.probe(REAL_DST, true, &["--mark", &mark])?, "direct");
+    assert_eq!(sb.counter("exempt_proxy_mark")?, 1);
+    assert_eq!(sb.counter("redirected_outbound")?, 0);
+    Ok(())
+}
+
+#[test]
+fn loopback_destination_is_exempt() -> anyhow::Result<()> {
+    let mut sb = Sandbox::new("c4lo")?;
+    sb.enroll()?;
+    let lo = sb.netns.run(|| TcpListener::bind("127.0.0.1:0"))??;
+    let lo_addr = lo.local_addr()?.to_string();
+    let _lo_server = Responder::start(lo, |_| b"loopback".to_vec())?;
+    assert_eq!(sb.probe(&lo_addr, true, &[])?, "loopback");
+    assert_eq!(sb.counter("exempt_loopback")?, 1);
+    Ok(())
+}
+
+#[test]
+fn unenroll_restores_direct_traffic() -> anyhow::Result<()> {
+    let mut sb = Sandbox::new("c4unenr")?;
+    sb.enroll()?;
+    assert_eq!(sb.probe(REAL_DST, true, &[])?, format!("orig={REAL_DST}"));
+    let cookie = sb.netns.cookie()?;
+    let redirector = sb
+        .redirector
+        .as_mut()
+        .ok_or_else(|| anyhow::anyhow!("redirector gone"))?;
+    redirector.unenroll_netns(cookie)?;
+    redirector.unenroll_netns(cookie)?; // idempotent
+    assert_eq!(sb.probe(REAL_DST, true, &[])?, "direct");
+    Ok(())
+}
