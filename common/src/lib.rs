@@ -83,6 +83,29 @@ impl IpAddr16 {
     pub const fn is_ipv4_mapped(&self) -> bool {
         self.words[0] == 0 && self.words[1] == 0 && self.words[2] == u32::to_be(0x0000_ffff)
     }
+
+    /// Whether a connection to or from this address never leaves the
+    /// network namespace: `127.0.0.0/8` (IPv4-mapped), `::1`, and the
+    /// unspecified addresses `0.0.0.0` and `::`, which `connect()` treats as
+    /// the local host.
+    pub const fn is_loopback(&self) -> bool {
+        if self.is_ipv4_mapped() {
+            let v4 = u32::from_be(self.words[3]);
+            return v4 >> 24 == 127 || v4 == 0;
+        }
+        self.words[0] == 0
+            && self.words[1] == 0
+            && self.words[2] == 0
+            && (self.words[3] == 0 || self.words[3] == u32::to_be(1))
+    }
+
+    /// `::1`.
+    pub const LOCALHOST_V6: Self = Self {
+        words: [0, 0, 0, u32::to_be(1)],
+    };
+
+    /// `::ffff:127.0.0.1`.
+    pub const LOCALHOST_V4_MAPPED: Self = Self::from_ipv4_be(u32::to_be(0x7f00_0001));
 }
 
 /// The connection tuple of a client socket as the client sees it: its own
@@ -185,6 +208,20 @@ pub struct NetnsAddr {
 
 /// Prefix bits of [`NetnsAddr::netns_cookie_be`] in an LPM-trie key.
 pub const NETNS_PREFIX_BITS: u32 = 64;
+
+/// Prefix bits of a full [`NetnsAddr`]: the cookie and all 128 address bits
+/// (the prefix length of a lookup key).
+pub const NETNS_ADDR_BITS: u32 = NETNS_PREFIX_BITS + 128;
+
+impl NetnsAddr {
+    /// The key data for `addr` in the namespace `netns_cookie`.
+    pub const fn new(netns_cookie: u64, addr: IpAddr16) -> Self {
+        Self {
+            netns_cookie_be: netns_cookie.to_be_bytes(),
+            addr,
+        }
+    }
+}
 
 /// An enrolled pod as inbound capture sees it: the value of `POD_INBOUND`,
 /// keyed by each of the pod's IP addresses.

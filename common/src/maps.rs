@@ -40,11 +40,14 @@ pub const LISTENERS: &str = "LISTENERS";
 pub const ORIG_DST_CAPACITY: u32 = 65_536;
 /// Capacity of [`ENROLLED_NETNS`]: pods per node.
 pub const ENROLLED_CAPACITY: u32 = 4_096;
-/// Capacity of [`POD_INBOUND`] (two IPs per pod) and [`LISTENERS`] (two
-/// roles per IP).
+/// Capacity of [`POD_INBOUND`]: two IPs per pod.
 pub const POD_IP_CAPACITY: u32 = 2 * ENROLLED_CAPACITY;
+/// Capacity of [`LISTENERS`]: two roles (inbound, HBONE) per pod IP.
+pub const LISTENERS_CAPACITY: u32 = 2 * POD_IP_CAPACITY;
 /// Capacity of the exclusion maps.
 pub const EXCLUSION_CAPACITY: u32 = 16_384;
+/// Capacity of [`PROBE_SOURCES`].
+pub const PROBE_SOURCES_CAPACITY: u32 = 64;
 
 /// `cgroup/connect4`: rewrites enrolled pods' outbound IPv4 TCP connections
 /// to the outbound listener.

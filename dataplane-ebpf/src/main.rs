@@ -1,18 +1,34 @@
 //! The dataplane's kernel programs, one per hook.
 //!
-//! | program       | hook                | minimum kernel |
-//! |---------------|---------------------|----------------|
-//! | `dp_connect4` | `cgroup/connect4`   | 5.7 (netns cookie in sock_addr) |
-//! | `dp_sockops`  | `sockops`           | 4.20 (socket cookie in sock_ops) |
+//! | program           | hook                   | minimum kernel |
+//! |-------------------|------------------------|----------------|
+//! | `dp_connect4`     | `cgroup/connect4`      | 5.7 (netns cookie in sock_addr) |
+//! | `dp_connect6`     | `cgroup/connect6`      | 5.7 (netns cookie in sock_addr) |
+//! | `dp_sockops`      | `sockops`              | 4.20 (socket cookie in sock_ops) |
+//! | `dp_getsockopt`   | `cgroup/getsockopt`    | 5.3 |
+//! | `dp_getpeername4` | `cgroup/getpeername4`  | 5.8 |
+//! | `dp_getpeername6` | `cgroup/getpeername6`  | 5.8 |
+//! | `dp_sk_lookup`    | `sk_lookup` (per netns) | 5.9 |
 //!
-//! Every program returns "allow" on any unexpected input: a redirector that
-//! fails must never take a pod's networking down with it, and errors are
-//! counted in `REDIRECT_STATS` instead.
+//! The cgroup programs attach once, at the agent's cgroup; `dp_sk_lookup`
+//! attaches to each enrolled pod's network namespace.
+//!
+//! Every program lets traffic through on any unexpected input: a redirector
+//! that fails must never take a pod's networking down with it, and errors are
+//! counted in `REDIRECT_STATS` instead. The only refusals are deliberate:
+//! self-calls to the engine's capture ports, and fail-closed capture while
+//! the engine is down.
 #![no_std]
 #![no_main]
 
-mod connect;
+mod connect4;
+mod connect6;
+mod ctx_words;
+mod getpeername;
+mod getsockopt;
 mod maps;
+mod outbound;
+mod sk_lookup;
 mod sockops;
 
 #[cfg(not(test))]

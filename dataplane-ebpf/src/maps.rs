@@ -1,13 +1,17 @@
 //! The maps shared with user space. Their key and value types live in
-//! `dataplane-common`; their names in `dataplane_common::maps`.
+//! `dataplane-common`; their names and capacities in `dataplane_common::maps`.
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, SockHash},
 };
 use dataplane_common::{
-    AgentConfig, COUNTER_SLOTS, Counter, EnrolledNetns, OrigDst, SockTuple,
-    maps::{ENROLLED_CAPACITY, ORIG_DST_CAPACITY},
+    AgentConfig, COUNTER_SLOTS, Counter, EnrolledNetns, IpAddr16, ListenerKey, NetnsAddr,
+    NetnsPort, OrigDst, PodInbound, PodPort, SockTuple,
+    maps::{
+        ENROLLED_CAPACITY, EXCLUSION_CAPACITY, LISTENERS_CAPACITY, ORIG_DST_CAPACITY,
+        POD_IP_CAPACITY, PROBE_SOURCES_CAPACITY,
+    },
 };
 
 #[map]
@@ -27,6 +31,28 @@ pub static AGENT_CONFIG: Array<AgentConfig> = Array::with_max_entries(1, 0);
 
 #[map]
 pub static REDIRECT_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
+
+#[map]
+pub static OUT_EXCL_PORTS: HashMap<NetnsPort, u8> =
+    HashMap::with_max_entries(EXCLUSION_CAPACITY, 0);
+
+#[map]
+pub static OUT_EXCL_CIDRS: LpmTrie<NetnsAddr, u8> =
+    LpmTrie::with_max_entries(EXCLUSION_CAPACITY, 0);
+
+#[map]
+pub static POD_INBOUND: HashMap<IpAddr16, PodInbound> =
+    HashMap::with_max_entries(POD_IP_CAPACITY, 0);
+
+#[map]
+pub static IN_EXCL_PORTS: HashMap<PodPort, u8> = HashMap::with_max_entries(EXCLUSION_CAPACITY, 0);
+
+#[map]
+pub static PROBE_SOURCES: HashMap<IpAddr16, u8> =
+    HashMap::with_max_entries(PROBE_SOURCES_CAPACITY, 0);
+
+#[map]
+pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(LISTENERS_CAPACITY, 0);
 
 /// Adds one to a decision counter. Per-CPU slots need no atomics.
 #[inline(always)]

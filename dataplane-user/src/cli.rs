@@ -35,6 +35,80 @@ pub enum Command {
     /// Inspect the kernel redirection state of an agent instance.
     #[command(subcommand)]
     Redirect(RedirectCommand),
+    /// Enroll, unenroll and list pods of a running agent (through its
+    /// control socket).
+    #[command(subcommand)]
+    Pod(PodCommand),
+}
+
+/// `dataplane pod ...`
+#[derive(Debug, Subcommand)]
+pub enum PodCommand {
+    /// Enroll a pod: its TCP traffic is captured from now on. Idempotent.
+    Add(Box<PodAddArgs>),
+    /// Unenroll a pod by uid or network namespace. Idempotent.
+    Remove {
+        /// Which agent instance.
+        #[command(flatten)]
+        state: StateArgs,
+        /// The pod's uid.
+        #[arg(long, required_unless_present = "netns", conflicts_with = "netns")]
+        uid: Option<String>,
+        /// The pod's network namespace path.
+        #[arg(long)]
+        netns: Option<PathBuf>,
+    },
+    /// List enrolled pods.
+    List {
+        /// Which agent instance.
+        #[command(flatten)]
+        state: StateArgs,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `dataplane pod add` options.
+#[derive(Debug, Clone, Args)]
+pub struct PodAddArgs {
+    /// Which agent instance.
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Unique id of the pod (e.g. its Kubernetes uid).
+    #[arg(long)]
+    pub uid: String,
+    /// Pod name.
+    #[arg(long)]
+    pub name: String,
+    /// Kubernetes namespace.
+    #[arg(long)]
+    pub namespace: String,
+    /// Service account.
+    #[arg(long, default_value = "default")]
+    pub service_account: String,
+    /// SPIFFE trust domain of the pod's identity.
+    #[arg(long, default_value = "cluster.local")]
+    pub trust_domain: String,
+    /// Network namespace path (e.g. /var/run/netns/NAME or /proc/PID/ns/net).
+    #[arg(long)]
+    pub netns: PathBuf,
+    /// A pod IP (repeat for dual-stack).
+    #[arg(long = "ip", required = true)]
+    pub ips: Vec<std::net::IpAddr>,
+    /// Node-side address toward the pod: kubelet probes from it are not
+    /// captured.
+    #[arg(long)]
+    pub node_addr: Option<std::net::IpAddr>,
+    /// Outbound destination port never captured (repeatable).
+    #[arg(long = "exclude-outbound-port")]
+    pub exclude_outbound_ports: Vec<u16>,
+    /// Outbound destination CIDR never captured (repeatable).
+    #[arg(long = "exclude-outbound-cidr")]
+    pub exclude_outbound_cidrs: Vec<ipnet::IpNet>,
+    /// Inbound port never captured (repeatable).
+    #[arg(long = "exclude-inbound-port")]
+    pub exclude_inbound_ports: Vec<u16>,
 }
 
 /// `dataplane redirect ...`
@@ -61,6 +135,10 @@ pub struct StateArgs {
     /// bpffs directory that holds pinned maps and links.
     #[arg(long, env = "DATAPLANE_BPFFS", default_value = "/sys/fs/bpf")]
     pub bpffs: PathBuf,
+    /// Directory for the control socket and enrollment state
+    /// (<state-dir>/<instance>/{agent.sock,pods.json}).
+    #[arg(long, env = "DATAPLANE_STATE_DIR", default_value = "/run/dataplane")]
+    pub state_dir: PathBuf,
 }
 
 /// `dataplane run` options.
@@ -83,6 +161,42 @@ pub struct RunArgs {
     /// (pods fall back to direct traffic).
     #[arg(long, env = "DATAPLANE_ON_EXIT", value_enum, default_value = "keep")]
     pub on_exit: ExitMode,
+    /// While no agent serves an enrolled pod (stopped with `--on-exit keep`,
+    /// or crashed), let its traffic through uncaptured instead of refusing
+    /// it. Default: fail-closed.
+    #[arg(long, env = "DATAPLANE_FAIL_OPEN")]
+    pub fail_open: bool,
+    /// Source addresses of kubelet health probes, never captured inbound
+    /// (repeatable). The node-side address of each pod is always exempt.
+    #[arg(
+        long = "probe-source",
+        env = "DATAPLANE_PROBE_SOURCES",
+        value_delimiter = ',',
+        default_value = "169.254.7.127"
+    )]
+    pub probe_sources: Vec<std::net::IpAddr>,
+    /// This node's name: at start, configured workloads with a `netns` are
+    /// enrolled when their `node` matches (all of them when unset).
+    #[arg(long, env = "DATAPLANE_NODE")]
+    pub node: Option<String>,
+    /// SPIFFE trust domain whose clients the HBONE servers accept.
+    #[arg(long, env = "DATAPLANE_TRUST_DOMAIN", default_value = "cluster.local")]
+    pub trust_domain: String,
+    /// Directory of the built-in CA's root (root-cert.pem, root-key.pem):
+    /// loaded when present, generated (key mode 0600) when not. Agents of one
+    /// mesh must share the root. [default: <state-dir>/ca]
+    #[arg(long, env = "DATAPLANE_CA_DIR", conflicts_with_all = ["ca_cert", "ca_key"])]
+    pub ca_dir: Option<PathBuf>,
+    /// Root certificate of the CA (PEM), with --ca-key: use an existing root.
+    #[arg(long, env = "DATAPLANE_CA_CERT", requires = "ca_key")]
+    pub ca_cert: Option<PathBuf>,
+    /// Root key of the CA (PEM), with --ca-cert.
+    #[arg(long, env = "DATAPLANE_CA_KEY", requires = "ca_cert")]
+    pub ca_key: Option<PathBuf>,
+    /// Lifetime of workload certificates (rotated at half-life), e.g. `24h`,
+    /// `30m`, `90s`.
+    #[arg(long, env = "DATAPLANE_CERT_LIFETIME", default_value = "24h", value_parser = parse_duration)]
+    pub cert_lifetime: std::time::Duration,
     /// Socket mark of the agent's own sockets, which capture never touches.
     #[arg(long, env = "DATAPLANE_PROXY_MARK", default_value_t = dataplane_common::DEFAULT_PROXY_MARK, value_parser = parse_u32)]
     pub proxy_mark: u32,
@@ -98,6 +212,28 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// A duration such as `24h`, `30m`, `90s` or `1500ms`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (e.g. 24h, 30m, 90s, 500ms)"))?;
+    let secs = match unit {
+        "ms" => return Ok(std::time::Duration::from_millis(n)),
+        "s" | "" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => {
+            return Err(format!(
+                "`{s}`: unknown unit `{unit}` (use ms, s, m, h or d)"
+            ));
+        }
+    };
+    Ok(std::time::Duration::from_secs(secs))
 }
 
 /// Accepts decimal or `0x` hexadecimal.
@@ -117,6 +253,24 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(
+            parse_duration("24h"),
+            Ok(std::time::Duration::from_secs(86_400))
+        );
+        assert_eq!(
+            parse_duration("90s"),
+            Ok(std::time::Duration::from_secs(90))
+        );
+        assert_eq!(
+            parse_duration("500ms"),
+            Ok(std::time::Duration::from_millis(500))
+        );
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5y").is_err());
     }
 
     #[test]

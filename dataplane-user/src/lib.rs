@@ -1,16 +1,23 @@
 //! The dataplane node agent.
 //!
 //! The path of one connection, by module: [`redirect`] (kernel programs and
-//! their maps) -> in-pod listeners -> policy -> pool -> tunnel -> app. This
-//! first cut holds the redirector, the host checks and the CLI; the engine
-//! modules arrive with the redirection and HBONE work.
+//! their maps) -> [`engine`] (in-pod listeners, forwarding) -> policy -> pool
+//! -> tunnel -> app. [`enroll`] puts pods in the mesh, [`control`] takes
+//! requests for it on a local socket, [`agent`] runs it all.
 #![deny(missing_docs)]
 
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod control;
+pub mod engine;
+pub mod enroll;
+pub mod hbone;
+pub mod identity;
 pub mod logging;
 pub mod netns;
 pub mod preflight;
 pub mod redirect;
+pub mod state;
+pub mod tls;
 pub mod version;

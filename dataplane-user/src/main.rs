@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use dataplane_user::{
     agent::{self, AgentError},
-    cli::{Cli, Command, RedirectCommand},
+    cli::{Cli, Command, PodCommand, RedirectCommand},
+    control::{self, Request},
+    enroll::PodSpec,
     logging,
     redirect::{self, PinLayout},
     version,
@@ -45,6 +47,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 print!("{report}");
             }
         }
+        Command::Pod(command) => pod_command(command)?,
         Command::Redirect(RedirectCommand::Stats { state, json }) => {
             let pins = PinLayout::new(&state.bpffs, &state.instance);
             let counters = redirect::read_counters(&pins).map_err(|e| {
@@ -59,6 +62,78 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             } else {
                 for c in counters {
                     println!("{:24} {}", c.name, c.value);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How long the CLI waits for the agent.
+const CONTROL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn pod_command(command: PodCommand) -> anyhow::Result<()> {
+    match command {
+        PodCommand::Add(args) => {
+            let args = *args;
+            let socket = control::socket_path(&args.state.state_dir, &args.state.instance);
+            let pod = PodSpec {
+                uid: args.uid,
+                name: args.name,
+                namespace: args.namespace,
+                service_account: args.service_account,
+                trust_domain: args.trust_domain,
+                netns: args.netns,
+                ips: args.ips,
+                node_addr: args.node_addr,
+                exclusions: dataplane_user::redirect::Exclusions {
+                    outbound_ports: args.exclude_outbound_ports,
+                    outbound_cidrs: args.exclude_outbound_cidrs,
+                    inbound_ports: args.exclude_inbound_ports,
+                },
+            };
+            let response = control::call(
+                &socket,
+                &Request::Add { pod: Box::new(pod) },
+                CONTROL_TIMEOUT,
+            )?;
+            for status in response.pods {
+                println!(
+                    "enrolled {}/{} (uid {}, netns cookie {})",
+                    status.spec.namespace, status.spec.name, status.spec.uid, status.netns_cookie
+                );
+            }
+        }
+        PodCommand::Remove { state, uid, netns } => {
+            let socket = control::socket_path(&state.state_dir, &state.instance);
+            let response =
+                control::call(&socket, &Request::Remove { uid, netns }, CONTROL_TIMEOUT)?;
+            match response.removed {
+                Some(true) => println!("removed"),
+                _ => println!("not enrolled (nothing to do)"),
+            }
+        }
+        PodCommand::List { state, json } => {
+            let socket = control::socket_path(&state.state_dir, &state.instance);
+            let response = control::call(&socket, &Request::List, CONTROL_TIMEOUT)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&response.pods)?);
+            } else if response.pods.is_empty() {
+                println!("no pods enrolled");
+            } else {
+                println!(
+                    "{:40} {:30} {:20} IPS",
+                    "UID", "NAMESPACE/NAME", "NETNS COOKIE"
+                );
+                for p in response.pods {
+                    let ips: Vec<String> = p.spec.ips.iter().map(ToString::to_string).collect();
+                    println!(
+                        "{:40} {:30} {:<20} {}",
+                        p.spec.uid,
+                        format!("{}/{}", p.spec.namespace, p.spec.name),
+                        p.netns_cookie,
+                        ips.join(",")
+                    );
                 }
             }
         }

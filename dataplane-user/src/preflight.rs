@@ -26,9 +26,9 @@ pub const REQUIRED_CAPABILITIES: [(Capability, &str); 3] = [
     ),
 ];
 
-/// Oldest kernel the programs can run on at all (BPF links for cgroup
-/// programs, netns cookies in sock_addr programs).
-pub const MIN_KERNEL: (u32, u32) = (5, 7);
+/// Oldest kernel the programs can run on at all (`sk_lookup`; see
+/// [`crate::redirect::MIN_KERNEL`]).
+pub const MIN_KERNEL: (u32, u32) = crate::redirect::MIN_KERNEL;
 
 /// One thing that stops the agent from starting.
 #[derive(Debug, Clone, PartialEq, Eq)]

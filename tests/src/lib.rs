@@ -9,17 +9,22 @@
 //!
 //! Traffic stays inside namespaces the tests create or on loopback.
 
+pub mod agent;
+pub mod capture;
 pub mod cgroup;
+pub mod mesh;
 pub mod netns;
 pub mod process;
 pub mod responder;
 pub mod topology;
+pub mod traffic;
 
 use std::{
     path::{Path, PathBuf},
     sync::atomic::{AtomicU32, Ordering},
 };
 
+pub use agent::Agent;
 pub use cgroup::Cgroup;
 pub use netns::Netns;
 pub use process::{ChildGuard, agent_binary, probe_binary, spawn_in};
@@ -30,6 +35,33 @@ pub fn unique_name(tag: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     format!("dpt-{tag}-{}-{n}", std::process::id())
+}
+
+/// A temporary directory the test owns: `/tmp/dpt-<tag>-...`, removed
+/// recursively on drop.
+#[derive(Debug)]
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Creates the directory.
+    pub fn new(tag: &str) -> anyhow::Result<Self> {
+        let path = std::env::temp_dir().join(unique_name(tag));
+        std::fs::create_dir_all(&path)?;
+        Ok(Self { path })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
 }
 
 /// A directory on bpffs that the test owns; removed recursively on drop.

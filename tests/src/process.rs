@@ -31,7 +31,7 @@ pub fn agent_binary() -> anyhow::Result<PathBuf> {
 
 /// `target/<profile>/<name>`, found from the running test executable
 /// (`target/<profile>/deps/<test>`).
-fn target_binary(name: &str, hint: &str) -> anyhow::Result<PathBuf> {
+pub fn target_binary(name: &str, hint: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let candidate = exe
         .parent()

@@ -1,6 +1,6 @@
 //! Simulated nodes and pods: a node is a network namespace with a bridge;
 //! a pod is a network namespace wired to its node's bridge by a veth pair,
-//! with its own cgroup. Two nodes can be joined by a veth link so cross-node
+//! with its own cgroup under the node's. Two nodes can be joined by a veth link so cross-node
 //! traffic is real. Everything lives in namespaces the test owns, so fixed
 //! addresses cannot collide between parallel tests.
 //!
@@ -18,6 +18,8 @@ use crate::{Cgroup, Netns};
 pub struct Node {
     index: u8,
     pods: u8,
+    // Declared before `netns`: pods' cgroups live under it and go first.
+    cgroup: Cgroup,
     netns: Netns,
 }
 
@@ -53,9 +55,11 @@ impl Node {
             "nodad",
         ])?;
         netns.ip(&["link", "set", "br0", "up"])?;
+        let cgroup = Cgroup::new(&format!("{tag}n{index}"))?;
         Ok(Self {
             index,
             pods: 0,
+            cgroup,
             netns,
         })
     }
@@ -63,6 +67,12 @@ impl Node {
     /// The node's network namespace.
     pub fn netns(&self) -> &Netns {
         &self.netns
+    }
+
+    /// The node's cgroup: every pod's cgroup is a child of it, so an agent
+    /// attached here sees all of the node's pods and nothing else.
+    pub fn cgroup(&self) -> &Cgroup {
+        &self.cgroup
     }
 
     /// The node-side IPv4 address toward its pods.
@@ -77,7 +87,7 @@ impl Node {
         let host = 10 + k;
         let n = self.index;
         let netns = Netns::new(&format!("{tag}p{n}x{k}"))?;
-        let cgroup = Cgroup::new(&format!("{tag}p{n}x{k}"))?;
+        let cgroup = Cgroup::child(&self.cgroup, &format!("{tag}p{n}x{k}"))?;
         sysctls(&netns, false)?;
         let veth = format!("vp{k}");
         self.netns.ip(&[

@@ -179,10 +179,21 @@ fn link_pins(pins: &PinLayout) -> Vec<String> {
     names
 }
 
-/// Waits until both links are pinned (the agent is attached).
+/// The link pins of an attached agent with no pod enrolled: one per cgroup
+/// program, sorted.
+const CGROUP_LINK_PINS: [&str; 6] = [
+    "cgroup_connect4_dp_connect4",
+    "cgroup_connect6_dp_connect6",
+    "cgroup_getpeername4_dp_getpeername4",
+    "cgroup_getpeername6_dp_getpeername6",
+    "cgroup_getsockopt_dp_getsockopt",
+    "cgroup_sockops_dp_sockops",
+];
+
+/// Waits until every link is pinned (the agent is attached).
 fn wait_attached(pins: &PinLayout, agent: &mut ChildGuard) -> anyhow::Result<()> {
     let deadline = Instant::now() + LIMIT;
-    while link_pins(pins).len() < 2 {
+    while link_pins(pins).len() < CGROUP_LINK_PINS.len() {
         anyhow::ensure!(agent.is_running(), "agent exited before attaching");
         anyhow::ensure!(Instant::now() < deadline, "agent did not attach in time");
         std::thread::sleep(Duration::from_millis(20));
@@ -233,10 +244,7 @@ fn sigterm_with_keep_leaves_state_for_the_next_agent() -> anyhow::Result<()> {
     let out = first.wait(LIMIT)?;
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     // Documented: programs stay attached and maps pinned.
-    assert_eq!(
-        link_pins(&pins),
-        ["cgroup_connect4_dp_connect4", "cgroup_sockops_dp_sockops"]
-    );
+    assert_eq!(link_pins(&pins), CGROUP_LINK_PINS);
     assert_eq!(cgroup_link_ids(&pins)?, first_links);
 
     // The next agent re-adopts: new links replace the old generation.
@@ -244,7 +252,7 @@ fn sigterm_with_keep_leaves_state_for_the_next_agent() -> anyhow::Result<()> {
     let deadline = Instant::now() + LIMIT;
     loop {
         let ids = cgroup_link_ids(&pins).unwrap_or_default();
-        if ids.len() == 2 && ids.iter().all(|id| !first_links.contains(id)) {
+        if ids.len() == CGROUP_LINK_PINS.len() && ids.iter().all(|id| !first_links.contains(id)) {
             break;
         }
         anyhow::ensure!(second.is_running(), "second agent exited");
@@ -263,16 +271,39 @@ fn version_lists_every_embedded_program() -> anyhow::Result<()> {
     let out = Command::new(agent_binary()?).arg("version").output()?;
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout)?;
+    // Columns are padded to the longest name: compare words.
+    let rows: Vec<String> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    let has_row = |prefix: &str| rows.iter().any(|r| r.starts_with(prefix));
     assert!(
-        text.contains("dp_connect4  cgroup_sock_addr  cgroup/connect4"),
+        has_row("dp_connect4 cgroup_sock_addr cgroup/connect4"),
         "{text}"
     );
-    assert!(text.contains("dp_sockops   sock_ops"), "{text}");
+    assert!(
+        has_row("dp_connect6 cgroup_sock_addr cgroup/connect6"),
+        "{text}"
+    );
+    assert!(
+        has_row("dp_getsockopt cgroup_sockopt cgroup/getsockopt"),
+        "{text}"
+    );
+    assert!(
+        has_row("dp_getpeername4 cgroup_sock_addr cgroup/getpeername4"),
+        "{text}"
+    );
+    assert!(
+        has_row("dp_getpeername6 cgroup_sock_addr cgroup/getpeername6"),
+        "{text}"
+    );
+    assert!(has_row("dp_sk_lookup sk_lookup"), "{text}");
+    assert!(has_row("dp_sockops sock_ops"), "{text}");
     assert!(text.contains("aya 0.14.0"), "{text}");
     let json = Command::new(agent_binary()?)
         .args(["version", "--json"])
         .output()?;
     let parsed: serde_json::Value = serde_json::from_slice(&json.stdout)?;
-    assert_eq!(parsed["programs"].as_array().map(Vec::len), Some(2));
+    assert_eq!(parsed["programs"].as_array().map(Vec::len), Some(7));
     Ok(())
 }

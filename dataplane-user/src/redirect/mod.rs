@@ -1,16 +1,24 @@
 //! The redirector: loads the embedded kernel programs, attaches them to the
-//! agent's cgroup as BPF links, and pins maps and links in bpffs.
+//! agent's cgroup as BPF links, pins maps and links in bpffs, and enrolls
+//! pods (outbound and inbound capture state, per-pod `sk_lookup` links).
 //!
-//! Minimum kernel: 5.7 (BPF links for cgroup programs and
-//! `bpf_get_netns_cookie` in `cgroup/connect4`); the project supports 6.1 and
-//! newer.
+//! Minimum kernel: [`MIN_KERNEL`] (5.9); the project supports 6.1 and newer.
 //!
 //! Programs are attached through BPF links (always multi-attach), so other
 //! tools' cgroup programs (a CNI's, a runtime's) keep running beside ours, and
 //! pinning the links keeps capture in place while the agent restarts. A
 //! restarted agent loads fresh programs against the *same* pinned maps, attaches
 //! them, and only then detaches the previous generation: there is no moment
-//! without a capture program.
+//! without a capture program. Per-pod `sk_lookup` links are replaced the same
+//! way when the restarted agent re-enrolls the pod.
+//!
+//! Modules by concern: `pods` (enrolling pods: [`PodCapture`],
+//! [`Exclusions`]), `listeners` (checks on the engine's listener sockets),
+//! `links` (attach, pin, replace, detach), `raw_link` (the link commands aya
+//! lacks), `kernel_maps` (typed map handles), `keys` (address and CIDR key
+//! forms), `pins` (bpffs layout), `object` (the embedded object's
+//! catalogue), `orig_dst` (the engine's original-destination lookups),
+//! `stats` (decision counters), `error`.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,124 +32,57 @@
 //! # Ok(()) }
 //! ```
 
+mod error;
+mod kernel_maps;
+mod keys;
+mod links;
+mod listeners;
 mod object;
 mod orig_dst;
 mod pins;
+mod pods;
+mod raw_link;
 mod stats;
 
-use std::{fs::File, io, path::PathBuf};
+use std::{collections::HashMap, fs::File, io, net::IpAddr, path::PathBuf};
 
-use aya::{
-    Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, MapError},
-    pin::PinError,
-    programs::{
-        CgroupAttachMode, CgroupSockAddr, ProgramError, SockOps,
-        links::{FdLink, LinkError, PinnedLink},
+use aya::{Ebpf, EbpfLoader, programs::links::PinnedLink};
+use dataplane_common::{
+    AGENT_FAIL_OPEN, AgentConfig, DEFAULT_PROXY_MARK, HBONE_PORT, INBOUND_PLAINTEXT_PORT, IpAddr16,
+    OUTBOUND_PORT,
+    maps::{
+        PROBE_SOURCES, PROG_CONNECT4, PROG_CONNECT6, PROG_GETPEERNAME4, PROG_GETPEERNAME6,
+        PROG_GETSOCKOPT, PROG_SOCKOPS,
     },
 };
-use dataplane_common::{
-    AgentConfig, DEFAULT_PROXY_MARK, ENROLLED_CAPTURE_OUTBOUND, EnrolledNetns, HBONE_PORT,
-    INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT,
-    maps::{AGENT_CONFIG, ENROLLED_NETNS, PROG_CONNECT4, PROG_SOCKOPS},
-};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
+pub use error::RedirectError;
 pub use object::{EMBEDDED_OBJECT, ObjectError, ProgramInfo, catalogue};
 pub use orig_dst::{OrigDstTable, tuple_of};
 pub use pins::{LAYOUT_VERSION, PinLayout};
+pub use pods::{Exclusions, PodCapture};
 pub use stats::{CounterValue, read_counters};
 
-/// Errors of the redirector.
-#[derive(Debug, thiserror::Error)]
-pub enum RedirectError {
-    /// A directory for pins could not be created.
-    #[error("cannot create pin directory {path} (is bpffs mounted there and writable?)")]
-    PinDir {
-        /// The directory.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
-    /// The kernel refused the object (maps or BTF).
-    #[error("loading the kernel object failed")]
-    Load {
-        /// aya's error, which carries the verifier log when there is one.
-        #[source]
-        source: Box<aya::EbpfError>,
-    },
-    /// The object lacks a program the agent expects.
-    #[error(
-        "the embedded object has no program `{name}`; agent and object are out of step (rebuild)"
-    )]
-    MissingProgram {
-        /// Program name.
-        name: &'static str,
-    },
-    /// The object lacks a map the agent expects.
-    #[error("the embedded object has no map `{name}`; agent and object are out of step (rebuild)")]
-    MissingMap {
-        /// Map name.
-        name: &'static str,
-    },
-    /// A program was rejected by the verifier or has the wrong type.
-    #[error("program `{name}` failed to load or attach")]
-    Program {
-        /// Program name.
-        name: &'static str,
-        /// aya's error (with the verifier log when it is a verifier error).
-        #[source]
-        source: ProgramError,
-    },
-    /// The attach cgroup could not be opened.
-    #[error("cannot open cgroup {path} (pass an existing cgroup v2 directory with --cgroup)")]
-    OpenCgroup {
-        /// The cgroup directory.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
-    /// A link could not be turned into a pinnable fd link.
-    #[error("program `{name}` was attached without a BPF link (kernel >= 5.7 is required)")]
-    NotALink {
-        /// Program name.
-        name: &'static str,
-        /// aya's error.
-        #[source]
-        source: LinkError,
-    },
-    /// Pinning a link failed.
-    #[error("cannot pin the link of `{name}` at {path}")]
-    PinLink {
-        /// Program name.
-        name: &'static str,
-        /// Pin path.
-        path: PathBuf,
-        /// aya's error.
-        #[source]
-        source: PinError,
-    },
-    /// A map operation failed.
-    #[error("operation on map `{name}` failed")]
-    Map {
-        /// Map name.
-        name: &'static str,
-        /// aya's error.
-        #[source]
-        source: MapError,
-    },
-    /// Removing pinned state failed.
-    #[error("cannot remove pinned state {path}")]
-    Unpin {
-        /// The path that could not be removed.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
-}
+use kernel_maps::{KernelMaps, collect_keys, ignore_missing};
+use pods::Registration;
+
+/// Oldest kernel the redirector works on: `sk_lookup` and `BPF_LINK_DETACH`
+/// (5.9); `getpeername` hooks need 5.8, BPF links for cgroup programs and
+/// netns cookies in `connect4`/`connect6` 5.7, `getsockopt` hooks 5.3.
+pub const MIN_KERNEL: (u32, u32) = (5, 9);
+
+/// The cgroup programs, in attach order, with the hook part of their link
+/// pin names. `sockops` goes first so that the tuple record exists for every
+/// connection `connect4`/`connect6` steer from the moment they run.
+const CGROUP_PROGRAMS: [(&str, &str); 6] = [
+    ("cgroup_sockops", PROG_SOCKOPS),
+    ("cgroup_getsockopt", PROG_GETSOCKOPT),
+    ("cgroup_getpeername4", PROG_GETPEERNAME4),
+    ("cgroup_getpeername6", PROG_GETPEERNAME6),
+    ("cgroup_connect4", PROG_CONNECT4),
+    ("cgroup_connect6", PROG_CONNECT6),
+];
 
 /// What happens to the kernel state when the agent stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
@@ -164,8 +105,17 @@ pub struct RedirectorOptions {
     pub cgroup: PathBuf,
     /// Where pins go.
     pub pins: PinLayout,
-    /// Settings written to `AGENT_CONFIG`.
+    /// Settings written to `AGENT_CONFIG` (its `AGENT_FAIL_OPEN` bit is
+    /// replaced by [`RedirectorOptions::fail_open`]).
     pub config: AgentConfig,
+    /// While an enrolled pod's engine is down (listeners closed, or engine
+    /// readiness cleared), let its traffic through uncaptured instead of
+    /// refusing it.
+    pub fail_open: bool,
+    /// Sources whose inbound connections are never captured, besides each
+    /// pod's node-side address (kubelet probe addresses such as
+    /// 169.254.7.127). Replaces the previous generation's list.
+    pub probe_sources: Vec<IpAddr>,
 }
 
 impl RedirectorOptions {
@@ -182,17 +132,35 @@ impl RedirectorOptions {
                 _pad: 0,
                 flags: 0,
             },
+            fail_open: false,
+            probe_sources: Vec::new(),
         }
+    }
+
+    /// `AGENT_CONFIG` as written: `config` with the fail-open bit set from
+    /// `fail_open`.
+    fn agent_config(&self) -> AgentConfig {
+        let mut config = self.config;
+        if self.fail_open {
+            config.flags |= AGENT_FAIL_OPEN;
+        } else {
+            config.flags &= !AGENT_FAIL_OPEN;
+        }
+        config
     }
 }
 
 /// Loaded, attached and pinned kernel programs of one agent instance.
 pub struct Redirector {
-    _ebpf: Ebpf,
+    /// The loaded object; `dp_sk_lookup` is attached from it per pod.
+    ebpf: Ebpf,
     pins: PinLayout,
     cgroup: PathBuf,
+    config: AgentConfig,
     links: Vec<(&'static str, PinnedLink)>,
-    enrolled: HashMap<MapData, u64, EnrolledNetns>,
+    maps: KernelMaps,
+    /// What each enrolled netns cookie registered in the maps.
+    registry: HashMap<u64, Registration>,
 }
 
 impl std::fmt::Debug for Redirector {
@@ -204,6 +172,7 @@ impl std::fmt::Debug for Redirector {
                 "links",
                 &self.links.iter().map(|(n, _)| n).collect::<Vec<_>>(),
             )
+            .field("pods", &self.registry.len())
             .finish()
     }
 }
@@ -250,74 +219,45 @@ impl Redirector {
                 source: Box::new(source),
             })?;
 
-        let mut config: Array<_, AgentConfig> = typed_map(&mut ebpf, AGENT_CONFIG)?;
-        config
-            .set(0, options.config, 0)
-            .map_err(|source| RedirectError::Map {
-                name: AGENT_CONFIG,
-                source,
-            })?;
-        let enrolled = typed_map(&mut ebpf, ENROLLED_NETNS)?;
+        let config = options.agent_config();
+        kernel_maps::write_config(&mut ebpf, config)?;
+        let mut maps = KernelMaps::take(&mut ebpf)?;
+        write_probe_sources(&mut maps, &options.probe_sources)?;
+        links::load_sk_lookup(&mut ebpf)?;
 
         let cgroup = File::open(&options.cgroup).map_err(|source| RedirectError::OpenCgroup {
             path: options.cgroup.clone(),
             source,
         })?;
-        let mut links = Vec::new();
-        for (hook, name) in [
-            ("cgroup_sockops", PROG_SOCKOPS),
-            ("cgroup_connect4", PROG_CONNECT4),
-        ] {
-            let link = attach_program(&mut ebpf, name, &cgroup)?;
-            links.push((
+        let mut attached = Vec::new();
+        for (hook, name) in CGROUP_PROGRAMS {
+            let link = links::attach_cgroup_program(&mut ebpf, name, &cgroup, pins.dir())?;
+            attached.push((
                 name,
-                replace_pinned_link(pins.link(hook, name), name, link)?,
+                links::replace_pinned_link(pins.link(hook, name), name, link)?,
             ));
         }
         info!(
             cgroup = %options.cgroup.display(),
             pins = %pins.dir().display(),
-            programs = ?[PROG_SOCKOPS, PROG_CONNECT4],
+            programs = ?CGROUP_PROGRAMS.map(|(_, name)| name),
+            fail_open = options.fail_open,
             "kernel programs attached"
         );
         Ok(Self {
-            _ebpf: ebpf,
+            ebpf,
             pins: pins.clone(),
             cgroup: options.cgroup.clone(),
-            links,
-            enrolled,
+            config,
+            links: attached,
+            maps,
+            registry: HashMap::new(),
         })
     }
 
     /// The pin layout this redirector uses.
     pub fn pins(&self) -> &PinLayout {
         &self.pins
-    }
-
-    /// Starts capturing the network namespace with this cookie. Idempotent.
-    pub fn enroll_netns(&mut self, netns_cookie: u64) -> Result<(), RedirectError> {
-        let value = EnrolledNetns {
-            flags: ENROLLED_CAPTURE_OUTBOUND,
-            _pad: [0; 4],
-        };
-        self.enrolled
-            .insert(netns_cookie, value, 0)
-            .map_err(|source| RedirectError::Map {
-                name: ENROLLED_NETNS,
-                source,
-            })
-    }
-
-    /// Stops capturing the network namespace with this cookie. Idempotent.
-    pub fn unenroll_netns(&mut self, netns_cookie: u64) -> Result<(), RedirectError> {
-        match self.enrolled.remove(&netns_cookie) {
-            Ok(()) => Ok(()),
-            Err(err) if is_not_found(&err) => Ok(()),
-            Err(source) => Err(RedirectError::Map {
-                name: ENROLLED_NETNS,
-                source,
-            }),
-        }
     }
 
     /// Stops the redirector, keeping or removing kernel state per `mode`.
@@ -328,18 +268,11 @@ impl Redirector {
                 Ok(())
             }
             ExitMode::Detach => {
-                for (name, link) in self.links {
-                    // Unpinning hands back the last reference: dropping it
-                    // detaches the program from the cgroup.
-                    match link.unpin() {
-                        Ok(fd_link) => drop(fd_link),
-                        Err(err) => {
-                            warn!(program = name, error = %crate::logging::Chain(&err), "unpinning link failed")
-                        }
-                    }
-                }
-                remove_pinned_state(&self.pins)?;
-                info!(pins = %self.pins.dir().display(), "kernel programs detached and pins removed");
+                // Our descriptors first, then every pin: the cgroup links and
+                // the per-pod sk_lookup links alike, each detached at once.
+                drop(self.links);
+                let pods = remove_pinned_state(&self.pins)?;
+                info!(pins = %self.pins.dir().display(), pods, "kernel programs detached and pins removed");
                 Ok(())
             }
         }
@@ -347,9 +280,11 @@ impl Redirector {
 }
 
 /// Removes an instance's pinned maps and links (detaching the programs the
-/// links held), then the instance directory and the shared parent when they
-/// are empty. Missing state is not an error.
-pub fn remove_pinned_state(pins: &PinLayout) -> Result<(), RedirectError> {
+/// links held, at once), then the instance directory and the shared parent
+/// when they are empty. Returns how many pods' `sk_lookup` links were
+/// detached. Missing state is not an error.
+pub fn remove_pinned_state(pins: &PinLayout) -> Result<usize, RedirectError> {
+    let pods = links::detach_all(pins)?;
     match std::fs::remove_dir_all(pins.dir()) {
         Ok(()) => {}
         Err(err) if err.kind() == io::ErrorKind::NotFound => {}
@@ -368,95 +303,21 @@ pub fn remove_pinned_state(pins: &PinLayout) -> Result<(), RedirectError> {
             break;
         }
     }
+    Ok(pods)
+}
+
+/// Makes `PROBE_SOURCES` hold exactly `sources`.
+fn write_probe_sources(maps: &mut KernelMaps, sources: &[IpAddr]) -> Result<(), RedirectError> {
+    let wanted: Vec<IpAddr16> = sources.iter().map(|ip| keys::addr16(*ip)).collect();
+    for key in collect_keys(maps.probe_sources.keys(), PROBE_SOURCES)? {
+        if !wanted.contains(&key) {
+            ignore_missing(maps.probe_sources.remove(&key), PROBE_SOURCES)?;
+        }
+    }
+    for key in &wanted {
+        maps.probe_sources
+            .insert(key, 1, 0)
+            .map_err(error::map_err(PROBE_SOURCES))?;
+    }
     Ok(())
-}
-
-/// Whether a map error means "no such key" (aya reports a delete of a
-/// missing key as a raw `ENOENT` syscall error).
-pub(crate) fn is_not_found(err: &MapError) -> bool {
-    match err {
-        MapError::KeyNotFound => true,
-        MapError::SyscallError(e) => e.io_error.raw_os_error() == Some(libc::ENOENT),
-        _ => false,
-    }
-}
-
-fn typed_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, RedirectError>
-where
-    T: TryFrom<aya::maps::Map, Error = MapError>,
-{
-    let map = ebpf
-        .take_map(name)
-        .ok_or(RedirectError::MissingMap { name })?;
-    T::try_from(map).map_err(|source| RedirectError::Map { name, source })
-}
-
-/// Flags for cgroup attachment. With BPF links (kernel >= 5.7, which aya uses
-/// whenever available) the kernel always attaches in multi mode and rejects
-/// any flag, so "no flags" here still means programs of other tools run beside
-/// ours.
-const LINK_ATTACH_MODE: CgroupAttachMode = CgroupAttachMode::Single;
-
-fn attach_program(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-    cgroup: &File,
-) -> Result<FdLink, RedirectError> {
-    let program = ebpf
-        .program_mut(name)
-        .ok_or(RedirectError::MissingProgram { name })?;
-    let program_err = |source| RedirectError::Program { name, source };
-    let not_a_link = |source| RedirectError::NotALink { name, source };
-    match program {
-        aya::programs::Program::CgroupSockAddr(p) => {
-            let p: &mut CgroupSockAddr = p;
-            p.load().map_err(program_err)?;
-            let id = p.attach(cgroup, LINK_ATTACH_MODE).map_err(program_err)?;
-            let link = p.take_link(id).map_err(program_err)?;
-            FdLink::try_from(link).map_err(not_a_link)
-        }
-        aya::programs::Program::SockOps(p) => {
-            let p: &mut SockOps = p;
-            p.load().map_err(program_err)?;
-            let id = p.attach(cgroup, LINK_ATTACH_MODE).map_err(program_err)?;
-            let link = p.take_link(id).map_err(program_err)?;
-            FdLink::try_from(link).map_err(not_a_link)
-        }
-        _ => Err(RedirectError::MissingProgram { name }),
-    }
-}
-
-/// Pins `link` in place of the previous generation's link for `name`, which
-/// is detached only after the new one is attached.
-fn replace_pinned_link(
-    path: PathBuf,
-    name: &'static str,
-    link: FdLink,
-) -> Result<PinnedLink, RedirectError> {
-    let previous = if path.exists() {
-        match PinnedLink::from_pin(&path) {
-            Ok(old) => Some(old),
-            Err(err) => {
-                warn!(program = name, path = %path.display(), error = %crate::logging::Chain(&err), "ignoring unreadable link pin");
-                None
-            }
-        }
-    } else {
-        None
-    };
-    if let Some(old) = previous {
-        match old.unpin() {
-            Ok(old) => {
-                drop(old);
-                debug!(program = name, "detached previous generation");
-            }
-            Err(err) => {
-                warn!(program = name, error = %crate::logging::Chain(&err), "could not unpin previous link")
-            }
-        }
-    } else if path.exists() {
-        let _ = std::fs::remove_file(&path);
-    }
-    link.pin(&path)
-        .map_err(|source| RedirectError::PinLink { name, path, source })
 }

@@ -2,7 +2,10 @@
 //! read from the object itself (so `dataplane version` cannot drift from what
 //! is actually shipped).
 
-use aya_obj::{Object, ProgramSection};
+use aya_obj::{
+    Object, ProgramSection,
+    programs::{CgroupSockAddrAttachType, CgroupSockoptAttachType},
+};
 
 /// The compiled `dataplane-ebpf` object (BTF included), built by `build.rs`.
 pub static EMBEDDED_OBJECT: &[u8] =
@@ -52,23 +55,86 @@ pub fn catalogue() -> Result<Vec<ProgramInfo>, ObjectError> {
 
 /// Kernel program type and the agent's attach point for a section.
 fn describe(section: &ProgramSection) -> (String, String) {
+    const AT_CGROUP: &str = "on the agent's cgroup (--cgroup)";
     match section {
-        ProgramSection::CgroupSockAddr { attach_type } => (
-            "cgroup_sock_addr".into(),
-            format!("cgroup/{attach_type:?} on the agent's cgroup (--cgroup)").to_lowercase(),
-        ),
-        ProgramSection::SockOps => (
-            "sock_ops".into(),
-            "cgroup sockops on the agent's cgroup (--cgroup)".into(),
-        ),
-        ProgramSection::CgroupSockopt { attach_type } => (
-            "cgroup_sockopt".into(),
-            format!("cgroup/{attach_type:?} on the agent's cgroup (--cgroup)").to_lowercase(),
-        ),
+        ProgramSection::CgroupSockAddr { attach_type } => {
+            let hook = match attach_type {
+                CgroupSockAddrAttachType::Connect4 => "connect4",
+                CgroupSockAddrAttachType::Connect6 => "connect6",
+                CgroupSockAddrAttachType::GetPeerName4 => "getpeername4",
+                CgroupSockAddrAttachType::GetPeerName6 => "getpeername6",
+                CgroupSockAddrAttachType::GetSockName4 => "getsockname4",
+                CgroupSockAddrAttachType::GetSockName6 => "getsockname6",
+                CgroupSockAddrAttachType::Bind4 => "bind4",
+                CgroupSockAddrAttachType::Bind6 => "bind6",
+                CgroupSockAddrAttachType::UDPSendMsg4 => "sendmsg4",
+                CgroupSockAddrAttachType::UDPSendMsg6 => "sendmsg6",
+                CgroupSockAddrAttachType::UDPRecvMsg4 => "recvmsg4",
+                CgroupSockAddrAttachType::UDPRecvMsg6 => "recvmsg6",
+            };
+            (
+                "cgroup_sock_addr".into(),
+                format!("cgroup/{hook} {AT_CGROUP}"),
+            )
+        }
+        ProgramSection::SockOps => ("sock_ops".into(), format!("cgroup sockops {AT_CGROUP}")),
+        ProgramSection::CgroupSockopt { attach_type } => {
+            let hook = match attach_type {
+                CgroupSockoptAttachType::Get => "getsockopt",
+                CgroupSockoptAttachType::Set => "setsockopt",
+            };
+            (
+                "cgroup_sockopt".into(),
+                format!("cgroup/{hook} {AT_CGROUP}"),
+            )
+        }
         ProgramSection::SkLookup => (
             "sk_lookup".into(),
-            "each enrolled pod's network namespace".into(),
+            "each enrolled pod's network namespace (one link per pod)".into(),
         ),
         other => (format!("{other:?}").to_lowercase(), "not attached".into()),
+    }
+}
+
+#[cfg(test)]
+#[expect(
+    clippy::unwrap_used,
+    reason = "a broken embedded object should fail the test loudly"
+)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_program_is_described_with_its_hook() {
+        let programs = catalogue().unwrap();
+        let attach = |name: &str| {
+            programs
+                .iter()
+                .find(|p| p.name == name)
+                .map(|p| (p.program_type.as_str(), p.attach_point.as_str()))
+                .unwrap()
+        };
+        use dataplane_common::maps as m;
+        assert!(attach(m::PROG_CONNECT4).1.starts_with("cgroup/connect4 "));
+        assert!(attach(m::PROG_CONNECT6).1.starts_with("cgroup/connect6 "));
+        assert!(
+            attach(m::PROG_GETPEERNAME4)
+                .1
+                .starts_with("cgroup/getpeername4 ")
+        );
+        assert!(
+            attach(m::PROG_GETPEERNAME6)
+                .1
+                .starts_with("cgroup/getpeername6 ")
+        );
+        assert_eq!(attach(m::PROG_GETSOCKOPT).0, "cgroup_sockopt");
+        assert!(
+            attach(m::PROG_GETSOCKOPT)
+                .1
+                .starts_with("cgroup/getsockopt ")
+        );
+        assert_eq!(attach(m::PROG_SOCKOPS).0, "sock_ops");
+        assert_eq!(attach(m::PROG_SK_LOOKUP).0, "sk_lookup");
+        assert_eq!(programs.len(), 7);
     }
 }

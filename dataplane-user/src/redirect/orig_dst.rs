@@ -4,9 +4,9 @@
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use aya::maps::{HashMap, Map, MapData};
-use dataplane_common::{AF_INET, IpAddr16, OrigDst, SockTuple, maps::ORIG_DST};
+use dataplane_common::{AF_INET, OrigDst, SockTuple, maps::ORIG_DST};
 
-use super::{PinLayout, RedirectError};
+use super::{PinLayout, RedirectError, keys::addr16};
 
 /// A handle on an instance's pinned `ORIG_DST` map. Opened by path, so the
 /// engine holds its own descriptor independent of the loader.
@@ -48,7 +48,7 @@ impl OrigDstTable {
                 let _ = self.map.remove(&key);
                 Ok(Some(socket_addr_of(&orig)))
             }
-            Err(err) if super::is_not_found(&err) => Ok(None),
+            Err(err) if super::error::is_not_found(&err) => Ok(None),
             Err(source) => Err(RedirectError::Map {
                 name: ORIG_DST,
                 source,
@@ -68,14 +68,6 @@ pub fn tuple_of(client: SocketAddr, connected_to: SocketAddr) -> SockTuple {
     }
 }
 
-fn addr16(ip: IpAddr) -> IpAddr16 {
-    let v6 = match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        IpAddr::V6(v6) => v6,
-    };
-    IpAddr16::from_octets(v6.octets())
-}
-
 fn socket_addr_of(orig: &OrigDst) -> SocketAddr {
     let v6 = Ipv6Addr::from(orig.addr.octets());
     let ip = match v6.to_ipv4_mapped() {
@@ -92,6 +84,8 @@ fn socket_addr_of(orig: &OrigDst) -> SocketAddr {
 )]
 mod tests {
     use std::net::Ipv4Addr;
+
+    use dataplane_common::IpAddr16;
 
     use super::*;
 

@@ -11,23 +11,24 @@ use std::path::{Path, PathBuf};
 pub const LAYOUT_VERSION: &str = "v1";
 
 /// Pinned file names, chosen to explain themselves in `bpftool map show
-/// pinned ...` and `ls`.
-pub(crate) const MAP_PINS: [(&str, &str); 5] = [
-    (
-        dataplane_common::maps::ENROLLED_NETNS,
-        "enrolled_netns_by_cookie",
-    ),
-    (
-        dataplane_common::maps::ORIG_DST_COOKIE,
-        "orig_dst_by_socket_cookie",
-    ),
-    (dataplane_common::maps::ORIG_DST, "orig_dst_by_tuple"),
-    (dataplane_common::maps::AGENT_CONFIG, "agent_config"),
-    (
-        dataplane_common::maps::REDIRECT_STATS,
-        "redirect_decision_counters",
-    ),
-];
+/// pinned ...` and `ls`. Every map of the object is pinned, so a restarted
+/// agent re-adopts all of its state.
+pub(crate) const MAP_PINS: [(&str, &str); 11] = {
+    use dataplane_common::maps as m;
+    [
+        (m::ENROLLED_NETNS, "enrolled_netns_by_cookie"),
+        (m::ORIG_DST_COOKIE, "orig_dst_by_socket_cookie"),
+        (m::ORIG_DST, "orig_dst_by_tuple"),
+        (m::AGENT_CONFIG, "agent_config"),
+        (m::REDIRECT_STATS, "redirect_decision_counters"),
+        (m::OUT_EXCL_PORTS, "outbound_excluded_ports_by_netns"),
+        (m::OUT_EXCL_CIDRS, "outbound_excluded_cidrs_by_netns"),
+        (m::POD_INBOUND, "inbound_pods_by_ip"),
+        (m::IN_EXCL_PORTS, "inbound_excluded_ports_by_pod_ip"),
+        (m::PROBE_SOURCES, "inbound_probe_sources"),
+        (m::LISTENERS, "engine_listeners_by_pod_ip_and_port"),
+    ]
+};
 
 /// Paths of one agent instance's pinned state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,4 +78,20 @@ impl PinLayout {
     pub fn link(&self, hook: &str, program: &str) -> PathBuf {
         self.links_dir().join(format!("{hook}_{program}"))
     }
+
+    /// Pin path of the link that attaches `dp_sk_lookup` to the network
+    /// namespace with this cookie: `links/sk_lookup_netns_<cookie>`.
+    pub fn sk_lookup_link(&self, netns_cookie: u64) -> PathBuf {
+        self.links_dir()
+            .join(format!("{SK_LOOKUP_LINK_PREFIX}{netns_cookie}"))
+    }
+
+    /// The netns cookie of an `sk_lookup` link pin's file name, or `None`
+    /// for any other name.
+    pub fn sk_lookup_link_cookie(file_name: &str) -> Option<u64> {
+        file_name.strip_prefix(SK_LOOKUP_LINK_PREFIX)?.parse().ok()
+    }
 }
+
+/// File-name prefix of the per-netns `sk_lookup` link pins.
+const SK_LOOKUP_LINK_PREFIX: &str = "sk_lookup_netns_";

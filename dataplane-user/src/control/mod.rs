@@ -1,0 +1,138 @@
+//! The agent's local control socket: enroll, unenroll and list pods.
+//!
+//! A Unix stream socket at `<state dir>/<instance>/agent.sock` (mode 0600,
+//! so only root reaches it), one JSON request per connection answered by one
+//! JSON response. The CNI plugin and `dataplane pod ...` use it.
+
+mod server;
+
+use std::{
+    io::{Read, Write},
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+pub use server::{bind, serve};
+
+use crate::enroll::{PodSpec, PodStatus};
+
+/// Largest request or response accepted, in bytes.
+pub const MAX_MESSAGE: u64 = 1 << 20;
+
+/// A request to the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase", deny_unknown_fields)]
+pub enum Request {
+    /// Enroll a pod (idempotent).
+    Add {
+        /// The pod.
+        pod: Box<PodSpec>,
+    },
+    /// Unenroll a pod by uid or by network namespace path (idempotent).
+    Remove {
+        /// The pod's uid.
+        #[serde(default)]
+        uid: Option<String>,
+        /// The pod's network namespace path.
+        #[serde(default)]
+        netns: Option<PathBuf>,
+    },
+    /// List enrolled pods.
+    List,
+}
+
+/// The agent's answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Response {
+    /// Whether the request succeeded.
+    pub ok: bool,
+    /// Why not, when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Pods concerned: the one added, or every pod for `list`.
+    #[serde(default)]
+    pub pods: Vec<PodStatus>,
+    /// For `remove`: whether a pod was enrolled and is now removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<bool>,
+}
+
+/// Errors talking to the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The socket could not be reached.
+    #[error(
+        "cannot reach the agent at {path} (is `dataplane run` running with this --instance and --state-dir?)"
+    )]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The exchange failed mid-way.
+    #[error("talking to the agent at {path} failed")]
+    Io {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The agent's answer is not a valid response.
+    #[error("the agent at {path} sent an invalid response")]
+    Protocol {
+        /// The socket path.
+        path: PathBuf,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The agent refused the request.
+    #[error("the agent refused: {0}")]
+    Refused(String),
+}
+
+/// Path of the control socket of an instance.
+pub fn socket_path(state_dir: &Path, instance: &str) -> PathBuf {
+    state_dir.join(instance).join("agent.sock")
+}
+
+/// Sends `request` and returns the agent's successful response.
+pub fn call(path: &Path, request: &Request, timeout: Duration) -> Result<Response, ControlError> {
+    let io_err = |source| ControlError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut stream = UnixStream::connect(path).map_err(|source| ControlError::Connect {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    stream.set_read_timeout(Some(timeout)).map_err(io_err)?;
+    stream.set_write_timeout(Some(timeout)).map_err(io_err)?;
+    let body = serde_json::to_vec(request).map_err(|e| io_err(e.into()))?;
+    stream.write_all(&body).map_err(io_err)?;
+    stream.shutdown(std::net::Shutdown::Write).map_err(io_err)?;
+    let mut reply = Vec::new();
+    stream
+        .take(MAX_MESSAGE)
+        .read_to_end(&mut reply)
+        .map_err(io_err)?;
+    let response: Response =
+        serde_json::from_slice(&reply).map_err(|source| ControlError::Protocol {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if response.ok {
+        Ok(response)
+    } else {
+        Err(ControlError::Refused(
+            response.error.unwrap_or_else(|| "no reason given".into()),
+        ))
+    }
+}

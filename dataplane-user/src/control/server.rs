@@ -1,0 +1,115 @@
+//! Serving the control socket.
+
+use std::{
+    io,
+    os::unix::fs::PermissionsExt,
+    path::Path,
+    sync::{Arc, Mutex},
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{UnixListener, UnixStream},
+};
+use tracing::{debug, warn};
+
+use super::{MAX_MESSAGE, Request, Response};
+use crate::{enroll::Enrollments, logging::Chain};
+
+/// Binds the control socket at `path` (replacing a stale one left by a dead
+/// agent) with mode 0600.
+pub fn bind(path: &Path) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+        Err(err) => return Err(err),
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Answers requests until the task is dropped.
+pub async fn serve(listener: UnixListener, enrollments: Arc<Mutex<Enrollments>>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let enrollments = Arc::clone(&enrollments);
+                tokio::spawn(async move {
+                    if let Err(err) = answer(stream, &enrollments).await {
+                        debug!(error = %err, "control connection failed");
+                    }
+                });
+            }
+            Err(err) => warn!(error = %err, "control socket accept failed"),
+        }
+    }
+}
+
+async fn answer(mut stream: UnixStream, enrollments: &Mutex<Enrollments>) -> io::Result<()> {
+    let mut body = Vec::new();
+    (&mut stream)
+        .take(MAX_MESSAGE + 1)
+        .read_to_end(&mut body)
+        .await?;
+    let response = if body.len() as u64 > MAX_MESSAGE {
+        refused(format!("request larger than {MAX_MESSAGE} bytes"))
+    } else {
+        match serde_json::from_slice::<Request>(&body) {
+            Ok(request) => handle(request, enrollments),
+            Err(err) => refused(format!("invalid request: {err}")),
+        }
+    };
+    let reply = serde_json::to_vec(&response).map_err(io::Error::from)?;
+    stream.write_all(&reply).await?;
+    stream.shutdown().await
+}
+
+fn handle(request: Request, enrollments: &Mutex<Enrollments>) -> Response {
+    let mut enrollments = match enrollments.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    match request {
+        Request::Add { pod } => match enrollments.add(*pod) {
+            Ok(status) => Response {
+                ok: true,
+                pods: vec![status],
+                ..Response::default()
+            },
+            Err(err) => refused(Chain(&err).to_string()),
+        },
+        Request::Remove { uid, netns } => {
+            let result = match (uid, netns) {
+                (Some(uid), _) => enrollments.remove(&uid),
+                (None, Some(netns)) => enrollments.remove_by_netns(&netns).map(|r| r.is_some()),
+                (None, None) => return refused("remove needs a uid or a netns".into()),
+            };
+            match result {
+                Ok(removed) => Response {
+                    ok: true,
+                    removed: Some(removed),
+                    ..Response::default()
+                },
+                Err(err) => refused(Chain(&err).to_string()),
+            }
+        }
+        Request::List => Response {
+            ok: true,
+            pods: enrollments.list(),
+            ..Response::default()
+        },
+    }
+}
+
+fn refused(error: String) -> Response {
+    Response {
+        ok: false,
+        error: Some(error),
+        ..Response::default()
+    }
+}

@@ -1,0 +1,270 @@
+//! Accept loops and per-connection handling: one span per connection, one
+//! access-log record (target `access`) when it closes or is refused.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    net::{TcpListener, TcpStream},
+    task::JoinSet,
+};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::{PodContext, canonical, hbone_addr, is_engine_port, log_accept_error, relay};
+use crate::{
+    hbone::{self, PoolKey, Tunnel, wire::Baggage},
+    redirect::OrigDstTable,
+};
+
+/// How long a connection to the destination may take before the client's
+/// connection is reset.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves the outbound capture listener: each accepted connection goes to
+/// its original destination, dialled from inside the pod with the proxy
+/// mark.
+pub(super) async fn serve_outbound(
+    listener: TcpListener,
+    ctx: Arc<PodContext>,
+    orig_dst: Arc<Mutex<OrigDstTable>>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                log_accept_error(&err, "outbound");
+                continue;
+            }
+        };
+        // The record is looked up here, in order, before the next accept;
+        // it was written before the client's SYN left.
+        let dst = stream
+            .local_addr()
+            .map_err(|e| e.to_string())
+            .and_then(|local| {
+                let mut table = orig_dst
+                    .lock()
+                    .map_err(|_| "original-destination table poisoned".to_owned())?;
+                table
+                    .take(peer, local)
+                    .map_err(|e| crate::logging::Chain(&e).to_string())
+            });
+        let ctx = Arc::clone(&ctx);
+        let span = info_span!("outbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, src = %canonical(peer));
+        connections.spawn(
+            async move {
+                match dst {
+                    Ok(Some(dst)) => outbound(stream, peer, dst, &ctx).await,
+                    Ok(None) => refuse(
+                        stream,
+                        peer,
+                        None,
+                        "outbound",
+                        "no original destination recorded for this connection",
+                    ),
+                    Err(err) => refuse(stream, peer, None, "outbound", &err),
+                }
+            }
+            .instrument(span),
+        );
+        reap(&mut connections);
+    }
+}
+
+/// Serves the inbound plaintext listener: the accepted socket's local
+/// address is the original destination (sk_lookup does not rewrite it).
+pub(super) async fn serve_inbound(listener: TcpListener, ctx: Arc<PodContext>) {
+    let mut connections = JoinSet::new();
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                log_accept_error(&err, "inbound");
+                continue;
+            }
+        };
+        let ctx = Arc::clone(&ctx);
+        let span = info_span!("inbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, src = %canonical(peer));
+        connections.spawn(
+            async move {
+                match stream.local_addr() {
+                    Ok(local) if is_engine_port(local.port()) => refuse(
+                        stream,
+                        peer,
+                        Some(canonical(local)),
+                        "inbound",
+                        "destination is an engine port",
+                    ),
+                    Ok(local) => forward(stream, peer, canonical(local), &ctx, "inbound").await,
+                    Err(err) => refuse(stream, peer, None, "inbound", &err.to_string()),
+                }
+            }
+            .instrument(span),
+        );
+        reap(&mut connections);
+    }
+}
+
+/// Sends a captured outbound connection on: through an HBONE tunnel when
+/// the destination is a mesh workload that speaks HBONE, as plain TCP
+/// otherwise.
+async fn outbound(stream: TcpStream, peer: SocketAddr, dst: SocketAddr, ctx: &PodContext) {
+    let workloads = ctx.mesh.workloads();
+    match workloads.by_ip(dst.ip()) {
+        Some(workload) if workload.speaks_hbone() => {
+            let key = PoolKey {
+                src_identity: ctx.spiffe.to_uri(),
+                dst_identity: workload.identity.to_uri(),
+                dst_addr: hbone_addr(dst),
+            };
+            let baggage = Baggage {
+                cluster: "Kubernetes".into(),
+                namespace: ctx.identity.namespace.clone(),
+                workload: ("pod".into(), ctx.identity.name.clone()),
+                service: ctx.identity.name.clone(),
+                version: "latest".into(),
+            };
+            tunnel(stream, peer, dst, key, &baggage, ctx).await;
+        }
+        _ => forward(stream, peer, dst, ctx, "outbound").await,
+    }
+}
+
+/// Opens (or reuses) an HBONE tunnel to `dst` and relays through it.
+async fn tunnel(
+    stream: TcpStream,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    key: PoolKey,
+    baggage: &Baggage,
+    ctx: &PodContext,
+) {
+    let started = Instant::now();
+    let tunnel = match ctx
+        .pool
+        .connect(&key, &dst.to_string(), canonical(peer), baggage)
+        .await
+    {
+        Ok(tunnel) => tunnel,
+        Err(err) => {
+            let reason = crate::logging::Chain(&err).to_string();
+            return refuse(stream, peer, Some(dst), "outbound", &reason);
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let Tunnel { send, recv, .. } = tunnel;
+    let result = hbone::relay(stream, send, recv).await;
+    let duration_ms = started.elapsed().as_millis() as u64;
+    match result {
+        Ok(t) => info!(
+            target: "access",
+            direction = "outbound",
+            protocol = "HBONE",
+            src = %canonical(peer),
+            dst = %dst,
+            dst_identity = %key.dst_identity,
+            bytes_sent = t.sent,
+            bytes_received = t.received,
+            duration_ms,
+            "connection closed"
+        ),
+        Err(err) => info!(
+            target: "access",
+            direction = "outbound",
+            protocol = "HBONE",
+            src = %canonical(peer),
+            dst = %dst,
+            dst_identity = %key.dst_identity,
+            duration_ms,
+            error = %crate::logging::Chain(&err),
+            "connection failed"
+        ),
+    }
+}
+
+/// Connects to `dst` from inside the pod and relays.
+async fn forward(
+    downstream: TcpStream,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    ctx: &PodContext,
+    direction: &'static str,
+) {
+    let started = Instant::now();
+    let upstream = match ctx.netns.connector(dst, ctx.mark) {
+        Ok(socket) => match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(dst)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(err)) => {
+                return refuse(
+                    downstream,
+                    peer,
+                    Some(dst),
+                    direction,
+                    &format!("connect failed: {err}"),
+                );
+            }
+            Err(_) => {
+                return refuse(downstream, peer, Some(dst), direction, "connect timed out");
+            }
+        },
+        Err(err) => {
+            return refuse(
+                downstream,
+                peer,
+                Some(dst),
+                direction,
+                &format!("cannot create socket in pod: {err}"),
+            );
+        }
+    };
+    let _ = downstream.set_nodelay(true);
+    debug!(%dst, "connected");
+    let result = relay(downstream, upstream).await;
+    let duration_ms = started.elapsed().as_millis() as u64;
+    match result {
+        Ok(t) => info!(
+            target: "access",
+            direction,
+            src = %canonical(peer),
+            dst = %dst,
+            bytes_sent = t.sent,
+            bytes_received = t.received,
+            duration_ms,
+            "connection closed"
+        ),
+        Err(err) => info!(
+            target: "access",
+            direction,
+            src = %canonical(peer),
+            dst = %dst,
+            duration_ms,
+            error = %crate::logging::Chain(&err),
+            "connection failed"
+        ),
+    }
+}
+
+/// Resets the client connection and logs why.
+fn refuse(
+    stream: TcpStream,
+    peer: SocketAddr,
+    dst: Option<SocketAddr>,
+    direction: &'static str,
+    reason: &str,
+) {
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    drop(stream);
+    let dst = dst
+        .map(|d| d.to_string())
+        .unwrap_or_else(|| "unknown".into());
+    warn!(target: "access", direction, src = %canonical(peer), dst, reason, "connection refused");
+}
+
+/// Collects finished connection tasks so the set does not grow.
+fn reap(connections: &mut JoinSet<()>) {
+    while connections.try_join_next().is_some() {}
+}

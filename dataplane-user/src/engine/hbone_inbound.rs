@@ -1,0 +1,74 @@
+//! The in-pod HBONE listener (15008): mutual TLS with the pod's own
+//! certificate, clients verified against the mesh root and trust domain,
+//! then HTTP/2 CONNECT streams to the pod's apps.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tracing::{Instrument, debug, info_span, warn};
+
+use super::{PodContext, canonical, log_accept_error};
+use crate::{
+    hbone::{self, ServerContext},
+    logging::Chain,
+    tls,
+};
+
+/// How long a client may take to complete the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts HBONE connections until the task is dropped.
+pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
+    let acceptor = TlsAcceptor::from(Arc::clone(&ctx.server_tls));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                log_accept_error(&err, "hbone");
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let ctx = Arc::clone(&ctx);
+        let span = info_span!("hbone_conn", pod = %ctx.identity.name, src = %canonical(peer));
+        tokio::spawn(
+            async move {
+                let local = match stream.local_addr() {
+                    Ok(local) => local,
+                    Err(err) => return warn!(error = %err, "no local address"),
+                };
+                let _ = stream.set_nodelay(true);
+                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(err)) => {
+                        return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), error = %err, "TLS handshake refused");
+                    }
+                    Err(_) => {
+                        return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), "TLS handshake timed out");
+                    }
+                };
+                let peer_identity = tls::peer_identity(tls.get_ref().1).map(|id| id.to_uri());
+                let netns = ctx.netns.clone();
+                let mark = ctx.mark;
+                let server = ServerContext {
+                    local,
+                    peer,
+                    peer_identity,
+                    dial: Arc::new(move |dst| {
+                        let socket = netns.connector(dst, mark);
+                        Box::pin(async move { socket?.connect(dst).await })
+                    }),
+                    // Policies arrive with the configuration work; until then
+                    // every client of the trust domain is allowed.
+                    authorize: Arc::new(|_, _| true),
+                    shutdown: ctx.mesh.shutdown.clone(),
+                };
+                if let Err(err) = hbone::serve_connection(tls, server).await {
+                    debug!(error = %Chain(&err), "HBONE connection ended with an error");
+                }
+            }
+            .instrument(span),
+        );
+    }
+}

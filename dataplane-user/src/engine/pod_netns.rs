@@ -1,0 +1,124 @@
+//! Sockets that live inside a pod's network namespace.
+//!
+//! A socket belongs to the network namespace its creating thread was in at
+//! `socket(2)` time, for its whole life. So the engine briefly switches the
+//! current thread into the pod's namespace, creates the socket, and switches
+//! back; binding, connecting and all I/O then happen from any thread.
+
+use std::{
+    fs::File,
+    io,
+    net::SocketAddr,
+    os::fd::{AsFd, BorrowedFd},
+    path::{Path, PathBuf},
+    sync::{Arc, OnceLock},
+};
+
+use nix::sched::{CloneFlags, setns};
+use socket2::{Domain, Protocol, Socket, Type};
+
+/// Backlog of the in-pod listeners.
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// The agent's own network namespace, opened once so every switch into a
+/// pod can switch back.
+fn host_netns() -> io::Result<&'static File> {
+    static HOST: OnceLock<File> = OnceLock::new();
+    if let Some(file) = HOST.get() {
+        return Ok(file);
+    }
+    let file = File::open("/proc/self/ns/net")?;
+    Ok(HOST.get_or_init(|| file))
+}
+
+/// A handle on a pod's network namespace.
+#[derive(Debug, Clone)]
+pub struct PodNetns {
+    file: Arc<File>,
+    path: PathBuf,
+}
+
+impl PodNetns {
+    /// Opens the namespace at `path` (e.g. `/var/run/netns/NAME`,
+    /// `/proc/PID/ns/net`). Also pins the agent's own namespace for the
+    /// switches back.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        host_netns()?;
+        Ok(Self {
+            file: Arc::new(File::open(path)?),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The path the namespace was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The namespace file.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// `(device, inode)` of the open namespace: its identity, to compare
+    /// with what `path` points to later.
+    pub fn identity(&self) -> io::Result<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = self.file.metadata()?;
+        Ok((meta.dev(), meta.ino()))
+    }
+
+    /// Runs `f` with the current thread inside the pod's namespace.
+    fn within<T>(&self, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        let host = host_netns()?;
+        setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+        let result = f();
+        if let Err(err) = setns(host.as_fd(), CloneFlags::CLONE_NEWNET) {
+            // A thread left in a pod's namespace would silently put every
+            // later socket of this runtime there: stop rather than corrupt.
+            tracing::error!(error = %err, "cannot return to the agent's network namespace; aborting");
+            std::process::abort();
+        }
+        result
+    }
+
+    /// A socket created inside the pod's namespace.
+    fn socket(&self, domain: Domain) -> io::Result<Socket> {
+        self.within(|| {
+            Socket::new(
+                domain,
+                Type::STREAM.nonblocking().cloexec(),
+                Some(Protocol::TCP),
+            )
+        })
+    }
+
+    /// The namespace's cookie (how the kernel programs name it).
+    pub fn cookie(&self) -> io::Result<u64> {
+        // Any socket tells the namespace; a Unix one touches no network state.
+        let socket = self.within(|| Socket::new(Domain::UNIX, Type::DGRAM.cloexec(), None))?;
+        crate::netns::socket_netns_cookie(socket.as_fd())
+    }
+
+    /// A non-blocking listening socket bound to `addr` inside the pod.
+    /// `v6only` matters for `[::]` binds: `false` accepts IPv4 too.
+    pub fn listen(&self, addr: SocketAddr, v6only: bool) -> io::Result<std::net::TcpListener> {
+        let socket = self.socket(Domain::for_address(addr))?;
+        if addr.is_ipv6() {
+            socket.set_only_v6(v6only)?;
+        }
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(LISTEN_BACKLOG)?;
+        Ok(socket.into())
+    }
+
+    /// A socket inside the pod, carrying the proxy `mark` so the kernel
+    /// programs let it through, ready to connect to `dst`.
+    pub fn connector(&self, dst: SocketAddr, mark: u32) -> io::Result<tokio::net::TcpSocket> {
+        let socket = self.socket(Domain::for_address(dst))?;
+        socket.set_mark(mark)?;
+        socket.set_tcp_nodelay(true)?;
+        Ok(tokio::net::TcpSocket::from_std_stream(socket.into()))
+    }
+}

@@ -1,0 +1,354 @@
+//! The HBONE client: a pool of HTTP/2 connections keyed by (source
+//! identity, destination identity, destination address), carrying up to
+//! [`wire::MAX_STREAMS`] tunnels each.
+//!
+//! One dial per key is in flight at a time: fifty connections opened at once
+//! between one pod pair share one TLS handshake. Connections idle longer than
+//! the idle timeout are dropped; connections whose keepalive PING goes
+//! unanswered are never handed out again.
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use http::StatusCode;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tracing::debug;
+
+use super::wire;
+
+/// How often an idle connection is pinged.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a PING may go unanswered.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Errors opening a tunnel.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// Dialing (TCP + TLS) the destination failed.
+    #[error("cannot reach the HBONE peer {addr}")]
+    Dial {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP/2 layer failed.
+    #[error("HTTP/2 with the HBONE peer {addr} failed")]
+    Http2 {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// The error.
+        #[source]
+        source: h2::Error,
+    },
+    /// The request could not be built.
+    #[error("cannot build the CONNECT request for {authority}")]
+    Request {
+        /// The authority.
+        authority: String,
+        /// The error.
+        #[source]
+        source: http::Error,
+    },
+    /// The peer answered with a status other than 200.
+    #[error("the HBONE peer {addr} refused the tunnel to {authority} with status {status}")]
+    Refused {
+        /// The peer's address.
+        addr: SocketAddr,
+        /// The requested authority.
+        authority: String,
+        /// The status.
+        status: StatusCode,
+    },
+}
+
+/// What a pooled connection is shared by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    /// Source workload identity (SPIFFE URI).
+    pub src_identity: String,
+    /// Destination workload identity (SPIFFE URI).
+    pub dst_identity: String,
+    /// The destination's HBONE address (pod IP:15008).
+    pub dst_addr: SocketAddr,
+}
+
+/// Opens the transport (TCP + TLS) for a pool key.
+pub trait Dialer: Send + Sync + 'static {
+    /// The established transport.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// Dials `key.dst_addr` presenting `key.src_identity` and expecting
+    /// `key.dst_identity`.
+    fn dial(
+        &self,
+        key: &PoolKey,
+    ) -> Pin<Box<dyn Future<Output = std::io::Result<Self::Io>> + Send>>;
+}
+
+struct Pooled {
+    send: SendRequest<Bytes>,
+    streams: Arc<AtomicUsize>,
+    alive: Arc<AtomicBool>,
+    last_used: Mutex<Instant>,
+}
+
+/// A tunnel stream checked out of the pool; the stream slot is returned to
+/// its connection when this is dropped.
+#[derive(Debug)]
+pub struct Tunnel {
+    /// Data toward the destination.
+    pub send: h2::SendStream<Bytes>,
+    /// Data from the destination.
+    pub recv: h2::RecvStream,
+    _slot: StreamSlot,
+}
+
+#[derive(Debug)]
+struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The pool.
+pub struct HbonePool<D: Dialer> {
+    dialer: D,
+    conns: Mutex<HashMap<PoolKey, Vec<Arc<Pooled>>>>,
+    dial_locks: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
+    idle_timeout: Duration,
+    dials: AtomicU64,
+}
+
+impl<D: Dialer> std::fmt::Debug for HbonePool<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HbonePool")
+            .field("dials", &self.dials.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl<D: Dialer> HbonePool<D> {
+    /// A pool dialing with `dialer`, dropping connections idle for
+    /// `idle_timeout`.
+    pub fn new(dialer: D, idle_timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            dialer,
+            conns: Mutex::new(HashMap::new()),
+            dial_locks: Mutex::new(HashMap::new()),
+            idle_timeout,
+            dials: AtomicU64::new(0),
+        })
+    }
+
+    /// Transports dialled so far (each is one TLS handshake).
+    pub fn dials(&self) -> u64 {
+        self.dials.load(Ordering::Relaxed)
+    }
+
+    /// Opens a tunnel to `authority` over a pooled connection for `key`.
+    pub async fn connect(
+        self: &Arc<Self>,
+        key: &PoolKey,
+        authority: &str,
+        source: SocketAddr,
+        baggage: &wire::Baggage,
+    ) -> Result<Tunnel, PoolError> {
+        let addr = key.dst_addr;
+        let h2_err = |source| PoolError::Http2 { addr, source };
+        let (conn, slot) = self.checkout(key).await?;
+        let request = wire::connect_request(authority, source, baggage, &wire::new_traceparent())
+            .map_err(|source| PoolError::Request {
+            authority: authority.to_owned(),
+            source,
+        })?;
+        let mut send_request = conn.send.clone().ready().await.map_err(h2_err)?;
+        let (response, send) = send_request.send_request(request, false).map_err(h2_err)?;
+        let response = response.await.map_err(h2_err)?;
+        if response.status() != StatusCode::OK {
+            return Err(PoolError::Refused {
+                addr,
+                authority: authority.to_owned(),
+                status: response.status(),
+            });
+        }
+        Ok(Tunnel {
+            send,
+            recv: response.into_body(),
+            _slot: slot,
+        })
+    }
+
+    /// A connection with a free stream slot, dialling one if needed.
+    async fn checkout(
+        self: &Arc<Self>,
+        key: &PoolKey,
+    ) -> Result<(Arc<Pooled>, StreamSlot), PoolError> {
+        if let Some(found) = self.find(key) {
+            return Ok(found);
+        }
+        let dial_lock = {
+            let mut locks = lock(&self.dial_locks);
+            Arc::clone(locks.entry(key.clone()).or_default())
+        };
+        let _dialing = dial_lock.lock().await;
+        // Whoever held the lock before us may have dialled already.
+        if let Some(found) = self.find(key) {
+            return Ok(found);
+        }
+        let pooled = self.dial(key).await?;
+        let slot = take_slot(&pooled);
+        lock(&self.conns)
+            .entry(key.clone())
+            .or_default()
+            .push(Arc::clone(&pooled));
+        Ok((pooled, slot))
+    }
+
+    fn find(&self, key: &PoolKey) -> Option<(Arc<Pooled>, StreamSlot)> {
+        let mut conns = lock(&self.conns);
+        let list = conns.get_mut(key)?;
+        list.retain(|c| c.alive.load(Ordering::Acquire));
+        let limit = wire::MAX_STREAMS as usize;
+        list.iter().find_map(|c| {
+            // Claim a slot only if one is free, atomically.
+            c.streams
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < limit).then_some(n + 1)
+                })
+                .ok()
+                .map(|_| {
+                    if let Ok(mut t) = c.last_used.lock() {
+                        *t = Instant::now();
+                    }
+                    (Arc::clone(c), StreamSlot(Arc::clone(&c.streams)))
+                })
+        })
+    }
+
+    async fn dial(self: &Arc<Self>, key: &PoolKey) -> Result<Arc<Pooled>, PoolError> {
+        let addr = key.dst_addr;
+        self.dials.fetch_add(1, Ordering::Relaxed);
+        let io = self
+            .dialer
+            .dial(key)
+            .await
+            .map_err(|source| PoolError::Dial { addr, source })?;
+        let (send, mut connection) = h2::client::Builder::new()
+            .initial_window_size(wire::STREAM_WINDOW)
+            .initial_connection_window_size(wire::CONNECTION_WINDOW)
+            .max_frame_size(wire::MAX_FRAME)
+            .max_header_list_size(wire::MAX_HEADER_LIST)
+            .max_concurrent_streams(wire::MAX_STREAMS)
+            .handshake::<_, Bytes>(io)
+            .await
+            .map_err(|source| PoolError::Http2 { addr, source })?;
+        let alive = Arc::new(AtomicBool::new(true));
+        let ping_pong = connection.ping_pong();
+        let driver_alive = Arc::clone(&alive);
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                debug!(peer = %addr, error = %err, "HBONE connection ended");
+            }
+            driver_alive.store(false, Ordering::Release);
+        });
+        if let Some(ping_pong) = ping_pong {
+            tokio::spawn(keepalive(ping_pong, Arc::clone(&alive)));
+        }
+        tracing::info!(peer = %addr, dst_identity = %key.dst_identity, "HBONE connection established");
+        Ok(Arc::new(Pooled {
+            send,
+            streams: Arc::new(AtomicUsize::new(0)),
+            alive,
+            last_used: Mutex::new(Instant::now()),
+        }))
+    }
+
+    /// Drops connections with no open stream that were idle longer than
+    /// the idle timeout. Returns how many were dropped.
+    pub fn evict_idle(&self) -> usize {
+        let mut conns = lock(&self.conns);
+        let mut evicted = 0;
+        for list in conns.values_mut() {
+            list.retain(|c| {
+                let idle = c
+                    .last_used
+                    .lock()
+                    .map(|t| t.elapsed() >= self.idle_timeout)
+                    .unwrap_or(true);
+                let keep = c.alive.load(Ordering::Acquire)
+                    && (c.streams.load(Ordering::Acquire) > 0 || !idle);
+                if !keep {
+                    evicted += 1;
+                }
+                keep
+            });
+        }
+        conns.retain(|_, list| !list.is_empty());
+        evicted
+    }
+
+    /// Open pooled connections.
+    pub fn connections(&self) -> usize {
+        lock(&self.conns).values().map(Vec::len).sum()
+    }
+
+    /// Runs idle eviction until the returned task is aborted.
+    pub fn spawn_eviction(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let pool = Arc::downgrade(self);
+        let period = (self.idle_timeout / 2).max(Duration::from_millis(100));
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(period);
+            loop {
+                ticker.tick().await;
+                match pool.upgrade() {
+                    Some(pool) => {
+                        pool.evict_idle();
+                    }
+                    None => return,
+                }
+            }
+        })
+    }
+}
+
+fn take_slot(pooled: &Pooled) -> StreamSlot {
+    pooled.streams.fetch_add(1, Ordering::AcqRel);
+    StreamSlot(Arc::clone(&pooled.streams))
+}
+
+async fn keepalive(mut ping_pong: h2::PingPong, alive: Arc<AtomicBool>) {
+    loop {
+        tokio::time::sleep(KEEPALIVE_INTERVAL).await;
+        if !alive.load(Ordering::Acquire) {
+            return;
+        }
+        let pong =
+            tokio::time::timeout(KEEPALIVE_TIMEOUT, ping_pong.ping(h2::Ping::opaque())).await;
+        if !matches!(pong, Ok(Ok(_))) {
+            debug!("HBONE keepalive PING unanswered; retiring the connection");
+            alive.store(false, Ordering::Release);
+            return;
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}

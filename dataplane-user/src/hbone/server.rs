@@ -1,0 +1,223 @@
+//! The HBONE server side: HTTP/2 over an established (mutual TLS)
+//! connection, one CONNECT stream per tunnelled TCP connection.
+//!
+//! Responses: 200 tunnel up; 400 not CONNECT, malformed authority, the
+//! authority's IP is not the IP this connection arrived on (no open relay)
+//! or its port is an engine port; 401 denied by policy; 503 the app could
+//! not be reached (the client's stream then ends).
+
+use std::{future::Future, net::SocketAddr, pin::Pin, sync::Arc, time::Instant};
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use http::{Request, Response, StatusCode};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpStream,
+    sync::watch,
+};
+use tracing::{Instrument, info, info_span, warn};
+
+use super::{relay, wire};
+use crate::engine::{canonical, is_engine_port};
+
+/// Dials the app for an accepted tunnel.
+pub type AppDialer = Arc<
+    dyn Fn(SocketAddr) -> Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Decides whether a tunnel may be opened: `(peer identity URI, destination)`.
+pub type Authorizer = Arc<dyn Fn(Option<&str>, SocketAddr) -> bool + Send + Sync>;
+
+/// What the server needs for every stream of one connection.
+#[derive(Clone)]
+pub struct ServerContext {
+    /// The address the TLS connection arrived on (its local address).
+    pub local: SocketAddr,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The client's verified SPIFFE identity.
+    pub peer_identity: Option<String>,
+    /// Opens the connection to the app.
+    pub dial: AppDialer,
+    /// The policy hook.
+    pub authorize: Authorizer,
+    /// Flips to `true` when the agent drains: the server sends GOAWAY and
+    /// lets open streams finish.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for ServerContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerContext")
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .field("peer_identity", &self.peer_identity)
+            .finish()
+    }
+}
+
+/// Serves one connection until the client closes it, it fails, or the
+/// agent drains.
+pub async fn serve_connection<IO>(io: IO, ctx: ServerContext) -> Result<(), h2::Error>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut conn = h2::server::Builder::new()
+        .initial_window_size(wire::STREAM_WINDOW)
+        .initial_connection_window_size(wire::CONNECTION_WINDOW)
+        .max_frame_size(wire::MAX_FRAME)
+        .max_concurrent_streams(wire::MAX_STREAMS)
+        .max_header_list_size(wire::MAX_HEADER_LIST)
+        .handshake::<_, Bytes>(io)
+        .await?;
+    let mut shutdown = ctx.shutdown.clone();
+    let mut draining = *shutdown.borrow();
+    if draining {
+        conn.graceful_shutdown();
+    }
+    loop {
+        tokio::select! {
+            accepted = conn.accept() => match accepted {
+                Some(Ok((request, respond))) => {
+                    let ctx = ctx.clone();
+                    let span = info_span!("hbone_in", src = %canonical(ctx.peer), peer_identity = ctx.peer_identity.as_deref().unwrap_or("-"));
+                    tokio::spawn(handle_stream(request, respond, ctx).instrument(span));
+                }
+                Some(Err(err)) => return Err(err),
+                None => return Ok(()),
+            },
+            changed = shutdown.changed(), if !draining => {
+                if changed.is_err() || *shutdown.borrow() {
+                    draining = true;
+                    conn.graceful_shutdown();
+                }
+            }
+        }
+    }
+}
+
+async fn handle_stream(
+    request: Request<h2::RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    ctx: ServerContext,
+) {
+    let started = Instant::now();
+    let dst = match check(&request, &ctx) {
+        Ok(dst) => dst,
+        Err((status, reason)) => return reject(&mut respond, status, &ctx, None, reason),
+    };
+    if !(ctx.authorize)(ctx.peer_identity.as_deref(), dst) {
+        return reject(
+            &mut respond,
+            StatusCode::UNAUTHORIZED,
+            &ctx,
+            Some(dst),
+            "denied by policy",
+        );
+    }
+    let app = match (ctx.dial)(dst).await {
+        Ok(app) => app,
+        Err(err) => {
+            let reason = format!("app unreachable: {err}");
+            return reject(
+                &mut respond,
+                StatusCode::SERVICE_UNAVAILABLE,
+                &ctx,
+                Some(dst),
+                &reason,
+            );
+        }
+    };
+    let send = match respond.send_response(status_only(StatusCode::OK), false) {
+        Ok(send) => send,
+        Err(err) => {
+            warn!(error = %err, "cannot send 200");
+            return;
+        }
+    };
+    let result = relay::relay(app, send, request.into_body()).await;
+    let duration_ms = started.elapsed().as_millis() as u64;
+    match result {
+        Ok(t) => info!(
+            target: "access",
+            direction = "inbound",
+            protocol = "HBONE",
+            src = %canonical(ctx.peer),
+            dst = %dst,
+            peer_identity = ctx.peer_identity.as_deref().unwrap_or("-"),
+            bytes_sent = t.received,
+            bytes_received = t.sent,
+            duration_ms,
+            "connection closed"
+        ),
+        Err(err) => info!(
+            target: "access",
+            direction = "inbound",
+            protocol = "HBONE",
+            src = %canonical(ctx.peer),
+            dst = %dst,
+            duration_ms,
+            error = %crate::logging::Chain(&err),
+            "connection failed"
+        ),
+    }
+}
+
+/// Validates method and authority; returns the destination.
+fn check(
+    request: &Request<h2::RecvStream>,
+    ctx: &ServerContext,
+) -> Result<SocketAddr, (StatusCode, &'static str)> {
+    if request.method() != http::Method::CONNECT {
+        return Err((StatusCode::BAD_REQUEST, "only CONNECT is served"));
+    }
+    let authority = request
+        .uri()
+        .authority()
+        .ok_or((StatusCode::BAD_REQUEST, "CONNECT without authority"))?;
+    let dst: SocketAddr = authority
+        .as_str()
+        .parse()
+        .map_err(|_| (StatusCode::BAD_REQUEST, "authority is not ip:port"))?;
+    let dst = canonical(dst);
+    if dst.ip() != canonical(ctx.local).ip() {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "authority IP is not the IP this connection arrived on",
+        ));
+    }
+    if is_engine_port(dst.port()) {
+        return Err((StatusCode::BAD_REQUEST, "authority port is an engine port"));
+    }
+    Ok(dst)
+}
+
+fn reject(
+    respond: &mut SendResponse<Bytes>,
+    status: StatusCode,
+    ctx: &ServerContext,
+    dst: Option<SocketAddr>,
+    reason: &str,
+) {
+    let _ = respond.send_response(status_only(status), true);
+    let dst = dst.map(|d| d.to_string()).unwrap_or_else(|| "-".into());
+    warn!(
+        target: "access",
+        direction = "inbound",
+        protocol = "HBONE",
+        src = %canonical(ctx.peer),
+        dst,
+        status = status.as_u16(),
+        reason,
+        "connection refused"
+    );
+}
+
+fn status_only(status: StatusCode) -> Response<()> {
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    response
+}

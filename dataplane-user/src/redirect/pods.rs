@@ -1,0 +1,434 @@
+//! Enrolling pods: everything the kernel needs to capture one pod's
+//! traffic, keyed by its network-namespace cookie, written idempotently and
+//! removed without leaving anything behind.
+//!
+//! | map / object          | key                      | written for          |
+//! |-----------------------|--------------------------|----------------------|
+//! | `ENROLLED_NETNS`      | netns cookie             | outbound capture, engine readiness |
+//! | `OUT_EXCL_PORTS`      | (cookie, port)           | outbound excluded ports |
+//! | `OUT_EXCL_CIDRS`      | (cookie, CIDR)           | outbound excluded CIDRs |
+//! | `POD_INBOUND`         | pod IP                   | inbound capture      |
+//! | `IN_EXCL_PORTS`       | (pod IP, port)           | inbound excluded ports |
+//! | `LISTENERS`           | (pod IP, role port)      | the engine's inbound and HBONE listeners |
+//! | `links/sk_lookup_netns_<cookie>` | -             | `dp_sk_lookup` attached to the pod's netns |
+//!
+//! The redirector remembers what it wrote for each cookie, so a later
+//! enrollment removes what is no longer wanted (an IP or an exclusion that
+//! went away) and an unenrollment removes everything. After an agent restart
+//! that memory is empty; it is then rebuilt by scanning the maps for the
+//! cookie (and for the pod IPs registered under it).
+
+use std::{
+    collections::HashSet,
+    net::IpAddr,
+    os::fd::{AsRawFd, BorrowedFd},
+};
+
+use aya::maps::lpm_trie::Key;
+use dataplane_common::{
+    AgentConfig, ENROLLED_CAPTURE_OUTBOUND, ENROLLED_ENGINE_READY, EnrolledNetns, IpAddr16,
+    ListenerKey, NetnsAddr, NetnsPort, POD_CAPTURE_INBOUND, PodInbound, PodPort,
+    maps::{ENROLLED_NETNS, IN_EXCL_PORTS, LISTENERS, OUT_EXCL_CIDRS, OUT_EXCL_PORTS, POD_INBOUND},
+};
+use tracing::{debug, info};
+
+use super::{
+    RedirectError, Redirector,
+    error::map_err,
+    kernel_maps::{KernelMaps, absent_as_none, collect_keys, ignore_missing},
+    keys::{addr16, cidr_key, cidr_key_cookie, ip_of},
+    links, listeners,
+};
+
+/// `BPF_EXIST`: update only an existing element.
+const BPF_EXIST: u64 = 2;
+
+/// Everything the kernel needs to capture one pod.
+#[derive(Debug)]
+pub struct PodCapture<'a> {
+    /// Cookie of the pod's network namespace.
+    pub netns_cookie: u64,
+    /// The pod's network-namespace file, for the `sk_lookup` link.
+    pub netns: BorrowedFd<'a>,
+    /// The pod's IPs (inbound capture is keyed by them).
+    pub ips: &'a [IpAddr],
+    /// The node-side address toward the pod (the probe source), if any.
+    pub node_addr: Option<IpAddr>,
+    /// Ports and CIDRs the pod excludes from capture.
+    pub exclusions: &'a Exclusions,
+    /// The engine's inbound plaintext listener: listening on `[::]:15006`
+    /// (dual-stack) in the pod's netns.
+    pub inbound_listener: BorrowedFd<'a>,
+    /// The engine's HBONE listener: listening on `[::]:15008` (dual-stack)
+    /// in the pod's netns.
+    pub hbone_listener: BorrowedFd<'a>,
+}
+
+/// Traffic of one pod that is never captured.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Exclusions {
+    /// Destination ports of outbound connections left alone.
+    pub outbound_ports: Vec<u16>,
+    /// Destination networks of outbound connections left alone.
+    pub outbound_cidrs: Vec<ipnet::IpNet>,
+    /// Pod ports whose inbound connections go straight to the application.
+    pub inbound_ports: Vec<u16>,
+}
+
+/// The map entries one network namespace owns (besides its
+/// `ENROLLED_NETNS` entry and its link).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Registration {
+    ips: HashSet<IpAddr16>,
+    out_ports: HashSet<u16>,
+    out_cidrs: HashSet<(u32, NetnsAddr)>,
+    in_ports: HashSet<PodPort>,
+    listeners: HashSet<ListenerKey>,
+}
+
+impl Registration {
+    /// The entries `pod` needs.
+    fn wanted(pod: &PodCapture<'_>, config: &AgentConfig) -> Self {
+        let ips: HashSet<IpAddr16> = pod.ips.iter().map(|ip| addr16(*ip)).collect();
+        let ex = pod.exclusions;
+        Self {
+            out_ports: ex.outbound_ports.iter().copied().collect(),
+            out_cidrs: ex
+                .outbound_cidrs
+                .iter()
+                .map(|net| cidr_key(pod.netns_cookie, net))
+                .collect(),
+            in_ports: ips
+                .iter()
+                .flat_map(|ip| ex.inbound_ports.iter().map(|port| pod_port(*ip, *port)))
+                .collect(),
+            listeners: ips
+                .iter()
+                .flat_map(|ip| {
+                    [config.inbound_port, config.hbone_port].map(|port| listener_key(*ip, port))
+                })
+                .collect(),
+            ips,
+        }
+    }
+
+    /// What the maps hold for `netns_cookie` (after an agent restart).
+    fn scan(maps: &KernelMaps, netns_cookie: u64) -> Result<Self, RedirectError> {
+        let mut ips = HashSet::new();
+        for entry in maps.pod_inbound.iter() {
+            let (ip, pod) = entry.map_err(map_err(POD_INBOUND))?;
+            if pod.netns_cookie == netns_cookie {
+                ips.insert(ip);
+            }
+        }
+        let out_ports = collect_keys(maps.out_excl_ports.keys(), OUT_EXCL_PORTS)?
+            .into_iter()
+            .filter(|k| k.netns_cookie == netns_cookie)
+            .map(|k| k.port)
+            .collect();
+        let out_cidrs = collect_keys(maps.out_excl_cidrs.keys(), OUT_EXCL_CIDRS)?
+            .into_iter()
+            .map(|k| (k.prefix_len(), k.data()))
+            .filter(|(_, data)| cidr_key_cookie(data) == netns_cookie)
+            .collect();
+        let in_ports = collect_keys(maps.in_excl_ports.keys(), IN_EXCL_PORTS)?
+            .into_iter()
+            .filter(|k| ips.contains(&k.pod_addr))
+            .collect();
+        let listeners = collect_keys(maps.listeners.keys(), LISTENERS)?
+            .into_iter()
+            .filter(|k| ips.contains(&k.pod_addr))
+            .collect();
+        Ok(Self {
+            ips,
+            out_ports,
+            out_cidrs,
+            in_ports,
+            listeners,
+        })
+    }
+
+    /// Adds `other`'s entries.
+    fn extend(&mut self, other: &Self) {
+        self.ips.extend(&other.ips);
+        self.out_ports.extend(&other.out_ports);
+        self.out_cidrs.extend(&other.out_cidrs);
+        self.in_ports.extend(&other.in_ports);
+        self.listeners.extend(&other.listeners);
+    }
+
+    /// How many entries.
+    fn len(&self) -> usize {
+        self.ips.len()
+            + self.out_ports.len()
+            + self.out_cidrs.len()
+            + self.in_ports.len()
+            + self.listeners.len()
+    }
+
+    /// The entries of `self` that `other` lacks.
+    fn minus(&self, other: &Self) -> Self {
+        Self {
+            ips: self.ips.difference(&other.ips).copied().collect(),
+            out_ports: self
+                .out_ports
+                .difference(&other.out_ports)
+                .copied()
+                .collect(),
+            out_cidrs: self
+                .out_cidrs
+                .difference(&other.out_cidrs)
+                .copied()
+                .collect(),
+            in_ports: self.in_ports.difference(&other.in_ports).copied().collect(),
+            listeners: self
+                .listeners
+                .difference(&other.listeners)
+                .copied()
+                .collect(),
+        }
+    }
+}
+
+impl Redirector {
+    /// Captures the pod: (re)writes every map entry for it, (re)inserts its
+    /// listeners into `LISTENERS` for each pod IP, attaches `dp_sk_lookup`
+    /// to its network namespace (link pinned at
+    /// `links/sk_lookup_netns_<cookie>`, replacing a previous generation's
+    /// link make-before-break) and finally marks the namespace enrolled with
+    /// `CAPTURE_OUTBOUND | ENGINE_READY`.
+    ///
+    /// Idempotent. Entries of a previous registration of the same cookie
+    /// that are no longer wanted (an IP or exclusion removed) are removed.
+    ///
+    /// The listeners must be listening TCP sockets able to take every pod IP
+    /// (a dual-stack `[::]` socket for a dual-stack pod); anything else is
+    /// refused with [`RedirectError::UnusableListener`] before any state is
+    /// written.
+    pub fn enroll_pod(&mut self, pod: &PodCapture<'_>) -> Result<(), RedirectError> {
+        let cookie = pod.netns_cookie;
+        let serves_v4 = pod.ips.iter().any(|ip| ip.to_canonical().is_ipv4());
+        let serves_v6 = pod.ips.iter().any(|ip| ip.to_canonical().is_ipv6());
+        for (socket, port) in [
+            (pod.inbound_listener, self.config.inbound_port),
+            (pod.hbone_listener, self.config.hbone_port),
+        ] {
+            listeners::check(socket, port, serves_v4, serves_v6)?;
+        }
+        let wanted = Registration::wanted(pod, &self.config);
+        let previous = match self.registry.get(&cookie) {
+            Some(registered) => registered.clone(),
+            None => Registration::scan(&self.maps, cookie)?,
+        };
+        // Remember everything that may be in the maps before writing, so
+        // that a failure half-way still lets `unenroll_pod` find it all.
+        let mut known = previous.clone();
+        known.extend(&wanted);
+        self.registry.insert(cookie, known);
+
+        self.write_entries(pod, &wanted)?;
+        links::attach_sk_lookup(&mut self.ebpf, &self.pins, cookie, pod.netns)?;
+        self.set_enrolled(cookie, ENROLLED_CAPTURE_OUTBOUND | ENROLLED_ENGINE_READY)?;
+        let stale = previous.minus(&wanted);
+        self.remove_entries(cookie, &stale)?;
+        info!(
+            netns_cookie = cookie,
+            ips = ?pod.ips,
+            stale_entries = stale.len(),
+            "pod enrolled"
+        );
+        self.registry.insert(cookie, wanted);
+        Ok(())
+    }
+
+    /// Stops capturing the pod with this netns cookie: removes its
+    /// `ENROLLED_NETNS` entry, detaches and unpins its `sk_lookup` link, and
+    /// removes every map entry it owns (found by scanning the maps when this
+    /// agent did not enroll it itself). Idempotent; missing state is not an
+    /// error.
+    pub fn unenroll_pod(&mut self, netns_cookie: u64) -> Result<(), RedirectError> {
+        self.unenroll_netns(netns_cookie)?;
+        links::detach_sk_lookup(&self.pins, netns_cookie)?;
+        let registered = match self.registry.get(&netns_cookie) {
+            Some(registered) => registered.clone(),
+            None => Registration::scan(&self.maps, netns_cookie)?,
+        };
+        self.remove_entries(netns_cookie, &registered)?;
+        self.registry.remove(&netns_cookie);
+        info!(netns_cookie, "pod unenrolled");
+        Ok(())
+    }
+
+    /// Sets or clears `ENROLLED_ENGINE_READY` for every enrolled network
+    /// namespace. While it is clear, `connect4`/`connect6` apply the
+    /// fail-open/fail-closed setting.
+    pub fn set_engine_ready(&mut self, ready: bool) -> Result<(), RedirectError> {
+        for cookie in self.enrolled_cookies()? {
+            let current = absent_as_none(self.maps.enrolled.get(&cookie, 0), ENROLLED_NETNS)?;
+            let Some(mut value) = current else {
+                continue;
+            };
+            if ready {
+                value.flags |= ENROLLED_ENGINE_READY;
+            } else {
+                value.flags &= !ENROLLED_ENGINE_READY;
+            }
+            // BPF_EXIST: a namespace unenrolled meanwhile stays unenrolled.
+            ignore_missing(
+                self.maps.enrolled.insert(cookie, value, BPF_EXIST),
+                ENROLLED_NETNS,
+            )?;
+        }
+        debug!(ready, "engine readiness set");
+        Ok(())
+    }
+
+    /// Network-namespace cookies currently in `ENROLLED_NETNS`.
+    pub fn enrolled_cookies(&self) -> Result<Vec<u64>, RedirectError> {
+        collect_keys(self.maps.enrolled.keys(), ENROLLED_NETNS)
+    }
+
+    /// Starts capturing the outbound traffic of the network namespace with
+    /// this cookie (`CAPTURE_OUTBOUND | ENGINE_READY`), without any of
+    /// [`Redirector::enroll_pod`]'s inbound state. Idempotent.
+    pub fn enroll_netns(&mut self, netns_cookie: u64) -> Result<(), RedirectError> {
+        self.set_enrolled(
+            netns_cookie,
+            ENROLLED_CAPTURE_OUTBOUND | ENROLLED_ENGINE_READY,
+        )
+    }
+
+    /// Stops capturing the outbound traffic of the network namespace with
+    /// this cookie. Idempotent.
+    pub fn unenroll_netns(&mut self, netns_cookie: u64) -> Result<(), RedirectError> {
+        ignore_missing(self.maps.enrolled.remove(&netns_cookie), ENROLLED_NETNS)
+    }
+
+    fn set_enrolled(&mut self, netns_cookie: u64, flags: u32) -> Result<(), RedirectError> {
+        let value = EnrolledNetns {
+            flags,
+            _pad: [0; 4],
+        };
+        self.maps
+            .enrolled
+            .insert(netns_cookie, value, 0)
+            .map_err(map_err(ENROLLED_NETNS))
+    }
+
+    /// Writes the entries of `wanted` (exclusions first, then listeners,
+    /// then the pod IPs that make `sk_lookup` act on them).
+    fn write_entries(
+        &mut self,
+        pod: &PodCapture<'_>,
+        wanted: &Registration,
+    ) -> Result<(), RedirectError> {
+        let cookie = pod.netns_cookie;
+        let maps = &mut self.maps;
+        for port in &wanted.out_ports {
+            maps.out_excl_ports
+                .insert(netns_port(cookie, *port), 1, 0)
+                .map_err(map_err(OUT_EXCL_PORTS))?;
+        }
+        for (bits, data) in &wanted.out_cidrs {
+            maps.out_excl_cidrs
+                .insert(&Key::new(*bits, *data), 1, 0)
+                .map_err(map_err(OUT_EXCL_CIDRS))?;
+        }
+        for key in &wanted.in_ports {
+            maps.in_excl_ports
+                .insert(key, 1, 0)
+                .map_err(map_err(IN_EXCL_PORTS))?;
+        }
+        for key in &wanted.listeners {
+            let socket = if key.port == self.config.hbone_port {
+                pod.hbone_listener
+            } else {
+                pod.inbound_listener
+            };
+            maps.listeners
+                .insert(key, socket.as_raw_fd(), 0)
+                .map_err(|source| RedirectError::Listener {
+                    pod_addr: ip_of(&key.pod_addr),
+                    port: key.port,
+                    source,
+                })?;
+        }
+        let inbound = PodInbound {
+            netns_cookie: cookie,
+            node_addr: pod.node_addr.map(addr16).unwrap_or_default(),
+            flags: POD_CAPTURE_INBOUND,
+            _pad: [0; 4],
+        };
+        for ip in &wanted.ips {
+            maps.pod_inbound
+                .insert(ip, inbound, 0)
+                .map_err(map_err(POD_INBOUND))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the entries of `registered` that belong to `netns_cookie`.
+    /// An IP another pod has registered since (IPs are reused) is left to
+    /// that pod, with its listeners and excluded ports.
+    fn remove_entries(
+        &mut self,
+        netns_cookie: u64,
+        registered: &Registration,
+    ) -> Result<(), RedirectError> {
+        let maps = &mut self.maps;
+        let mut foreign = HashSet::new();
+        for ip in &registered.ips {
+            match maps.pod_inbound_of(ip)? {
+                Some(pod) if pod.netns_cookie != netns_cookie => {
+                    foreign.insert(*ip);
+                }
+                Some(_) => ignore_missing(maps.pod_inbound.remove(ip), POD_INBOUND)?,
+                None => {}
+            }
+        }
+        for key in &registered.listeners {
+            if !foreign.contains(&key.pod_addr) {
+                ignore_missing(maps.listeners.remove(key), LISTENERS)?;
+            }
+        }
+        for key in &registered.in_ports {
+            if !foreign.contains(&key.pod_addr) {
+                ignore_missing(maps.in_excl_ports.remove(key), IN_EXCL_PORTS)?;
+            }
+        }
+        for port in &registered.out_ports {
+            ignore_missing(
+                maps.out_excl_ports.remove(&netns_port(netns_cookie, *port)),
+                OUT_EXCL_PORTS,
+            )?;
+        }
+        for cidr in &registered.out_cidrs {
+            maps.remove_cidr(*cidr)?;
+        }
+        Ok(())
+    }
+}
+
+fn netns_port(netns_cookie: u64, port: u16) -> NetnsPort {
+    NetnsPort {
+        netns_cookie,
+        port,
+        _pad: [0; 6],
+    }
+}
+
+fn pod_port(pod_addr: IpAddr16, port: u16) -> PodPort {
+    PodPort {
+        pod_addr,
+        port,
+        _pad: [0; 2],
+    }
+}
+
+fn listener_key(pod_addr: IpAddr16, port: u16) -> ListenerKey {
+    ListenerKey {
+        pod_addr,
+        port,
+        _pad: [0; 2],
+    }
+}

@@ -1,0 +1,150 @@
+//! What the agent knows about the mesh: workloads by IP, each with its
+//! SPIFFE identity and protocol. Built from the local config; lookups by IP
+//! are one hash probe.
+
+use std::{collections::HashMap, net::IpAddr, sync::Arc};
+
+use crate::{
+    config::{LocalConfig, Protocol, Workload},
+    identity::{Identity, IdentityError},
+};
+
+/// Errors building the index.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// Two workloads claim the same IP.
+    #[error("workloads {first} and {second} both claim IP {ip}; every workload IP must be unique")]
+    DuplicateIp {
+        /// The IP.
+        ip: IpAddr,
+        /// The first workload's uid.
+        first: String,
+        /// The second workload's uid.
+        second: String,
+    },
+    /// A workload's identity fields do not form a valid SPIFFE identity.
+    #[error("workload {uid} has an invalid identity")]
+    Identity {
+        /// The workload's uid.
+        uid: String,
+        /// What is wrong.
+        #[source]
+        source: IdentityError,
+    },
+}
+
+/// A workload with its identity resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeshWorkload {
+    /// The workload as configured.
+    pub workload: Workload,
+    /// Its SPIFFE identity.
+    pub identity: Identity,
+}
+
+impl MeshWorkload {
+    /// Whether traffic to it goes through HBONE.
+    pub fn speaks_hbone(&self) -> bool {
+        self.workload.protocol == Protocol::Hbone
+    }
+}
+
+/// Workloads by IP.
+#[derive(Debug, Clone, Default)]
+pub struct WorkloadIndex {
+    by_ip: HashMap<IpAddr, Arc<MeshWorkload>>,
+    count: usize,
+}
+
+impl WorkloadIndex {
+    /// Indexes the config's workloads.
+    pub fn from_config(config: &LocalConfig) -> Result<Self, StateError> {
+        let mut by_ip: HashMap<IpAddr, Arc<MeshWorkload>> = HashMap::new();
+        for workload in &config.workloads {
+            let identity = Identity::new(
+                &workload.trust_domain,
+                &workload.namespace,
+                &workload.service_account,
+            )
+            .map_err(|source| StateError::Identity {
+                uid: workload.uid.clone(),
+                source,
+            })?;
+            let entry = Arc::new(MeshWorkload {
+                workload: workload.clone(),
+                identity,
+            });
+            for ip in &workload.workload_ips {
+                if let Some(first) = by_ip.insert(*ip, Arc::clone(&entry)) {
+                    return Err(StateError::DuplicateIp {
+                        ip: *ip,
+                        first: first.workload.uid.clone(),
+                        second: workload.uid.clone(),
+                    });
+                }
+            }
+        }
+        Ok(Self {
+            by_ip,
+            count: config.workloads.len(),
+        })
+    }
+
+    /// The workload owning `ip`, if any.
+    pub fn by_ip(&self, ip: IpAddr) -> Option<&Arc<MeshWorkload>> {
+        self.by_ip.get(&canonical_ip(ip))
+    }
+
+    /// Number of workloads.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether no workload is known.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+/// IPv4-mapped IPv6 addresses are the IPv4 address.
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V4(_) => ip,
+    }
+}
+
+#[cfg(test)]
+#[expect(
+    clippy::unwrap_used,
+    reason = "a bad fixture should fail the test loudly"
+)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> LocalConfig {
+        LocalConfig::parse(text, "t").unwrap()
+    }
+
+    #[test]
+    fn looks_up_by_v4_v6_and_mapped() {
+        let index = WorkloadIndex::from_config(&config(
+            "workloads:\n- uid: a\n  name: a\n  namespace: ns\n  serviceAccount: sa\n  workloadIps: [10.0.0.1, 'fd00::1']\n",
+        ))
+        .unwrap();
+        let w = index.by_ip("10.0.0.1".parse().unwrap()).unwrap();
+        assert_eq!(w.identity.to_uri(), "spiffe://cluster.local/ns/ns/sa/sa");
+        assert!(index.by_ip("fd00::1".parse().unwrap()).is_some());
+        assert!(index.by_ip("::ffff:10.0.0.1".parse().unwrap()).is_some());
+        assert!(index.by_ip("10.0.0.2".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn duplicate_ips_are_rejected() {
+        let err = WorkloadIndex::from_config(&config(
+            "workloads:\n- {uid: a, name: a, namespace: n, workloadIps: [10.0.0.1]}\n- {uid: b, name: b, namespace: n, workloadIps: [10.0.0.1]}\n",
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("both claim IP 10.0.0.1"), "{err}");
+    }
+}

@@ -1,0 +1,383 @@
+//! HBONE TLS over real loopback TCP sockets (tokio + tokio-rustls): who is
+//! let in, who is refused and why, and certificate rotation under live
+//! connections.
+
+#![expect(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use super::verify::ServerIdentityVerifier;
+use super::*;
+use crate::identity::{Ca, CertStore, Identity};
+
+const TD: &str = "cluster.local";
+
+/// One CA and the certificates it issues.
+struct Mesh {
+    roots: Arc<RootCertStore>,
+    store: Arc<CertStore>,
+}
+
+fn mesh(validity: Duration) -> Mesh {
+    let ca = Arc::new(Ca::generate().unwrap());
+    let roots = Arc::new(ca.root_cert_store().unwrap());
+    let store = Arc::new(CertStore::new(ca, provider(), validity));
+    Mesh { roots, store }
+}
+
+fn id(td: &str, sa: &str) -> Identity {
+    Identity::new(td, "ns1", sa).unwrap()
+}
+
+fn server_cfg(mesh: &Mesh, server: &Identity) -> Arc<ServerConfig> {
+    server_config(mesh.store.resolver(server.clone()), mesh.roots.clone(), TD).unwrap()
+}
+
+fn client_cfg(mesh: &Mesh, client: &Identity, expected: &Identity) -> Arc<ClientConfig> {
+    client_config(
+        mesh.store.resolver(client.clone()),
+        mesh.roots.clone(),
+        vec![expected.clone()],
+    )
+    .unwrap()
+}
+
+/// What the server saw of one accepted connection.
+#[derive(Debug)]
+struct Accepted {
+    peer: Option<Identity>,
+    alpn: Option<Vec<u8>>,
+}
+
+/// Accepts `count` connections; on each, answers every "ping" with "pong"
+/// until the client closes. Returns each handshake's outcome in order.
+async fn serve(
+    config: Arc<ServerConfig>,
+    count: usize,
+) -> (SocketAddr, JoinHandle<Vec<io::Result<Accepted>>>) {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = TlsAcceptor::from(config);
+    let task = tokio::spawn(async move {
+        let mut outcomes = Vec::new();
+        for _ in 0..count {
+            let (tcp, _) = listener.accept().await.unwrap();
+            match acceptor.accept(tcp).await {
+                Ok(mut tls) => {
+                    let (_, conn) = tls.get_ref();
+                    outcomes.push(Ok(Accepted {
+                        peer: peer_identity(conn),
+                        alpn: conn.alpn_protocol().map(<[u8]>::to_vec),
+                    }));
+                    tokio::spawn(async move {
+                        let mut buf = [0_u8; 4];
+                        while tls.read_exact(&mut buf).await.is_ok() {
+                            if tls.write_all(b"pong").await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+                Err(e) => outcomes.push(Err(e)),
+            }
+        }
+        outcomes
+    });
+    (addr, task)
+}
+
+type ClientStream = tokio_rustls::client::TlsStream<TcpStream>;
+
+async fn connect(config: Arc<ClientConfig>, addr: SocketAddr) -> io::Result<ClientStream> {
+    let tcp = TcpStream::connect(addr).await?;
+    TlsConnector::from(config)
+        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
+        .await
+}
+
+async fn ping(tls: &mut ClientStream) -> io::Result<()> {
+    tls.write_all(b"ping").await?;
+    let mut buf = [0_u8; 4];
+    tls.read_exact(&mut buf).await?;
+    assert_eq!(&buf, b"pong");
+    Ok(())
+}
+
+/// The client's view when the *server* refuses it: TLS 1.3 clients finish
+/// their side of the handshake before the server checks their certificate,
+/// so the refusal shows up as the first read failing.
+async fn connect_and_ping(config: Arc<ClientConfig>, addr: SocketAddr) -> io::Result<()> {
+    let mut tls = connect(config, addr).await?;
+    ping(&mut tls).await
+}
+
+fn server_error(outcome: Vec<io::Result<Accepted>>) -> String {
+    match outcome.into_iter().next().unwrap() {
+        Ok(accepted) => panic!("server accepted {accepted:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn serial_of(tls: &ClientStream) -> Vec<u8> {
+    let leaf = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+    let (_, cert) = <x509_parser::certificate::X509Certificate as x509_parser::prelude::FromDer<
+        _,
+    >>::from_der(&leaf)
+    .unwrap();
+    cert.raw_serial().to_vec()
+}
+
+#[tokio::test]
+async fn mutual_handshake_negotiates_h2_and_shows_both_identities() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 1).await;
+
+    let mut tls = connect(client_cfg(&mesh, &client, &server), addr)
+        .await
+        .unwrap();
+    ping(&mut tls).await.unwrap();
+
+    let (_, conn) = tls.get_ref();
+    assert_eq!(peer_identity(conn), Some(server));
+    assert_eq!(conn.alpn_protocol(), Some(ALPN_H2));
+    assert_eq!(
+        conn.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_3)
+    );
+    assert_eq!(
+        conn.negotiated_cipher_suite().map(|cs| cs.suite()),
+        Some(rustls::CipherSuite::TLS13_AES_128_GCM_SHA256)
+    );
+    let seen = accepted.await.unwrap().into_iter().next().unwrap().unwrap();
+    assert_eq!(seen.peer, Some(client));
+    assert_eq!(seen.alpn.as_deref(), Some(ALPN_H2));
+}
+
+#[tokio::test]
+async fn client_rejects_server_with_the_wrong_identity() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client) = (id(TD, "impostor"), id(TD, "client"));
+    let expected = id(TD, "server");
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 1).await;
+
+    let err = connect(client_cfg(&mesh, &client, &expected), addr)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("server certificate names spiffe://cluster.local/ns/ns1/sa/impostor")
+            && err.contains("expects spiffe://cluster.local/ns/ns1/sa/server"),
+        "{err}"
+    );
+    assert!(accepted.await.unwrap()[0].is_err());
+}
+
+#[tokio::test]
+async fn server_rejects_client_from_another_trust_domain() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client) = (id(TD, "server"), id("other.domain", "client"));
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 1).await;
+
+    assert!(
+        connect_and_ping(client_cfg(&mesh, &client, &server), addr)
+            .await
+            .is_err()
+    );
+    let err = server_error(accepted.await.unwrap());
+    assert!(
+        err.contains("client certificate names spiffe://other.domain/ns/ns1/sa/client")
+            && err.contains("outside this server's trust domain \"cluster.local\""),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn server_rejects_client_signed_by_another_ca() {
+    let (mesh, rogue) = (
+        mesh(Duration::from_secs(3600)),
+        mesh(Duration::from_secs(3600)),
+    );
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 1).await;
+
+    // Trusts the real CA for the server, presents a rogue CA's certificate.
+    let config = client_config(
+        rogue.store.resolver(client),
+        mesh.roots.clone(),
+        vec![server],
+    )
+    .unwrap();
+    assert!(connect_and_ping(config, addr).await.is_err());
+    let err = server_error(accepted.await.unwrap());
+    assert!(err.contains("UnknownIssuer"), "{err}");
+}
+
+#[tokio::test]
+async fn client_rejects_server_signed_by_another_ca() {
+    let (mesh, rogue) = (
+        mesh(Duration::from_secs(3600)),
+        mesh(Duration::from_secs(3600)),
+    );
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+    // Same name, rogue CA.
+    let (addr, accepted) = serve(server_cfg(&rogue, &server), 1).await;
+
+    let err = connect(client_cfg(&mesh, &client, &server), addr)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("UnknownIssuer"), "{err}");
+    assert!(accepted.await.unwrap()[0].is_err());
+}
+
+#[tokio::test]
+async fn tls12_only_client_is_rejected() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 1).await;
+
+    let issued = mesh.store.get_or_issue(&client).unwrap();
+    let config = ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS12])
+    .unwrap()
+    .with_root_certificates(mesh.roots.clone())
+    .with_client_auth_cert(issued.chain.clone(), issued.key.clone_key())
+    .unwrap();
+    let err = connect(Arc::new(config), addr)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("alert"), "{err}");
+    let err = server_error(accepted.await.unwrap());
+    assert!(err.contains("incompatible"), "{err}");
+}
+
+#[tokio::test]
+async fn client_without_certificate_is_rejected() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let server = id(TD, "server");
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 1).await;
+
+    let verifier = ServerIdentityVerifier::new(
+        mesh.roots.clone(),
+        vec![server],
+        provider().signature_verification_algorithms,
+    );
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    assert!(connect_and_ping(Arc::new(config), addr).await.is_err());
+    let err = server_error(accepted.await.unwrap());
+    assert!(err.contains("peer sent no certificates"), "{err}");
+}
+
+#[tokio::test]
+async fn client_offering_only_other_alpn_is_rejected() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 1).await;
+
+    let mut config = ClientConfig::clone(&client_cfg(&mesh, &client, &server));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    assert!(connect(Arc::new(config), addr).await.is_err());
+    let err = server_error(accepted.await.unwrap());
+    assert!(err.contains("protocol"), "{err}");
+}
+
+#[tokio::test]
+async fn rotation_reaches_new_handshakes_and_spares_established_ones() {
+    let mesh = mesh(Duration::from_secs(4));
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+    let _rotation = mesh.store.clone().spawn_rotation();
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 2).await;
+    let config = client_cfg(&mesh, &client, &server);
+
+    let mut before = connect(config.clone(), addr).await.unwrap();
+    ping(&mut before).await.unwrap();
+    let old_serial = serial_of(&before);
+    let old = mesh.store.get(&server).unwrap();
+
+    // Half of a 4 s life is ~2 s; allow plenty for a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while mesh
+        .store
+        .get(&server)
+        .is_some_and(|now| Arc::ptr_eq(&now, &old))
+    {
+        assert!(Instant::now() < deadline, "certificate was not rotated");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let mut after = connect(config, addr).await.unwrap();
+    ping(&mut after).await.unwrap();
+    assert_ne!(
+        serial_of(&after),
+        old_serial,
+        "new handshake got the old certificate"
+    );
+    assert_eq!(peer_identity(after.get_ref().1), Some(server));
+    // The connection from before the rotation still carries data.
+    ping(&mut before).await.unwrap();
+    for outcome in accepted.await.unwrap() {
+        assert_eq!(outcome.unwrap().peer, Some(client.clone()));
+    }
+}
+
+#[test]
+fn client_config_cache_reuses_configurations() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let cache = ClientConfigCache::new(mesh.store.clone(), mesh.roots.clone(), 2);
+    let (client, a, b, c) = (id(TD, "client"), id(TD, "a"), id(TD, "b"), id(TD, "c"));
+
+    let first = cache.get(&client, &[a.clone(), b.clone()]).unwrap();
+    let again = cache
+        .get(&client, &[b.clone(), a.clone(), a.clone()])
+        .unwrap();
+    assert!(
+        Arc::ptr_eq(&first, &again),
+        "same key, different order, built twice"
+    );
+    let other = cache.get(&client, std::slice::from_ref(&c)).unwrap();
+    assert!(!Arc::ptr_eq(&first, &other));
+    cache.get(&client, &[a.clone(), b.clone()]).unwrap();
+    // Over capacity: the least recently used ([c]) goes.
+    cache.get(&client, std::slice::from_ref(&a)).unwrap();
+    assert_eq!(cache.len(), 2);
+    let rebuilt = cache.get(&client, &[c]).unwrap();
+    assert!(!Arc::ptr_eq(&rebuilt, &other));
+    assert!(matches!(
+        cache.get(&client, &[]),
+        Err(TlsError::NoExpectedIdentity)
+    ));
+}
+
+#[test]
+fn provider_is_restricted_to_hbone_suites() {
+    let p = provider();
+    let suites: Vec<_> = p.cipher_suites.iter().map(|cs| cs.suite()).collect();
+    assert_eq!(suites, CIPHER_SUITES);
+    assert_eq!(
+        p.kx_groups.first().map(|g| g.name()),
+        Some(rustls::NamedGroup::X25519)
+    );
+    install_provider();
+    install_provider();
+    assert!(rustls::crypto::CryptoProvider::get_default().is_some());
+}

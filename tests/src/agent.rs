@@ -1,0 +1,202 @@
+//! A `dataplane run` process for one simulated node, with its own instance
+//! name, bpffs directory and state directory, stopped (SIGTERM, then
+//! SIGKILL) and cleaned up on drop.
+
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use dataplane_user::{
+    control::{self, Request, Response},
+    enroll::PodSpec,
+    redirect::{CounterValue, PinLayout, read_counters},
+};
+
+use crate::{BpffsDir, TempDir, agent_binary, topology::Node};
+
+/// How long start-up and shutdown may take before the test gives up (a
+/// guard against hangs, not a timing assertion).
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// A running agent.
+#[derive(Debug)]
+pub struct Agent {
+    child: Option<Child>,
+    instance: String,
+    bpffs: BpffsDir,
+    state: TempDir,
+    log: PathBuf,
+    cgroup: PathBuf,
+    extra: Vec<String>,
+}
+
+impl Agent {
+    /// Starts an agent attached to `node`'s cgroup, with `extra` arguments.
+    pub fn start(tag: &str, node: &Node, extra: &[&str]) -> anyhow::Result<Self> {
+        let mut agent = Self {
+            child: None,
+            instance: format!("{tag}-agent"),
+            bpffs: BpffsDir::new(tag)?,
+            state: TempDir::new(tag)?,
+            log: PathBuf::new(),
+            cgroup: node.cgroup().path().to_path_buf(),
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        agent.log = agent.state.path().join("agent.log");
+        agent.spawn()?;
+        Ok(agent)
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = File::options().create(true).append(true).open(&self.log)?;
+        let mut cmd = Command::new(agent_binary()?);
+        cmd.arg("run")
+            .arg("--instance")
+            .arg(&self.instance)
+            .arg("--bpffs")
+            .arg(self.bpffs.path())
+            .arg("--state-dir")
+            .arg(self.state.path())
+            .arg("--cgroup")
+            .arg(&self.cgroup)
+            .args(&self.extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log);
+        if !self.extra.iter().any(|a| a == "--on-exit") {
+            cmd.args(["--on-exit", "detach"]);
+        }
+        self.child = Some(cmd.spawn()?);
+        self.wait_ready()
+    }
+
+    /// Waits until the control socket answers.
+    fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if self.call(&Request::List).is_ok() {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                anyhow::bail!(
+                    "agent exited during start-up ({status}):\n{}",
+                    self.log_text()
+                );
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "agent not ready:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends a control request.
+    pub fn call(&self, request: &Request) -> anyhow::Result<Response> {
+        let socket = control::socket_path(self.state.path(), &self.instance);
+        Ok(control::call(&socket, request, LIMIT)?)
+    }
+
+    /// Enrolls a pod.
+    pub fn enroll(&self, spec: PodSpec) -> anyhow::Result<Response> {
+        self.call(&Request::Add {
+            pod: Box::new(spec),
+        })
+    }
+
+    /// The agent's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The instance name.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// The state directory (`--state-dir`).
+    pub fn state_dir(&self) -> &Path {
+        self.state.path()
+    }
+
+    /// The bpffs directory (`--bpffs`).
+    pub fn bpffs(&self) -> &Path {
+        self.bpffs.path()
+    }
+
+    /// The kernel counters of this instance.
+    pub fn counter(&self, name: &str) -> anyhow::Result<u64> {
+        read_counters(&PinLayout::new(self.bpffs.path(), &self.instance))?
+            .into_iter()
+            .find(|c: &CounterValue| c.name == name)
+            .map(|c| c.value)
+            .ok_or_else(|| anyhow::anyhow!("no counter {name}"))
+    }
+
+    /// SIGKILLs the agent (no cleanup runs), as a crash would.
+    pub fn kill_hard(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts the agent again with the same instance, pins and state.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill_hard()?;
+        self.spawn()
+    }
+
+    /// SIGTERMs the agent and returns its exit code.
+    pub fn stop(&mut self) -> anyhow::Result<Option<i32>> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(None);
+        };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status.code());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                anyhow::bail!("agent ignored SIGTERM:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A pod spec for `pod` on this agent's node.
+    pub fn spec_for(pod: &crate::topology::Pod, name: &str) -> PodSpec {
+        PodSpec {
+            uid: format!("uid-{name}"),
+            name: name.to_owned(),
+            namespace: "test".to_owned(),
+            service_account: "default".to_owned(),
+            trust_domain: "cluster.local".to_owned(),
+            netns: pod.netns.path().to_path_buf(),
+            ips: vec![pod.ip4.into(), pod.ip6.into()],
+            node_addr: Some(pod.node_side),
+            exclusions: Default::default(),
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            eprintln!("cleanup: {e}");
+        }
+        // A test that killed the agent leaves pins; the BpffsDir guard
+        // removes them, which detaches the links they hold.
+    }
+}

@@ -1,0 +1,128 @@
+//! `dp-stream`: a test client for byte-exact transfers and reset
+//! propagation, run inside test pods.
+//!
+//! - `dp-stream echo ADDR BYTES SEED`: sends BYTES pseudo-random bytes
+//!   (from SEED), half-closes, reads until the server closes, and checks the
+//!   reply is exactly what was sent. Prints `ok BYTES`.
+//! - `dp-stream echo-text ADDR TEXT`: sends TEXT, half-closes, prints what
+//!   comes back.
+//! - `dp-stream expect-reset ADDR`: sends one byte and expects the
+//!   connection to be reset. Prints `reset`.
+//!
+//! Exit code 0 on success, 1 with a message on stderr otherwise.
+
+use std::{
+    io::{Read, Write},
+    net::{Shutdown, SocketAddr, TcpStream},
+    process::ExitCode,
+    time::Duration,
+};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.as_slice() {
+        [cmd, addr, bytes, seed] if cmd == "echo" => echo(addr, bytes, seed),
+        [cmd, addr] if cmd == "expect-reset" => expect_reset(addr),
+        [cmd, addr, text] if cmd == "echo-text" => echo_text(addr, text),
+        _ => Err("usage: dp-stream echo ADDR BYTES SEED | dp-stream expect-reset ADDR".into()),
+    };
+    match result {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("dp-stream: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The deterministic byte stream both sides agree on (xorshift64).
+fn payload(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}
+
+fn connect(addr: &str) -> Result<TcpStream, String> {
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| format!("bad address {addr}: {e}"))?;
+    let stream = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    Ok(stream)
+}
+
+fn echo(addr: &str, bytes: &str, seed: &str) -> Result<String, String> {
+    let len: usize = bytes.parse().map_err(|e| format!("bad byte count: {e}"))?;
+    let seed: u64 = seed.parse().map_err(|e| format!("bad seed: {e}"))?;
+    let data = payload(len, seed);
+    let mut stream = connect(addr)?;
+    let mut writer = stream.try_clone().map_err(|e| e.to_string())?;
+    let to_send = data.clone();
+    // Write from another thread: the echo comes back while we still send.
+    let sender = std::thread::spawn(move || -> Result<(), String> {
+        writer
+            .write_all(&to_send)
+            .map_err(|e| format!("write: {e}"))?;
+        writer
+            .shutdown(Shutdown::Write)
+            .map_err(|e| format!("shutdown: {e}"))
+    });
+    let mut received = Vec::with_capacity(len);
+    stream
+        .read_to_end(&mut received)
+        .map_err(|e| format!("read after {} bytes: {e}", received.len()))?;
+    sender
+        .join()
+        .map_err(|_| "sender thread panicked".to_owned())??;
+    if received.len() != data.len() {
+        return Err(format!(
+            "received {} bytes, sent {}",
+            received.len(),
+            data.len()
+        ));
+    }
+    if let Some(at) = received.iter().zip(&data).position(|(a, b)| a != b) {
+        return Err(format!("byte {at} differs"));
+    }
+    Ok(format!("ok {len}"))
+}
+
+fn echo_text(addr: &str, text: &str) -> Result<String, String> {
+    let mut stream = connect(addr)?;
+    stream
+        .write_all(text.as_bytes())
+        .map_err(|e| format!("write: {e}"))?;
+    stream
+        .shutdown(Shutdown::Write)
+        .map_err(|e| format!("shutdown: {e}"))?;
+    let mut reply = Vec::new();
+    stream
+        .read_to_end(&mut reply)
+        .map_err(|e| format!("read: {e}"))?;
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+fn expect_reset(addr: &str) -> Result<String, String> {
+    let mut stream = connect(addr)?;
+    stream.write_all(b"x").map_err(|e| format!("write: {e}"))?;
+    let mut buf = [0u8; 64];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return Err("connection closed with FIN, not reset".into()),
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok("reset".into()),
+            Err(e) => return Err(format!("read: {e}")),
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The agent end to end: pods enrolled through its control socket get their
+//! TCP captured by the kernel programs and carried by the in-pod engine, with
+//! bytes, half-close and resets intact; removal, vanished namespaces and a
+//! crash-restart behave as documented.
+//!
+//! Topology: one or two simulated nodes (network namespaces with a bridge,
+//! pods wired to it, each pod in its own cgroup under its node's), one agent
+//! per node attached to the node's cgroup.
+
+use std::{net::SocketAddr, process::Command};
+
+use dataplane_tests::{
+    Agent,
+    topology::{Node, Pod, link_nodes},
+    traffic::{echo_server, resetting_server, stream, try_stream, wait_until},
+};
+use dataplane_user::control::Request;
+
+const MIB: usize = 1024 * 1024;
+
+#[test]
+fn outbound_and_inbound_carry_a_mebibyte_exactly_with_half_close() -> anyhow::Result<()> {
+    let mut node = Node::new("e2ebytes", 1)?;
+    let client = node.add_pod("e2ebytes")?;
+    let server = node.add_pod("e2ebytes")?;
+    let agent = Agent::start("e2ebytes", &node, &[])?;
+    agent.enroll(Agent::spec_for(&client, "client"))?;
+    agent.enroll(Agent::spec_for(&server, "server"))?;
+    let _echo = echo_server(&server, 9000)?;
+
+    for dst in [
+        SocketAddr::new(server.ip4.into(), 9000),
+        SocketAddr::new(server.ip6.into(), 9000),
+    ] {
+        let out = stream(&client, &["echo", &dst.to_string(), &MIB.to_string(), "7"])?;
+        assert_eq!(out, format!("ok {MIB}"));
+    }
+    // Each connection went out through the client's engine and in through
+    // the server's.
+    assert_eq!(agent.counter("redirected_outbound")?, 2);
+    assert_eq!(agent.counter("redirected_inbound")?, 2);
+    let log = agent.log_text();
+    assert_eq!(
+        log.matches("connection closed").count(),
+        4,
+        "one access record per leg and connection:\n{log}"
+    );
+    assert!(log.contains(&format!("bytes_sent={MIB}")), "{log}");
+    Ok(())
+}
+
+#[test]
+fn reset_is_propagated_to_the_client() -> anyhow::Result<()> {
+    let mut node = Node::new("e2erst", 1)?;
+    let client = node.add_pod("e2erst")?;
+    let server = node.add_pod("e2erst")?;
+    let agent = Agent::start("e2erst", &node, &[])?;
+    agent.enroll(Agent::spec_for(&client, "client"))?;
+    let _server = resetting_server(&server, 9100)?;
+    let dst = SocketAddr::new(server.ip4.into(), 9100).to_string();
+    assert_eq!(stream(&client, &["expect-reset", &dst])?, "reset");
+    assert_eq!(agent.counter("redirected_outbound")?, 1);
+    Ok(())
+}
+
+#[test]
+fn cross_node_traffic_with_one_agent_per_node() -> anyhow::Result<()> {
+    let mut n1 = Node::new("e2ex", 1)?;
+    let mut n2 = Node::new("e2ex", 2)?;
+    link_nodes(&n1, &n2)?;
+    let client = n1.add_pod("e2ex")?;
+    let server = n2.add_pod("e2ex")?;
+    let a1 = Agent::start("e2ex1", &n1, &[])?;
+    let a2 = Agent::start("e2ex2", &n2, &[])?;
+    a1.enroll(Agent::spec_for(&client, "client"))?;
+    a2.enroll(Agent::spec_for(&server, "server"))?;
+    let _echo = echo_server(&server, 9200)?;
+    let dst = SocketAddr::new(server.ip4.into(), 9200).to_string();
+    assert_eq!(stream(&client, &["echo", &dst, "65536", "3"])?, "ok 65536");
+    assert_eq!(a1.counter("redirected_outbound")?, 1);
+    assert_eq!(a1.counter("redirected_inbound")?, 0);
+    assert_eq!(a2.counter("redirected_inbound")?, 1);
+    assert_eq!(a2.counter("redirected_outbound")?, 0);
+    Ok(())
+}
+
+#[test]
+fn enroll_is_idempotent_and_remove_restores_direct_traffic() -> anyhow::Result<()> {
+    let mut node = Node::new("e2erm", 1)?;
+    let client = node.add_pod("e2erm")?;
+    let server = node.add_pod("e2erm")?;
+    let agent = Agent::start("e2erm", &node, &[])?;
+    let spec = Agent::spec_for(&client, "client");
+    let first = agent.enroll(spec.clone())?;
+    let second = agent.enroll(spec.clone())?;
+    assert_eq!(first.pods, second.pods);
+    assert_eq!(agent.call(&Request::List)?.pods.len(), 1);
+
+    let _echo = echo_server(&server, 9300)?;
+    let dst = SocketAddr::new(server.ip4.into(), 9300).to_string();
+    stream(&client, &["echo", &dst, "1000", "1"])?;
+    assert_eq!(agent.counter("redirected_outbound")?, 1);
+
+    let removed = agent.call(&Request::Remove {
+        uid: Some(spec.uid.clone()),
+        netns: None,
+    })?;
+    assert_eq!(removed.removed, Some(true));
+    let again = agent.call(&Request::Remove {
+        uid: Some(spec.uid),
+        netns: None,
+    })?;
+    assert_eq!(again.removed, Some(false));
+    assert!(agent.call(&Request::List)?.pods.is_empty());
+
+    stream(&client, &["echo", &dst, "1000", "2"])?;
+    assert_eq!(
+        agent.counter("redirected_outbound")?,
+        1,
+        "traffic after removal must be direct"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_pod_whose_netns_disappears_is_unenrolled() -> anyhow::Result<()> {
+    let mut node = Node::new("e2egone", 1)?;
+    let pod = node.add_pod("e2egone")?;
+    let agent = Agent::start("e2egone", &node, &[])?;
+    agent.enroll(Agent::spec_for(&pod, "doomed"))?;
+    let Pod { netns, .. } = pod;
+    drop(netns); // `ip netns del`: the pod is gone
+    wait_until("the agent to notice", || {
+        Ok(agent.call(&Request::List)?.pods.is_empty())
+    })?;
+    assert!(agent.log_text().contains("disappeared"));
+    Ok(())
+}
+
+#[test]
+fn agent_kill_and_restart_keeps_capturing() -> anyhow::Result<()> {
+    let mut node = Node::new("e2ekill", 1)?;
+    let client = node.add_pod("e2ekill")?;
+    let server = node.add_pod("e2ekill")?;
+    let mut agent = Agent::start("e2ekill", &node, &[])?;
+    agent.enroll(Agent::spec_for(&client, "client"))?;
+    let _echo = echo_server(&server, 9400)?;
+    let dst = SocketAddr::new(server.ip4.into(), 9400).to_string();
+    stream(&client, &["echo", &dst, "4096", "5"])?;
+
+    agent.kill_hard()?;
+    // Down, fail-closed (the default): the capture stays and is refused.
+    let out = try_stream(&client, &["echo", &dst, "16", "1"])?;
+    assert_eq!(out.code, Some(1), "must be refused while the agent is down");
+    assert!(out.stderr.contains("refused"), "{}", out.stderr);
+
+    agent.restart()?;
+    assert_eq!(agent.call(&Request::List)?.pods.len(), 1, "pod re-adopted");
+    let before = agent.counter("redirected_outbound")?;
+    stream(&client, &["echo", &dst, "4096", "6"])?;
+    assert_eq!(agent.counter("redirected_outbound")?, before + 1);
+    Ok(())
+}
+
+#[test]
+fn fail_open_lets_traffic_through_after_an_orderly_stop() -> anyhow::Result<()> {
+    let mut node = Node::new("e2eopen", 1)?;
+    let client = node.add_pod("e2eopen")?;
+    let server = node.add_pod("e2eopen")?;
+    let mut agent = Agent::start("e2eopen", &node, &["--fail-open", "--on-exit", "keep"])?;
+    agent.enroll(Agent::spec_for(&client, "client"))?;
+    let _echo = echo_server(&server, 9500)?;
+    let dst = SocketAddr::new(server.ip4.into(), 9500).to_string();
+    assert_eq!(agent.stop()?, Some(0));
+    assert_eq!(stream(&client, &["echo", &dst, "2048", "9"])?, "ok 2048");
+    assert_eq!(agent.counter("engine_down_passed")?, 1);
+    // The next agent re-adopts and captures again.
+    agent.restart()?;
+    let before = agent.counter("redirected_outbound")?;
+    stream(&client, &["echo", &dst, "2048", "10"])?;
+    assert_eq!(agent.counter("redirected_outbound")?, before + 1);
+    Ok(())
+}
+
+#[test]
+fn pod_cli_adds_lists_and_removes() -> anyhow::Result<()> {
+    let mut node = Node::new("e2ecli", 1)?;
+    let pod = node.add_pod("e2ecli")?;
+    let agent = Agent::start("e2ecli", &node, &[])?;
+    let cli = |args: &[&str]| -> anyhow::Result<std::process::Output> {
+        Ok(Command::new(dataplane_tests::agent_binary()?)
+            .arg("pod")
+            .args(args)
+            .arg("--instance")
+            .arg(agent.instance())
+            .arg("--state-dir")
+            .arg(agent.state_dir())
+            .output()?)
+    };
+    let netns = pod.netns.path().display().to_string();
+    let add = cli(&[
+        "add",
+        "--uid",
+        "u1",
+        "--name",
+        "web",
+        "--namespace",
+        "shop",
+        "--netns",
+        &netns,
+        "--ip",
+        &pod.ip4.to_string(),
+        "--exclude-inbound-port",
+        "9999",
+    ])?;
+    assert!(
+        add.status.success(),
+        "{}",
+        String::from_utf8_lossy(&add.stderr)
+    );
+    let list = cli(&["list", "--json"])?;
+    let pods: serde_json::Value = serde_json::from_slice(&list.stdout)?;
+    assert_eq!(pods[0]["spec"]["uid"], "u1");
+    assert_eq!(pods[0]["spec"]["exclusions"]["inbound_ports"][0], 9999);
+    let remove = cli(&["remove", "--uid", "u1"])?;
+    assert_eq!(String::from_utf8_lossy(&remove.stdout).trim(), "removed");
+
+    // Bad input: a relative netns path is refused with the reason.
+    let bad = cli(&[
+        "add",
+        "--uid",
+        "u2",
+        "--name",
+        "x",
+        "--namespace",
+        "y",
+        "--netns",
+        "rel",
+        "--ip",
+        "10.1.0.99",
+    ])?;
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("absolute path"));
+    Ok(())
+}

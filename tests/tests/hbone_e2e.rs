@@ -1,0 +1,323 @@
+//! HBONE end to end: two simulated nodes, one agent per node, pods enrolled
+//! from a shared local config (standalone mode), one built-in CA. Captured
+//! connections to mesh workloads travel in mutual-TLS HTTP/2 CONNECT tunnels;
+//! identities, trust domains and CAs are enforced in the handshake.
+
+use std::{net::SocketAddr, path::Path};
+
+use dataplane_tests::{
+    Agent, TempDir,
+    capture::PacketCapture,
+    mesh::{WorkloadEntry, write_config},
+    topology::{Node, Pod, link_nodes},
+    traffic::{echo, echo_server, stream, try_stream, wait_until},
+};
+use dataplane_user::control::Request;
+
+const MIB: usize = 1024 * 1024;
+
+/// Two linked nodes: node1 has `client` and `local` (server on the same
+/// node), node2 has `remote`, and `plain` (a server that is not in the mesh).
+struct Mesh {
+    n1: Node,
+    n2: Node,
+    client: Pod,
+    local: Pod,
+    remote: Pod,
+    plain: Pod,
+    dir: TempDir,
+}
+
+impl Mesh {
+    fn new(tag: &str) -> anyhow::Result<Self> {
+        let mut n1 = Node::new(tag, 1)?;
+        let mut n2 = Node::new(tag, 2)?;
+        link_nodes(&n1, &n2)?;
+        Ok(Self {
+            client: n1.add_pod(tag)?,
+            local: n1.add_pod(tag)?,
+            remote: n2.add_pod(tag)?,
+            plain: n2.add_pod(tag)?,
+            dir: TempDir::new(tag)?,
+            n1,
+            n2,
+        })
+    }
+
+    fn workloads(&self) -> Vec<WorkloadEntry> {
+        vec![
+            WorkloadEntry::hbone(&self.client, "client", "node1"),
+            WorkloadEntry::hbone(&self.local, "local", "node1"),
+            WorkloadEntry::hbone(&self.remote, "remote", "node2"),
+        ]
+    }
+
+    /// Starts node `n`'s agent with `config`, the shared CA unless `ca` says
+    /// otherwise, and `extra` arguments.
+    fn agent(&self, n: u8, config: &Path, ca: &Path, extra: &[&str]) -> anyhow::Result<Agent> {
+        let node = if n == 1 { &self.n1 } else { &self.n2 };
+        let config = config.display().to_string();
+        let ca = ca.display().to_string();
+        let node_name = format!("node{n}");
+        let mut args = vec![
+            "--config",
+            config.as_str(),
+            "--node",
+            node_name.as_str(),
+            "--ca-dir",
+            ca.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        let agent = Agent::start(&format!("hb{n}"), node, &args)?;
+        Ok(agent)
+    }
+
+    fn shared_ca(&self) -> std::path::PathBuf {
+        self.dir.path().join("ca")
+    }
+
+    fn config(&self) -> anyhow::Result<std::path::PathBuf> {
+        write_config(self.dir.path(), "mesh.yaml", &self.workloads())
+    }
+}
+
+fn addr(pod: &Pod, port: u16) -> SocketAddr {
+    SocketAddr::new(pod.ip4.into(), port)
+}
+
+#[test]
+fn same_node_and_cross_node_tunnels_carry_16_mib_exactly() -> anyhow::Result<()> {
+    let mesh = Mesh::new("hbbytes")?;
+    let config = mesh.config()?;
+    let a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
+    let a2 = mesh.agent(2, &config, &mesh.shared_ca(), &[])?;
+    assert_eq!(
+        a1.call(&Request::List)?.pods.len(),
+        2,
+        "node1 enrolls its two pods"
+    );
+    assert_eq!(a2.call(&Request::List)?.pods.len(), 1);
+    let _local = echo_server(&mesh.local, 9000)?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+
+    echo(&mesh.client, addr(&mesh.local, 9000), 16 * MIB, 11)?;
+    echo(
+        &mesh.client,
+        SocketAddr::new(mesh.remote.ip6.into(), 9000),
+        16 * MIB,
+        12,
+    )?;
+
+    let log1 = a1.log_text();
+    let log2 = a2.log_text();
+    assert!(log1.matches("protocol=\"HBONE\"").count() >= 3, "{log1}");
+    assert!(
+        log2.contains("peer_identity=\"spiffe://cluster.local/ns/test/sa/client\""),
+        "the remote side saw the client's identity:\n{log2}"
+    );
+    assert!(log2.contains(&format!("bytes_sent={}", 16 * MIB)), "{log2}");
+    Ok(())
+}
+
+#[test]
+fn only_tls_crosses_the_node_link() -> anyhow::Result<()> {
+    let mesh = Mesh::new("hbwire")?;
+    let config = mesh.config()?;
+    let _a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
+    let _a2 = mesh.agent(2, &config, &mesh.shared_ca(), &[])?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    let marker = "PLAINTEXT-MARKER-0123456789-must-never-be-seen";
+    let capture = PacketCapture::start(mesh.n1.netns(), "to2")?;
+    let reply = stream(
+        &mesh.client,
+        &["echo-text", &addr(&mesh.remote, 9000).to_string(), marker],
+    )?;
+    let seen = capture.finish();
+    assert_eq!(reply, marker, "the echo came back through the tunnel");
+    assert!(
+        seen.tcp_frames_on_port(15008) > 0,
+        "tunnel traffic crossed the link"
+    );
+    assert!(
+        !seen.contains(marker.as_bytes()),
+        "payload appeared in clear on the wire"
+    );
+    assert_eq!(
+        seen.tcp_frames_not_on_port(15008),
+        0,
+        "only HBONE crosses the link"
+    );
+    Ok(())
+}
+
+#[test]
+fn non_mesh_destination_is_passed_through() -> anyhow::Result<()> {
+    let mesh = Mesh::new("hbplain")?;
+    let config = mesh.config()?;
+    let a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
+    let _plain = echo_server(&mesh.plain, 9100)?;
+    echo(&mesh.client, addr(&mesh.plain, 9100), 65_536, 3)?;
+    let log = a1.log_text();
+    assert!(
+        log.contains(&format!("dst={}", addr(&mesh.plain, 9100))),
+        "{log}"
+    );
+    assert!(!log.contains("HBONE connection established"), "{log}");
+    Ok(())
+}
+
+#[test]
+fn fifty_connections_between_one_pod_pair_use_one_handshake() -> anyhow::Result<()> {
+    let mesh = Mesh::new("hbpool")?;
+    let config = mesh.config()?;
+    let a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
+    let a2 = mesh.agent(2, &config, &mesh.shared_ca(), &[])?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    for seed in 0..50 {
+        echo(&mesh.client, addr(&mesh.remote, 9000), 1024, seed)?;
+    }
+    assert_eq!(
+        a1.log_text()
+            .matches("HBONE connection established")
+            .count(),
+        1
+    );
+    let inbound = a2.log_text();
+    assert_eq!(
+        inbound.matches("connection closed").count(),
+        50,
+        "{inbound}"
+    );
+    Ok(())
+}
+
+#[test]
+fn server_with_the_wrong_identity_is_rejected() -> anyhow::Result<()> {
+    let mesh = Mesh::new("hbwrongid")?;
+    let truth = mesh.config()?;
+    // Node1 believes `remote` runs as another service account.
+    let mut lie = mesh.workloads();
+    lie[2].service_account = "somebody-else".into();
+    let lie = write_config(mesh.dir.path(), "lie.yaml", &lie)?;
+    let a1 = mesh.agent(1, &lie, &mesh.shared_ca(), &[])?;
+    let _a2 = mesh.agent(2, &truth, &mesh.shared_ca(), &[])?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    let out = try_stream(
+        &mesh.client,
+        &["echo", &addr(&mesh.remote, 9000).to_string(), "100", "1"],
+    )?;
+    assert_ne!(out.code, Some(0), "must not connect: {out:?}");
+    let log = a1.log_text();
+    assert!(
+        log.contains("sa/somebody-else"),
+        "the client names the identity it expected:\n{log}"
+    );
+    Ok(())
+}
+
+#[test]
+fn client_of_another_ca_is_rejected() -> anyhow::Result<()> {
+    let mesh = Mesh::new("hbotherca")?;
+    let config = mesh.config()?;
+    let other_ca = mesh.dir.path().join("other-ca");
+    let _a1 = mesh.agent(1, &config, &other_ca, &[])?;
+    let a2 = mesh.agent(2, &config, &mesh.shared_ca(), &[])?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    let out = try_stream(
+        &mesh.client,
+        &["echo", &addr(&mesh.remote, 9000).to_string(), "100", "1"],
+    )?;
+    assert_ne!(out.code, Some(0), "must not connect: {out:?}");
+    wait_until("the server to log the refusal", || {
+        Ok(a2.log_text().contains("TLS handshake refused"))
+    })?;
+    Ok(())
+}
+
+#[test]
+fn client_of_another_trust_domain_is_rejected() -> anyhow::Result<()> {
+    let mesh = Mesh::new("hbtd")?;
+    let config = mesh.config()?;
+    let _a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
+    let a2 = mesh.agent(
+        2,
+        &config,
+        &mesh.shared_ca(),
+        &["--trust-domain", "other.example"],
+    )?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    let out = try_stream(
+        &mesh.client,
+        &["echo", &addr(&mesh.remote, 9000).to_string(), "100", "1"],
+    )?;
+    assert_ne!(out.code, Some(0), "must not connect: {out:?}");
+    wait_until("the server to log the refusal", || {
+        Ok(a2.log_text().contains("outside this server's trust domain"))
+    })?;
+    Ok(())
+}
+
+#[test]
+fn plaintext_and_http1_to_15008_are_rejected_and_the_agent_survives() -> anyhow::Result<()> {
+    let mesh = Mesh::new("hbjunk")?;
+    let config = mesh.config()?;
+    let a2 = mesh.agent(2, &config, &mesh.shared_ca(), &[])?;
+    let hbone = addr(&mesh.remote, 15008).to_string();
+    // `plain` is not enrolled: it talks to 15008 directly.
+    for junk in ["GET / HTTP/1.1\r\nHost: x\r\n\r\n", "hello in the clear"] {
+        let out = try_stream(&mesh.plain, &["echo-text", &hbone, junk])?;
+        assert_ne!(out.stdout, junk, "nothing may echo plaintext");
+    }
+    wait_until("the refusals to be logged", || {
+        Ok(a2.log_text().matches("TLS handshake refused").count() >= 2)
+    })?;
+    assert_eq!(
+        a2.call(&Request::List)?.pods.len(),
+        1,
+        "agent still serving"
+    );
+    Ok(())
+}
+
+#[test]
+fn app_down_closes_the_client_connection() -> anyhow::Result<()> {
+    let mesh = Mesh::new("hbdown")?;
+    let config = mesh.config()?;
+    let a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
+    let _a2 = mesh.agent(2, &config, &mesh.shared_ca(), &[])?;
+    // Nothing listens on 9999 in `remote`.
+    let out = try_stream(
+        &mesh.client,
+        &["expect-reset", &addr(&mesh.remote, 9999).to_string()],
+    )?;
+    assert_eq!(out.stdout, "reset", "{out:?}");
+    assert!(a1.log_text().contains("503"), "{}", a1.log_text());
+    Ok(())
+}
+
+#[test]
+fn certificate_rotation_under_load_drops_nothing() -> anyhow::Result<()> {
+    let mesh = Mesh::new("hbrot")?;
+    let config = mesh.config()?;
+    let a1 = mesh.agent(1, &config, &mesh.shared_ca(), &["--cert-lifetime", "2s"])?;
+    let a2 = mesh.agent(2, &config, &mesh.shared_ca(), &["--cert-lifetime", "2s"])?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    let mut seed = 0;
+    // Keep traffic flowing until both sides have rotated twice.
+    while a1
+        .log_text()
+        .matches("rotated workload certificate")
+        .count()
+        < 2
+        || a2
+            .log_text()
+            .matches("rotated workload certificate")
+            .count()
+            < 2
+    {
+        seed += 1;
+        anyhow::ensure!(seed < 2000, "certificates never rotated");
+        echo(&mesh.client, addr(&mesh.remote, 9000), 256 * 1024, seed)?;
+    }
+    Ok(())
+}
