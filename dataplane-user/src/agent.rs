@@ -217,6 +217,9 @@ fn mesh_context(args: &RunArgs, config: &LocalConfig) -> Result<MeshParts, Agent
         trust_domain: args.trust_domain.clone(),
         shutdown,
         pool_idle_timeout: POOL_IDLE_TIMEOUT,
+        // Authorization policies arrive with the live-configuration work;
+        // until then every client of the trust domain is allowed.
+        authorize: Arc::new(|_, _| true),
     });
     Ok(MeshParts {
         mesh,

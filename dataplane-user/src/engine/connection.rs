@@ -99,6 +99,13 @@ pub(super) async fn serve_inbound(listener: TcpListener, ctx: Arc<PodContext>) {
                         "inbound",
                         "destination is an engine port",
                     ),
+                    Ok(local) if !(ctx.mesh.authorize)(None, canonical(local)) => refuse(
+                        stream,
+                        peer,
+                        Some(canonical(local)),
+                        "inbound",
+                        "denied by policy",
+                    ),
                     Ok(local) => forward(stream, peer, canonical(local), &ctx, "inbound").await,
                     Err(err) => refuse(stream, peer, None, "inbound", &err.to_string()),
                 }

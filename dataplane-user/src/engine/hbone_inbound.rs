@@ -59,9 +59,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
                         let socket = netns.connector(dst, mark);
                         Box::pin(async move { socket?.connect(dst).await })
                     }),
-                    // Policies arrive with the configuration work; until then
-                    // every client of the trust domain is allowed.
-                    authorize: Arc::new(|_, _| true),
+                    authorize: Arc::clone(&ctx.mesh.authorize),
                     shutdown: ctx.mesh.shutdown.clone(),
                 };
                 if let Err(err) = hbone::serve_connection(tls, server).await {

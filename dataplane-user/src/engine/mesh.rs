@@ -25,7 +25,6 @@ use crate::{
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Mesh-wide state every pod's engine reads.
-#[derive(Debug)]
 pub struct MeshContext {
     /// Workloads by IP (replaced as a whole when the config changes).
     pub workloads: RwLock<Arc<WorkloadIndex>>,
@@ -41,6 +40,18 @@ pub struct MeshContext {
     pub shutdown: watch::Receiver<bool>,
     /// How long an unused pooled HBONE connection is kept.
     pub pool_idle_timeout: Duration,
+    /// The policy hook both inbound paths ask: `(peer identity, destination)`;
+    /// plaintext inbound has no peer identity.
+    pub authorize: crate::hbone::Authorizer,
+}
+
+impl std::fmt::Debug for MeshContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeshContext")
+            .field("trust_domain", &self.trust_domain)
+            .field("workloads", &self.workloads().len())
+            .finish()
+    }
 }
 
 impl MeshContext {
