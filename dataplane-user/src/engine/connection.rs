@@ -29,7 +29,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub(super) async fn serve_outbound(
     listener: TcpListener,
     ctx: Arc<PodContext>,
-    orig_dst: Arc<Mutex<OrigDstTable>>,
+    orig_dst: Arc<Mutex<Option<OrigDstTable>>>,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -49,9 +49,19 @@ pub(super) async fn serve_outbound(
                 let mut table = orig_dst
                     .lock()
                     .map_err(|_| "original-destination table poisoned".to_owned())?;
-                table
-                    .take(peer, local)
-                    .map_err(|e| crate::logging::Chain(&e).to_string())
+                let recorded = match table.as_mut() {
+                    Some(table) => table
+                        .take(peer, local)
+                        .map_err(|e| crate::logging::Chain(&e).to_string())?,
+                    None => None,
+                };
+                // Not recorded by our programs: an iptables REDIRECT, if
+                // anything, which netfilter remembers.
+                Ok(recorded.or_else(|| {
+                    super::netfilter::original_dst(&stream, local)
+                        .ok()
+                        .map(canonical)
+                }))
             });
         let ctx = Arc::clone(&ctx);
         let span = info_span!("outbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, src = %canonical(peer));
@@ -91,7 +101,16 @@ pub(super) async fn serve_inbound(listener: TcpListener, ctx: Arc<PodContext>) {
         let span = info_span!("inbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, src = %canonical(peer));
         connections.spawn(
             async move {
-                match stream.local_addr() {
+                // sk_lookup keeps the original destination as the local
+                // address; an iptables REDIRECT leaves it to netfilter.
+                let local = stream.local_addr().map(|local| {
+                    if local.port() == dataplane_common::INBOUND_PLAINTEXT_PORT {
+                        super::netfilter::original_dst(&stream, local).unwrap_or(local)
+                    } else {
+                        local
+                    }
+                });
+                match local {
                     Ok(local) if is_engine_port(local.port()) => refuse(
                         stream,
                         peer,

@@ -10,6 +10,7 @@
 mod connection;
 mod hbone_inbound;
 mod mesh;
+mod netfilter;
 mod pod_netns;
 mod relay;
 
@@ -143,11 +144,13 @@ pub struct PodEngine {
 }
 
 impl PodEngine {
-    /// Starts serving. Must run inside a tokio runtime.
+    /// Starts serving. Must run inside a tokio runtime. `orig_dst` is the
+    /// kernel programs' record; without it (iptables capture, for the
+    /// benchmarks' baseline) original destinations come from netfilter.
     pub fn start(
         ctx: Arc<PodContext>,
         listeners: PodListeners,
-        orig_dst: OrigDstTable,
+        orig_dst: Option<OrigDstTable>,
     ) -> io::Result<Self> {
         let mut tasks = JoinSet::new();
         let to_tokio = |l: std::net::TcpListener| {

@@ -311,7 +311,7 @@ impl Enrollments {
             pool,
             server_tls,
         });
-        let engine = match PodEngine::start(ctx, listeners, table) {
+        let engine = match PodEngine::start(ctx, listeners, Some(table)) {
             Ok(engine) => engine,
             Err(err) => {
                 let _ = self.with_redirector(|r| r.unenroll_pod(cookie));
