@@ -15,16 +15,17 @@ use tokio::{
 use tracing::{info, warn};
 
 use crate::{
-    cli::RunArgs,
+    cli::{CaptureMode, RunArgs},
     config::{ConfigError, LocalConfig},
     control,
     engine::MeshContext,
-    enroll::{EngineSettings, EnrollError, Enrollments, PodSpec, StateFile},
+    enroll::{EngineSettings, EnrollError, Enrollments, StateFile},
     identity::{Ca, CertStore},
-    logging::Chain,
     preflight::{self, PreflightError, PreflightInput},
+    readiness::{Readiness, Step},
     redirect::{ExitMode, PinLayout, RedirectError, Redirector, RedirectorOptions},
-    state::WorkloadIndex,
+    reload::{self, Standalone},
+    state::MeshState,
     tls::{self, ClientConfigCache},
 };
 
@@ -70,6 +71,9 @@ pub enum AgentError {
     /// Installing signal handlers failed.
     #[error("cannot install signal handlers")]
     Signal(#[source] std::io::Error),
+    /// The Kubernetes client for --kube could not be set up.
+    #[error(transparent)]
+    Kube(#[from] crate::kube::KubeError),
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
@@ -78,11 +82,14 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     // attached must still lead to an orderly shutdown, not the default kill.
     let mut sigterm = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(AgentError::Signal)?;
+    let readiness = Arc::new(Readiness::default());
+    let readiness_task = start_readiness(args.readiness_addr, Arc::clone(&readiness)).await;
     let config = match &args.config {
         Some(path) => LocalConfig::from_file(path)?,
         None => LocalConfig::embedded()?,
     };
     info!(origin = %config.origin, workloads = config.workloads.len(), "configuration loaded");
+    readiness.done(Step::Config);
 
     let cgroup = preflight::check(&PreflightInput {
         bpffs: &args.state.bpffs,
@@ -98,15 +105,25 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     options.config.proxy_mark = args.proxy_mark;
     options.fail_open = args.fail_open;
     options.probe_sources = args.probe_sources.clone();
-    let redirector = Arc::new(Mutex::new(Redirector::attach(&options)?));
+    // Under iptables capture (the benchmarks' baseline) no kernel program
+    // is loaded: rules someone else installed steer traffic to the same
+    // listeners.
+    let redirector = match args.capture {
+        CaptureMode::Ebpf => Some(Arc::new(Mutex::new(Redirector::attach(&options)?))),
+        CaptureMode::Iptables => {
+            info!("iptables capture: no kernel program loaded or attached");
+            None
+        }
+    };
+    readiness.done(Step::Programs);
 
     let instance_dir = args.state.state_dir.join(&args.state.instance);
     let mut enrollments = Enrollments::new(
-        Arc::clone(&redirector),
+        redirector.clone(),
         pins,
         EngineSettings {
             proxy_mark: args.proxy_mark,
-            mesh,
+            mesh: Arc::clone(&mesh),
         },
         StateFile::in_dir(&instance_dir),
     );
@@ -117,8 +134,29 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
             "re-adopted pods enrolled before the restart"
         );
     }
-    enroll_standalone(&mut enrollments, &config, args.node.as_deref());
+    let mut standalone = Standalone::new(args.node.clone());
+    standalone.apply(&mut enrollments, &config);
+    // Enrollment issues each pod's certificate before it returns.
+    readiness.done(Step::Certificates);
     let enrollments = Arc::new(Mutex::new(enrollments));
+    // With --kube, this node's pods that opted in are enrolled (and those
+    // gone unenrolled) from the Kubernetes API; configured workloads stay.
+    let kube_task = if args.kube {
+        Some(
+            crate::kube::start_for_agent(
+                crate::kube::AgentReconcilerOptions {
+                    node: args.node.clone(),
+                    kubeconfig: args.kubeconfig.clone(),
+                    trust_domain: args.trust_domain.clone(),
+                    keep: config.workloads.iter().map(|w| w.uid.clone()).collect(),
+                },
+                Arc::clone(&enrollments),
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
 
     let socket = control::socket_path(&args.state.state_dir, &args.state.instance);
     let listener = control::bind(&socket).map_err(|source| AgentError::Control {
@@ -127,6 +165,15 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     })?;
     let control_task = tokio::spawn(control::serve(listener, Arc::clone(&enrollments)));
     let reaper_task = tokio::spawn(reap_vanished(Arc::clone(&enrollments)));
+    // Only a config file can change; the embedded default cannot.
+    let reload_task = args.config.clone().map(|path| {
+        tokio::spawn(reload::watch(
+            path,
+            Arc::clone(&mesh),
+            Arc::clone(&enrollments),
+            standalone,
+        ))
+    });
 
     info!(instance = %args.state.instance, control = %socket.display(), on_exit = ?args.on_exit, fail_open = args.fail_open, "agent ready");
     tokio::select! {
@@ -137,8 +184,19 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     let _ = shutdown_tx.send(true);
     tokio::time::sleep(GOAWAY_GRACE).await;
     rotation.abort();
+    if let Some(task) = readiness_task {
+        task.abort();
+    }
     control_task.abort();
     reaper_task.abort();
+    if let Some(task) = kube_task {
+        task.abort();
+        let _ = task.await;
+    }
+    if let Some(task) = reload_task {
+        task.abort();
+        let _ = task.await;
+    }
     // Wait for them to go: they hold references to the pods and the
     // redirector, which the shutdown below must own.
     let _ = control_task.await;
@@ -149,30 +207,25 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Enrolls the config's workloads that name a network namespace
-/// (standalone mode, no CNI). A pod that cannot be enrolled is logged and
-/// skipped so one bad entry does not take the node's other pods down.
-fn enroll_standalone(enrollments: &mut Enrollments, config: &LocalConfig, node: Option<&str>) {
-    for workload in &config.workloads {
-        let Some(netns) = &workload.netns else {
-            continue;
-        };
-        if node.is_some_and(|node| node != workload.node) {
-            continue;
+/// Starts the readiness endpoint. A port already in use (another agent on
+/// the same host) is logged loudly and start-up goes on: the probe then
+/// fails, which is visible, instead of the node losing its data plane.
+async fn start_readiness(
+    addr: std::net::SocketAddr,
+    readiness: Arc<Readiness>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    match crate::readiness::bind(addr).await {
+        Ok(listener) => {
+            let bound = listener
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            info!(addr = %bound, "readiness endpoint listening (GET /healthz/ready)");
+            Some(tokio::spawn(crate::readiness::serve(listener, readiness)))
         }
-        let spec = PodSpec {
-            uid: workload.uid.clone(),
-            name: workload.name.clone(),
-            namespace: workload.namespace.clone(),
-            service_account: workload.service_account.clone(),
-            trust_domain: workload.trust_domain.clone(),
-            netns: netns.clone(),
-            ips: workload.workload_ips.clone(),
-            node_addr: None,
-            exclusions: Default::default(),
-        };
-        if let Err(err) = enrollments.add(spec) {
-            warn!(uid = %workload.uid, error = %Chain(&err), "cannot enroll a configured workload");
+        Err(err) => {
+            warn!(%addr, error = %err, "cannot serve readiness; probes of this agent will fail (set --readiness-addr)");
+            None
         }
     }
 }
@@ -207,19 +260,19 @@ fn mesh_context(args: &RunArgs, config: &LocalConfig) -> Result<MeshParts, Agent
         args.cert_lifetime,
     ));
     let rotation = Arc::clone(&certs).spawn_rotation();
-    let workloads = WorkloadIndex::from_config(config)?;
+    let state = MeshState::from_config(config)?;
     let (shutdown_tx, shutdown) = watch::channel(false);
     let mesh = Arc::new(MeshContext {
-        workloads: std::sync::RwLock::new(Arc::new(workloads)),
+        state: std::sync::RwLock::new(Arc::new(state)),
+        dead: Default::default(),
+        live: Default::default(),
+        config_error: Default::default(),
         client_configs: ClientConfigCache::new(Arc::clone(&certs), Arc::clone(&roots), 1024),
         certs,
         roots,
         trust_domain: args.trust_domain.clone(),
         shutdown,
         pool_idle_timeout: POOL_IDLE_TIMEOUT,
-        // Authorization policies arrive with the live-configuration work;
-        // until then every client of the trust domain is allowed.
-        authorize: Arc::new(|_, _| true),
     });
     Ok(MeshParts {
         mesh,
@@ -243,7 +296,7 @@ async fn reap_vanished(enrollments: Arc<Mutex<Enrollments>>) {
 /// Stops serving, then keeps or removes kernel state.
 fn shutdown(
     enrollments: Arc<Mutex<Enrollments>>,
-    redirector: Arc<Mutex<Redirector>>,
+    redirector: Option<Arc<Mutex<Redirector>>>,
     mode: ExitMode,
 ) -> Result<(), AgentError> {
     {
@@ -257,6 +310,9 @@ fn shutdown(
         }
     }
     drop(enrollments);
+    let Some(redirector) = redirector else {
+        return Ok(());
+    };
     if mode == ExitMode::Keep {
         // Pods stay enrolled but nobody serves them: the fail-open or
         // fail-closed setting now decides their traffic.

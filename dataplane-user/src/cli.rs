@@ -24,7 +24,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the node agent: load and attach the kernel programs, serve
     /// enrolled pods, stop on SIGINT/SIGTERM.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the agent's version, its key dependencies, and every embedded
     /// kernel program with its type and attach point.
     Version {
@@ -39,6 +39,10 @@ pub enum Command {
     /// control socket).
     #[command(subcommand)]
     Pod(PodCommand),
+    /// Install the CNI plugin on this node (from the DaemonSet): copy the
+    /// binary, write its kubeconfig, insert it into the primary CNI
+    /// configuration, and keep it there.
+    InstallCni(Box<crate::cni::install::InstallCniArgs>),
 }
 
 /// `dataplane pod ...`
@@ -197,12 +201,41 @@ pub struct RunArgs {
     /// `30m`, `90s`.
     #[arg(long, env = "DATAPLANE_CERT_LIFETIME", default_value = "24h", value_parser = parse_duration)]
     pub cert_lifetime: std::time::Duration,
+    /// Where the readiness endpoint (`GET /healthz/ready`) listens. Port 0
+    /// picks a free port (logged).
+    #[arg(long, env = "DATAPLANE_READINESS_ADDR", default_value = "[::]:15021")]
+    pub readiness_addr: std::net::SocketAddr,
     /// Socket mark of the agent's own sockets, which capture never touches.
     #[arg(long, env = "DATAPLANE_PROXY_MARK", default_value_t = dataplane_common::DEFAULT_PROXY_MARK, value_parser = parse_u32)]
     pub proxy_mark: u32,
     /// Log output format.
     #[arg(long, env = "DATAPLANE_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// How pod traffic reaches the in-pod listeners: `ebpf` (our kernel
+    /// programs) or `iptables` (Istio-style REDIRECT rules that someone else
+    /// installs in each pod; no kernel program is loaded or attached and
+    /// original destinations come from `SO_ORIGINAL_DST`). `iptables` exists
+    /// as the benchmarks' baseline.
+    #[arg(long, env = "DATAPLANE_CAPTURE", value_enum, default_value = "ebpf")]
+    pub capture: CaptureMode,
+    /// Enroll this node's pods that opted in (`istio.io/dataplane-mode=ambient`)
+    /// and unenroll those gone, from a watch of the Kubernetes API. Needs
+    /// --node.
+    #[arg(long, env = "DATAPLANE_KUBE")]
+    pub kube: bool,
+    /// Kubeconfig for --kube [default: the in-cluster service account, else
+    /// $KUBECONFIG or ~/.kube/config].
+    #[arg(long, env = "DATAPLANE_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// How pod traffic is steered into the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CaptureMode {
+    /// Our kernel programs (the product).
+    Ebpf,
+    /// iptables rules installed by someone else (the benchmarks' baseline).
+    Iptables,
 }
 
 /// Log output format.

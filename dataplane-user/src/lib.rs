@@ -8,16 +8,22 @@
 
 pub mod agent;
 pub mod cli;
+pub mod cni;
 pub mod config;
 pub mod control;
 pub mod engine;
 pub mod enroll;
+pub mod features;
 pub mod hbone;
 pub mod identity;
+pub mod kube;
 pub mod logging;
 pub mod netns;
+pub mod policy;
 pub mod preflight;
+pub mod readiness;
 pub mod redirect;
+pub mod reload;
 pub mod state;
 pub mod tls;
 pub mod version;

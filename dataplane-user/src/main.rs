@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use dataplane_user::{
     agent::{self, AgentError},
-    cli::{Cli, Command, PodCommand, RedirectCommand},
+    cli::{Cli, Command, LogFormat, PodCommand, RedirectCommand},
     control::{self, Request},
     enroll::PodSpec,
     logging,
@@ -37,7 +37,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(agent::run(args))?;
+            runtime.block_on(agent::run(*args))?;
         }
         Command::Version { json } => {
             let report = version::report()?;
@@ -48,6 +48,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Pod(command) => pod_command(command)?,
+        Command::InstallCni(args) => {
+            logging::init(LogFormat::Text);
+            dataplane_user::cni::install::run(*args)?;
+        }
         Command::Redirect(RedirectCommand::Stats { state, json }) => {
             let pins = PinLayout::new(&state.bpffs, &state.instance);
             let counters = redirect::read_counters(&pins).map_err(|e| {

@@ -1,7 +1,8 @@
 //! Network namespaces: their cookies (how the kernel programs name them) and
 //! running code inside one.
 //!
-//! Minimum kernel: 5.14 for `SO_NETNS_COOKIE`.
+//! Cookies come from `SO_NETNS_COOKIE` (5.14); older kernels answer through
+//! a BPF probe program ([`crate::features::netns_cookie_by_program`]).
 
 use std::{
     fs::File,
@@ -34,9 +35,7 @@ pub enum NetnsError {
         source: nix::Error,
     },
     /// Reading the cookie failed.
-    #[error(
-        "cannot read the cookie of network namespace {path} (SO_NETNS_COOKIE needs kernel >= 5.14)"
-    )]
+    #[error("cannot read the cookie of network namespace {path}")]
     Cookie {
         /// The namespace path.
         path: PathBuf,
@@ -67,10 +66,14 @@ pub fn socket_netns_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
         )
     };
     if rc == 0 {
-        Ok(cookie)
-    } else {
-        Err(io::Error::last_os_error())
+        return Ok(cookie);
     }
+    let error = io::Error::last_os_error();
+    if error.raw_os_error() == Some(libc::ENOPROTOOPT) {
+        // Before 5.14 only BPF programs can read the cookie.
+        return crate::features::netns_cookie_by_program(socket).map_err(io::Error::other);
+    }
+    Err(error)
 }
 
 /// The cookie of the calling thread's network namespace.

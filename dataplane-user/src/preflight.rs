@@ -3,7 +3,11 @@
 //! instead of a failed syscall deep inside the loader.
 //!
 //! All checks run and every problem is reported at once, so an operator fixes
-//! the pod spec in one go.
+//! the pod spec in one go. Kernel features are probed, not inferred from the
+//! release ([`crate::features`]): a missing one reads
+//! `needs sk_lookup programs: kernel >= 5.9`. Where an older kernel has a
+//! cheaper way (raising `RLIMIT_MEMLOCK` before 5.11, reading namespace
+//! cookies through a BPF program before 5.14), it is put in place and logged.
 
 use std::{
     fmt,
@@ -12,6 +16,9 @@ use std::{
 
 use caps::{CapSet, Capability};
 use nix::sys::statfs::{BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC, statfs};
+use tracing::{info, warn};
+
+use crate::{features, logging::Chain};
 
 /// Capabilities the agent needs, with what each is for.
 pub const REQUIRED_CAPABILITIES: [(Capability, &str); 3] = [
@@ -29,6 +36,9 @@ pub const REQUIRED_CAPABILITIES: [(Capability, &str); 3] = [
 /// Oldest kernel the programs can run on at all (`sk_lookup`; see
 /// [`crate::redirect::MIN_KERNEL`]).
 pub const MIN_KERNEL: (u32, u32) = crate::redirect::MIN_KERNEL;
+
+/// Oldest kernel the project is tested on (`cargo xtask vm-test`).
+pub const OLDEST_TESTED_KERNEL: (u32, u32) = (5, 10);
 
 /// One thing that stops the agent from starting.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,10 +60,19 @@ pub enum Problem {
         /// The directory that was checked.
         path: PathBuf,
     },
-    /// The kernel is older than [`MIN_KERNEL`].
-    KernelTooOld {
+    /// The kernel lacks a feature the redirection programs need.
+    MissingKernelFeature {
+        /// The feature (`sk_lookup programs`).
+        what: &'static str,
+        /// The first kernel that has it.
+        since: features::KernelVersion,
         /// The running kernel's release string.
         release: String,
+    },
+    /// The kernel needs a fallback for a newer feature, and it fails.
+    FallbackFailed {
+        /// What failed and why, with its causes.
+        reason: String,
     },
 }
 
@@ -90,12 +109,17 @@ impl fmt::Display for Problem {
                  directory of the cgroup2 mount with --cgroup (see `grep cgroup2 /proc/mounts`)",
                 path.display()
             ),
-            Problem::KernelTooOld { release } => write!(
+            Problem::MissingKernelFeature {
+                what,
+                since,
+                release,
+            } => write!(
                 f,
-                "kernel {release} is too old: the redirection programs need kernel >= {}.{} \
-                 (6.1 or newer is supported)",
-                MIN_KERNEL.0, MIN_KERNEL.1
+                "needs {what}: kernel >= {}.{} (this kernel is {release}; supported: {}.{} \
+                 and newer)",
+                since.0, since.1, OLDEST_TESTED_KERNEL.0, OLDEST_TESTED_KERNEL.1
             ),
+            Problem::FallbackFailed { reason } => write!(f, "{reason}"),
         }
     }
 }
@@ -129,11 +153,16 @@ pub struct PreflightInput<'a> {
 /// given, or the detected cgroup v2 mount).
 pub fn check(input: &PreflightInput<'_>) -> Result<PathBuf, PreflightError> {
     let mut problems = Vec::new();
-    if let Some(p) = check_kernel() {
-        problems.push(p);
-    }
-    if let Some(p) = check_capabilities() {
-        problems.push(p);
+    let support = match check_capabilities() {
+        Some(p) => {
+            // Without them every probe fails with EPERM: report only this.
+            problems.push(p);
+            None
+        }
+        None => Some(features::probe()),
+    };
+    if let Some(support) = &support {
+        problems.extend(missing_features(support));
     }
     if !on_filesystem(input.bpffs, BPF_FS_MAGIC) {
         problems.push(Problem::NotBpffs {
@@ -156,33 +185,63 @@ pub fn check(input: &PreflightInput<'_>) -> Result<PathBuf, PreflightError> {
             found
         }
     };
+    if let Some(support) = &support
+        && problems.is_empty()
+    {
+        problems.extend(apply_fallbacks(support));
+    }
     match cgroup {
         Some(cgroup) if problems.is_empty() => Ok(cgroup),
         _ => Err(PreflightError { problems }),
     }
 }
 
+/// The required kernel features `support` lacks; inconclusive probes are
+/// logged and left to the loader.
+fn missing_features(support: &features::KernelSupport) -> Vec<Problem> {
+    for undecided in &support.undecided {
+        warn!(kernel = %support.release, "{undecided}; loading the programs will tell");
+    }
+    support
+        .missing
+        .iter()
+        .map(|r| Problem::MissingKernelFeature {
+            what: r.what,
+            since: r.since,
+            release: support.release.clone(),
+        })
+        .collect()
+}
+
+/// Puts in place (and logs) the fallbacks the kernel needs.
+fn apply_fallbacks(support: &features::KernelSupport) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for fallback in &support.fallbacks {
+        match features::apply(*fallback) {
+            Ok(()) => info!(kernel = %support.release, "{fallback}"),
+            Err(e) => problems.push(Problem::FallbackFailed {
+                reason: Chain(&e).to_string(),
+            }),
+        }
+    }
+    problems
+}
+
 fn check_capabilities() -> Option<Problem> {
+    let last_known = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse::<u8>().ok());
     let missing: Vec<(String, &'static str)> = REQUIRED_CAPABILITIES
         .iter()
         .filter(|(cap, _)| {
             // CAP_BPF is unknown to kernels before 5.8; there CAP_SYS_ADMIN
-            // covers it, and the kernel check reports the old kernel anyway.
-            !caps::has_cap(None, CapSet::Effective, *cap).unwrap_or(false)
+            // (also required) covers it.
+            let known = last_known.is_none_or(|last| cap.index() <= last);
+            known && !caps::has_cap(None, CapSet::Effective, *cap).unwrap_or(false)
         })
         .map(|(cap, why)| (cap.to_string(), *why))
         .collect();
     (!missing.is_empty()).then_some(Problem::MissingCapabilities { missing })
-}
-
-fn check_kernel() -> Option<Problem> {
-    let release = nix::sys::utsname::uname()
-        .ok()?
-        .release()
-        .to_string_lossy()
-        .into_owned();
-    let version = parse_release(&release)?;
-    (version < MIN_KERNEL).then_some(Problem::KernelTooOld { release })
 }
 
 /// `(major, minor)` of a kernel release string such as `6.18.44-foo`.
@@ -243,5 +302,21 @@ mod tests {
         assert!(text.contains("mount -t cgroup2"), "{text}");
         assert!(text.contains("/tmp/x is not on a bpf filesystem"), "{text}");
         assert!(text.contains("mount -t bpf bpf /sys/fs/bpf"), "{text}");
+    }
+
+    #[test]
+    fn a_missing_feature_names_the_kernel_that_has_it() {
+        let text = Problem::MissingKernelFeature {
+            what: "sk_lookup programs",
+            since: (5, 9),
+            release: "5.4.0-1-amd64".into(),
+        }
+        .to_string();
+        assert!(
+            text.starts_with(
+                "needs sk_lookup programs: kernel >= 5.9 (this kernel is 5.4.0-1-amd64"
+            ),
+            "{text}"
+        );
     }
 }

@@ -69,6 +69,10 @@ impl Agent {
         if !self.extra.iter().any(|a| a == "--on-exit") {
             cmd.args(["--on-exit", "detach"]);
         }
+        if !self.extra.iter().any(|a| a == "--readiness-addr") {
+            // Parallel agents on one host cannot all have 15021.
+            cmd.args(["--readiness-addr", "127.0.0.1:0"]);
+        }
         self.child = Some(cmd.spawn()?);
         self.wait_ready()
     }
@@ -113,6 +117,21 @@ impl Agent {
     /// The agent's log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Where the readiness endpoint listens (from the agent's log).
+    pub fn readiness_addr(&self) -> anyhow::Result<std::net::SocketAddr> {
+        let log = self.log_text();
+        let line = log
+            .lines()
+            .find(|l| l.contains("readiness endpoint listening"))
+            .ok_or_else(|| anyhow::anyhow!("no readiness endpoint in the log:\n{log}"))?;
+        let addr = line
+            .split("addr=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .ok_or_else(|| anyhow::anyhow!("cannot read the readiness address from {line}"))?;
+        Ok(addr.parse()?)
     }
 
     /// The instance name.

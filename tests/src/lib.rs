@@ -10,8 +10,12 @@
 //! Traffic stays inside namespaces the tests create or on loopback.
 
 pub mod agent;
+pub mod bench;
 pub mod capture;
 pub mod cgroup;
+pub mod cni;
+pub mod cni_deploy;
+pub mod cni_kubeapi;
 pub mod mesh;
 pub mod netns;
 pub mod process;

@@ -20,6 +20,8 @@ pub struct WorkloadEntry {
     pub netns: Option<PathBuf>,
     /// `HBONE` or `TCP`.
     pub protocol: &'static str,
+    /// Extra YAML lines for this entry (e.g. `  services: {...}\n`).
+    pub extra: String,
 }
 
 impl WorkloadEntry {
@@ -32,15 +34,29 @@ impl WorkloadEntry {
             ips: vec![pod.ip4.to_string(), pod.ip6.to_string()],
             netns: Some(pod.netns.path().to_path_buf()),
             protocol: "HBONE",
+            extra: String::new(),
         }
     }
 }
 
-/// Writes a config with `workloads` to `<dir>/<file>` and returns its path.
+/// Writes a config with `workloads` and no services or policies to
+/// `<dir>/<file>` and returns its path.
 pub fn write_config(
     dir: &Path,
     file: &str,
     workloads: &[WorkloadEntry],
+) -> anyhow::Result<PathBuf> {
+    write_config_with(dir, file, workloads, "services: []\npolicies: []\n")
+}
+
+/// Writes a config with `workloads` followed by `rest` (the `services:`
+/// and `policies:` sections, as YAML) and returns its path. The file is
+/// replaced atomically, as a config management tool would.
+pub fn write_config_with(
+    dir: &Path,
+    file: &str,
+    workloads: &[WorkloadEntry],
+    rest: &str,
 ) -> anyhow::Result<PathBuf> {
     let mut text = String::from("workloads:\n");
     for w in workloads {
@@ -56,9 +72,12 @@ pub fn write_config(
         if let Some(netns) = &w.netns {
             text.push_str(&format!("  netns: {}\n", netns.display()));
         }
+        text.push_str(&w.extra);
     }
-    text.push_str("services: []\npolicies: []\n");
+    text.push_str(rest);
     let path = dir.join(file);
-    std::fs::write(&path, text)?;
+    let tmp = dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, &path)?;
     Ok(path)
 }

@@ -33,17 +33,17 @@ pub fn agent_binary() -> anyhow::Result<PathBuf> {
 /// (`target/<profile>/deps/<test>`).
 pub fn target_binary(name: &str, hint: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let candidate = exe
+    // Test executables live in target/<profile>/deps, binaries (such as
+    // dp-demo) in target/<profile>: look beside the executable, then above.
+    let dir = exe
         .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join(name))
         .ok_or_else(|| anyhow::anyhow!("cannot locate the target directory from {exe:?}"))?;
-    anyhow::ensure!(
-        candidate.exists(),
-        "{} does not exist: {hint}",
-        candidate.display()
-    );
-    Ok(candidate)
+    let candidates = [Some(dir.join(name)), dir.parent().map(|d| d.join(name))];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|path| path.exists() && path != &exe)
+        .ok_or_else(|| anyhow::anyhow!("{name} not found beside {}: {hint}", exe.display()))
 }
 
 /// A child process killed (and reaped) on drop.

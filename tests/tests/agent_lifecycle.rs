@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dataplane_tests::{BpffsDir, Cgroup, ChildGuard, agent_binary, spawn_in};
+use dataplane_tests::{BpffsDir, Cgroup, ChildGuard, TempDir, agent_binary, spawn_in};
 use dataplane_user::{preflight::mount_points, redirect::PinLayout};
 use nix::sys::signal::Signal;
 
@@ -151,12 +151,20 @@ fn rejects_a_bad_config_file_with_its_position() -> anyhow::Result<()> {
 }
 
 /// A running agent attached to a test cgroup with its pins in a test bpffs
-/// directory.
-fn start_agent(cgroup: &Cgroup, bpffs: &BpffsDir, on_exit: &str) -> anyhow::Result<ChildGuard> {
+/// directory and its state (control socket, CA) in a test directory: tests
+/// running at once must not share the default state directory.
+fn start_agent(
+    cgroup: &Cgroup,
+    bpffs: &BpffsDir,
+    state: &TempDir,
+    on_exit: &str,
+) -> anyhow::Result<ChildGuard> {
     let mut cmd = agent()?;
     cmd.arg("run")
         .arg("--instance")
         .arg("life")
+        .arg("--state-dir")
+        .arg(state.path())
         .arg("--bpffs")
         .arg(bpffs.path())
         .arg("--cgroup")
@@ -217,8 +225,9 @@ fn cgroup_link_ids(pins: &PinLayout) -> anyhow::Result<Vec<u32>> {
 fn sigterm_with_detach_leaves_nothing() -> anyhow::Result<()> {
     let bpffs = BpffsDir::new("lifedet")?;
     let cgroup = Cgroup::new("lifedet")?;
+    let state = TempDir::new("lifedet")?;
     let pins = PinLayout::new(bpffs.path(), "life");
-    let mut agent = start_agent(&cgroup, &bpffs, "detach")?;
+    let mut agent = start_agent(&cgroup, &bpffs, &state, "detach")?;
     wait_attached(&pins, &mut agent)?;
     agent.signal(Signal::SIGTERM)?;
     let out = agent.wait(LIMIT)?;
@@ -235,9 +244,10 @@ fn sigterm_with_detach_leaves_nothing() -> anyhow::Result<()> {
 fn sigterm_with_keep_leaves_state_for_the_next_agent() -> anyhow::Result<()> {
     let bpffs = BpffsDir::new("lifekeep")?;
     let cgroup = Cgroup::new("lifekeep")?;
+    let state = TempDir::new("lifekeep")?;
     let pins = PinLayout::new(bpffs.path(), "life");
 
-    let mut first = start_agent(&cgroup, &bpffs, "keep")?;
+    let mut first = start_agent(&cgroup, &bpffs, &state, "keep")?;
     wait_attached(&pins, &mut first)?;
     let first_links = cgroup_link_ids(&pins)?;
     first.signal(Signal::SIGTERM)?;
@@ -248,7 +258,7 @@ fn sigterm_with_keep_leaves_state_for_the_next_agent() -> anyhow::Result<()> {
     assert_eq!(cgroup_link_ids(&pins)?, first_links);
 
     // The next agent re-adopts: new links replace the old generation.
-    let mut second = start_agent(&cgroup, &bpffs, "detach")?;
+    let mut second = start_agent(&cgroup, &bpffs, &state, "detach")?;
     let deadline = Instant::now() + LIMIT;
     loop {
         let ids = cgroup_link_ids(&pins).unwrap_or_default();

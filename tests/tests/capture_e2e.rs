@@ -243,3 +243,19 @@ fn pod_cli_adds_lists_and_removes() -> anyhow::Result<()> {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("absolute path"));
     Ok(())
 }
+
+#[test]
+fn readiness_is_200_once_started() -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let mut node = Node::new("e2eready", 1)?;
+    let pod = node.add_pod("e2eready")?;
+    let agent = Agent::start("e2eready", &node, &[])?;
+    agent.enroll(Agent::spec_for(&pod, "ready"))?;
+    let mut http = std::net::TcpStream::connect(agent.readiness_addr()?)?;
+    http.write_all(b"GET /healthz/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+    let mut reply = String::new();
+    http.read_to_string(&mut reply)?;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.ends_with("ready\n"), "{reply}");
+    Ok(())
+}

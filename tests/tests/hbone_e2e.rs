@@ -291,7 +291,11 @@ fn app_down_closes_the_client_connection() -> anyhow::Result<()> {
         &["expect-reset", &addr(&mesh.remote, 9999).to_string()],
     )?;
     assert_eq!(out.stdout, "reset", "{out:?}");
-    assert!(a1.log_text().contains("503"), "{}", a1.log_text());
+    // The reset can reach the client before the access line is logged.
+    wait_until("the client's agent to log the 503", || {
+        Ok(a1.log_text().contains("503"))
+    })
+    .map_err(|e| anyhow::anyhow!("{e}:\n{}", a1.log_text()))?;
     Ok(())
 }
 

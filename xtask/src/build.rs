@@ -1,5 +1,5 @@
-//! `cargo xtask build` and `cargo xtask bench`: plain cargo over the
-//! workspace, minus the kernel crate.
+//! `cargo xtask build`: plain cargo over the workspace, minus the kernel
+//! crate.
 //!
 //! The kernel crate (`dataplane-ebpf`) only compiles for
 //! `bpfel-unknown-none`; `dataplane-user/build.rs` builds it with aya-build
@@ -41,18 +41,5 @@ pub fn build_bins(release: bool) -> Result<()> {
 /// `cargo xtask build [--release]`.
 pub fn build(release: bool) -> Result<ExitCode> {
     build_bins(release)?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// `cargo xtask bench [-- EXTRA]`: every benchmark in the workspace; succeeds
-/// when there are none.
-pub fn bench(extra: &[String]) -> Result<ExitCode> {
-    let mut cargo = cmd::cargo();
-    cargo.arg("bench");
-    user_workspace(&mut cargo);
-    if !extra.is_empty() {
-        cargo.arg("--").args(extra);
-    }
-    cmd::run(&mut cargo)?;
     Ok(ExitCode::SUCCESS)
 }

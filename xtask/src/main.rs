@@ -4,12 +4,15 @@
 //! invocations this workspace needs (the kernel crate only builds for
 //! `bpfel-unknown-none`, so plain `--workspace` commands must leave it out).
 
+mod bench;
 mod build;
 mod cmd;
+mod demo;
 mod lint;
 mod run;
 mod setup;
 mod test;
+mod vm;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -65,14 +68,24 @@ enum Task {
         #[arg(last = true, value_name = "EXTRA")]
         extra: Vec<String>,
     },
+    /// Set up, build, then show the whole mesh on two simulated nodes:
+    /// same-node, cross-node, service and policy-denied flows over HBONE and
+    /// a plaintext passthrough, with a report; everything is torn down after.
+    Demo {
+        /// Leave the mesh running to explore (Enter tears it down).
+        #[arg(long)]
+        keep: bool,
+    },
     /// Check formatting and run clippy on the user-space and kernel crates.
     Lint,
-    /// Run the benchmarks (`cargo bench` over the workspace).
-    Bench {
-        /// Arguments for the bench harness, after `--`.
-        #[arg(last = true, value_name = "EXTRA")]
-        extra: Vec<String>,
-    },
+    /// Kernel-level benchmarks (no mesh vs iptables vs eBPF capture, plain
+    /// and HBONE, same-node and cross-node) and micro-benchmarks; the report
+    /// goes to stdout and target/bench/.
+    Bench(bench::BenchArgs),
+    /// Run the redirection suite on Linux 5.10, 6.1 and 6.12 (in qemu VMs,
+    /// kernels fetched once and cached) and on the host's kernel; prints a
+    /// pass/fail table per kernel.
+    VmTest(vm::VmTestArgs),
 }
 
 fn main() -> ExitCode {
@@ -87,8 +100,10 @@ fn main() -> ExitCode {
             agent_args,
         } => run::run(release, &agent_args),
         Task::Test { release, extra } => test::test(release, &extra),
+        Task::Demo { keep } => demo::demo(keep),
         Task::Lint => lint::lint(),
-        Task::Bench { extra } => build::bench(&extra),
+        Task::Bench(args) => bench::bench(&args),
+        Task::VmTest(args) => vm::vm_test(&args),
     };
     match result {
         Ok(code) => code,

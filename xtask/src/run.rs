@@ -101,7 +101,7 @@ fn catch(signal: libc::c_int, handler: extern "C" fn(libc::c_int)) -> Result<()>
 }
 
 /// Spawns `cmd` and waits for it, forwarding SIGTERM and outliving SIGINT.
-fn run_forwarding_sigterm(cmd: &mut Command) -> Result<ExitStatus> {
+pub(crate) fn run_forwarding_sigterm(cmd: &mut Command) -> Result<ExitStatus> {
     catch(libc::SIGINT, on_sigint)?;
     catch(libc::SIGTERM, on_sigterm)?;
     let shown = cmd::display(cmd);

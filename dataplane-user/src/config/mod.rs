@@ -1,8 +1,15 @@
-//! The local configuration file: workloads (and, later, services and
-//! policies) in the shape Istio's node proxy accepts for local config.
+//! The local configuration file: workloads, services and authorization
+//! policies in the shape Istio's node proxy accepts for local config.
 //!
-//! Parsing is strict: an unknown field is an error that names the file, the
-//! line and the column, never silently ignored.
+//! Parsing is strict: an unknown field, a bad IP, CIDR or port is an error
+//! that names the file, the line and the column; so is a duplicate workload
+//! IP or service VIP, or a reference to a service or policy that does not
+//! exist. Nothing is silently ignored.
+
+mod schema;
+mod validate;
+
+pub use schema::{Action, LoadBalancing, Match, Policy, Scope, Service};
 
 use std::{
     net::IpAddr,
@@ -35,18 +42,20 @@ pub enum ConfigError {
         #[source]
         source: serde_yaml_ng::Error,
     },
-    /// A section this version does not apply yet is not empty.
-    #[error(
-        "config {origin}: `{section}` has {count} entries, but this agent version does not apply \
-         {section} yet; remove them or upgrade the agent"
-    )]
-    Unsupported {
+    /// The file parses but contradicts itself.
+    #[error("invalid config {origin}:{line}:{column}: {field}: {reason}")]
+    Invalid {
         /// The file path, or `<embedded default>`.
         origin: String,
-        /// The section name.
-        section: &'static str,
-        /// How many entries it has.
-        count: usize,
+        /// 1-based line of the offending value (best effort: its first
+        /// occurrence after the entry's start).
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The field, e.g. `workloads[2].workloadIps`.
+        field: String,
+        /// What is wrong and how to fix it.
+        reason: String,
     },
 }
 
@@ -90,6 +99,13 @@ pub struct Workload {
     /// (standalone mode).
     #[serde(default)]
     pub netns: Option<PathBuf>,
+    /// Services this workload is an endpoint of: `namespace/hostname` ->
+    /// service port -> target port.
+    #[serde(default)]
+    pub services: std::collections::BTreeMap<String, std::collections::BTreeMap<u16, u16>>,
+    /// `namespace/name` of WorkloadSelector-scoped policies that apply.
+    #[serde(default)]
+    pub authorization_policies: Vec<String>,
 }
 
 fn default_service_account() -> String {
@@ -107,6 +123,10 @@ pub struct LocalConfig {
     pub origin: String,
     /// Workloads.
     pub workloads: Vec<Workload>,
+    /// Services.
+    pub services: Vec<Service>,
+    /// Authorization policies.
+    pub policies: Vec<Policy>,
 }
 
 #[derive(Deserialize)]
@@ -115,9 +135,9 @@ struct RawConfig {
     #[serde(default)]
     workloads: Vec<Workload>,
     #[serde(default)]
-    services: Vec<serde::de::IgnoredAny>,
+    services: Vec<Service>,
     #[serde(default)]
-    policies: Vec<serde::de::IgnoredAny>,
+    policies: Vec<Policy>,
 }
 
 impl LocalConfig {
@@ -142,22 +162,14 @@ impl LocalConfig {
                 origin: origin.to_owned(),
                 source,
             })?;
-        for (section, count) in [
-            ("services", raw.services.len()),
-            ("policies", raw.policies.len()),
-        ] {
-            if count > 0 {
-                return Err(ConfigError::Unsupported {
-                    origin: origin.to_owned(),
-                    section,
-                    count,
-                });
-            }
-        }
-        Ok(Self {
+        let config = Self {
             origin: origin.to_owned(),
             workloads: raw.workloads,
-        })
+            services: raw.services,
+            policies: raw.policies,
+        };
+        validate::check(&config, text)?;
+        Ok(config)
     }
 }
 

@@ -15,8 +15,11 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::{PodContext, canonical, hbone_addr, is_engine_port, log_accept_error, relay};
 use crate::{
-    hbone::{self, PoolKey, Tunnel, wire::Baggage},
+    hbone::{self, PoolError, PoolKey, Tunnel, wire::Baggage},
+    identity::Identity,
+    logging::Chain,
     redirect::OrigDstTable,
+    state::{MeshWorkload, Route},
 };
 
 /// How long a connection to the destination may take before the client's
@@ -118,14 +121,23 @@ pub(super) async fn serve_inbound(listener: TcpListener, ctx: Arc<PodContext>) {
                         "inbound",
                         "destination is an engine port",
                     ),
-                    Ok(local) if !(ctx.mesh.authorize)(None, canonical(local)) => refuse(
-                        stream,
-                        peer,
-                        Some(canonical(local)),
-                        "inbound",
-                        "denied by policy",
-                    ),
-                    Ok(local) => forward(stream, peer, canonical(local), &ctx, "inbound").await,
+                    Ok(local)
+                        if let Err(reason) = ctx.mesh.authorize(&crate::hbone::AuthzRequest {
+                            peer_identity: None,
+                            src: canonical(peer),
+                            dst: canonical(local),
+                        }) =>
+                    {
+                        refuse(stream, peer, Some(canonical(local)), "inbound", &reason)
+                    }
+                    Ok(local) => {
+                        let dst = canonical(local);
+                        let (_live, kill) = ctx.mesh.live.register(None, canonical(peer), dst);
+                        tokio::select! {
+                            () = forward(stream, peer, dst, &ctx, "inbound") => {}
+                            () = kill.notified() => {}
+                        }
+                    }
                     Err(err) => refuse(stream, peer, None, "inbound", &err.to_string()),
                 }
             }
@@ -135,56 +147,127 @@ pub(super) async fn serve_inbound(listener: TcpListener, ctx: Arc<PodContext>) {
     }
 }
 
-/// Sends a captured outbound connection on: through an HBONE tunnel when
-/// the destination is a mesh workload that speaks HBONE, as plain TCP
-/// otherwise.
+/// Sends a captured outbound connection on: to a service VIP through one of
+/// its endpoints (the next one when an endpoint's node does not answer), to
+/// a mesh workload speaking HBONE through a tunnel, anything else as plain
+/// TCP.
 async fn outbound(stream: TcpStream, peer: SocketAddr, dst: SocketAddr, ctx: &PodContext) {
-    let workloads = ctx.mesh.workloads();
-    match workloads.by_ip(dst.ip()) {
-        Some(workload) if workload.speaks_hbone() => {
-            let key = PoolKey {
-                src_identity: ctx.spiffe.to_uri(),
-                dst_identity: workload.identity.to_uri(),
-                dst_addr: hbone_addr(dst),
-            };
-            let baggage = Baggage {
-                cluster: "Kubernetes".into(),
-                namespace: ctx.identity.namespace.clone(),
-                workload: ("pod".into(), ctx.identity.name.clone()),
-                service: ctx.identity.name.clone(),
-                version: "latest".into(),
-            };
-            tunnel(stream, peer, dst, key, &baggage, ctx).await;
+    let state = ctx.mesh.state();
+    match state.route(dst, &ctx.mesh.dead) {
+        Route::Unknown => forward(stream, peer, dst, ctx, "outbound").await,
+        Route::Workload(workload) if !workload.speaks_hbone() => {
+            forward(stream, peer, dst, ctx, "outbound").await;
         }
-        _ => forward(stream, peer, dst, ctx, "outbound").await,
+        Route::Workload(workload) => match open_tunnel(ctx, &workload, dst, &[], peer).await {
+            Ok((tunnel, key)) => relay_tunnel(stream, peer, dst, tunnel, &key, None).await,
+            Err(err) => refuse(
+                stream,
+                peer,
+                Some(dst),
+                "outbound",
+                &Chain(&err).to_string(),
+            ),
+        },
+        Route::Service {
+            service,
+            candidates,
+            alt_identities,
+        } => {
+            if candidates.is_empty() {
+                let reason = format!("service {service} has no endpoints");
+                return refuse(stream, peer, Some(dst), "outbound", &reason);
+            }
+            for endpoint in candidates {
+                if !endpoint.workload.speaks_hbone() {
+                    return forward(stream, peer, endpoint.addr, ctx, "outbound").await;
+                }
+                match open_tunnel(
+                    ctx,
+                    &endpoint.workload,
+                    endpoint.addr,
+                    &alt_identities,
+                    peer,
+                )
+                .await
+                {
+                    Ok((tunnel, key)) => {
+                        return relay_tunnel(
+                            stream,
+                            peer,
+                            endpoint.addr,
+                            tunnel,
+                            &key,
+                            Some(&service),
+                        )
+                        .await;
+                    }
+                    // The endpoint's node did not answer: skip it for a
+                    // while and try the next one.
+                    Err(PoolError::Dial { addr, .. }) => {
+                        warn!(%service, endpoint = %addr, "endpoint unreachable; trying the next one");
+                        ctx.mesh.dead.mark(endpoint.addr.ip());
+                    }
+                    Err(err) => {
+                        return refuse(
+                            stream,
+                            peer,
+                            Some(endpoint.addr),
+                            "outbound",
+                            &Chain(&err).to_string(),
+                        );
+                    }
+                }
+            }
+            let reason = format!("no endpoint of service {service} is reachable");
+            refuse(stream, peer, Some(dst), "outbound", &reason);
+        }
     }
 }
 
-/// Opens (or reuses) an HBONE tunnel to `dst` and relays through it.
-async fn tunnel(
+/// Opens (or reuses a pooled connection for) a tunnel to `dst` in
+/// `workload`, accepting the workload's identity or any of `alt`.
+async fn open_tunnel(
+    ctx: &PodContext,
+    workload: &MeshWorkload,
+    dst: SocketAddr,
+    alt: &[Identity],
+    peer: SocketAddr,
+) -> Result<(Tunnel, PoolKey), PoolError> {
+    let key = PoolKey {
+        src_identity: ctx.spiffe.to_uri(),
+        dst_identity: workload.identity.to_uri(),
+        alt_identities: alt.iter().map(Identity::to_uri).collect(),
+        dst_addr: hbone_addr(dst),
+    };
+    let baggage = Baggage {
+        cluster: "Kubernetes".into(),
+        namespace: ctx.identity.namespace.clone(),
+        workload: ("pod".into(), ctx.identity.name.clone()),
+        service: ctx.identity.name.clone(),
+        version: "latest".into(),
+    };
+    let tunnel = ctx
+        .pool
+        .connect(&key, &dst.to_string(), canonical(peer), &baggage)
+        .await?;
+    Ok((tunnel, key))
+}
+
+/// Relays through an open tunnel and writes the access record.
+async fn relay_tunnel(
     stream: TcpStream,
     peer: SocketAddr,
     dst: SocketAddr,
-    key: PoolKey,
-    baggage: &Baggage,
-    ctx: &PodContext,
+    tunnel: Tunnel,
+    key: &PoolKey,
+    service: Option<&str>,
 ) {
     let started = Instant::now();
-    let tunnel = match ctx
-        .pool
-        .connect(&key, &dst.to_string(), canonical(peer), baggage)
-        .await
-    {
-        Ok(tunnel) => tunnel,
-        Err(err) => {
-            let reason = crate::logging::Chain(&err).to_string();
-            return refuse(stream, peer, Some(dst), "outbound", &reason);
-        }
-    };
     let _ = stream.set_nodelay(true);
     let Tunnel { send, recv, .. } = tunnel;
     let result = hbone::relay(stream, send, recv).await;
     let duration_ms = started.elapsed().as_millis() as u64;
+    let service = service.unwrap_or("-");
     match result {
         Ok(t) => info!(
             target: "access",
@@ -192,6 +275,7 @@ async fn tunnel(
             protocol = "HBONE",
             src = %canonical(peer),
             dst = %dst,
+            service,
             dst_identity = %key.dst_identity,
             bytes_sent = t.sent,
             bytes_received = t.received,
@@ -204,9 +288,10 @@ async fn tunnel(
             protocol = "HBONE",
             src = %canonical(peer),
             dst = %dst,
+            service,
             dst_identity = %key.dst_identity,
             duration_ms,
-            error = %crate::logging::Chain(&err),
+            error = %Chain(&err),
             "connection failed"
         ),
     }

@@ -59,7 +59,15 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
                         let socket = netns.connector(dst, mark);
                         Box::pin(async move { socket?.connect(dst).await })
                     }),
-                    authorize: Arc::clone(&ctx.mesh.authorize),
+                    authorize: {
+                        let mesh = Arc::clone(&ctx.mesh);
+                        Arc::new(move |request| mesh.authorize(request))
+                    },
+                    resolve_authority: {
+                        let mesh = Arc::clone(&ctx.mesh);
+                        Arc::new(move |authority, local| mesh.state().resolve_hostname(authority, local.ip()))
+                    },
+                    live: Some(Arc::clone(&ctx.mesh.live)),
                     shutdown: ctx.mesh.shutdown.clone(),
                 };
                 if let Err(err) = hbone::serve_connection(tls, server).await {

@@ -13,11 +13,11 @@ use rustls::{RootCertStore, pki_types::ServerName};
 use tokio::{net::TcpStream, sync::watch};
 use tokio_rustls::{TlsConnector, client::TlsStream};
 
-use super::PodNetns;
+use super::{LiveConnections, PodNetns};
 use crate::{
     hbone::{Dialer, PoolKey},
     identity::{CertStore, Identity},
-    state::WorkloadIndex,
+    state::{DeadEndpoints, MeshState},
     tls::ClientConfigCache,
 };
 
@@ -26,8 +26,15 @@ const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Mesh-wide state every pod's engine reads.
 pub struct MeshContext {
-    /// Workloads by IP (replaced as a whole when the config changes).
-    pub workloads: RwLock<Arc<WorkloadIndex>>,
+    /// Workloads, services and policies (replaced as a whole when the config
+    /// changes).
+    pub state: RwLock<Arc<MeshState>>,
+    /// Service endpoints recently found unreachable.
+    pub dead: DeadEndpoints,
+    /// Open inbound connections, re-checked when policies change.
+    pub live: Arc<LiveConnections>,
+    /// The last config error, while the last good config stays in force.
+    pub config_error: RwLock<Option<String>>,
     /// Certificates of local identities.
     pub certs: Arc<CertStore>,
     /// The mesh's root(s).
@@ -40,27 +47,49 @@ pub struct MeshContext {
     pub shutdown: watch::Receiver<bool>,
     /// How long an unused pooled HBONE connection is kept.
     pub pool_idle_timeout: Duration,
-    /// The policy hook both inbound paths ask: `(peer identity, destination)`;
-    /// plaintext inbound has no peer identity.
-    pub authorize: crate::hbone::Authorizer,
 }
 
 impl std::fmt::Debug for MeshContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MeshContext")
             .field("trust_domain", &self.trust_domain)
-            .field("workloads", &self.workloads().len())
+            .field("workloads", &self.state().workloads.len())
             .finish()
     }
 }
 
 impl MeshContext {
-    /// The current workload index.
-    pub fn workloads(&self) -> Arc<WorkloadIndex> {
-        match self.workloads.read() {
+    /// The current snapshot.
+    pub fn state(&self) -> Arc<MeshState> {
+        match self.state.read() {
             Ok(guard) => Arc::clone(&guard),
             Err(poisoned) => Arc::clone(&poisoned.into_inner()),
         }
+    }
+
+    /// Installs a new snapshot and closes open connections its policies
+    /// deny. Returns how many were closed.
+    pub fn install(&self, state: MeshState) -> usize {
+        let state = Arc::new(state);
+        match self.state.write() {
+            Ok(mut guard) => *guard = Arc::clone(&state),
+            Err(poisoned) => *poisoned.into_inner() = Arc::clone(&state),
+        }
+        self.set_config_error(None);
+        self.live.enforce(&state)
+    }
+
+    /// Records (or clears) the config error shown in status.
+    pub fn set_config_error(&self, error: Option<String>) {
+        match self.config_error.write() {
+            Ok(mut guard) => *guard = error,
+            Err(poisoned) => *poisoned.into_inner() = error,
+        }
+    }
+
+    /// Decides a connection under the current policies.
+    pub fn authorize(&self, request: &crate::hbone::AuthzRequest<'_>) -> Result<(), String> {
+        self.state().authorize(request)
     }
 }
 
@@ -84,10 +113,10 @@ impl Dialer for PodTlsDialer {
         key: &PoolKey,
     ) -> Pin<Box<dyn Future<Output = std::io::Result<Self::Io>> + Send>> {
         let socket = self.netns.connector(key.dst_addr, self.mark);
-        let config = parse_pair(key).and_then(|(src, dst)| {
+        let config = parse_pair(key).and_then(|(src, expected)| {
             self.mesh
                 .client_configs
-                .get(&src, &[dst])
+                .get(&src, &expected)
                 .map_err(|e| std::io::Error::other(crate::logging::Chain(&e).to_string()))
         });
         let addr = key.dst_addr;
@@ -113,12 +142,17 @@ impl Dialer for PodTlsDialer {
     }
 }
 
-fn parse_pair(key: &PoolKey) -> std::io::Result<(Identity, Identity)> {
+/// The source identity and every identity the server may present.
+fn parse_pair(key: &PoolKey) -> std::io::Result<(Identity, Vec<Identity>)> {
     let parse = |uri: &str| {
         Identity::parse(uri)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
     };
-    Ok((parse(&key.src_identity)?, parse(&key.dst_identity)?))
+    let mut expected = vec![parse(&key.dst_identity)?];
+    for alt in &key.alt_identities {
+        expected.push(parse(alt)?);
+    }
+    Ok((parse(&key.src_identity)?, expected))
 }
 
 /// The HBONE address of a destination IP.

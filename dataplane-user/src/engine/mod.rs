@@ -9,6 +9,7 @@
 
 mod connection;
 mod hbone_inbound;
+mod live;
 mod mesh;
 mod netfilter;
 mod pod_netns;
@@ -24,6 +25,7 @@ use dataplane_common::{HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT};
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
+pub use live::{LiveConnections, LiveGuard};
 pub use mesh::{MeshContext, PodTlsDialer, hbone_addr};
 pub use pod_netns::PodNetns;
 pub(crate) use relay::reset_on_close;

@@ -162,7 +162,9 @@ pub struct EngineSettings {
 
 /// Every pod this agent instance has enrolled.
 pub struct Enrollments {
-    redirector: Arc<Mutex<Redirector>>,
+    /// `None` under iptables capture (`--capture iptables`): pods get their
+    /// listeners but nothing is registered with kernel programs.
+    redirector: Option<Arc<Mutex<Redirector>>>,
     pins: PinLayout,
     settings: EngineSettings,
     state: StateFile,
@@ -179,8 +181,10 @@ impl std::fmt::Debug for Enrollments {
 
 impl Enrollments {
     /// A manager with no pods yet; call [`Enrollments::readopt`] next.
+    /// Without a redirector (iptables capture) enrolling only creates and
+    /// serves the in-pod listeners.
     pub fn new(
-        redirector: Arc<Mutex<Redirector>>,
+        redirector: Option<Arc<Mutex<Redirector>>>,
         pins: PinLayout,
         settings: EngineSettings,
         state: StateFile,
@@ -289,7 +293,10 @@ impl Enrollments {
             uid: spec.uid.clone(),
             source,
         };
-        let table = OrigDstTable::open(&self.pins)?;
+        let table = match self.redirector {
+            Some(_) => Some(OrigDstTable::open(&self.pins)?),
+            None => None,
+        };
         let pool = HbonePool::new(
             PodTlsDialer {
                 netns: netns.clone(),
@@ -311,7 +318,7 @@ impl Enrollments {
             pool,
             server_tls,
         });
-        let engine = match PodEngine::start(ctx, listeners, Some(table)) {
+        let engine = match PodEngine::start(ctx, listeners, table) {
             Ok(engine) => engine,
             Err(err) => {
                 let _ = self.with_redirector(|r| r.unenroll_pod(cookie));
@@ -399,13 +406,18 @@ impl Enrollments {
         Ok(self.state.save(&self.list())?)
     }
 
-    fn with_redirector<T>(
+    /// Runs `f` on the redirector; without one (iptables capture) there is
+    /// no kernel state, and the answer is `T::default()`.
+    fn with_redirector<T: Default>(
         &self,
         f: impl FnOnce(&mut Redirector) -> Result<T, RedirectError>,
     ) -> Result<T, RedirectError> {
+        let Some(redirector) = &self.redirector else {
+            return Ok(T::default());
+        };
         // A poisoned lock only means another thread panicked mid-update;
         // the maps themselves are consistent per syscall.
-        let mut guard = match self.redirector.lock() {
+        let mut guard = match redirector.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         };

@@ -16,7 +16,9 @@ pub mod wire;
 
 pub use pool::{Dialer, HbonePool, PoolError, PoolKey, Tunnel};
 pub use relay::{TunnelRelayError, relay};
-pub use server::{AppDialer, Authorizer, ServerContext, serve_connection};
+pub use server::{
+    AppDialer, AuthorityResolver, Authorizer, AuthzRequest, ServerContext, serve_connection,
+};
 
 #[cfg(test)]
 mod tests;

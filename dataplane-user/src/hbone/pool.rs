@@ -81,6 +81,9 @@ pub struct PoolKey {
     pub src_identity: String,
     /// Destination workload identity (SPIFFE URI).
     pub dst_identity: String,
+    /// Other identities the destination may present (a service's
+    /// subjectAltNames), SPIFFE URIs.
+    pub alt_identities: Vec<String>,
     /// The destination's HBONE address (pod IP:15008).
     pub dst_addr: SocketAddr,
 }

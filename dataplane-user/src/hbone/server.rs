@@ -28,8 +28,22 @@ pub type AppDialer = Arc<
         + Sync,
 >;
 
-/// Decides whether a tunnel may be opened: `(peer identity URI, destination)`.
-pub type Authorizer = Arc<dyn Fn(Option<&str>, SocketAddr) -> bool + Send + Sync>;
+/// Maps a hostname authority to the app's address.
+pub type AuthorityResolver = Arc<dyn Fn(&str, SocketAddr) -> Option<SocketAddr> + Send + Sync>;
+
+/// A connection asking for authorization.
+#[derive(Debug, Clone, Copy)]
+pub struct AuthzRequest<'a> {
+    /// The client's verified SPIFFE identity URI (none for plaintext).
+    pub peer_identity: Option<&'a str>,
+    /// The client's address.
+    pub src: SocketAddr,
+    /// Where it is going.
+    pub dst: SocketAddr,
+}
+
+/// Decides whether a connection may proceed; `Err` carries the reason.
+pub type Authorizer = Arc<dyn Fn(&AuthzRequest<'_>) -> Result<(), String> + Send + Sync>;
 
 /// What the server needs for every stream of one connection.
 #[derive(Clone)]
@@ -44,6 +58,11 @@ pub struct ServerContext {
     pub dial: AppDialer,
     /// The policy hook.
     pub authorize: Authorizer,
+    /// Resolves a `hostname:port` authority (a service) arriving on the
+    /// given local address to the app's address; `None` = unknown.
+    pub resolve_authority: AuthorityResolver,
+    /// Where open tunnels are registered so a policy change can close them.
+    pub live: Option<Arc<crate::engine::LiveConnections>>,
     /// Flips to `true` when the agent drains: the server sends GOAWAY and
     /// lets open streams finish.
     pub shutdown: watch::Receiver<bool>,
@@ -109,13 +128,18 @@ async fn handle_stream(
         Ok(dst) => dst,
         Err((status, reason)) => return reject(&mut respond, status, &ctx, None, reason),
     };
-    if !(ctx.authorize)(ctx.peer_identity.as_deref(), dst) {
+    let authz = AuthzRequest {
+        peer_identity: ctx.peer_identity.as_deref(),
+        src: canonical(ctx.peer),
+        dst,
+    };
+    if let Err(reason) = (ctx.authorize)(&authz) {
         return reject(
             &mut respond,
             StatusCode::UNAUTHORIZED,
             &ctx,
             Some(dst),
-            "denied by policy",
+            &reason,
         );
     }
     let app = match (ctx.dial)(dst).await {
@@ -138,7 +162,21 @@ async fn handle_stream(
             return;
         }
     };
-    let result = relay::relay(app, send, request.into_body()).await;
+    let (_live, kill) = match &ctx.live {
+        Some(live) => {
+            let (guard, kill) =
+                live.register(ctx.peer_identity.as_deref(), canonical(ctx.peer), dst);
+            (Some(guard), Some(kill))
+        }
+        None => (None, None),
+    };
+    let result = match kill {
+        Some(kill) => tokio::select! {
+            result = relay::relay(app, send, request.into_body()) => result,
+            () = kill.notified() => return,
+        },
+        None => relay::relay(app, send, request.into_body()).await,
+    };
     let duration_ms = started.elapsed().as_millis() as u64;
     match result {
         Ok(t) => info!(
@@ -178,11 +216,15 @@ fn check(
         .uri()
         .authority()
         .ok_or((StatusCode::BAD_REQUEST, "CONNECT without authority"))?;
-    let dst: SocketAddr = authority
-        .as_str()
-        .parse()
-        .map_err(|_| (StatusCode::BAD_REQUEST, "authority is not ip:port"))?;
-    let dst = canonical(dst);
+    let dst = match authority.as_str().parse::<SocketAddr>() {
+        Ok(dst) => canonical(dst),
+        Err(_) => (ctx.resolve_authority)(authority.as_str(), ctx.local)
+            .map(canonical)
+            .ok_or((
+                StatusCode::BAD_REQUEST,
+                "authority is neither ip:port nor a known service hostname:port",
+            ))?,
+    };
     if dst.ip() != canonical(ctx.local).ip() {
         return Err((
             StatusCode::BAD_REQUEST,

@@ -42,7 +42,19 @@ async fn hbone_server() -> std::io::Result<(SocketAddr, watch::Sender<bool>)> {
                 peer,
                 peer_identity: Some("spiffe://cluster.local/ns/a/sa/client".into()),
                 dial: Arc::new(|dst| Box::pin(TcpStream::connect(dst))),
-                authorize: Arc::new(|_, dst| dst.port() != 9),
+                authorize: Arc::new(|r| {
+                    if r.dst.port() == 9 {
+                        Err("port 9 is closed".into())
+                    } else {
+                        Ok(())
+                    }
+                }),
+                resolve_authority: Arc::new(|authority, local| {
+                    // `echo.local:<port>` names the loopback app.
+                    let port = authority.strip_prefix("echo.local:")?.parse().ok()?;
+                    Some(SocketAddr::new(local.ip(), port))
+                }),
+                live: None,
                 shutdown: shutdown.clone(),
             };
             tokio::spawn(async move {
@@ -73,6 +85,7 @@ fn key(server: SocketAddr) -> PoolKey {
     PoolKey {
         src_identity: "spiffe://cluster.local/ns/a/sa/client".into(),
         dst_identity: "spiffe://cluster.local/ns/b/sa/server".into(),
+        alt_identities: Vec::new(),
         dst_addr: server,
     }
 }
@@ -129,6 +142,22 @@ async fn sixteen_mebibytes_round_trip_exactly_with_half_close() -> anyhow::Resul
     let transferred = relay_task.await??;
     assert_eq!(transferred.sent, 16 * 1024 * 1024);
     assert_eq!(transferred.received, 16 * 1024 * 1024);
+    Ok(())
+}
+
+#[tokio::test]
+async fn hostname_authorities_are_resolved_by_the_server() -> anyhow::Result<()> {
+    let (server, _stop) = hbone_server().await?;
+    let app = echo_app().await?;
+    let pool = HbonePool::new(TcpDialer, Duration::from_secs(30));
+    let tunnel = open(&pool, server, &format!("echo.local:{}", app.port())).await?;
+    let (mut client, engine) = tcp_pair().await?;
+    tokio::spawn(relay(engine, tunnel.send, tunnel.recv));
+    client.write_all(b"ping").await?;
+    client.shutdown().await?;
+    let mut reply = Vec::new();
+    client.read_to_end(&mut reply).await?;
+    assert_eq!(reply, b"ping");
     Ok(())
 }
 

@@ -2,7 +2,8 @@
 //! agent's cgroup as BPF links, pins maps and links in bpffs, and enrolls
 //! pods (outbound and inbound capture state, per-pod `sk_lookup` links).
 //!
-//! Minimum kernel: [`MIN_KERNEL`] (5.9); the project supports 6.1 and newer.
+//! Minimum kernel: [`MIN_KERNEL`] (5.9); the project supports 5.10 and newer
+//! (probed at start: [`crate::features`]).
 //!
 //! Programs are attached through BPF links (always multi-attach), so other
 //! tools' cgroup programs (a CNI's, a runtime's) keep running beside ours, and

@@ -1,8 +1,16 @@
-//! What the agent knows about the mesh: workloads by IP, each with its
-//! SPIFFE identity and protocol. Built from the local config; lookups by IP
-//! are one hash probe.
+//! What the agent knows about the mesh: workloads by IP (each with its
+//! SPIFFE identity and protocol), services by VIP and hostname, and the
+//! authorization policies, as one immutable snapshot ([`MeshState`]) built
+//! from the local config and swapped whole when the config changes. Lookups
+//! by IP are one hash probe.
+
+mod services;
+mod snapshot;
 
 use std::{collections::HashMap, net::IpAddr, sync::Arc};
+
+pub use services::{DEAD_ENDPOINT_HOLD, DeadEndpoints, Endpoint, ServiceEntry, ServiceIndex};
+pub use snapshot::{MeshState, Route};
 
 use crate::{
     config::{LocalConfig, Protocol, Workload},
@@ -53,13 +61,14 @@ impl MeshWorkload {
 #[derive(Debug, Clone, Default)]
 pub struct WorkloadIndex {
     by_ip: HashMap<IpAddr, Arc<MeshWorkload>>,
-    count: usize,
+    all: Vec<Arc<MeshWorkload>>,
 }
 
 impl WorkloadIndex {
     /// Indexes the config's workloads.
     pub fn from_config(config: &LocalConfig) -> Result<Self, StateError> {
         let mut by_ip: HashMap<IpAddr, Arc<MeshWorkload>> = HashMap::new();
+        let mut all = Vec::with_capacity(config.workloads.len());
         for workload in &config.workloads {
             let identity = Identity::new(
                 &workload.trust_domain,
@@ -74,6 +83,7 @@ impl WorkloadIndex {
                 workload: workload.clone(),
                 identity,
             });
+            all.push(Arc::clone(&entry));
             for ip in &workload.workload_ips {
                 if let Some(first) = by_ip.insert(*ip, Arc::clone(&entry)) {
                     return Err(StateError::DuplicateIp {
@@ -84,10 +94,7 @@ impl WorkloadIndex {
                 }
             }
         }
-        Ok(Self {
-            by_ip,
-            count: config.workloads.len(),
-        })
+        Ok(Self { by_ip, all })
     }
 
     /// The workload owning `ip`, if any.
@@ -97,12 +104,17 @@ impl WorkloadIndex {
 
     /// Number of workloads.
     pub fn len(&self) -> usize {
-        self.count
+        self.all.len()
     }
 
     /// Whether no workload is known.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.all.is_empty()
+    }
+
+    /// Every workload, in config order.
+    pub fn all(&self) -> &[Arc<MeshWorkload>] {
+        &self.all
     }
 }
 
@@ -141,10 +153,21 @@ mod tests {
 
     #[test]
     fn duplicate_ips_are_rejected() {
-        let err = WorkloadIndex::from_config(&config(
-            "workloads:\n- {uid: a, name: a, namespace: n, workloadIps: [10.0.0.1]}\n- {uid: b, name: b, namespace: n, workloadIps: [10.0.0.1]}\n",
-        ))
-        .unwrap_err();
+        // The config parser rejects this first; the index must too, for
+        // configs assembled in code.
+        let mut merged =
+            config("workloads:\n- {uid: a, name: a, namespace: n, workloadIps: [10.0.0.1]}\n");
+        let other =
+            config("workloads:\n- {uid: b, name: b, namespace: n, workloadIps: [10.0.0.1]}\n");
+        merged.workloads.extend(other.workloads);
+        let err = WorkloadIndex::from_config(&merged).unwrap_err();
         assert!(err.to_string().contains("both claim IP 10.0.0.1"), "{err}");
+        let text = "workloads:\n- {uid: a, name: a, namespace: n, workloadIps: [10.0.0.1]}\n- {uid: b, name: b, namespace: n, workloadIps: [10.0.0.1]}\n";
+        let err =
+            crate::logging::Chain(&LocalConfig::parse(text, "cfg.yaml").unwrap_err()).to_string();
+        assert!(
+            err.contains("cfg.yaml:3:") && err.contains("workloads[1].workloadIps"),
+            "{err}"
+        );
     }
 }

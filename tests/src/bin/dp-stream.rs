@@ -6,6 +6,9 @@
 //!   reply is exactly what was sent. Prints `ok BYTES`.
 //! - `dp-stream echo-text ADDR TEXT`: sends TEXT, half-closes, prints what
 //!   comes back.
+//! - `dp-stream hold ADDR SECONDS`: sends one byte and waits for the
+//!   connection to end (EOF or reset); prints `closed`, or `open` if it
+//!   was still open after SECONDS.
 //! - `dp-stream expect-reset ADDR`: sends one byte and expects the
 //!   connection to be reset. Prints `reset`.
 //!
@@ -24,6 +27,7 @@ fn main() -> ExitCode {
         [cmd, addr, bytes, seed] if cmd == "echo" => echo(addr, bytes, seed),
         [cmd, addr] if cmd == "expect-reset" => expect_reset(addr),
         [cmd, addr, text] if cmd == "echo-text" => echo_text(addr, text),
+        [cmd, addr, secs] if cmd == "hold" => hold(addr, secs),
         _ => Err("usage: dp-stream echo ADDR BYTES SEED | dp-stream expect-reset ADDR".into()),
     };
     match result {
@@ -113,9 +117,39 @@ fn echo_text(addr: &str, text: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&reply).into_owned())
 }
 
-fn expect_reset(addr: &str) -> Result<String, String> {
+fn hold(addr: &str, secs: &str) -> Result<String, String> {
+    let secs: u64 = secs.parse().map_err(|e| format!("bad seconds: {e}"))?;
     let mut stream = connect(addr)?;
     stream.write_all(b"x").map_err(|e| format!("write: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(secs)))
+        .map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 64];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return Ok("closed".into()),
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok("open".into());
+            }
+            Err(_) => return Ok("closed".into()),
+        }
+    }
+}
+
+fn expect_reset(addr: &str) -> Result<String, String> {
+    let mut stream = connect(addr)?;
+    match stream.write_all(b"x") {
+        Ok(()) => {}
+        // The peer may reset before the byte is even sent.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok("reset".into()),
+        Err(e) => return Err(format!("write: {e}")),
+    }
     let mut buf = [0u8; 64];
     loop {
         match stream.read(&mut buf) {

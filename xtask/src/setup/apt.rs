@@ -21,6 +21,18 @@ const PACKAGES: &[&[&str]] = &[
     &["procps"],
     &["ethtool"],
     &["tcpdump"],
+    // `vm-test`: the kernel matrix's guests (TCG), their shell and
+    // mounts, module decompression, debug info off the packed binaries
+    &["qemu-system-x86"],
+    &["busybox-static"],
+    &["xz-utils"],
+    &["binutils"],
+    // bridge, host-local, loopback: the reference CNI plugins the CNI
+    // plugin's tests chain ours after (tests/tests/cni_plugin.rs)
+    &["containernetworking-plugins"],
+    // a virtualenv for the deploy checks' Python tools (Helm's engine,
+    // Kubernetes schemas; tests/src/cni_deploy.rs)
+    &["python3-venv"],
 ];
 
 /// Installs the missing packages of [`PACKAGES`].

@@ -1,0 +1,211 @@
+//! The engine's hot user-space paths, each paid once per captured
+//! connection:
+//!
+//! - `workload_lookup_hit` / `workload_lookup_miss`: `WorkloadIndex::by_ip`
+//!   among 10,000 workloads (20,000 IPs), for a mesh destination and for a
+//!   destination outside the mesh (the passthrough case).
+//! - `pool_connect_warm`: `HbonePool::connect` on a warm pool: stream slot
+//!   checkout, CONNECT request, HTTP/2 round trip to a server on loopback
+//!   TCP (no TLS: the TLS cost is `tls_provider`'s), 200 back, tunnel
+//!   returned; dropped again.
+//! - `connect_request`: building the CONNECT request with its `forwarded`,
+//!   `baggage` and `traceparent` headers (`hbone::wire`), traceparent
+//!   included.
+//! - policy evaluation: `benches/policy.rs`, which `cargo xtask bench` runs
+//!   beside these.
+//!
+//! `cargo xtask bench` runs them briefly after the kernel-level
+//! benchmarks and puts them in its report; alone:
+//! `cargo bench -p dataplane-user --bench hot_paths`.
+
+use std::{
+    future::Future,
+    hint::black_box,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use criterion::{Criterion, criterion_group, criterion_main};
+use dataplane_user::{
+    config::LocalConfig,
+    hbone::{Dialer, HbonePool, PoolKey, wire},
+    state::WorkloadIndex,
+};
+use tokio::net::{TcpListener, TcpStream};
+
+const WORKLOADS: u32 = 10_000;
+
+/// The i-th workload's IPv4 address (10.x.y.z, unique for i < 2^24).
+fn workload_ip(i: u32) -> Ipv4Addr {
+    let [_, a, b, c] = i.to_be_bytes();
+    Ipv4Addr::new(10, a, b, c)
+}
+
+/// A local config with `WORKLOADS` dual-stack HBONE workloads.
+fn big_config() -> LocalConfig {
+    let mut text = String::from("workloads:\n");
+    for i in 0..WORKLOADS {
+        text.push_str(&format!(
+            "- uid: w{i}\n  name: w{i}\n  namespace: ns{}\n  serviceAccount: sa{i}\n  protocol: HBONE\n  workloadIps: ['{}', 'fd00::{i:x}']\n",
+            i % 50,
+            workload_ip(i)
+        ));
+    }
+    LocalConfig::parse(&text, "bench").expect("valid generated config")
+}
+
+fn workload_lookup(c: &mut Criterion) {
+    let index = WorkloadIndex::from_config(&big_config()).expect("index");
+    assert_eq!(index.len(), WORKLOADS as usize);
+    let hits: Vec<IpAddr> = (0..1024)
+        .map(|i| workload_ip(i * 7 % WORKLOADS).into())
+        .collect();
+    let misses: Vec<IpAddr> = (0..1024)
+        .map(|i| Ipv4Addr::new(192, 168, (i >> 8) as u8, i as u8).into())
+        .collect();
+    let mut group = c.benchmark_group("hot_paths");
+    let mut n = 0;
+    group.bench_function("workload_lookup_hit", |b| {
+        b.iter(|| {
+            n = (n + 1) & 1023;
+            black_box(index.by_ip(black_box(hits[n])).is_some())
+        });
+    });
+    group.bench_function("workload_lookup_miss", |b| {
+        b.iter(|| {
+            n = (n + 1) & 1023;
+            black_box(index.by_ip(black_box(misses[n])).is_some())
+        });
+    });
+    group.finish();
+}
+
+fn baggage() -> wire::Baggage {
+    wire::Baggage {
+        cluster: "Kubernetes".into(),
+        namespace: "shop".into(),
+        workload: ("pod".into(), "web-0".into()),
+        service: "web".into(),
+        version: "latest".into(),
+    }
+}
+
+fn connect_request(c: &mut Criterion) {
+    let baggage = baggage();
+    let source: SocketAddr = "10.1.0.11:40000".parse().expect("address");
+    let mut group = c.benchmark_group("hot_paths");
+    group.bench_function("connect_request", |b| {
+        b.iter(|| {
+            let request = wire::connect_request(
+                black_box("10.2.0.12:9000"),
+                source,
+                &baggage,
+                &wire::new_traceparent(),
+            )
+            .expect("request");
+            black_box(request)
+        });
+    });
+    group.finish();
+}
+
+/// Plain TCP to the key's address (the HBONE layer without TLS).
+struct TcpDialer;
+
+impl Dialer for TcpDialer {
+    type Io = TcpStream;
+
+    fn dial(
+        &self,
+        key: &PoolKey,
+    ) -> Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send>> {
+        let addr = key.dst_addr;
+        Box::pin(async move {
+            let stream = TcpStream::connect(addr).await?;
+            stream.set_nodelay(true)?;
+            Ok(stream)
+        })
+    }
+}
+
+/// An HTTP/2 server on loopback that answers every CONNECT with 200 (and
+/// carries no data): only the client's side of opening a tunnel is timed.
+async fn connect_server() -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::Builder::new()
+                    .initial_window_size(wire::STREAM_WINDOW)
+                    .initial_connection_window_size(wire::CONNECTION_WINDOW)
+                    .max_frame_size(wire::MAX_FRAME)
+                    .max_concurrent_streams(wire::MAX_STREAMS)
+                    .handshake::<_, Bytes>(stream)
+                    .await
+                else {
+                    return;
+                };
+                while let Some(Ok((_request, mut respond))) = conn.accept().await {
+                    let _ = respond.send_response(http::Response::new(()), false);
+                }
+            });
+        }
+    });
+    Ok(addr)
+}
+
+fn pool_connect(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let server = runtime.block_on(connect_server()).expect("server");
+    let pool = HbonePool::new(TcpDialer, Duration::from_secs(600));
+    let key = PoolKey {
+        src_identity: "spiffe://cluster.local/ns/shop/sa/web".into(),
+        dst_identity: "spiffe://cluster.local/ns/shop/sa/db".into(),
+        alt_identities: Vec::new(),
+        dst_addr: server,
+    };
+    let source: SocketAddr = "10.1.0.11:40000".parse().expect("address");
+    let baggage = baggage();
+    let open = |pool: Arc<HbonePool<TcpDialer>>| {
+        let key = key.clone();
+        let baggage = baggage.clone();
+        async move {
+            pool.connect(&key, "10.2.0.12:9000", source, &baggage)
+                .await
+                .expect("tunnel")
+        }
+    };
+    // Warm: the connection is dialled once, here.
+    drop(runtime.block_on(open(Arc::clone(&pool))));
+    let mut group = c.benchmark_group("hot_paths");
+    group.bench_function("pool_connect_warm", |b| {
+        b.iter_custom(|iters| {
+            runtime.block_on(async {
+                let started = Instant::now();
+                for _ in 0..iters {
+                    black_box(open(Arc::clone(&pool)).await);
+                }
+                started.elapsed()
+            })
+        });
+    });
+    group.finish();
+    assert_eq!(pool.dials(), 1, "every tunnel reused the warm connection");
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    targets = workload_lookup, pool_connect, connect_request
+}
+criterion_main!(benches);

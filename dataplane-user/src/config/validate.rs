@@ -1,0 +1,175 @@
+//! Checks that span entries (duplicates, references), run after parsing.
+//! serde reports positions for values it rejects itself; for these the
+//! position is found by locating the offending value in the text.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{ConfigError, LocalConfig, Scope};
+use crate::identity::Identity;
+
+/// Every cross-entry rule, first violation wins.
+pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError> {
+    let invalid = |field: String, needle: &str, nth: usize, reason: String| {
+        let (line, column) = locate(text, needle, nth);
+        ConfigError::Invalid {
+            origin: config.origin.clone(),
+            line,
+            column,
+            field,
+            reason,
+        }
+    };
+
+    let mut uids = HashSet::new();
+    let mut ips: HashMap<std::net::IpAddr, &str> = HashMap::new();
+    for (i, w) in config.workloads.iter().enumerate() {
+        if !uids.insert(w.uid.as_str()) {
+            return Err(invalid(
+                format!("workloads[{i}].uid"),
+                &w.uid,
+                2,
+                format!(
+                    "uid `{}` is used by two workloads; uids must be unique",
+                    w.uid
+                ),
+            ));
+        }
+        if let Err(e) = Identity::new(&w.trust_domain, &w.namespace, &w.service_account) {
+            return Err(invalid(
+                format!("workloads[{i}]"),
+                &w.uid,
+                1,
+                format!(
+                    "namespace, serviceAccount and trustDomain do not form a SPIFFE identity: {e}"
+                ),
+            ));
+        }
+        for ip in &w.workload_ips {
+            if let Some(first) = ips.insert(*ip, &w.uid) {
+                return Err(invalid(
+                    format!("workloads[{i}].workloadIps"),
+                    &ip.to_string(),
+                    2,
+                    format!(
+                        "IP {ip} is claimed by workloads `{first}` and `{}`; workload IPs must be unique",
+                        w.uid
+                    ),
+                ));
+            }
+        }
+    }
+
+    let mut service_keys = HashSet::new();
+    let mut vips = HashSet::new();
+    for (i, s) in config.services.iter().enumerate() {
+        if !service_keys.insert(s.key()) {
+            return Err(invalid(
+                format!("services[{i}].hostname"),
+                &s.hostname,
+                2,
+                format!("service `{}` is defined twice", s.key()),
+            ));
+        }
+        for vip in &s.vips {
+            if !vips.insert(*vip) || ips.contains_key(vip) {
+                return Err(invalid(
+                    format!("services[{i}].vips"),
+                    &vip.to_string(),
+                    2,
+                    format!("VIP {vip} is already used by another service or a workload"),
+                ));
+            }
+        }
+        for san in &s.subject_alt_names {
+            let uri = if san.starts_with("spiffe://") {
+                san.clone()
+            } else {
+                format!("spiffe://{san}")
+            };
+            if Identity::parse(&uri).is_err() {
+                return Err(invalid(
+                    format!("services[{i}].subjectAltNames"),
+                    san,
+                    1,
+                    format!("`{san}` is not a SPIFFE identity (spiffe://<td>/ns/<ns>/sa/<sa>)"),
+                ));
+            }
+        }
+    }
+
+    let mut policy_scopes = HashMap::new();
+    for (i, p) in config.policies.iter().enumerate() {
+        if policy_scopes.insert(p.key(), p.scope).is_some() {
+            return Err(invalid(
+                format!("policies[{i}].name"),
+                &p.name,
+                2,
+                format!("policy `{}` is defined twice", p.key()),
+            ));
+        }
+    }
+
+    for (i, w) in config.workloads.iter().enumerate() {
+        for key in w.services.keys() {
+            if !service_keys.contains(key) {
+                return Err(invalid(
+                    format!("workloads[{i}].services"),
+                    key,
+                    1,
+                    format!(
+                        "service `{key}` is not defined under `services` (keys are namespace/hostname)"
+                    ),
+                ));
+            }
+        }
+        for key in &w.authorization_policies {
+            match policy_scopes.get(key) {
+                None => {
+                    return Err(invalid(
+                        format!("workloads[{i}].authorizationPolicies"),
+                        key,
+                        1,
+                        format!(
+                            "policy `{key}` is not defined under `policies` (keys are namespace/name)"
+                        ),
+                    ));
+                }
+                Some(scope) if *scope != Scope::WorkloadSelector => {
+                    return Err(invalid(
+                        format!("workloads[{i}].authorizationPolicies"),
+                        key,
+                        1,
+                        format!(
+                            "policy `{key}` has scope {scope:?}; only WorkloadSelector policies are listed on workloads"
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// 1-based line and column of the `nth` (1-based) occurrence of `needle`,
+/// or of the last one found; (0, 0) when absent.
+fn locate(text: &str, needle: &str, nth: usize) -> (usize, usize) {
+    let mut found = None;
+    let mut from = 0;
+    for _ in 0..nth.max(1) {
+        match text.get(from..).and_then(|rest| rest.find(needle)) {
+            Some(at) => {
+                found = Some(from + at);
+                from += at + needle.len().max(1);
+            }
+            None => break,
+        }
+    }
+    let Some(offset) = found else {
+        return (0, 0);
+    };
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = offset - before.rfind('\n').map_or(0, |nl| nl + 1) + 1;
+    (line, column)
+}

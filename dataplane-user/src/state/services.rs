@@ -1,0 +1,172 @@
+//! Services: VIP -> the workloads that list the service, with endpoint
+//! choice per connection and port mapping.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use super::{MeshWorkload, canonical_ip};
+use crate::{
+    config::{LoadBalancing, Service},
+    identity::Identity,
+};
+
+/// How long an endpoint whose node did not answer is skipped.
+pub const DEAD_ENDPOINT_HOLD: Duration = Duration::from_secs(30);
+
+/// A service with its endpoints.
+#[derive(Debug)]
+pub struct ServiceEntry {
+    /// The service as configured.
+    pub service: Service,
+    /// Identities its servers may present besides the endpoint's own.
+    pub alt_identities: Vec<Identity>,
+    endpoints: Vec<Arc<MeshWorkload>>,
+    next: AtomicUsize,
+}
+
+/// One endpoint chosen for one connection.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// The workload.
+    pub workload: Arc<MeshWorkload>,
+    /// Its address for this connection (endpoint IP, target port).
+    pub addr: SocketAddr,
+}
+
+impl ServiceEntry {
+    /// Endpoint candidates for a connection to `port`, in the order to try:
+    /// the load-balancing choice first, live endpoints before ones recently
+    /// found dead.
+    pub fn candidates(&self, port: u16, dead: &DeadEndpoints) -> Vec<Endpoint> {
+        let n = self.endpoints.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let start = match self.service.load_balancing {
+            LoadBalancing::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
+            LoadBalancing::Random => random_index(n),
+        };
+        let key = self.service.key();
+        let mut ordered: Vec<Endpoint> = (0..n)
+            .filter_map(|i| {
+                let workload = &self.endpoints[(start + i) % n];
+                let target = workload
+                    .workload
+                    .services
+                    .get(&key)
+                    .and_then(|ports| ports.get(&port).copied())
+                    .or_else(|| self.service.ports.get(&port).copied().filter(|p| *p != 0))
+                    .unwrap_or(port);
+                let ip = *workload.workload.workload_ips.first()?;
+                Some(Endpoint {
+                    workload: Arc::clone(workload),
+                    addr: SocketAddr::new(ip, target),
+                })
+            })
+            .collect();
+        // Stable partition: live ones first, keeping the rotation order.
+        ordered.sort_by_key(|e| dead.is_dead(e.addr.ip()));
+        ordered
+    }
+
+    /// Number of endpoints.
+    pub fn endpoint_count(&self) -> usize {
+        self.endpoints.len()
+    }
+}
+
+/// Services by VIP and by hostname.
+#[derive(Debug, Default)]
+pub struct ServiceIndex {
+    by_vip: HashMap<IpAddr, Arc<ServiceEntry>>,
+    by_hostname: HashMap<String, Arc<ServiceEntry>>,
+}
+
+impl ServiceIndex {
+    /// Indexes `services`, with endpoints from `workloads`.
+    pub fn new(services: &[Service], workloads: &[Arc<MeshWorkload>]) -> Self {
+        let mut index = Self::default();
+        for service in services {
+            let key = service.key();
+            let endpoints = workloads
+                .iter()
+                .filter(|w| w.workload.services.contains_key(&key))
+                .cloned()
+                .collect();
+            let alt_identities = service
+                .subject_alt_names
+                .iter()
+                .filter_map(|san| {
+                    let uri = if san.starts_with("spiffe://") {
+                        san.clone()
+                    } else {
+                        format!("spiffe://{san}")
+                    };
+                    Identity::parse(&uri).ok()
+                })
+                .collect();
+            let entry = Arc::new(ServiceEntry {
+                service: service.clone(),
+                alt_identities,
+                endpoints,
+                next: AtomicUsize::new(0),
+            });
+            for vip in &service.vips {
+                index.by_vip.insert(canonical_ip(*vip), Arc::clone(&entry));
+            }
+            index.by_hostname.insert(service.hostname.clone(), entry);
+        }
+        index
+    }
+
+    /// The service behind a VIP.
+    pub fn by_vip(&self, ip: IpAddr) -> Option<&Arc<ServiceEntry>> {
+        self.by_vip.get(&canonical_ip(ip))
+    }
+
+    /// The service with this hostname.
+    pub fn by_hostname(&self, hostname: &str) -> Option<&Arc<ServiceEntry>> {
+        self.by_hostname.get(hostname)
+    }
+}
+
+/// Endpoint IPs that recently failed to answer, skipped for
+/// [`DEAD_ENDPOINT_HOLD`]. Shared across config generations.
+#[derive(Debug, Default)]
+pub struct DeadEndpoints {
+    until: Mutex<HashMap<IpAddr, Instant>>,
+}
+
+impl DeadEndpoints {
+    /// Marks `ip` dead for a while.
+    pub fn mark(&self, ip: IpAddr) {
+        if let Ok(mut until) = self.until.lock() {
+            until.insert(ip, Instant::now() + DEAD_ENDPOINT_HOLD);
+        }
+    }
+
+    /// Whether `ip` is being skipped.
+    pub fn is_dead(&self, ip: IpAddr) -> bool {
+        self.until
+            .lock()
+            .map(|until| until.get(&ip).is_some_and(|t| *t > Instant::now()))
+            .unwrap_or(false)
+    }
+}
+
+/// A cheap random index (no `rand` dependency): the std hasher's random
+/// keys over a counter.
+fn random_index(n: usize) -> usize {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_usize(COUNTER.fetch_add(1, Ordering::Relaxed));
+    (h.finish() as usize) % n
+}

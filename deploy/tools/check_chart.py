@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Validates deploy/: renders the Helm chart with Helm's own Go engine (Helm 4
+through helm-python-sdk's C binding), lints it, checks values.schema.json
+rejects bad values, validates every rendered object and the plain manifest
+against the official Kubernetes JSON schemas (kubernetes-validate, strict:
+unknown fields are errors) for several Kubernetes versions, checks RBAC is
+least privilege, and checks deploy/kubernetes/dataplane.yaml is the chart's
+default rendering.
+
+    check_chart.py                # check; exit 1 with a report on failure
+    check_chart.py --write        # regenerate deploy/kubernetes/dataplane.yaml
+
+Needs: pip install helm-python-sdk==0.2.2 kubernetes-validate==1.37.0
+(the integration test tests/tests/kube_deploy.rs sets up a venv with them).
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+
+import helm_python as helm
+import kubernetes_validate
+import yaml
+
+DEPLOY = pathlib.Path(__file__).resolve().parent.parent
+CHART = DEPLOY / "helm" / "dataplane"
+MANIFEST = DEPLOY / "kubernetes" / "dataplane.yaml"
+RELEASE = "dataplane"
+NAMESPACE = "dataplane-system"
+# The oldest version the chart declares (kubeVersion >=1.26), a middle one,
+# and the newest schemas shipped.
+KUBERNETES_VERSIONS = ["1.26.0", "1.30.0", "1.33.0", "1.37.0"]
+
+# Values that switch every optional branch of the templates.
+VARIANTS = {
+    "defaults": {},
+    "shared-ca-and-options": {
+        "ca": {"secretName": "dataplane-ca"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "agent": {"failOpen": True, "extraArgs": ["--proxy-mark=0x540"],
+                  "extraEnv": [{"name": "EXTRA", "value": "1"}]},
+        "cni": {"confFile": "10-calico.conflist", "onAgentUnreachable": "pass",
+                "kubeconfig": False},
+        "podAnnotations": {"example.com/a": "b"},
+        "podLabels": {"team": "mesh"},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "mesh", "operator": "In", "values": ["yes"]}]}]}}},
+        "serviceAccount": {"annotations": {"example.com/role": "mesh"}},
+    },
+    "no-cni-no-rbac": {
+        "cni": {"enabled": False},
+        "rbac": {"create": False},
+        "serviceAccount": {"create": False, "name": "existing"},
+        "readinessProbe": {"enabled": False},
+        "fullnameOverride": "mesh-node",
+    },
+}
+
+BAD_VALUES = [
+    {"cni": {"onAgentUnreachable": "maybe"}},
+    {"agent": {"onExit": "explode"}},
+    {"host": {"bpffs": "relative/path"}},
+    {"readinessProbe": {"port": 70000}},
+    {"unknownKey": 1},
+]
+
+
+def render(values):
+    with helm.Chart.load(str(CHART)) as chart:
+        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    docs = []
+    for name in sorted(rendered):
+        if not name.endswith((".yaml", ".yml")):
+            continue
+        for doc in yaml.safe_load_all(rendered[name]):
+            if doc:
+                docs.append(doc)
+    return docs
+
+
+def validate(doc, problems, where):
+    for version in KUBERNETES_VERSIONS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            problems.append(f"{where}: {doc.get('kind')} {doc['metadata'].get('name')} "
+                            f"invalid for Kubernetes {version}: {err.message} at {list(err.path)}")
+
+
+def check_rbac(docs, problems, where):
+    for doc in docs:
+        if doc["kind"] in ("ClusterRole", "Role"):
+            rules = doc.get("rules", [])
+            granted = sorted((g, r, v) for rule in rules for g in rule.get("apiGroups", [])
+                             for r in rule.get("resources", []) for v in rule.get("verbs", []))
+            wanted = sorted(("", r, v) for r in ("pods", "namespaces") for v in ("get", "list", "watch"))
+            if granted != wanted:
+                problems.append(f"{where}: {doc['kind']} grants {granted}, want exactly {wanted}")
+
+
+def check_daemonset(docs, problems, where, values):
+    daemonsets = [d for d in docs if d["kind"] == "DaemonSet"]
+    if len(daemonsets) != 1:
+        problems.append(f"{where}: {len(daemonsets)} DaemonSets")
+        return
+    pod = daemonsets[0]["spec"]["template"]["spec"]
+    agent = next(c for c in pod["containers"] if c["name"] == "agent")
+    if not agent.get("securityContext", {}).get("privileged"):
+        problems.append(f"{where}: the agent must be privileged")
+    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+    for needed in ("/sys/fs/bpf", "/host/sys/fs/cgroup", "/var/run/netns", "/run/dataplane"):
+        if needed not in mounts:
+            problems.append(f"{where}: agent lacks the mount {needed}")
+    if not agent.get("resources", {}).get("requests"):
+        problems.append(f"{where}: agent has no resource requests")
+    probe_on = values.get("readinessProbe", {}).get("enabled", True)
+    if probe_on and agent.get("readinessProbe", {}).get("httpGet", {}).get("port") != "readiness":
+        problems.append(f"{where}: no readiness probe")
+    if probe_on and not any(p["containerPort"] == 15021 for p in agent.get("ports", [])):
+        problems.append(f"{where}: readiness not on 15021")
+    cni_on = values.get("cni", {}).get("enabled", True)
+    names = [c["name"] for c in pod["containers"]]
+    if cni_on != ("install-cni" in names):
+        problems.append(f"{where}: install-cni container presence {names} does not follow cni.enabled")
+    if cni_on:
+        install = next(c for c in pod["containers"] if c["name"] == "install-cni")
+        cmounts = {m["mountPath"] for m in install["volumeMounts"]}
+        for needed in ("/host/opt/cni/bin", "/host/etc/cni/net.d"):
+            if needed not in cmounts:
+                problems.append(f"{where}: install-cni lacks the mount {needed}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--write", action="store_true", help="regenerate the plain manifest")
+    args = parser.parse_args()
+    problems = []
+    report = {"helm": helm.helm_sdk_version(), "kubernetes": KUBERNETES_VERSIONS, "variants": {}}
+
+    lint = helm.lint(str(CHART), strict=True)
+    errors = [m for m in lint.get("messages", []) if m.get("severity", 0) >= 2] + list(lint.get("errors") or [])
+    # Helm's lint only recommends an icon; anything else is a finding.
+    errors = [e for e in errors if "icon is recommended" not in json.dumps(e)]
+    if errors:
+        problems.append(f"helm lint: {errors}")
+
+    for values in BAD_VALUES:
+        try:
+            with helm.Chart.load(str(CHART)) as chart:
+                chart.validate_schema(values)
+            problems.append(f"values.schema.json accepts bad values {values}")
+        except helm.HelmError:
+            pass
+
+    default_docs = None
+    for name, values in VARIANTS.items():
+        with helm.Chart.load(str(CHART)) as chart:
+            chart.validate_schema(values)
+        docs = render(values)
+        for doc in docs:
+            validate(doc, problems, f"chart[{name}]")
+        check_rbac(docs, problems, f"chart[{name}]")
+        check_daemonset(docs, problems, f"chart[{name}]", values)
+        report["variants"][name] = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
+        if name == "defaults":
+            default_docs = docs
+
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    if args.write:
+        header = ("# Generated from deploy/helm/dataplane with default values (release `dataplane`,\n"
+                  "# namespace `dataplane-system`) by `deploy/tools/check_chart.py --write`;\n"
+                  "# tests/tests/kube_deploy.rs checks the two agree. Apply with\n"
+                  "#   kubectl apply -f deploy/kubernetes/dataplane.yaml\n")
+        body = yaml.safe_dump_all([namespace] + default_docs, sort_keys=False, default_flow_style=False)
+        MANIFEST.write_text(header + "---\n" + body)
+        report["written"] = str(MANIFEST)
+
+    manifest_docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    for doc in manifest_docs:
+        validate(doc, problems, "manifest")
+    check_rbac(manifest_docs, problems, "manifest")
+    if manifest_docs[1:] != default_docs or manifest_docs[:1] != [namespace]:
+        problems.append("deploy/kubernetes/dataplane.yaml differs from the chart's default rendering: "
+                        "run deploy/tools/check_chart.py --write")
+    report["manifest"] = [f"{d['kind']}/{d['metadata']['name']}" for d in manifest_docs]
+    report["problems"] = problems
+    print(json.dumps(report, indent=2))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,368 @@
+//! One simulated two-node cluster per capture mode, all built once and
+//! alive side by side, so runs can alternate modes without restarting
+//! anything: the topologies share nothing (each has its own namespaces,
+//! cgroups, agents and addresses inside its own namespaces), and an idle
+//! agent costs nothing measurable.
+//!
+//! Each cluster: node 1 holds the client pod and the same-node servers,
+//! node 2 the cross-node servers. A "plain" server is not in the mesh
+//! config (the client's engine passes its traffic through as plain TCP); an
+//! "hbone" server is (the engines tunnel to it). The direct cluster has no
+//! agent and only plain servers.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use super::{agent::MeasuredAgent, iptables, process::BenchProcess, sweep::PREFIX};
+use crate::{
+    TempDir,
+    mesh::{WorkloadEntry, write_config},
+    topology::{Node, Pod, link_nodes},
+};
+
+/// The echo server's port in every server pod.
+pub const ECHO_PORT: u16 = 9000;
+/// The sink server's port in every server pod.
+pub const SINK_PORT: u16 = 9001;
+
+/// The proxy mark the agents run with (their default).
+const PROXY_MARK: u32 = dataplane_common::DEFAULT_PROXY_MARK;
+
+/// How pod traffic reaches (or does not reach) the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mode {
+    /// No mesh at all.
+    Direct,
+    /// Istio-style iptables REDIRECT into the same engine.
+    Iptables,
+    /// Our kernel programs.
+    Ebpf,
+}
+
+impl Mode {
+    /// Every mode.
+    pub const ALL: [Mode; 3] = [Mode::Direct, Mode::Iptables, Mode::Ebpf];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Direct => "direct",
+            Mode::Iptables => "iptables",
+            Mode::Ebpf => "ebpf",
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Mode::Direct => "d",
+            Mode::Iptables => "i",
+            Mode::Ebpf => "e",
+        }
+    }
+}
+
+/// Where the server runs relative to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Placement {
+    /// Same node.
+    SameNode,
+    /// The other node.
+    CrossNode,
+}
+
+impl Placement {
+    /// Both placements.
+    pub const ALL: [Placement; 2] = [Placement::SameNode, Placement::CrossNode];
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::SameNode => "same-node",
+            Placement::CrossNode => "cross-node",
+        }
+    }
+}
+
+/// How the engine carries the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    /// Passed through as plain TCP (destination not in the mesh config);
+    /// for direct mode, simply TCP.
+    Plain,
+    /// Tunnelled in HBONE between the two engines.
+    Hbone,
+}
+
+impl Protocol {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Plain => "plain",
+            Protocol::Hbone => "hbone",
+        }
+    }
+}
+
+/// A server pod and its server process.
+#[derive(Debug)]
+struct ServerPod {
+    placement: Placement,
+    protocol: Protocol,
+    // Process before pod: it lives in the pod's namespace.
+    server: BenchProcess,
+    pod: Pod,
+}
+
+/// One mode's cluster.
+#[derive(Debug)]
+pub struct ModeMesh {
+    /// The mode.
+    pub mode: Mode,
+    /// Which iptables front end installed the rules (iptables mode).
+    pub iptables_backend: Option<&'static str>,
+    // Field order is drop order: agents, servers, pods, then nodes.
+    agents: Vec<MeasuredAgent>,
+    servers: Vec<ServerPod>,
+    client: Pod,
+    n1: Node,
+    n2: Node,
+    dir: TempDir,
+    agent_binary: PathBuf,
+    config: Option<PathBuf>,
+}
+
+/// Binaries the harness runs.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    /// The agent (`dataplane`).
+    pub agent: PathBuf,
+    /// The load generator (`dp-load`).
+    pub load: PathBuf,
+}
+
+impl ModeMesh {
+    /// Builds the cluster, starts its servers and (unless direct) its two
+    /// agents with the capture mode's rules in place.
+    pub fn build(mode: Mode, bins: &Binaries) -> anyhow::Result<Self> {
+        let tag = format!("{}{}", PREFIX.trim_start_matches("dpt-"), mode.tag());
+        let mut n1 = Node::new(&tag, 1)?;
+        let mut n2 = Node::new(&tag, 2)?;
+        link_nodes(&n1, &n2)?;
+        let client = n1.add_pod(&tag)?;
+        tune(&client)?;
+        let protocols: &[Protocol] = match mode {
+            Mode::Direct => &[Protocol::Plain],
+            _ => &[Protocol::Plain, Protocol::Hbone],
+        };
+        let mut servers = Vec::new();
+        for placement in Placement::ALL {
+            for &protocol in protocols {
+                let node = match placement {
+                    Placement::SameNode => &mut n1,
+                    Placement::CrossNode => &mut n2,
+                };
+                let pod = node.add_pod(&tag)?;
+                tune(&pod)?;
+                let mut cmd = Command::new(&bins.load);
+                cmd.args(["serve", &ECHO_PORT.to_string(), &SINK_PORT.to_string()]);
+                let mut server =
+                    BenchProcess::spawn(cmd, Some(pod.netns.path()), Some(pod.cgroup.path()))?;
+                let line = server.line(Duration::from_secs(10))?;
+                anyhow::ensure!(line == "listening", "server said `{line}`");
+                servers.push(ServerPod {
+                    placement,
+                    protocol,
+                    server,
+                    pod,
+                });
+            }
+        }
+        let dir = TempDir::new(&tag)?;
+        let mut mesh = Self {
+            mode,
+            iptables_backend: None,
+            agents: Vec::new(),
+            servers,
+            client,
+            n1,
+            n2,
+            dir,
+            agent_binary: bins.agent.clone(),
+            config: None,
+        };
+        if mode != Mode::Direct {
+            mesh.enter_mesh()?;
+        }
+        Ok(mesh)
+    }
+
+    /// Writes the mesh config, installs the iptables rules (iptables mode)
+    /// and starts both agents.
+    fn enter_mesh(&mut self) -> anyhow::Result<()> {
+        let mut workloads = vec![WorkloadEntry::hbone(&self.client, "client", "node1")];
+        for s in self
+            .servers
+            .iter()
+            .filter(|s| s.protocol == Protocol::Hbone)
+        {
+            let (name, node) = match s.placement {
+                Placement::SameNode => ("server-same", "node1"),
+                Placement::CrossNode => ("server-cross", "node2"),
+            };
+            workloads.push(WorkloadEntry::hbone(&s.pod, name, node));
+        }
+        self.config = Some(write_config(self.dir.path(), "mesh.yaml", &workloads)?);
+        if self.mode == Mode::Iptables {
+            let enrolled = std::iter::once(&self.client).chain(
+                self.servers
+                    .iter()
+                    .filter(|s| s.protocol == Protocol::Hbone)
+                    .map(|s| &s.pod),
+            );
+            for pod in enrolled {
+                let IpAddr::V4(node_side) = pod.node_side else {
+                    anyhow::bail!("node-side address is not IPv4");
+                };
+                let rules = iptables::rules(pod.ip4, node_side, PROXY_MARK);
+                self.iptables_backend = Some(iptables::install(&pod.netns, &rules)?);
+            }
+        }
+        self.start_agents()
+    }
+
+    /// (Re)starts both agents: fresh processes, fresh memory.
+    pub fn start_agents(&mut self) -> anyhow::Result<()> {
+        self.agents.clear();
+        let config = self
+            .config
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("direct mode has no agents"))?;
+        let capture = match self.mode {
+            Mode::Iptables => "iptables",
+            _ => "ebpf",
+        };
+        let ca = self.dir.path().join("ca");
+        let tag = format!("{}{}a", PREFIX.trim_start_matches("dpt-"), self.mode.tag());
+        for (index, node, pods) in [(1, &self.n1, 2), (2, &self.n2, 1)] {
+            let args: Vec<String> = [
+                "--config",
+                &config.display().to_string(),
+                "--node",
+                &format!("node{index}"),
+                "--ca-dir",
+                &ca.display().to_string(),
+                "--capture",
+                capture,
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            let agent = MeasuredAgent::start(
+                &self.agent_binary,
+                &format!("{tag}{index}"),
+                node.cgroup().path(),
+                &args,
+                pods,
+            )?;
+            self.agents.push(agent);
+        }
+        Ok(())
+    }
+
+    /// The client pod.
+    pub fn client(&self) -> &Pod {
+        &self.client
+    }
+
+    /// The server pod for a placement and protocol (direct mode has plain
+    /// servers only).
+    pub fn server(&self, placement: Placement, protocol: Protocol) -> anyhow::Result<&Pod> {
+        self.server_entry(placement, protocol).map(|s| &s.pod)
+    }
+
+    /// Pid of the server process for a placement and protocol.
+    pub fn server_pid(&self, placement: Placement, protocol: Protocol) -> anyhow::Result<u32> {
+        self.server_entry(placement, protocol)
+            .map(|s| s.server.pid())
+    }
+
+    fn server_entry(&self, placement: Placement, protocol: Protocol) -> anyhow::Result<&ServerPod> {
+        self.servers
+            .iter()
+            .find(|s| s.placement == placement && s.protocol == protocol)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{} has no {} {} server",
+                    self.mode.name(),
+                    placement.name(),
+                    protocol.name()
+                )
+            })
+    }
+
+    /// The echo or sink address of a server.
+    pub fn addr(
+        &self,
+        placement: Placement,
+        protocol: Protocol,
+        port: u16,
+    ) -> anyhow::Result<SocketAddr> {
+        Ok(SocketAddr::new(
+            self.server(placement, protocol)?.ip4.into(),
+            port,
+        ))
+    }
+
+    /// The agents (none in direct mode): node 1's, then node 2's.
+    pub fn agents(&self) -> &[MeasuredAgent] {
+        &self.agents
+    }
+
+    /// CPU time all agents used so far, in seconds.
+    pub fn agent_cpu(&self) -> anyhow::Result<f64> {
+        let mut usec = 0;
+        for agent in &self.agents {
+            usec += agent.cpu_usec()?;
+        }
+        Ok(usec as f64 / 1e6)
+    }
+
+    /// Pids of every agent.
+    pub fn agent_pids(&self) -> Vec<u32> {
+        self.agents.iter().filter_map(MeasuredAgent::pid).collect()
+    }
+
+    /// The agents' logs (for error reports).
+    pub fn agent_logs(&self) -> String {
+        self.agents
+            .iter()
+            .map(MeasuredAgent::log_text)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The client pod's namespace name (for `ss` checks).
+    pub fn client_netns(&self) -> &str {
+        self.client.netns.name()
+    }
+
+    /// The client pod's namespace and cgroup.
+    pub fn client_paths(&self) -> (&Path, &Path) {
+        (self.client.netns.path(), self.client.cgroup.path())
+    }
+}
+
+/// Per-pod sysctls for connection-heavy runs: reuse TIME_WAIT ports for new
+/// outgoing connections and widen the ephemeral range, so tens of thousands
+/// of short connections to one destination never run out of ports.
+fn tune(pod: &Pod) -> anyhow::Result<()> {
+    pod.netns.run(|| -> std::io::Result<()> {
+        std::fs::write("/proc/sys/net/ipv4/tcp_tw_reuse", "1")?;
+        std::fs::write("/proc/sys/net/ipv4/ip_local_port_range", "10000 65000")?;
+        Ok(())
+    })??;
+    Ok(())
+}

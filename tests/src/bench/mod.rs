@@ -1,0 +1,20 @@
+//! Kernel-level benchmarks: the same workloads over the same simulated
+//! two-node topology with no mesh (`direct`), with Istio-style iptables
+//! capture feeding our engine (`iptables`) and with our kernel programs
+//! feeding it (`ebpf`); run by `dp-bench`, which `cargo xtask bench` drives
+//! and whose samples it turns into the report.
+//!
+//! [`mesh`] builds one cluster per mode, [`plan`] decides what runs in
+//! which order and records samples, [`probe`] reads CPU and memory,
+//! [`iptables`] holds the incumbent's rules, [`agent`] and [`process`] own
+//! the processes, [`signal`] and [`sweep`] make sure nothing outlives a
+//! run, even an interrupted or killed one.
+
+pub mod agent;
+pub mod iptables;
+pub mod mesh;
+pub mod plan;
+pub mod probe;
+pub mod process;
+pub mod signal;
+pub mod sweep;

@@ -1,0 +1,473 @@
+//! A stand-in Kubernetes API server for the CNI plugin's and the
+//! reconciler's tests (no real API server can run here): plain HTTP/1.1 on
+//! loopback, replaying JSON the test loads (lists, single objects) and
+//! scripted watch streams, and recording every request so tests can check
+//! what the client asked for (field selectors, `resourceVersion` on resumed
+//! watches).
+//!
+//! Watches are chunked streams of newline-delimited events, as the real
+//! server sends them. A scripted watch plays its steps, then either ends
+//! the response (a dropped watch) or stays open, forwarding events the
+//! test sends with [`FakeApi::send_event`], until the client goes away or
+//! the server stops.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Condvar, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+
+use crate::Netns;
+
+/// One step of a scripted watch response.
+#[derive(Debug, Clone)]
+pub enum WatchStep {
+    /// Send this event (`{"type": ..., "object": ...}`).
+    Event(Value),
+    /// End the response here (the client sees the watch drop).
+    Close,
+}
+
+/// A request the server received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// `GET`, ...
+    pub method: String,
+    /// Path without the query.
+    pub path: String,
+    /// Decoded query parameters.
+    pub query: BTreeMap<String, String>,
+}
+
+impl Recorded {
+    /// Whether this is a watch.
+    pub fn is_watch(&self) -> bool {
+        matches!(
+            self.query.get("watch").map(String::as_str),
+            Some("true" | "1")
+        )
+    }
+}
+
+#[derive(Default)]
+struct State {
+    objects: HashMap<String, Value>,
+    lists: HashMap<String, VecDeque<Value>>,
+    watches: HashMap<String, VecDeque<Vec<WatchStep>>>,
+    live: HashMap<String, VecDeque<Value>>,
+    requests: Vec<Recorded>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+}
+
+/// The server; stopped on drop.
+pub struct FakeApi {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for FakeApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeApi").field("addr", &self.addr).finish()
+    }
+}
+
+impl FakeApi {
+    /// Listens on 127.0.0.1 of the calling thread's namespace.
+    pub fn start() -> anyhow::Result<Self> {
+        Self::serve(TcpListener::bind("127.0.0.1:0")?)
+    }
+
+    /// Listens on 127.0.0.1 inside `netns` (for plugins run there).
+    pub fn start_in(netns: &Netns) -> anyhow::Result<Self> {
+        Self::serve(netns.run(|| TcpListener::bind("127.0.0.1:0"))??)
+    }
+
+    fn serve(listener: TcpListener) -> anyhow::Result<Self> {
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let server = Arc::clone(&shared);
+        let thread = std::thread::spawn(move || {
+            let mut connections = Vec::new();
+            while !server.stop.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let shared = Arc::clone(&server);
+                        connections.push(std::thread::spawn(move || {
+                            let _ = serve_connection(stream, &shared);
+                        }));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+            for c in connections {
+                let _ = c.join();
+            }
+        });
+        Ok(Self {
+            addr,
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Writes a kubeconfig for this server into `dir` and returns its path.
+    pub fn write_kubeconfig(&self, dir: &Path) -> anyhow::Result<PathBuf> {
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\nusers:\n- name: test\n  user:\n    token: test-token\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: test\ncurrent-context: fake\n",
+                self.url()
+            ),
+        )?;
+        Ok(path)
+    }
+
+    /// Serves `object` at `path` (a GET of one object).
+    pub fn set_object(&self, path: &str, object: Value) {
+        self.shared.lock().objects.insert(path.to_owned(), object);
+        self.shared.changed.notify_all();
+    }
+
+    /// Queues a list response for `path`; the last one queued keeps being
+    /// served.
+    pub fn push_list(&self, path: &str, list: Value) {
+        self.shared
+            .lock()
+            .lists
+            .entry(path.to_owned())
+            .or_default()
+            .push_back(list);
+    }
+
+    /// Queues a scripted watch response for `path`. Watches beyond the
+    /// queued ones stay open and forward [`FakeApi::send_event`]s.
+    pub fn push_watch(&self, path: &str, steps: Vec<WatchStep>) {
+        self.shared
+            .lock()
+            .watches
+            .entry(path.to_owned())
+            .or_default()
+            .push_back(steps);
+    }
+
+    /// Sends an event on the open (unscripted) watch of `path`.
+    pub fn send_event(&self, path: &str, event: Value) {
+        self.shared
+            .lock()
+            .live
+            .entry(path.to_owned())
+            .or_default()
+            .push_back(event);
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.shared.lock().requests.clone()
+    }
+
+    /// Waits until a request matching `pred` arrived (hang guard `limit`).
+    pub fn wait_for_request(
+        &self,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&Recorded) -> bool,
+    ) -> anyhow::Result<Recorded> {
+        let deadline = Instant::now() + limit;
+        let mut state = self.shared.lock();
+        loop {
+            if let Some(r) = state.requests.iter().find(|r| pred(r)) {
+                return Ok(r.clone());
+            }
+            let now = Instant::now();
+            anyhow::ensure!(
+                now < deadline,
+                "timed out waiting for {what}; requests: {:#?}",
+                state.requests
+            );
+            state = match self.shared.changed.wait_timeout(state, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve_connection(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_millis(100)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    loop {
+        let Some(request) = read_request(&mut reader, shared)? else {
+            return Ok(());
+        };
+        {
+            let mut state = shared.lock();
+            state.requests.push(request.clone());
+        }
+        shared.changed.notify_all();
+        if request.is_watch() {
+            let keep_open = serve_watch(&request, &mut reader, &mut writer, shared)?;
+            if !keep_open {
+                return Ok(());
+            }
+        } else {
+            let (status, body) = answer(&request, shared);
+            let body = body.to_string();
+            write!(
+                writer,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )?;
+            writer.flush()?;
+        }
+    }
+}
+
+/// Reads one request head; `None` when the client closed or the server
+/// stops.
+fn read_request(
+    reader: &mut BufReader<TcpStream>,
+    shared: &Shared,
+) -> std::io::Result<Option<Recorded>> {
+    let mut head = String::new();
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) => return Ok(None),
+            Ok(_) => {
+                if line == "\r\n" && !head.is_empty() {
+                    break;
+                }
+                head.push_str(&line);
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let first = head.lines().next().unwrap_or_default();
+    let mut parts = first.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_owned();
+    let target = parts.next().unwrap_or_default();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let query = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect();
+    Ok(Some(Recorded {
+        method,
+        path: path.to_owned(),
+        query,
+    }))
+}
+
+fn decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                    }
+                    Err(_) => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn answer(request: &Recorded, shared: &Shared) -> (&'static str, Value) {
+    let mut state = shared.lock();
+    if let Some(queue) = state.lists.get_mut(&request.path) {
+        let list = if queue.len() > 1 {
+            queue.pop_front()
+        } else {
+            queue.front().cloned()
+        };
+        if let Some(list) = list {
+            return ("200 OK", list);
+        }
+    }
+    if let Some(object) = state.objects.get(&request.path) {
+        return ("200 OK", object.clone());
+    }
+    (
+        "404 Not Found",
+        json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "reason": "NotFound", "code": 404,
+            "message": format!("{} not found", request.path),
+        }),
+    )
+}
+
+/// Plays a watch; returns whether the connection stays usable.
+fn serve_watch(
+    request: &Recorded,
+    reader: &mut BufReader<TcpStream>,
+    writer: &mut TcpStream,
+    shared: &Shared,
+) -> std::io::Result<bool> {
+    write!(
+        writer,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )?;
+    writer.flush()?;
+    let script = shared
+        .lock()
+        .watches
+        .get_mut(&request.path)
+        .and_then(VecDeque::pop_front);
+    let send = |writer: &mut TcpStream, event: &Value| -> std::io::Result<()> {
+        let line = format!("{event}\n");
+        write!(writer, "{:x}\r\n{line}\r\n", line.len())?;
+        writer.flush()
+    };
+    if let Some(steps) = script {
+        for step in steps {
+            match step {
+                WatchStep::Event(event) => send(writer, &event)?,
+                WatchStep::Close => {
+                    write!(writer, "0\r\n\r\n")?;
+                    writer.flush()?;
+                    // Drop the connection too, as a failing proxy would.
+                    return Ok(false);
+                }
+            }
+        }
+    }
+    // Stay open, forwarding live events, until the client leaves.
+    let mut probe = [0u8; 1];
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let events: Vec<Value> = shared
+            .lock()
+            .live
+            .get_mut(&request.path)
+            .map(|q| q.drain(..).collect())
+            .unwrap_or_default();
+        for event in &events {
+            send(writer, event)?;
+        }
+        match reader.get_mut().read(&mut probe) {
+            Ok(0) => return Ok(false),
+            Ok(_) => return Ok(false),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return Ok(false),
+        }
+    }
+}
+
+/// Loads a fixture (JSON with `{{NAME}}` placeholders) from
+/// `tests/tests/kube_fixtures/`, substituting `vars`.
+pub fn fixture(name: &str, vars: &[(&str, &str)]) -> anyhow::Result<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/kube_fixtures")
+        .join(name);
+    let mut text = std::fs::read_to_string(&path)
+        .map_err(|e| anyhow::anyhow!("cannot read fixture {}: {e}", path.display()))?;
+    for (key, value) in vars {
+        text = text.replace(&format!("{{{{{key}}}}}"), value);
+    }
+    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("fixture {name}: {e}"))
+}
+
+/// A pseudo-random pod uid in the API's format, unique per call.
+pub fn pod_uid() -> String {
+    use std::sync::atomic::AtomicU32;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        std::process::id(),
+        n & 0xffff,
+        nanos & 0xfff,
+        (nanos >> 12) & 0xfff,
+        u64::from(nanos) << 8 | u64::from(n & 0xff)
+    )
+}

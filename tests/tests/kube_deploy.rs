@@ -1,0 +1,208 @@
+//! `deploy/` validated: the Helm chart rendered by Helm's own engine, linted,
+//! its values schema exercised, every rendered object and the plain manifest
+//! validated strictly against the official Kubernetes JSON schemas of
+//! several Kubernetes versions (`deploy/tools/check_chart.py`); the plain
+//! manifest read back as typed Kubernetes objects and checked against the
+//! binaries it runs (every argument and `DATAPLANE_*` variable exists in the
+//! CLI); the container build producing both binaries.
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use clap::CommandFactory as _;
+use dataplane_tests::cni_deploy;
+use dataplane_user::cli::Cli;
+use k8s_openapi::api::{
+    apps::v1::DaemonSet,
+    core::v1::{Container, ServiceAccount},
+    rbac::v1::{ClusterRole, ClusterRoleBinding},
+};
+use k8s_openapi::serde::Deserialize as _;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+#[test]
+fn chart_renders_lints_and_validates_against_kubernetes_schemas() -> anyhow::Result<()> {
+    let python = cni_deploy::python()?;
+    let out = Command::new(python)
+        .arg(repo().join("deploy/tools/check_chart.py"))
+        .output()?;
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "deploy checks failed:\n{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&report)?;
+    assert_eq!(report["problems"], serde_json::json!([]));
+    assert_eq!(report["helm"], "v4.2.3");
+    Ok(())
+}
+
+/// The plain manifest's objects, by kind.
+struct Manifest {
+    daemonset: DaemonSet,
+    role: ClusterRole,
+    binding: ClusterRoleBinding,
+    account: ServiceAccount,
+}
+
+fn manifest() -> anyhow::Result<Manifest> {
+    let text = std::fs::read_to_string(repo().join("deploy/kubernetes/dataplane.yaml"))?;
+    let mut daemonset = None;
+    let mut role = None;
+    let mut binding = None;
+    let mut account = None;
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let value = serde_yaml_ng::Value::deserialize(doc)?;
+        let kind = value["kind"].as_str().unwrap_or_default().to_owned();
+        match kind.as_str() {
+            "DaemonSet" => daemonset = Some(serde_yaml_ng::from_value(value)?),
+            "ClusterRole" => role = Some(serde_yaml_ng::from_value(value)?),
+            "ClusterRoleBinding" => binding = Some(serde_yaml_ng::from_value(value)?),
+            "ServiceAccount" => account = Some(serde_yaml_ng::from_value(value)?),
+            "Namespace" => {}
+            other => anyhow::bail!("unexpected kind {other}"),
+        }
+    }
+    Ok(Manifest {
+        daemonset: daemonset.ok_or_else(|| anyhow::anyhow!("no DaemonSet"))?,
+        role: role.ok_or_else(|| anyhow::anyhow!("no ClusterRole"))?,
+        binding: binding.ok_or_else(|| anyhow::anyhow!("no ClusterRoleBinding"))?,
+        account: account.ok_or_else(|| anyhow::anyhow!("no ServiceAccount"))?,
+    })
+}
+
+fn container<'a>(ds: &'a DaemonSet, name: &str) -> anyhow::Result<&'a Container> {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.iter().find(|c| c.name == name))
+        .ok_or_else(|| anyhow::anyhow!("no container {name}"))
+}
+
+/// Every `DATAPLANE_*` variable the CLI reads, for `subcommand`.
+fn cli_env(subcommand: &str) -> BTreeSet<String> {
+    let cli = Cli::command();
+    cli.get_subcommands()
+        .find(|c| c.get_name() == subcommand)
+        .map(|c| {
+            c.get_arguments()
+                .filter_map(|a| a.get_env())
+                .filter_map(|e| e.to_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn manifest_matches_the_binaries_it_runs() -> anyhow::Result<()> {
+    let m = manifest()?;
+    let pod = m
+        .daemonset
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .ok_or_else(|| anyhow::anyhow!("no pod spec"))?;
+    assert_eq!(pod.host_pid, Some(true));
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        m.account.metadata.name.as_deref()
+    );
+
+    // The agent's arguments parse as `dataplane` arguments; its variables
+    // are ones the agent reads.
+    let agent = container(&m.daemonset, "agent")?;
+    let mut argv = vec!["dataplane".to_owned()];
+    argv.extend(agent.args.clone().unwrap_or_default());
+    Cli::try_parse_from_checked(&argv)?;
+    let known = cli_env("run");
+    for var in agent.env.iter().flatten() {
+        if var.name.starts_with("DATAPLANE_") {
+            assert!(known.contains(&var.name), "the agent reads no {}", var.name);
+        }
+    }
+    let ports: Vec<i32> = agent
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.container_port)
+        .collect();
+    assert_eq!(ports, [15021]);
+
+    // install-cni: the command exists, every variable is read, and the
+    // plugin binary it copies is where the image puts it.
+    let install = container(&m.daemonset, "install-cni")?;
+    let command = install.command.clone().unwrap_or_default();
+    assert_eq!(command, ["/usr/local/bin/dataplane", "install-cni"]);
+    Cli::try_parse_from_checked(&["dataplane".to_owned(), "install-cni".to_owned()])?;
+    let known = cli_env("install-cni");
+    for var in install.env.iter().flatten() {
+        if var.name.starts_with("DATAPLANE_") {
+            assert!(
+                known.contains(&var.name),
+                "install-cni reads no {}",
+                var.name
+            );
+        }
+    }
+    let plugin = install
+        .env
+        .iter()
+        .flatten()
+        .find(|v| v.name == "DATAPLANE_CNI_PLUGIN_BINARY")
+        .and_then(|v| v.value.clone());
+    assert_eq!(plugin.as_deref(), Some("/usr/local/bin/dataplane-cni"));
+    let containerfile = std::fs::read_to_string(repo().join("deploy/Containerfile"))?;
+    for binary in ["dataplane", "dataplane-cni"] {
+        assert!(
+            containerfile.contains(&format!("/out/{binary} /usr/local/bin/{binary}")),
+            "the image lacks /usr/local/bin/{binary}"
+        );
+        assert!(
+            containerfile.contains(&format!("--bin {binary}")),
+            "the build skips {binary}"
+        );
+    }
+    assert!(containerfile.matches("\nFROM ").count() >= 1 && containerfile.contains(" AS build"));
+
+    // Least privilege, and bound to the agent's account.
+    let rules = m.role.rules.unwrap_or_default();
+    assert_eq!(rules.len(), 1);
+    let rule = &rules[0];
+    assert_eq!(rule.api_groups.as_deref(), Some(&["".to_owned()][..]));
+    assert_eq!(
+        rule.resources.as_deref(),
+        Some(&["pods".to_owned(), "namespaces".to_owned()][..])
+    );
+    assert_eq!(rule.verbs, ["get", "list", "watch"]);
+    assert_eq!(
+        m.binding.role_ref.name,
+        m.role.metadata.name.unwrap_or_default()
+    );
+    let subject = &m.binding.subjects.unwrap_or_default()[0];
+    assert_eq!(Some(subject.name.clone()), m.account.metadata.name);
+    Ok(())
+}
+
+/// `try_parse_from` with the error rendered.
+trait ParseChecked {
+    fn try_parse_from_checked(argv: &[String]) -> anyhow::Result<()>;
+}
+
+impl ParseChecked for Cli {
+    fn try_parse_from_checked(argv: &[String]) -> anyhow::Result<()> {
+        <Cli as clap::Parser>::try_parse_from(argv)
+            .map(drop)
+            .map_err(|e| anyhow::anyhow!("{argv:?} does not parse: {e}"))
+    }
+}

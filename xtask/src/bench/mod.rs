@@ -1,0 +1,269 @@
+//! `cargo xtask bench`: kernel-level benchmarks of the data plane (no mesh
+//! vs Istio-style iptables capture vs our eBPF capture, same engine, plain
+//! and HBONE, same-node and cross-node), then criterion micro-benchmarks of
+//! the hot user-space paths, then the report:
+//!
+//! - a table on stdout, `target/bench/report.md`;
+//! - `target/bench/report.json`: machine, kernel, commit, every sample,
+//!   the medians and the targets;
+//! - one SVG chart per workload, `target/bench/<workload>.svg`.
+//!
+//! The measuring is done by `dp-bench` (tests crate, `src/bench/`), which
+//! owns namespaces, cgroups, agents and processes and removes them on any
+//! exit; this module builds it, runs it, and turns its samples
+//! (`target/bench/samples.json`) into the report. `--quick` runs every mode
+//! briefly so CI proves the harness works; CI never asserts a timing.
+
+mod idle;
+mod micro;
+mod report;
+mod samples;
+mod svg;
+mod targets;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use anyhow::{Context as _, Result};
+use serde_json::{Value, json};
+
+use crate::{build, cmd, setup};
+
+/// `cargo xtask bench` options.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct BenchArgs {
+    /// Run every mode and workload briefly (debug build, one round, small
+    /// counts, micro-benchmarks once each): proves the harness works; the
+    /// numbers mean nothing.
+    #[arg(long)]
+    pub quick: bool,
+    /// Rounds of every workload in every mode [default: 6, quick 1].
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Only these workloads (comma-separated: conn-rate, rr, rr-pinned,
+    /// conn-rr, bulk-1, bulk-4, bulk-8).
+    #[arg(long, value_delimiter = ',')]
+    pub workloads: Vec<String>,
+    /// Skip agent memory under idle connections.
+    #[arg(long)]
+    pub no_idle: bool,
+    /// Skip the criterion micro-benchmarks.
+    #[arg(long)]
+    pub no_micro: bool,
+    /// Render the report from an earlier run's samples file, measuring
+    /// nothing.
+    #[arg(long, value_name = "SAMPLES_JSON")]
+    pub render: Option<PathBuf>,
+    /// Arguments for criterion, after `--`.
+    #[arg(last = true, value_name = "EXTRA")]
+    pub extra: Vec<String>,
+}
+
+/// `cargo xtask bench [...]`.
+pub fn bench(args: &BenchArgs) -> Result<ExitCode> {
+    let started = Instant::now();
+    let out_dir = cmd::target_dir().join("bench");
+    std::fs::create_dir_all(&out_dir)
+        .with_context(|| format!("cannot create {}", out_dir.display()))?;
+    let samples_file = out_dir.join("samples.json");
+    let micro_since = std::time::SystemTime::now();
+    // Quick runs reuse the debug build `cargo xtask test` made; full runs
+    // measure the release build.
+    let release = !args.quick;
+    let (samples_file, harness_ok, micro_note) = match &args.render {
+        Some(file) => (
+            file.clone(),
+            true,
+            "not run (report rendered from earlier samples)".to_owned(),
+        ),
+        None => {
+            setup::setup(None)?;
+            build::build_bins(release)?;
+            let micro_exe = if args.no_micro {
+                None
+            } else {
+                Some(micro::build(release)?)
+            };
+            let harness_ok = run_harness(args, release, &samples_file)?;
+            let note = if let Some(exe) = micro_exe {
+                micro::run(&exe, args.quick, &args.extra, &cmd::target_dir())?;
+                if args.quick {
+                    "ran once each in criterion's test mode (`--quick`): no timings".to_owned()
+                } else {
+                    "1 s warm-up, 2 s measurement each".to_owned()
+                }
+            } else {
+                "skipped (`--no-micro`)".to_owned()
+            };
+            (samples_file, harness_ok, note)
+        }
+    };
+    let micro = if args.quick || args.no_micro {
+        Vec::new()
+    } else {
+        micro::read(&cmd::target_dir(), micro_since)
+    };
+    let complete = render(&samples_file, &out_dir, &micro, &micro_note)?;
+    println!(
+        "bench: report in {} ({:.0} s in all)",
+        out_dir.join("report.md").display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(if harness_ok && complete {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("bench: some runs failed; see the report's last section");
+        ExitCode::FAILURE
+    })
+}
+
+/// Runs `dp-bench`, outliving a Ctrl-C so that it can clean up and the
+/// partial failure is reported. Returns whether every run succeeded.
+fn run_harness(args: &BenchArgs, release: bool, samples: &Path) -> Result<bool> {
+    let harness = cmd::target_dir()
+        .join(build::profile(release).1)
+        .join("dp-bench");
+    let mut command = Command::new(&harness);
+    command.arg("--out").arg(samples);
+    if args.quick {
+        command.arg("--quick");
+    }
+    if let Some(rounds) = args.rounds {
+        command.args(["--rounds", &rounds.to_string()]);
+    }
+    if !args.workloads.is_empty() {
+        command.args(["--workloads", &args.workloads.join(",")]);
+    }
+    if args.no_idle {
+        command.arg("--no-idle");
+    }
+    let _ = std::fs::remove_file(samples);
+    println!("+ {}", cmd::display(&command));
+    // The terminal's Ctrl-C reaches dp-bench too; it stops between runs
+    // and removes what it created. xtask only has to outlive it.
+    // SAFETY: the handler does nothing (async-signal-safe); a handler,
+    // unlike SIG_IGN, is reset to the default in the child on exec.
+    unsafe {
+        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+    }
+    let status = command
+        .status()
+        .with_context(|| format!("cannot start {}", harness.display()))?;
+    anyhow::ensure!(
+        samples.exists(),
+        "dp-bench wrote no samples ({}); its messages are above",
+        cmd::describe(status)
+    );
+    Ok(status.success())
+}
+
+extern "C" fn on_sigint(_signal: libc::c_int) {}
+
+/// Writes report.md, report.json and the charts; prints the report.
+/// Returns whether every run and measurement succeeded.
+fn render(
+    samples_file: &Path,
+    out_dir: &Path,
+    micro: &[micro::MicroResult],
+    micro_note: &str,
+) -> Result<bool> {
+    let text = std::fs::read_to_string(samples_file)
+        .with_context(|| format!("cannot read {}", samples_file.display()))?;
+    let raw: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not JSON", samples_file.display()))?;
+    let samples = raw["samples"].as_array().cloned().unwrap_or_default();
+    let figures = samples::Figures::from_samples(&samples)?;
+    let idle_rows = idle::IdleRow::parse_all(&raw["idle"]);
+    let checked = targets::check(&figures, &idle_rows);
+    let mut meta = raw["meta"].clone();
+    if let Some(obj) = meta.as_object_mut() {
+        obj.insert("commit".into(), json!(commit()));
+    }
+    let inputs = report::Inputs {
+        meta: &meta,
+        figures: &figures,
+        idle: &idle_rows,
+        targets: &checked,
+        micro,
+        micro_note,
+    };
+    let md = report::markdown(&inputs, true);
+    write(&out_dir.join("report.md"), &md)?;
+    for workload in &figures.workloads {
+        if let Some(svg) = report::chart(&figures, workload) {
+            write(&out_dir.join(format!("{workload}.svg")), &svg)?;
+        }
+    }
+    if let Some(svg) = report::idle_chart(&idle_rows) {
+        write(&out_dir.join("idle-rss.svg"), &svg)?;
+    }
+    let summary = summary(&figures);
+    let report_json = json!({
+        "meta": meta,
+        "targets": targets::to_json(&checked),
+        "summary": summary,
+        "samples": raw["samples"],
+        "idle": raw["idle"],
+        "micro": micro.iter().map(|m| json!({
+            "id": m.id, "mean_ns": m.mean_ns, "low_ns": m.low_ns, "high_ns": m.high_ns,
+        })).collect::<Vec<_>>(),
+    });
+    write(
+        &out_dir.join("report.json"),
+        &serde_json::to_string_pretty(&report_json)?,
+    )?;
+    println!("\n{}", report::markdown(&inputs, false));
+    let idle_failed = idle_rows.iter().any(|r| r.error.is_some());
+    Ok(figures.failures.is_empty() && !idle_failed)
+}
+
+/// Medians and ratios of every figure, for report.json.
+fn summary(figures: &samples::Figures) -> Value {
+    let mut rows = Vec::new();
+    for workload in &figures.workloads {
+        for variant in figures.variants(workload) {
+            for metric in samples::metrics(workload) {
+                let Some(median) = figures.median(workload, &variant, metric.name) else {
+                    continue;
+                };
+                rows.push(json!({
+                    "workload": workload,
+                    "placement": variant.placement,
+                    "mode": variant.mode,
+                    "protocol": variant.protocol,
+                    "metric": metric.name,
+                    "median": median,
+                    "vs_direct": figures.vs_direct(workload, &variant, metric.name),
+                    "ebpf_vs_iptables": figures.vs_iptables(workload, &variant, metric.name),
+                }));
+            }
+        }
+    }
+    Value::Array(rows)
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// `git describe`-like: the commit, `-dirty` when the tree has changes.
+fn commit() -> String {
+    let root = cmd::workspace_root();
+    let head = cmd::probe(
+        Command::new("git")
+            .arg("-C")
+            .arg(&root)
+            .args(["rev-parse", "HEAD"]),
+    )
+    .map(|s| s.trim().to_owned())
+    .unwrap_or_else(|| "unknown".into());
+    let dirty = cmd::probe(
+        Command::new("git")
+            .arg("-C")
+            .arg(&root)
+            .args(["status", "--porcelain"]),
+    )
+    .is_some_and(|s| !s.trim().is_empty());
+    if dirty { format!("{head}-dirty") } else { head }
+}
