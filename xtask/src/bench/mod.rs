@@ -91,7 +91,7 @@ pub fn bench(args: &BenchArgs) -> Result<ExitCode> {
                 if args.quick {
                     "ran once each in criterion's test mode (`--quick`): no timings".to_owned()
                 } else {
-                    "1 s warm-up, 2 s measurement each".to_owned()
+                    "1 s warm-up, 2 s measurement each, at nice -10".to_owned()
                 }
             } else {
                 "skipped (`--no-micro`)".to_owned()
