@@ -39,6 +39,11 @@ fn outbound_and_inbound_carry_a_mebibyte_exactly_with_half_close() -> anyhow::Re
     // the server's.
     assert_eq!(agent.counter("redirected_outbound")?, 2);
     assert_eq!(agent.counter("redirected_inbound")?, 2);
+    // Access records are written as connections close, which can be after
+    // the client is done.
+    let _ = wait_until("the agent to log both legs", || {
+        Ok(agent.log_text().matches("connection closed").count() >= 4)
+    });
     let log = agent.log_text();
     assert_eq!(
         log.matches("connection closed").count(),

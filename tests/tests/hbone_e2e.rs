@@ -108,6 +108,12 @@ fn same_node_and_cross_node_tunnels_carry_16_mib_exactly() -> anyhow::Result<()>
         12,
     )?;
 
+    // Access records are written as connections close, which can be after
+    // the client is done.
+    let _ = wait_until("both agents to log the tunnels", || {
+        Ok(a1.log_text().matches("protocol=\"HBONE\"").count() >= 3
+            && a2.log_text().contains(&format!("bytes_sent={}", 16 * MIB)))
+    });
     let log1 = a1.log_text();
     let log2 = a2.log_text();
     assert!(log1.matches("protocol=\"HBONE\"").count() >= 3, "{log1}");
@@ -157,6 +163,10 @@ fn non_mesh_destination_is_passed_through() -> anyhow::Result<()> {
     let a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
     let _plain = echo_server(&mesh.plain, 9100)?;
     echo(&mesh.client, addr(&mesh.plain, 9100), 65_536, 3)?;
+    let dst = format!("dst={}", addr(&mesh.plain, 9100));
+    let _ = wait_until("the agent to log the connection", || {
+        Ok(a1.log_text().contains(&dst))
+    });
     let log = a1.log_text();
     assert!(
         log.contains(&format!("dst={}", addr(&mesh.plain, 9100))),
@@ -176,6 +186,9 @@ fn fifty_connections_between_one_pod_pair_use_one_handshake() -> anyhow::Result<
     for seed in 0..50 {
         echo(&mesh.client, addr(&mesh.remote, 9000), 1024, seed)?;
     }
+    let _ = wait_until("the server's agent to log 50 closed connections", || {
+        Ok(a2.log_text().matches("connection closed").count() >= 50)
+    });
     assert_eq!(
         a1.log_text()
             .matches("HBONE connection established")
@@ -207,6 +220,9 @@ fn server_with_the_wrong_identity_is_rejected() -> anyhow::Result<()> {
         &["echo", &addr(&mesh.remote, 9000).to_string(), "100", "1"],
     )?;
     assert_ne!(out.code, Some(0), "must not connect: {out:?}");
+    let _ = wait_until("the client's agent to log the refusal", || {
+        Ok(a1.log_text().contains("sa/somebody-else"))
+    });
     let log = a1.log_text();
     assert!(
         log.contains("sa/somebody-else"),
