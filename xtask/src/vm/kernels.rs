@@ -15,6 +15,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
+    sync::atomic::{AtomicBool, Ordering},
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -189,11 +190,16 @@ impl PrivateApt {
         let apt = Self {
             dir: dir.to_path_buf(),
         };
-        println!(
-            "vm-test: updating the private apt lists in {}",
-            dir.display()
-        );
-        cmd::output(apt.command("apt-get").args(["-q", "update"]))?;
+        // Once per run is enough for every series.
+        static UPDATED: AtomicBool = AtomicBool::new(false);
+        if !UPDATED.load(Ordering::SeqCst) {
+            println!(
+                "vm-test: updating the private apt lists in {}",
+                dir.display()
+            );
+            cmd::output(apt.command("apt-get").args(["-q", "update"]))?;
+            UPDATED.store(true, Ordering::SeqCst);
+        }
         Ok(apt)
     }
 

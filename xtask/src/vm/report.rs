@@ -306,7 +306,7 @@ pub fn render(runs: &[KernelRun], excluded: &[(&str, &str)], total: Duration) ->
             .filter(|(_, w)| *w == why)
             .map(|(n, _)| format!("`{n}`"))
             .collect();
-        let _ = writeln!(out, "\nNot run here ({why}): {}.", names.join(", "));
+        let _ = writeln!(out, "\nNot in VMs ({why}): {}.", names.join(", "));
     }
 
     for run in runs {
