@@ -4,33 +4,43 @@
 //! `--on-exit` says.
 
 use std::{
+    future::Future,
+    net::SocketAddr,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use tokio::{
+    net::TcpListener,
     signal::unix::{SignalKind, signal},
-    sync::watch,
+    sync::{Notify, watch},
+    task::JoinHandle,
 };
 use tracing::{info, warn};
 
 use crate::{
+    admin,
     cli::{CaptureMode, RunArgs},
     config::{ConfigError, LocalConfig},
     control,
     engine::MeshContext,
     enroll::{EngineSettings, EnrollError, Enrollments, StateFile},
     identity::{Ca, CertStore},
+    inspect::AgentView,
     preflight::{self, PreflightError, PreflightInput},
     readiness::{Readiness, Step},
     redirect::{ExitMode, PinLayout, RedirectError, Redirector, RedirectorOptions},
     reload::{self, Standalone},
     state::MeshState,
+    telemetry::{self, Metrics, StateCollector},
     tls::{self, ClientConfigCache},
 };
 
 /// How long GOAWAY frames get to leave before connections are closed.
 const GOAWAY_GRACE: Duration = Duration::from_millis(100);
+
+/// How often the drain checks whether connections are still open.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
 
 /// Pooled HBONE connections unused this long are closed.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -76,14 +86,25 @@ pub enum AgentError {
     Kube(#[from] crate::kube::KubeError),
 }
 
-/// Runs the agent until SIGINT or SIGTERM.
+/// Runs the agent until SIGINT, SIGTERM or the admin `/quitquitquit`,
+/// then drains.
 pub async fn run(args: RunArgs) -> Result<(), AgentError> {
+    let started = Instant::now();
     // Installed first: a SIGTERM that arrives while programs are being
     // attached must still lead to an orderly shutdown, not the default kill.
     let mut sigterm = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(AgentError::Signal)?;
     let readiness = Arc::new(Readiness::default());
-    let readiness_task = start_readiness(args.readiness_addr, Arc::clone(&readiness)).await;
+    let readiness_task = {
+        let readiness = Arc::clone(&readiness);
+        start_endpoint(
+            "readiness",
+            "GET /healthz/ready",
+            args.readiness_addr,
+            |l| crate::readiness::serve(l, readiness),
+        )
+        .await
+    };
     let config = match &args.config {
         Some(path) => LocalConfig::from_file(path)?,
         None => LocalConfig::embedded()?,
@@ -100,6 +121,13 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         shutdown_tx,
         rotation,
     } = mesh_context(&args, &config)?;
+    let metrics_task = {
+        let metrics = Arc::clone(&mesh.metrics);
+        start_endpoint("metrics", "GET /metrics", args.metrics_addr, |l| {
+            telemetry::serve(l, metrics)
+        })
+        .await
+    };
     let pins = PinLayout::new(&args.state.bpffs, &args.state.instance);
     let mut options = RedirectorOptions::new(cgroup, pins.clone());
     options.config.proxy_mark = args.proxy_mark;
@@ -139,6 +167,14 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     // Enrollment issues each pod's certificate before it returns.
     readiness.done(Step::Certificates);
     let enrollments = Arc::new(Mutex::new(enrollments));
+    mesh.metrics.register_collector(Box::new(StateCollector {
+        pins: redirector.as_ref().map(|r| {
+            let guard = r.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            guard.pins().clone()
+        }),
+        enrollments: Arc::downgrade(&enrollments),
+        certs: Arc::clone(&mesh.certs),
+    }));
     // With --kube, this node's pods that opted in are enrolled (and those
     // gone unenrolled) from the Kubernetes API; configured workloads stay.
     let kube_task = if args.kube {
@@ -163,7 +199,33 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         path: socket.clone(),
         source,
     })?;
-    let control_task = tokio::spawn(control::serve(listener, Arc::clone(&enrollments)));
+    let view = Arc::new(AgentView {
+        instance: args.state.instance.clone(),
+        capture: match args.capture {
+            CaptureMode::Ebpf => "ebpf",
+            CaptureMode::Iptables => "iptables",
+        },
+        fail_open: args.fail_open,
+        readiness: Arc::clone(&readiness),
+        mesh: Arc::clone(&mesh),
+        enrollments: Arc::clone(&enrollments),
+        redirector: redirector.clone(),
+        pins: PinLayout::new(&args.state.bpffs, &args.state.instance),
+        started,
+    });
+    let control_task = tokio::spawn(control::serve(listener, Arc::clone(&view)));
+    let quit = Arc::new(Notify::new());
+    let admin_task = {
+        let (view, quit) = (Arc::clone(&view), Arc::clone(&quit));
+        start_endpoint(
+            "admin",
+            "/config_dump, /logging, /quitquitquit",
+            args.admin_addr,
+            |l| admin::serve(l, view, quit),
+        )
+        .await
+    };
+    drop(view);
     let reaper_task = tokio::spawn(reap_vanished(Arc::clone(&enrollments)));
     // Only a config file can change; the embedded default cannot.
     let reload_task = args.config.clone().map(|path| {
@@ -177,15 +239,19 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
 
     info!(instance = %args.state.instance, control = %socket.display(), on_exit = ?args.on_exit, fail_open = args.fail_open, "agent ready");
     tokio::select! {
-        _ = sigterm.recv() => info!("SIGTERM received, stopping"),
-        _ = sigint.recv() => info!("SIGINT received, stopping"),
+        _ = sigterm.recv() => info!("SIGTERM received, draining"),
+        _ = sigint.recv() => info!("SIGINT received, draining"),
+        () = quit.notified() => info!("/quitquitquit received, draining"),
     }
-    // HBONE servers send GOAWAY; give the frames a moment to leave.
-    let _ = shutdown_tx.send(true);
-    tokio::time::sleep(GOAWAY_GRACE).await;
+    readiness.start_draining();
+    drain(&mesh, &shutdown_tx, args.drain_timeout).await;
     rotation.abort();
-    if let Some(task) = readiness_task {
+    for task in [readiness_task, metrics_task, admin_task]
+        .into_iter()
+        .flatten()
+    {
         task.abort();
+        let _ = task.await;
     }
     control_task.abort();
     reaper_task.abort();
@@ -207,27 +273,63 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Starts the readiness endpoint. A port already in use (another agent on
-/// the same host) is logged loudly and start-up goes on: the probe then
-/// fails, which is visible, instead of the node losing its data plane.
-async fn start_readiness(
-    addr: std::net::SocketAddr,
-    readiness: Arc<Readiness>,
-) -> Option<tokio::task::JoinHandle<()>> {
-    match crate::readiness::bind(addr).await {
+/// Starts an HTTP endpoint. A port already in use (another agent on the
+/// same host) is logged loudly and start-up goes on: probes and scrapes
+/// then fail, which is visible, instead of the node losing its data plane.
+async fn start_endpoint<F, Fut>(
+    name: &'static str,
+    paths: &'static str,
+    addr: SocketAddr,
+    serve: F,
+) -> Option<JoinHandle<()>>
+where
+    F: FnOnce(TcpListener) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    match crate::httpd::bind(addr).await {
         Ok(listener) => {
             let bound = listener
                 .local_addr()
                 .map(|a| a.to_string())
                 .unwrap_or_default();
-            info!(addr = %bound, "readiness endpoint listening (GET /healthz/ready)");
-            Some(tokio::spawn(crate::readiness::serve(listener, readiness)))
+            info!(addr = %bound, "{name} endpoint listening ({paths})");
+            Some(tokio::spawn(serve(listener)))
         }
         Err(err) => {
-            warn!(%addr, error = %err, "cannot serve readiness; probes of this agent will fail (set --readiness-addr)");
+            warn!(%addr, error = %err, "cannot serve the {name} endpoint; set --{name}-addr");
             None
         }
     }
+}
+
+/// Stops accepting (in-pod listeners close, HBONE servers send GOAWAY),
+/// then waits until every open connection has finished or `deadline` has
+/// passed; the caller then closes what is left.
+async fn drain(mesh: &MeshContext, shutdown_tx: &watch::Sender<bool>, deadline: Duration) {
+    let _ = shutdown_tx.send(true);
+    let until = Instant::now() + deadline;
+    info!(
+        open_connections = mesh.metrics.open_connections(),
+        deadline_ms = deadline.as_millis() as u64,
+        "draining: listeners closed, HBONE peers told GOAWAY"
+    );
+    loop {
+        let open = mesh.metrics.open_connections();
+        if open <= 0 {
+            info!("drained: every connection finished");
+            break;
+        }
+        if Instant::now() >= until {
+            warn!(
+                open_connections = open,
+                "drain deadline passed; closing the connections still open"
+            );
+            break;
+        }
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+    // GOAWAY frames need a moment to leave even when nothing was open.
+    tokio::time::sleep(GOAWAY_GRACE).await;
 }
 
 /// What [`mesh_context`] sets up.
@@ -273,6 +375,7 @@ fn mesh_context(args: &RunArgs, config: &LocalConfig) -> Result<MeshParts, Agent
         trust_domain: args.trust_domain.clone(),
         shutdown,
         pool_idle_timeout: POOL_IDLE_TIMEOUT,
+        metrics: Arc::new(Metrics::new()),
     });
     Ok(MeshParts {
         mesh,

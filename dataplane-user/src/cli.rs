@@ -39,6 +39,38 @@ pub enum Command {
     /// control socket).
     #[command(subcommand)]
     Pod(PodCommand),
+    /// One screen about a running agent: readiness, kernel programs, pods
+    /// and whether each is captured (and why not), open connections,
+    /// warnings of the last minute. Exit code 0 when all is well, 5 when
+    /// something needs attention, 4 when the agent cannot be reached.
+    Status {
+        /// Which agent instance.
+        #[command(flatten)]
+        state: StateArgs,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a running agent's configuration dump (JSON): configuration in
+    /// force, pods, certificates (no keys), kernel programs, pinned maps.
+    ConfigDump {
+        /// Which agent instance.
+        #[command(flatten)]
+        state: StateArgs,
+        /// Accepted for symmetry: the dump is always JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a running agent's workload certificates: identity, expiry,
+    /// issuer, serial.
+    Certs {
+        /// Which agent instance.
+        #[command(flatten)]
+        state: StateArgs,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Install the CNI plugin on this node (from the DaemonSet): copy the
     /// binary, write its kubeconfig, insert it into the primary CNI
     /// configuration, and keep it there.
@@ -205,6 +237,21 @@ pub struct RunArgs {
     /// picks a free port (logged).
     #[arg(long, env = "DATAPLANE_READINESS_ADDR", default_value = "[::]:15021")]
     pub readiness_addr: std::net::SocketAddr,
+    /// Where Prometheus metrics (`GET /metrics`) are served. Port 0 picks a
+    /// free port (logged).
+    #[arg(long, env = "DATAPLANE_METRICS_ADDR", default_value = "[::]:15020")]
+    pub metrics_addr: std::net::SocketAddr,
+    /// Where the admin endpoint (`/config_dump`, `/logging`,
+    /// `/quitquitquit`) listens: a loopback address only, so that nothing
+    /// but this host's root can reach it. Port 0 picks a free port (logged).
+    #[arg(long, env = "DATAPLANE_ADMIN_ADDR", default_value = "127.0.0.1:15000", value_parser = parse_loopback)]
+    pub admin_addr: std::net::SocketAddr,
+    /// On SIGTERM (or `/quitquitquit`): how long open connections get to
+    /// finish after the listeners close and HBONE peers get GOAWAY; what is
+    /// still open then is closed. Keep it below the pod's
+    /// terminationGracePeriodSeconds.
+    #[arg(long, env = "DATAPLANE_DRAIN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
+    pub drain_timeout: std::time::Duration,
     /// Socket mark of the agent's own sockets, which capture never touches.
     #[arg(long, env = "DATAPLANE_PROXY_MARK", default_value_t = dataplane_common::DEFAULT_PROXY_MARK, value_parser = parse_u32)]
     pub proxy_mark: u32,
@@ -270,6 +317,19 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 }
 
 /// Accepts decimal or `0x` hexadecimal.
+fn parse_loopback(text: &str) -> Result<std::net::SocketAddr, String> {
+    let addr: std::net::SocketAddr = text
+        .parse()
+        .map_err(|e| format!("`{text}` is not an ip:port address: {e}"))?;
+    if addr.ip().is_loopback() {
+        Ok(addr)
+    } else {
+        Err(format!(
+            "{addr} is not a loopback address; the admin endpoint may only listen on 127.0.0.1 or [::1]"
+        ))
+    }
+}
+
 fn parse_u32(s: &str) -> Result<u32, String> {
     let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u32::from_str_radix(hex, 16),

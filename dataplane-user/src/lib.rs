@@ -6,6 +6,7 @@
 //! requests for it on a local socket, [`agent`] runs it all.
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod agent;
 pub mod cli;
 pub mod cni;
@@ -15,7 +16,9 @@ pub mod engine;
 pub mod enroll;
 pub mod features;
 pub mod hbone;
+pub mod httpd;
 pub mod identity;
+pub mod inspect;
 pub mod kube;
 pub mod logging;
 pub mod netns;
@@ -24,6 +27,8 @@ pub mod preflight;
 pub mod readiness;
 pub mod redirect;
 pub mod reload;
+pub mod render;
 pub mod state;
+pub mod telemetry;
 pub mod tls;
 pub mod version;

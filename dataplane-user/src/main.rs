@@ -5,32 +5,54 @@ use std::process::ExitCode;
 use clap::Parser;
 use dataplane_user::{
     agent::{self, AgentError},
-    cli::{Cli, Command, LogFormat, PodCommand, RedirectCommand},
-    control::{self, Request},
+    cli::{Cli, Command, LogFormat, PodCommand, RedirectCommand, StateArgs},
+    control::{self, ControlError, Request},
     enroll::PodSpec,
+    inspect::{CertInfo, StatusReport},
     logging,
     redirect::{self, PinLayout},
-    version,
+    render, version,
 };
 
 /// Exit code when the host lacks something the agent needs.
 const EXIT_ENVIRONMENT: u8 = 3;
+/// Exit code when no agent answers on the control socket.
+const EXIT_UNREACHABLE: u8 = 4;
+/// Exit code of `status` when something needs attention.
+const EXIT_UNHEALTHY: u8 = 5;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match dispatch(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");
             let environment = err
                 .downcast_ref::<AgentError>()
                 .is_some_and(|e| matches!(e, AgentError::Preflight(_)));
-            ExitCode::from(if environment { EXIT_ENVIRONMENT } else { 1 })
+            let unreachable = err
+                .downcast_ref::<ControlError>()
+                .is_some_and(|e| matches!(e, ControlError::Connect { .. }));
+            ExitCode::from(if environment {
+                EXIT_ENVIRONMENT
+            } else if unreachable {
+                EXIT_UNREACHABLE
+            } else {
+                1
+            })
         }
     }
 }
 
-fn dispatch(cli: Cli) -> anyhow::Result<()> {
+/// Sends a report request and returns the report.
+fn report(state: &StateArgs, request: &Request) -> anyhow::Result<serde_json::Value> {
+    let socket = control::socket_path(&state.state_dir, &state.instance);
+    control::call(&socket, request, CONTROL_TIMEOUT)?
+        .report
+        .ok_or_else(|| anyhow::anyhow!("the agent sent no report (is it an older version?)"))
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => {
             logging::init(args.log_format);
@@ -48,6 +70,31 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Pod(command) => pod_command(command)?,
+        Command::Status { state, json } => {
+            let value = report(&state, &Request::Status)?;
+            let status: StatusReport = serde_json::from_value(value.clone())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&value)?);
+            } else {
+                print!("{}", render::status(&status, render::colour_wanted()));
+            }
+            if !status.healthy() {
+                return Ok(ExitCode::from(EXIT_UNHEALTHY));
+            }
+        }
+        Command::ConfigDump { state, json: _ } => {
+            let value = report(&state, &Request::ConfigDump)?;
+            println!("{}", serde_json::to_string_pretty(&value)?);
+        }
+        Command::Certs { state, json } => {
+            let value = report(&state, &Request::Certs)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&value)?);
+            } else {
+                let certs: Vec<CertInfo> = serde_json::from_value(value)?;
+                print!("{}", render::certs(&certs, render::colour_wanted()));
+            }
+        }
         Command::InstallCni(args) => {
             logging::init(LogFormat::Text);
             dataplane_user::cni::install::run(*args)?;
@@ -70,7 +117,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 /// How long the CLI waits for the agent.

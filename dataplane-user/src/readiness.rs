@@ -6,22 +6,15 @@
 //! start-up gets an answer that says what the agent is waiting for rather
 //! than a refused connection.
 
-use std::{
-    convert::Infallible,
-    net::SocketAddr,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
 };
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::{body::Incoming, server::conn::http1, service::service_fn};
-use hyper_util::rt::TokioIo;
+use http::{StatusCode, request::Parts};
 use tokio::net::TcpListener;
-use tracing::debug;
+
+use crate::httpd::{self, Handler, Reply};
 
 /// Port of the readiness endpoint (Istio's).
 pub const READINESS_PORT: u16 = 15021;
@@ -32,6 +25,7 @@ pub struct Readiness {
     programs: AtomicBool,
     config: AtomicBool,
     certificates: AtomicBool,
+    draining: AtomicBool,
 }
 
 /// A start-up step.
@@ -59,6 +53,16 @@ impl Readiness {
         }
     }
 
+    /// The agent is shutting down: readiness answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether the agent is shutting down.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
     /// What is still pending, in start-up order.
     pub fn pending(&self) -> Vec<&'static str> {
         [
@@ -73,51 +77,29 @@ impl Readiness {
     }
 }
 
-/// Binds the readiness port.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
-}
-
 /// Serves readiness until the task is dropped.
 pub async fn serve(listener: TcpListener, readiness: Arc<Readiness>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let readiness = Arc::clone(&readiness);
-        tokio::spawn(async move {
-            let service = service_fn(move |request| answer(request, Arc::clone(&readiness)));
-            if let Err(err) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                debug!(error = %err, "readiness connection failed");
-            }
-        });
-    }
+    let handler: Handler = Arc::new(move |request| answer(request, &readiness));
+    httpd::serve(listener, "readiness", handler).await;
 }
 
-async fn answer(
-    request: Request<Incoming>,
-    readiness: Arc<Readiness>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (status, body) = if request.uri().path() != "/healthz/ready" {
-        (
-            StatusCode::NOT_FOUND,
-            "not found; try /healthz/ready\n".to_owned(),
-        )
-    } else {
-        match readiness.pending().as_slice() {
-            [] => (StatusCode::OK, "ready\n".to_owned()),
-            pending => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready: waiting for {}\n", pending.join(", ")),
-            ),
-        }
-    };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    Ok(response)
+fn answer(request: &Parts, readiness: &Readiness) -> Reply {
+    if request.uri.path() != "/healthz/ready" {
+        return Reply::text(StatusCode::NOT_FOUND, "not found; try /healthz/ready\n");
+    }
+    if readiness.is_draining() {
+        return Reply::text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: draining (the agent is shutting down)\n",
+        );
+    }
+    match readiness.pending().as_slice() {
+        [] => Reply::text(StatusCode::OK, "ready\n"),
+        pending => Reply::text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: waiting for {}\n", pending.join(", ")),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -126,7 +108,7 @@ mod tests {
 
     use super::*;
 
-    async fn get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    async fn get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
         let mut stream = tokio::net::TcpStream::connect(addr).await?;
         stream
             .write_all(
@@ -140,7 +122,7 @@ mod tests {
 
     #[tokio::test]
     async fn answers_503_naming_what_is_pending_then_200() -> std::io::Result<()> {
-        let listener = bind("127.0.0.1:0".parse().map_err(std::io::Error::other)?).await?;
+        let listener = httpd::bind("127.0.0.1:0".parse().map_err(std::io::Error::other)?).await?;
         let addr = listener.local_addr()?;
         let readiness = Arc::new(Readiness::default());
         let server = tokio::spawn(serve(listener, Arc::clone(&readiness)));
@@ -164,6 +146,10 @@ mod tests {
         let reply = get(addr, "/healthz/ready").await?;
         assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
         assert!(get(addr, "/other").await?.starts_with("HTTP/1.1 404"));
+        readiness.start_draining();
+        let reply = get(addr, "/healthz/ready").await?;
+        assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+        assert!(reply.contains("draining"), "{reply}");
         server.abort();
         Ok(())
     }

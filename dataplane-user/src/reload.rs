@@ -121,6 +121,7 @@ pub async fn watch(
                 if last.is_some() {
                     warn!(error = %message, "keeping the last good configuration");
                     mesh.set_config_error(Some(message));
+                    mesh.metrics.config_reloaded(false);
                     last = None;
                 }
                 continue;
@@ -141,6 +142,7 @@ pub async fn watch(
         match result {
             Ok((config, state)) => {
                 let closed = mesh.install(state);
+                mesh.metrics.config_reloaded(true);
                 let mut guard = match enrollments.lock() {
                     Ok(guard) => guard,
                     Err(poisoned) => poisoned.into_inner(),
@@ -158,6 +160,7 @@ pub async fn watch(
             Err(message) => {
                 warn!(error = %message, "configuration rejected; keeping the last good one");
                 mesh.set_config_error(Some(message));
+                mesh.metrics.config_reloaded(false);
             }
         }
     }

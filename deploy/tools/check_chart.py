@@ -54,6 +54,7 @@ VARIANTS = {
         "rbac": {"create": False},
         "serviceAccount": {"create": False, "name": "existing"},
         "readinessProbe": {"enabled": False},
+        "metrics": {"enabled": False},
         "fullnameOverride": "mesh-node",
     },
 }
@@ -63,6 +64,8 @@ BAD_VALUES = [
     {"agent": {"onExit": "explode"}},
     {"host": {"bpffs": "relative/path"}},
     {"readinessProbe": {"port": 70000}},
+    {"metrics": {"port": 0}},
+    {"agent": {"drainTimeout": "soon"}},
     {"unknownKey": 1},
 ]
 
@@ -100,6 +103,14 @@ def check_rbac(docs, problems, where):
                 problems.append(f"{where}: {doc['kind']} grants {granted}, want exactly {wanted}")
 
 
+def seconds(duration):
+    """A chart duration (`20s`, `1m`, `500ms`, bare seconds) in seconds."""
+    for suffix, factor in (("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600), ("d", 86400)):
+        if duration.endswith(suffix) and duration[: -len(suffix)].isdigit():
+            return int(duration[: -len(suffix)]) * factor
+    return int(duration)
+
+
 def check_daemonset(docs, problems, where, values):
     daemonsets = [d for d in docs if d["kind"] == "DaemonSet"]
     if len(daemonsets) != 1:
@@ -120,6 +131,16 @@ def check_daemonset(docs, problems, where, values):
         problems.append(f"{where}: no readiness probe")
     if probe_on and not any(p["containerPort"] == 15021 for p in agent.get("ports", [])):
         problems.append(f"{where}: readiness not on 15021")
+    metrics_on = values.get("metrics", {}).get("enabled", True)
+    if metrics_on and not any(p["name"] == "metrics" and p["containerPort"] == 15020
+                              for p in agent.get("ports", [])):
+        problems.append(f"{where}: metrics not on 15020")
+    drain = next((a.split("=", 1)[1] for a in agent["args"] if a.startswith("--drain-timeout=")), None)
+    if drain is None:
+        problems.append(f"{where}: no --drain-timeout")
+    elif seconds(drain) >= pod.get("terminationGracePeriodSeconds", 30):
+        problems.append(f"{where}: drain timeout {drain} does not fit in terminationGracePeriodSeconds "
+                        f"{pod.get('terminationGracePeriodSeconds', 30)}")
     cni_on = values.get("cni", {}).get("enabled", True)
     names = [c["name"] for c in pod["containers"]]
     if cni_on != ("install-cni" in names):

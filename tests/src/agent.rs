@@ -69,9 +69,11 @@ impl Agent {
         if !self.extra.iter().any(|a| a == "--on-exit") {
             cmd.args(["--on-exit", "detach"]);
         }
-        if !self.extra.iter().any(|a| a == "--readiness-addr") {
-            // Parallel agents on one host cannot all have 15021.
-            cmd.args(["--readiness-addr", "127.0.0.1:0"]);
+        // Parallel agents on one host cannot all have 15021, 15020, 15000.
+        for flag in ["--readiness-addr", "--metrics-addr", "--admin-addr"] {
+            if !self.extra.iter().any(|a| a == flag) {
+                cmd.args([flag, "127.0.0.1:0"]);
+            }
         }
         self.child = Some(cmd.spawn()?);
         self.wait_ready()
@@ -121,16 +123,32 @@ impl Agent {
 
     /// Where the readiness endpoint listens (from the agent's log).
     pub fn readiness_addr(&self) -> anyhow::Result<std::net::SocketAddr> {
+        self.endpoint_addr("readiness")
+    }
+
+    /// Where the metrics endpoint listens (from the agent's log).
+    pub fn metrics_addr(&self) -> anyhow::Result<std::net::SocketAddr> {
+        self.endpoint_addr("metrics")
+    }
+
+    /// Where the admin endpoint listens (from the agent's log).
+    pub fn admin_addr(&self) -> anyhow::Result<std::net::SocketAddr> {
+        self.endpoint_addr("admin")
+    }
+
+    /// The address the agent logged for its `name` HTTP endpoint.
+    fn endpoint_addr(&self, name: &str) -> anyhow::Result<std::net::SocketAddr> {
         let log = self.log_text();
+        let marker = format!("{name} endpoint listening");
         let line = log
             .lines()
-            .find(|l| l.contains("readiness endpoint listening"))
-            .ok_or_else(|| anyhow::anyhow!("no readiness endpoint in the log:\n{log}"))?;
+            .find(|l| l.contains(&marker))
+            .ok_or_else(|| anyhow::anyhow!("no {name} endpoint in the log:\n{log}"))?;
         let addr = line
             .split("addr=")
             .nth(1)
             .and_then(|rest| rest.split_whitespace().next())
-            .ok_or_else(|| anyhow::anyhow!("cannot read the readiness address from {line}"))?;
+            .ok_or_else(|| anyhow::anyhow!("cannot read the {name} address from {line}"))?;
         Ok(addr.parse()?)
     }
 

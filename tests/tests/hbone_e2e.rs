@@ -118,7 +118,7 @@ fn same_node_and_cross_node_tunnels_carry_16_mib_exactly() -> anyhow::Result<()>
     let log2 = a2.log_text();
     assert!(log1.matches("protocol=\"HBONE\"").count() >= 3, "{log1}");
     assert!(
-        log2.contains("peer_identity=\"spiffe://cluster.local/ns/test/sa/client\""),
+        log2.contains("src_identity=\"spiffe://cluster.local/ns/test/sa/client\""),
         "the remote side saw the client's identity:\n{log2}"
     );
     assert!(log2.contains(&format!("bytes_sent={}", 16 * MIB)), "{log2}");

@@ -125,6 +125,18 @@ fn manifest_matches_the_binaries_it_runs() -> anyhow::Result<()> {
     let mut argv = vec!["dataplane".to_owned()];
     argv.extend(agent.args.clone().unwrap_or_default());
     Cli::try_parse_from_checked(&argv)?;
+    if let Ok(Cli {
+        command: dataplane_user::cli::Command::Run(run),
+    }) = <Cli as clap::Parser>::try_parse_from(&argv)
+    {
+        // The ports the pod declares are the ones the agent serves.
+        assert_eq!(run.readiness_addr.port(), 15021);
+        assert_eq!(run.metrics_addr.port(), 15020);
+        assert!(run.admin_addr.ip().is_loopback());
+        assert!(run.drain_timeout < std::time::Duration::from_secs(30));
+    } else {
+        anyhow::bail!("the agent's arguments are not `dataplane run`: {argv:?}");
+    }
     let known = cli_env("run");
     for var in agent.env.iter().flatten() {
         if var.name.starts_with("DATAPLANE_") {
@@ -137,7 +149,7 @@ fn manifest_matches_the_binaries_it_runs() -> anyhow::Result<()> {
         .flatten()
         .map(|p| p.container_port)
         .collect();
-    assert_eq!(ports, [15021]);
+    assert_eq!(ports, [15021, 15020]);
 
     // install-cni: the command exists, every variable is read, and the
     // plugin binary it copies is where the image puts it.

@@ -16,7 +16,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The configuration compiled into the agent (see `config/default.yaml`).
 pub const EMBEDDED_DEFAULT: &str = include_str!("default.yaml");
@@ -60,7 +60,7 @@ pub enum ConfigError {
 }
 
 /// Whether a workload speaks HBONE or plain TCP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Protocol {
     /// Mutual-TLS HTTP/2 CONNECT tunnels on port 15008.
@@ -71,7 +71,7 @@ pub enum Protocol {
 }
 
 /// One workload (pod).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Workload {
     /// Unique id, e.g. `cluster1//v1/Pod/default/web-0`.
@@ -87,24 +87,24 @@ pub struct Workload {
     #[serde(default = "default_trust_domain")]
     pub trust_domain: String,
     /// Pod IPs.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workload_ips: Vec<IpAddr>,
     /// Protocol the workload accepts.
     #[serde(default)]
     pub protocol: Protocol,
     /// Node the workload runs on.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub node: String,
     /// Network namespace path, for workloads this agent enrolls at start
     /// (standalone mode).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<PathBuf>,
     /// Services this workload is an endpoint of: `namespace/hostname` ->
     /// service port -> target port.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub services: std::collections::BTreeMap<String, std::collections::BTreeMap<u16, u16>>,
     /// `namespace/name` of WorkloadSelector-scoped policies that apply.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub authorization_policies: Vec<String>,
 }
 
@@ -117,7 +117,11 @@ fn default_trust_domain() -> String {
 }
 
 /// A parsed configuration.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// Serializes as `{origin, workloads, services, policies}` with the entries
+/// in the camelCase shape the file is read in; without `origin` the output
+/// parses back (as YAML) to an equal value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct LocalConfig {
     /// Where it came from (a path, or `<embedded default>`).
     pub origin: String,
@@ -153,6 +157,25 @@ impl LocalConfig {
             source,
         })?;
         Self::parse(&text, &path.display().to_string())
+    }
+
+    /// The configuration as JSON, for the admin endpoint:
+    /// `{"origin": ..., "workloads": [...], "services": [...], "policies": [...]}`
+    /// with camelCase keys, as the file is written. Map keys (ports) become
+    /// JSON strings, as JSON requires.
+    ///
+    /// Serialization can only fail for a non-UTF-8 `netns` path, which the
+    /// parser never produces; then the value is `{"origin", "error"}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_else(|e| {
+            let mut object = serde_json::Map::new();
+            object.insert("origin".to_owned(), self.origin.clone().into());
+            object.insert(
+                "error".to_owned(),
+                format!("cannot serialize the configuration: {e}").into(),
+            );
+            serde_json::Value::Object(object)
+        })
     }
 
     /// Parses YAML text; `origin` names it in errors.
@@ -212,6 +235,159 @@ mod tests {
         assert!(err.contains("cfg.yaml"), "{err}");
         assert!(err.contains("colour"), "{err}");
         assert!(err.contains("line 5"), "{err}");
+    }
+
+    /// A config using every field kind, with non-default values where a
+    /// default exists.
+    const RICH: &str = r#"
+workloads:
+- uid: cluster1//v1/Pod/shop/web-0
+  name: web-0
+  namespace: shop
+  serviceAccount: web
+  trustDomain: example.org
+  workloadIps: [10.0.0.5, "fd00::5"]
+  protocol: TCP
+  node: node-a
+  netns: /var/run/netns/web-0
+  services:
+    shop/web.shop.svc.cluster.local: {80: 8080, 443: 8443}
+  authorizationPolicies: [shop/only-frontend]
+- uid: cluster1//v1/Pod/shop/db-0
+  name: db-0
+  namespace: shop
+  workloadIps: [10.0.0.6]
+services:
+- name: web
+  namespace: shop
+  hostname: web.shop.svc.cluster.local
+  vips: [net1/10.96.0.10, "/fd00::10"]
+  ports: {80: 8080, 443: 0}
+  subjectAltNames: [spiffe://example.org/ns/shop/sa/web, cluster.local/ns/shop/sa/legacy]
+  loadBalancing: random
+- name: db
+  namespace: shop
+  hostname: db.shop.svc.cluster.local
+policies:
+- name: only-frontend
+  namespace: shop
+  scope: WorkloadSelector
+  action: Deny
+  dryRun: true
+  rules:
+  - - - namespaces: [front]
+        notNamespaces: [kube-system]
+        serviceAccounts: [front/ui, api]
+        notServiceAccounts: [front/batch]
+        principals: [cluster.local/ns/front/sa/*]
+        notPrincipals: [spiffe://cluster.local/ns/front/sa/admin]
+        sourceIps: [10.1.0.0/16, "fd00:1::/64"]
+        notSourceIps: [10.1.2.3/32]
+        destinationIps: [10.0.0.0/24]
+        notDestinationIps: [10.0.0.7/32]
+        destinationPorts: [8080, 8443]
+        notDestinationPorts: [9090]
+      - principals: ["*"]
+    - - destinationPorts: [80]
+- name: allow-all
+  namespace: istio-system
+  scope: Global
+  action: Allow
+- name: ns-deny
+  namespace: shop
+  scope: Namespace
+  action: Deny
+  rules:
+  - - - notSourceIps: [0.0.0.0/0]
+"#;
+
+    /// Writes `config` as a config file (workloads, services, policies)
+    /// and parses it back with the real parser.
+    fn reparse(config: &LocalConfig) -> (String, LocalConfig) {
+        #[derive(Serialize)]
+        struct File<'a> {
+            workloads: &'a [Workload],
+            services: &'a [Service],
+            policies: &'a [Policy],
+        }
+        let text = serde_yaml_ng::to_string(&File {
+            workloads: &config.workloads,
+            services: &config.services,
+            policies: &config.policies,
+        })
+        .unwrap();
+        let parsed = LocalConfig::parse(&text, &config.origin)
+            .unwrap_or_else(|e| panic!("{}\n{text}", crate::logging::Chain(&e)));
+        (text, parsed)
+    }
+
+    #[test]
+    fn embedded_default_round_trips() {
+        let config = LocalConfig::embedded().unwrap();
+        let (_, parsed) = reparse(&config);
+        assert_eq!(parsed, config);
+    }
+
+    #[test]
+    fn every_field_kind_round_trips() {
+        let config = LocalConfig::parse(RICH, "rich.yaml").unwrap();
+        // The fixture really sets the non-default values.
+        assert_eq!(config.workloads[0].protocol, Protocol::Tcp);
+        assert_eq!(config.services[0].load_balancing, LoadBalancing::Random);
+        assert!(config.policies[0].dry_run);
+        assert_eq!(
+            config.policies[0].rules[0][0][0].not_destination_ports,
+            [9090]
+        );
+
+        let (text, parsed) = reparse(&config);
+        assert_eq!(parsed, config, "{text}");
+        // VIPs are written in the `network/ip` form the parser reads.
+        assert!(text.contains("/10.96.0.10"), "{text}");
+        // Fields at their default are left out.
+        assert!(!text.contains("dryRun: false"), "{text}");
+        assert!(!text.contains("notNamespaces: []"), "{text}");
+    }
+
+    #[test]
+    fn to_json_has_the_file_shape_in_camel_case() {
+        let config = LocalConfig::parse(RICH, "rich.yaml").unwrap();
+        let json = config.to_json();
+        let mut keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["origin", "policies", "services", "workloads"]);
+        assert_eq!(json["origin"], "rich.yaml");
+
+        let web = &json["workloads"][0];
+        assert_eq!(web["serviceAccount"], "web");
+        assert_eq!(web["trustDomain"], "example.org");
+        assert_eq!(web["workloadIps"][1], "fd00::5");
+        assert_eq!(web["protocol"], "TCP");
+        assert_eq!(web["authorizationPolicies"][0], "shop/only-frontend");
+        assert_eq!(
+            web["services"]["shop/web.shop.svc.cluster.local"]["80"],
+            8080
+        );
+        assert!(web.get("service_account").is_none());
+
+        let svc = &json["services"][0];
+        assert_eq!(svc["vips"][0], "/10.96.0.10");
+        assert_eq!(svc["subjectAltNames"][1], "cluster.local/ns/shop/sa/legacy");
+        assert_eq!(svc["loadBalancing"], "random");
+
+        let policy = &json["policies"][0];
+        assert_eq!(policy["scope"], "WorkloadSelector");
+        assert_eq!(policy["action"], "Deny");
+        assert_eq!(policy["dryRun"], true);
+        let m = &policy["rules"][0][0][0];
+        assert_eq!(m["notSourceIps"][0], "10.1.2.3/32");
+        assert_eq!(m["notDestinationPorts"][0], 9090);
+        assert!(policy["rules"][0][0][1].get("namespaces").is_none());
     }
 
     #[test]

@@ -4,10 +4,10 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use ipnet::IpNet;
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A service: virtual IPs and ports in front of the workloads that list it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Service {
     /// Service name.
@@ -18,14 +18,19 @@ pub struct Service {
     /// HBONE authority (`hostname:port`).
     pub hostname: String,
     /// Virtual IPs as `network/ip` (the network may be empty: `/10.96.0.10`).
-    #[serde(default, deserialize_with = "vips")]
+    #[serde(
+        default,
+        deserialize_with = "vips",
+        serialize_with = "serialize_vips",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub vips: Vec<IpAddr>,
     /// Service port -> target port (0: the endpoint's own mapping decides).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ports: BTreeMap<u16, u16>,
     /// Identities a server of this service may present besides the
     /// endpoint's own (SPIFFE URIs or `td/ns/x/sa/y`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subject_alt_names: Vec<String>,
     /// How endpoints are chosen.
     #[serde(default)]
@@ -40,7 +45,7 @@ impl Service {
 }
 
 /// Endpoint selection for a service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum LoadBalancing {
     /// Each new connection goes to the next endpoint.
@@ -64,8 +69,19 @@ fn vips<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpAddr>, D::Error> {
         .collect()
 }
 
+/// Writes VIPs back as `network/ip` with an empty network (`/10.96.0.10`),
+/// the form [`vips`] reads; the network is not kept when parsing.
+fn serialize_vips<S: Serializer>(vips: &[IpAddr], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(vips.iter().map(|ip| format!("/{ip}")))
+}
+
+/// `skip_serializing_if` for flags that default to `false`.
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 /// Which workloads a policy applies to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 pub enum Scope {
     /// Every workload.
     Global,
@@ -76,7 +92,7 @@ pub enum Scope {
 }
 
 /// What a matching policy does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 pub enum Action {
     /// Allow matching connections (and deny the rest once any ALLOW
     /// policy applies).
@@ -86,7 +102,7 @@ pub enum Action {
 }
 
 /// An L4 authorization policy.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Policy {
     /// Policy name.
@@ -98,10 +114,10 @@ pub struct Policy {
     /// Allow or Deny.
     pub action: Action,
     /// Rules (ORed) of clauses (ANDed) of matches (ORed).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<Vec<Vec<Match>>>,
     /// Only log what the policy would do.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub dry_run: bool,
 }
 
@@ -114,44 +130,44 @@ impl Policy {
 
 /// One match: every non-empty positive field must match (values within a
 /// field are ORed) and no `not*` field may match.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Match {
     /// Source namespaces.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
     /// Source namespaces that must not match.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_namespaces: Vec<String>,
     /// Source service accounts (`name` or `namespace/name`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub service_accounts: Vec<String>,
     /// Source service accounts that must not match.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_service_accounts: Vec<String>,
     /// Source principals (`td/ns/x/sa/y`, with or without `spiffe://`;
     /// `*` as a prefix or suffix wildcard).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub principals: Vec<String>,
     /// Source principals that must not match.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_principals: Vec<String>,
     /// Source IP ranges.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub source_ips: Vec<IpNet>,
     /// Source IP ranges that must not match.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_source_ips: Vec<IpNet>,
     /// Destination IP ranges.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub destination_ips: Vec<IpNet>,
     /// Destination IP ranges that must not match.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_destination_ips: Vec<IpNet>,
     /// Destination ports.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub destination_ports: Vec<u16>,
     /// Destination ports that must not match.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_destination_ports: Vec<u16>,
 }

@@ -1,4 +1,5 @@
-//! The agent's local control socket: enroll, unenroll and list pods.
+//! The agent's local control socket: enroll, unenroll and list pods, and
+//! the operator's reports (status, configuration dump, certificates).
 //!
 //! A Unix stream socket at `<state dir>/<instance>/agent.sock` (mode 0600,
 //! so only root reaches it), one JSON request per connection answered by one
@@ -42,10 +43,16 @@ pub enum Request {
     },
     /// List enrolled pods.
     List,
+    /// The status screen (`report`: an `inspect::StatusReport`).
+    Status,
+    /// The configuration dump (`report`: JSON, as admin `/config_dump`).
+    ConfigDump,
+    /// Workload certificates (`report`: a list of `inspect::CertInfo`).
+    Certs,
 }
 
 /// The agent's answer.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Response {
     /// Whether the request succeeded.
@@ -59,6 +66,9 @@ pub struct Response {
     /// For `remove`: whether a pod was enrolled and is now removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub removed: Option<bool>,
+    /// For `status`, `configDump` and `certs`: the report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<serde_json::Value>,
 }
 
 /// Errors talking to the agent.

@@ -1,11 +1,6 @@
 //! Serving the control socket.
 
-use std::{
-    io,
-    os::unix::fs::PermissionsExt,
-    path::Path,
-    sync::{Arc, Mutex},
-};
+use std::{io, os::unix::fs::PermissionsExt, path::Path, sync::Arc};
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -14,7 +9,7 @@ use tokio::{
 use tracing::{debug, warn};
 
 use super::{MAX_MESSAGE, Request, Response};
-use crate::{enroll::Enrollments, logging::Chain};
+use crate::{inspect::AgentView, logging::Chain};
 
 /// Binds the control socket at `path` (replacing a stale one left by a dead
 /// agent) with mode 0600.
@@ -34,13 +29,13 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
 }
 
 /// Answers requests until the task is dropped.
-pub async fn serve(listener: UnixListener, enrollments: Arc<Mutex<Enrollments>>) {
+pub async fn serve(listener: UnixListener, view: Arc<AgentView>) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                let enrollments = Arc::clone(&enrollments);
+                let view = Arc::clone(&view);
                 tokio::spawn(async move {
-                    if let Err(err) = answer(stream, &enrollments).await {
+                    if let Err(err) = answer(stream, &view).await {
                         debug!(error = %err, "control connection failed");
                     }
                 });
@@ -50,7 +45,7 @@ pub async fn serve(listener: UnixListener, enrollments: Arc<Mutex<Enrollments>>)
     }
 }
 
-async fn answer(mut stream: UnixStream, enrollments: &Mutex<Enrollments>) -> io::Result<()> {
+async fn answer(mut stream: UnixStream, view: &AgentView) -> io::Result<()> {
     let mut body = Vec::new();
     (&mut stream)
         .take(MAX_MESSAGE + 1)
@@ -60,7 +55,7 @@ async fn answer(mut stream: UnixStream, enrollments: &Mutex<Enrollments>) -> io:
         refused(format!("request larger than {MAX_MESSAGE} bytes"))
     } else {
         match serde_json::from_slice::<Request>(&body) {
-            Ok(request) => handle(request, enrollments),
+            Ok(request) => handle(request, view),
             Err(err) => refused(format!("invalid request: {err}")),
         }
     };
@@ -69,8 +64,23 @@ async fn answer(mut stream: UnixStream, enrollments: &Mutex<Enrollments>) -> io:
     stream.shutdown().await
 }
 
-fn handle(request: Request, enrollments: &Mutex<Enrollments>) -> Response {
-    let mut enrollments = match enrollments.lock() {
+fn handle(request: Request, view: &AgentView) -> Response {
+    let report = |value: Result<serde_json::Value, serde_json::Error>| match value {
+        Ok(value) => Response {
+            ok: true,
+            report: Some(value),
+            ..Response::default()
+        },
+        Err(err) => refused(format!("cannot encode the report: {err}")),
+    };
+    // Reports lock what they read themselves.
+    match request {
+        Request::Status => return report(serde_json::to_value(view.status())),
+        Request::ConfigDump => return report(Ok(view.config_dump())),
+        Request::Certs => return report(serde_json::to_value(view.certs())),
+        Request::Add { .. } | Request::Remove { .. } | Request::List => {}
+    }
+    let mut enrollments = match view.enrollments.lock() {
         Ok(guard) => guard,
         Err(poisoned) => poisoned.into_inner(),
     };
@@ -103,6 +113,9 @@ fn handle(request: Request, enrollments: &Mutex<Enrollments>) -> Response {
             pods: enrollments.list(),
             ..Response::default()
         },
+        Request::Status | Request::ConfigDump | Request::Certs => {
+            refused("unreachable: reports are answered above".into())
+        }
     }
 }
 

@@ -4,22 +4,26 @@
 use std::{
     net::SocketAddr,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use tokio::{
     net::{TcpListener, TcpStream},
     task::JoinSet,
 };
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, info_span, warn};
 
-use super::{PodContext, canonical, hbone_addr, is_engine_port, log_accept_error, relay};
+use super::{
+    PodContext, canonical, draining, hbone_addr, is_engine_port, log_accept_error, relay,
+    workload_peer,
+};
 use crate::{
     hbone::{self, PoolError, PoolKey, Tunnel, wire::Baggage},
     identity::Identity,
     logging::Chain,
     redirect::OrigDstTable,
     state::{MeshWorkload, Route},
+    telemetry::{Direction, FailReason, Flow, Peer, Protocol},
 };
 
 /// How long a connection to the destination may take before the client's
@@ -35,8 +39,13 @@ pub(super) async fn serve_outbound(
     orig_dst: Arc<Mutex<Option<OrigDstTable>>>,
 ) {
     let mut connections = JoinSet::new();
+    let mut shutdown = ctx.mesh.shutdown.clone();
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = draining(&mut shutdown) => break,
+        };
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(err) => {
                 log_accept_error(&err, "outbound");
@@ -70,30 +79,48 @@ pub(super) async fn serve_outbound(
         let span = info_span!("outbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, src = %canonical(peer));
         connections.spawn(
             async move {
+                let mut flow = Flow {
+                    direction: Direction::Outbound,
+                    protocol: Protocol::Tcp,
+                    src: canonical(peer),
+                    dst: None,
+                    source: ctx.peer(),
+                    destination: Peer::default(),
+                    service: None,
+                };
                 match dst {
-                    Ok(Some(dst)) => outbound(stream, peer, dst, &ctx).await,
+                    Ok(Some(dst)) => {
+                        flow.dst = Some(dst);
+                        outbound(stream, flow, &ctx).await;
+                    }
                     Ok(None) => refuse(
                         stream,
-                        peer,
-                        None,
-                        "outbound",
+                        &flow,
+                        &ctx,
+                        FailReason::NoOriginalDestination,
                         "no original destination recorded for this connection",
                     ),
-                    Err(err) => refuse(stream, peer, None, "outbound", &err),
+                    Err(err) => refuse(stream, &flow, &ctx, FailReason::Internal, &err),
                 }
             }
             .instrument(span),
         );
         reap(&mut connections);
     }
+    finish(listener, connections).await;
 }
 
 /// Serves the inbound plaintext listener: the accepted socket's local
 /// address is the original destination (sk_lookup does not rewrite it).
 pub(super) async fn serve_inbound(listener: TcpListener, ctx: Arc<PodContext>) {
     let mut connections = JoinSet::new();
+    let mut shutdown = ctx.mesh.shutdown.clone();
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = draining(&mut shutdown) => break,
+        };
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(err) => {
                 log_accept_error(&err, "inbound");
@@ -113,94 +140,119 @@ pub(super) async fn serve_inbound(listener: TcpListener, ctx: Arc<PodContext>) {
                         local
                     }
                 });
-                match local {
-                    Ok(local) if is_engine_port(local.port()) => refuse(
+                // Plaintext: the client's identity is not verified, only
+                // its address is known.
+                let mut flow = Flow {
+                    direction: Direction::Inbound,
+                    protocol: Protocol::Tcp,
+                    src: canonical(peer),
+                    dst: None,
+                    source: Peer {
+                        principal: None,
+                        ..ctx.mesh.peer_at(canonical(peer).ip())
+                    },
+                    destination: ctx.peer(),
+                    service: None,
+                };
+                let local = match local {
+                    Ok(local) => canonical(local),
+                    Err(err) => {
+                        return refuse(stream, &flow, &ctx, FailReason::Internal, &err.to_string());
+                    }
+                };
+                flow.dst = Some(local);
+                if is_engine_port(local.port()) {
+                    return refuse(
                         stream,
-                        peer,
-                        Some(canonical(local)),
-                        "inbound",
+                        &flow,
+                        &ctx,
+                        FailReason::EnginePort,
                         "destination is an engine port",
-                    ),
-                    Ok(local)
-                        if let Err(reason) = ctx.mesh.authorize(&crate::hbone::AuthzRequest {
-                            peer_identity: None,
-                            src: canonical(peer),
-                            dst: canonical(local),
-                        }) =>
-                    {
-                        refuse(stream, peer, Some(canonical(local)), "inbound", &reason)
-                    }
-                    Ok(local) => {
-                        let dst = canonical(local);
-                        let (_live, kill) = ctx.mesh.live.register(None, canonical(peer), dst);
-                        tokio::select! {
-                            () = forward(stream, peer, dst, &ctx, "inbound") => {}
-                            () = kill.notified() => {}
-                        }
-                    }
-                    Err(err) => refuse(stream, peer, None, "inbound", &err.to_string()),
+                    );
+                }
+                if let Err(reason) = ctx.mesh.authorize(&crate::hbone::AuthzRequest {
+                    peer_identity: None,
+                    src: canonical(peer),
+                    dst: local,
+                }) {
+                    return refuse(stream, &flow, &ctx, FailReason::Denied, &reason);
+                }
+                let (_live, kill) = ctx.mesh.live.register(None, canonical(peer), local);
+                tokio::select! {
+                    () = forward(stream, flow, local, &ctx) => {}
+                    () = kill.notified() => {}
                 }
             }
             .instrument(span),
         );
         reap(&mut connections);
     }
+    finish(listener, connections).await;
 }
 
 /// Sends a captured outbound connection on: to a service VIP through one of
 /// its endpoints (the next one when an endpoint's node does not answer), to
 /// a mesh workload speaking HBONE through a tunnel, anything else as plain
 /// TCP.
-async fn outbound(stream: TcpStream, peer: SocketAddr, dst: SocketAddr, ctx: &PodContext) {
+async fn outbound(stream: TcpStream, mut flow: Flow, ctx: &PodContext) {
+    let Some(dst) = flow.dst else {
+        return refuse(
+            stream,
+            &flow,
+            ctx,
+            FailReason::NoOriginalDestination,
+            "no destination",
+        );
+    };
     let state = ctx.mesh.state();
     match state.route(dst, &ctx.mesh.dead) {
-        Route::Unknown => forward(stream, peer, dst, ctx, "outbound").await,
+        Route::Unknown => forward(stream, flow, dst, ctx).await,
         Route::Workload(workload) if !workload.speaks_hbone() => {
-            forward(stream, peer, dst, ctx, "outbound").await;
+            flow.destination = workload_peer(&workload);
+            forward(stream, flow, dst, ctx).await;
         }
-        Route::Workload(workload) => match open_tunnel(ctx, &workload, dst, &[], peer).await {
-            Ok((tunnel, key)) => relay_tunnel(stream, peer, dst, tunnel, &key, None).await,
-            Err(err) => refuse(
-                stream,
-                peer,
-                Some(dst),
-                "outbound",
-                &Chain(&err).to_string(),
-            ),
-        },
+        Route::Workload(workload) => {
+            flow.destination = workload_peer(&workload);
+            flow.protocol = Protocol::Hbone;
+            match open_tunnel(ctx, &workload, dst, &[], flow.src).await {
+                Ok(tunnel) => relay_tunnel(stream, flow, tunnel, ctx).await,
+                Err(err) => refuse(
+                    stream,
+                    &flow,
+                    ctx,
+                    FailReason::Tunnel,
+                    &Chain(&err).to_string(),
+                ),
+            }
+        }
         Route::Service {
             service,
             candidates,
             alt_identities,
         } => {
+            // Istio labels the service by hostname.
+            flow.service = Some(service.rsplit('/').next().unwrap_or(&service).to_owned());
             if candidates.is_empty() {
                 let reason = format!("service {service} has no endpoints");
-                return refuse(stream, peer, Some(dst), "outbound", &reason);
+                return refuse(stream, &flow, ctx, FailReason::NoEndpoints, &reason);
             }
             for endpoint in candidates {
+                flow.dst = Some(endpoint.addr);
+                flow.destination = workload_peer(&endpoint.workload);
                 if !endpoint.workload.speaks_hbone() {
-                    return forward(stream, peer, endpoint.addr, ctx, "outbound").await;
+                    return forward(stream, flow, endpoint.addr, ctx).await;
                 }
+                flow.protocol = Protocol::Hbone;
                 match open_tunnel(
                     ctx,
                     &endpoint.workload,
                     endpoint.addr,
                     &alt_identities,
-                    peer,
+                    flow.src,
                 )
                 .await
                 {
-                    Ok((tunnel, key)) => {
-                        return relay_tunnel(
-                            stream,
-                            peer,
-                            endpoint.addr,
-                            tunnel,
-                            &key,
-                            Some(&service),
-                        )
-                        .await;
-                    }
+                    Ok(tunnel) => return relay_tunnel(stream, flow, tunnel, ctx).await,
                     // The endpoint's node did not answer: skip it for a
                     // while and try the next one.
                     Err(PoolError::Dial { addr, .. }) => {
@@ -208,18 +260,14 @@ async fn outbound(stream: TcpStream, peer: SocketAddr, dst: SocketAddr, ctx: &Po
                         ctx.mesh.dead.mark(endpoint.addr.ip());
                     }
                     Err(err) => {
-                        return refuse(
-                            stream,
-                            peer,
-                            Some(endpoint.addr),
-                            "outbound",
-                            &Chain(&err).to_string(),
-                        );
+                        let reason = Chain(&err).to_string();
+                        return refuse(stream, &flow, ctx, FailReason::Tunnel, &reason);
                     }
                 }
             }
+            flow.dst = Some(dst);
             let reason = format!("no endpoint of service {service} is reachable");
-            refuse(stream, peer, Some(dst), "outbound", &reason);
+            refuse(stream, &flow, ctx, FailReason::NoEndpoints, &reason);
         }
     }
 }
@@ -231,8 +279,8 @@ async fn open_tunnel(
     workload: &MeshWorkload,
     dst: SocketAddr,
     alt: &[Identity],
-    peer: SocketAddr,
-) -> Result<(Tunnel, PoolKey), PoolError> {
+    src: SocketAddr,
+) -> Result<Tunnel, PoolError> {
     let key = PoolKey {
         src_identity: ctx.spiffe.to_uri(),
         dst_identity: workload.identity.to_uri(),
@@ -246,133 +294,62 @@ async fn open_tunnel(
         service: ctx.identity.name.clone(),
         version: "latest".into(),
     };
-    let tunnel = ctx
-        .pool
-        .connect(&key, &dst.to_string(), canonical(peer), &baggage)
-        .await?;
-    Ok((tunnel, key))
+    ctx.pool
+        .connect(&key, &dst.to_string(), src, &baggage)
+        .await
 }
 
-/// Relays through an open tunnel and writes the access record.
-async fn relay_tunnel(
-    stream: TcpStream,
-    peer: SocketAddr,
-    dst: SocketAddr,
-    tunnel: Tunnel,
-    key: &PoolKey,
-    service: Option<&str>,
-) {
-    let started = Instant::now();
+/// Relays through an open tunnel; the flow's record is written as it ends.
+async fn relay_tunnel(stream: TcpStream, flow: Flow, tunnel: Tunnel, ctx: &PodContext) {
+    let open = flow.open(&ctx.mesh.metrics);
     let _ = stream.set_nodelay(true);
     let Tunnel { send, recv, .. } = tunnel;
-    let result = hbone::relay(stream, send, recv).await;
-    let duration_ms = started.elapsed().as_millis() as u64;
-    let service = service.unwrap_or("-");
-    match result {
-        Ok(t) => info!(
-            target: "access",
-            direction = "outbound",
-            protocol = "HBONE",
-            src = %canonical(peer),
-            dst = %dst,
-            service,
-            dst_identity = %key.dst_identity,
-            bytes_sent = t.sent,
-            bytes_received = t.received,
-            duration_ms,
-            "connection closed"
-        ),
-        Err(err) => info!(
-            target: "access",
-            direction = "outbound",
-            protocol = "HBONE",
-            src = %canonical(peer),
-            dst = %dst,
-            service,
-            dst_identity = %key.dst_identity,
-            duration_ms,
-            error = %Chain(&err),
-            "connection failed"
-        ),
+    match hbone::relay(stream, send, recv).await {
+        Ok(t) => open.close(t.sent, t.received, None),
+        Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
     }
 }
 
 /// Connects to `dst` from inside the pod and relays.
-async fn forward(
-    downstream: TcpStream,
-    peer: SocketAddr,
-    dst: SocketAddr,
-    ctx: &PodContext,
-    direction: &'static str,
-) {
-    let started = Instant::now();
+async fn forward(downstream: TcpStream, flow: Flow, dst: SocketAddr, ctx: &PodContext) {
     let upstream = match ctx.netns.connector(dst, ctx.mark) {
         Ok(socket) => match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(dst)).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(err)) => {
-                return refuse(
-                    downstream,
-                    peer,
-                    Some(dst),
-                    direction,
-                    &format!("connect failed: {err}"),
-                );
+                let reason = format!("connect failed: {err}");
+                return refuse(downstream, &flow, ctx, FailReason::ConnectFailed, &reason);
             }
             Err(_) => {
-                return refuse(downstream, peer, Some(dst), direction, "connect timed out");
+                let reason = "connect timed out";
+                return refuse(downstream, &flow, ctx, FailReason::ConnectTimeout, reason);
             }
         },
         Err(err) => {
-            return refuse(
-                downstream,
-                peer,
-                Some(dst),
-                direction,
-                &format!("cannot create socket in pod: {err}"),
-            );
+            let reason = format!("cannot create socket in pod: {err}");
+            return refuse(downstream, &flow, ctx, FailReason::Internal, &reason);
         }
     };
+    let open = flow.open(&ctx.mesh.metrics);
     let _ = downstream.set_nodelay(true);
     debug!(%dst, "connected");
-    let result = relay(downstream, upstream).await;
-    let duration_ms = started.elapsed().as_millis() as u64;
-    match result {
-        Ok(t) => info!(
-            target: "access",
-            direction,
-            src = %canonical(peer),
-            dst = %dst,
-            bytes_sent = t.sent,
-            bytes_received = t.received,
-            duration_ms,
-            "connection closed"
-        ),
-        Err(err) => info!(
-            target: "access",
-            direction,
-            src = %canonical(peer),
-            dst = %dst,
-            duration_ms,
-            error = %crate::logging::Chain(&err),
-            "connection failed"
-        ),
+    match relay(downstream, upstream).await {
+        Ok(t) => open.close(t.sent, t.received, None),
+        Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
     }
 }
 
-/// Resets the client connection and logs why.
-fn refuse(
-    stream: TcpStream,
-    peer: SocketAddr,
-    dst: Option<SocketAddr>,
-    direction: &'static str,
-    reason: &str,
-) {
+/// Resets the client connection, counts it and writes its record.
+fn refuse(stream: TcpStream, flow: &Flow, ctx: &PodContext, reason: FailReason, detail: &str) {
     let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
     drop(stream);
-    let dst = dst
-        .map(|d| d.to_string())
-        .unwrap_or_else(|| "unknown".into());
-    warn!(target: "access", direction, src = %canonical(peer), dst, reason, "connection refused");
+    flow.refuse(&ctx.mesh.metrics, reason, detail);
+}
+
+/// Stops accepting (the listener closes) and lets the connections in flight
+/// finish; the agent's drain deadline aborts what is left.
+async fn finish(listener: TcpListener, mut connections: JoinSet<()>) {
+    drop(listener);
+    while connections.join_next().await.is_some() {}
 }
 
 /// Collects finished connection tasks so the set does not grow.

@@ -8,10 +8,11 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::{PodContext, canonical, log_accept_error};
+use super::{PodContext, canonical, draining, log_accept_error};
 use crate::{
     hbone::{self, ServerContext},
     logging::Chain,
+    telemetry::{FailReason, Peer},
     tls,
 };
 
@@ -21,8 +22,14 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Accepts HBONE connections until the task is dropped.
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
     let acceptor = TlsAcceptor::from(Arc::clone(&ctx.server_tls));
+    let mut shutdown = ctx.mesh.shutdown.clone();
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            // Open HBONE connections drain on their own (GOAWAY).
+            () = draining(&mut shutdown) => return,
+        };
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(err) => {
                 log_accept_error(&err, "hbone");
@@ -42,13 +49,19 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
                 let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => tls,
                     Ok(Err(err)) => {
+                        ctx.mesh.metrics.failed("inbound", FailReason::TlsHandshake.as_str());
                         return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), error = %err, "TLS handshake refused");
                     }
                     Err(_) => {
+                        ctx.mesh.metrics.failed("inbound", FailReason::TlsHandshake.as_str());
                         return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), "TLS handshake timed out");
                     }
                 };
                 let peer_identity = tls::peer_identity(tls.get_ref().1).map(|id| id.to_uri());
+                let source = Peer {
+                    principal: peer_identity.clone(),
+                    ..ctx.mesh.peer_at(canonical(peer).ip())
+                };
                 let netns = ctx.netns.clone();
                 let mark = ctx.mark;
                 let server = ServerContext {
@@ -69,6 +82,9 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
                     },
                     live: Some(Arc::clone(&ctx.mesh.live)),
                     shutdown: ctx.mesh.shutdown.clone(),
+                    metrics: Arc::clone(&ctx.mesh.metrics),
+                    source,
+                    destination: ctx.peer(),
                 };
                 if let Err(err) = hbone::serve_connection(tls, server).await {
                     debug!(error = %Chain(&err), "HBONE connection ended with an error");

@@ -17,7 +17,8 @@ use super::{LiveConnections, PodNetns};
 use crate::{
     hbone::{Dialer, PoolKey},
     identity::{CertStore, Identity},
-    state::{DeadEndpoints, MeshState},
+    state::{DeadEndpoints, MeshState, MeshWorkload},
+    telemetry::{Metrics, Peer},
     tls::ClientConfigCache,
 };
 
@@ -47,6 +48,8 @@ pub struct MeshContext {
     pub shutdown: watch::Receiver<bool>,
     /// How long an unused pooled HBONE connection is kept.
     pub pool_idle_timeout: Duration,
+    /// Connection metrics (and the rest of `/metrics`).
+    pub metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for MeshContext {
@@ -87,9 +90,28 @@ impl MeshContext {
         }
     }
 
+    /// Who is at `ip`, as far as the configuration says (an unknown
+    /// address gives an empty peer).
+    pub fn peer_at(&self, ip: std::net::IpAddr) -> Peer {
+        self.state()
+            .workloads
+            .by_ip(ip)
+            .map(|w| workload_peer(w))
+            .unwrap_or_default()
+    }
+
     /// Decides a connection under the current policies.
     pub fn authorize(&self, request: &crate::hbone::AuthzRequest<'_>) -> Result<(), String> {
         self.state().authorize(request)
+    }
+}
+
+/// A configured workload as a connection end.
+pub fn workload_peer(workload: &MeshWorkload) -> Peer {
+    Peer {
+        workload: Some(workload.workload.name.clone()),
+        namespace: Some(workload.workload.namespace.clone()),
+        principal: Some(workload.identity.to_uri()),
     }
 }
 

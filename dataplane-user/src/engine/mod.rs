@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 pub use live::{LiveConnections, LiveGuard};
-pub use mesh::{MeshContext, PodTlsDialer, hbone_addr};
+pub use mesh::{MeshContext, PodTlsDialer, hbone_addr, workload_peer};
 pub use pod_netns::PodNetns;
 pub(crate) use relay::reset_on_close;
 pub use relay::{RelayError, Transferred, relay};
@@ -78,6 +78,17 @@ pub struct PodContext {
     pub pool: Arc<crate::hbone::HbonePool<PodTlsDialer>>,
     /// The pod's HBONE server TLS configuration.
     pub server_tls: Arc<rustls::ServerConfig>,
+}
+
+impl PodContext {
+    /// This pod as a connection end.
+    pub fn peer(&self) -> crate::telemetry::Peer {
+        crate::telemetry::Peer {
+            workload: Some(self.identity.name.clone()),
+            namespace: Some(self.identity.namespace.clone()),
+            principal: Some(self.spiffe.to_uri()),
+        }
+    }
 }
 
 impl std::fmt::Debug for PodContext {
@@ -217,6 +228,11 @@ pub fn canonical(addr: SocketAddr) -> SocketAddr {
 /// never be a forwarding destination (that would loop).
 pub fn is_engine_port(port: u16) -> bool {
     matches!(port, OUTBOUND_PORT | INBOUND_PLAINTEXT_PORT | HBONE_PORT)
+}
+
+/// Returns once the agent starts draining (or can no longer say).
+async fn draining(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|draining| *draining).await;
 }
 
 fn log_accept_error(err: &io::Error, listener: &str) {

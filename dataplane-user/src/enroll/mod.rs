@@ -10,7 +10,7 @@
 mod state;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     net::IpAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -169,6 +169,27 @@ pub struct Enrollments {
     settings: EngineSettings,
     state: StateFile,
     pods: HashMap<String, EnrolledPod>,
+    /// Pods recently unenrolled or refused, newest last, for `status`.
+    departed: VecDeque<DepartedPod>,
+}
+
+/// How many departed pods `status` remembers.
+const DEPARTED_KEPT: usize = 64;
+
+/// A pod this agent no longer captures, or could not enroll, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DepartedPod {
+    /// The pod's uid.
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Why it is not captured.
+    pub reason: String,
+    /// When, in seconds since the Unix epoch.
+    pub at: u64,
 }
 
 impl std::fmt::Debug for Enrollments {
@@ -195,6 +216,7 @@ impl Enrollments {
             settings,
             state,
             pods: HashMap::new(),
+            departed: VecDeque::new(),
         }
     }
 
@@ -236,8 +258,45 @@ impl Enrollments {
     }
 
     /// Enrolls `spec`. Enrolling the same pod again is a no-op; enrolling a
-    /// changed spec under the same uid re-enrolls it.
+    /// changed spec under the same uid re-enrolls it. A failure is
+    /// remembered for `status`.
     pub fn add(&mut self, spec: PodSpec) -> Result<PodStatus, EnrollError> {
+        let who = (spec.uid.clone(), spec.name.clone(), spec.namespace.clone());
+        let result = self.add_inner(spec);
+        match &result {
+            Ok(_) => self.departed.retain(|d| d.uid != who.0),
+            Err(err) => {
+                let reason = format!("enrollment failed: {}", crate::logging::Chain(err));
+                self.note_departed(who, reason);
+            }
+        }
+        result
+    }
+
+    /// Pods recently unenrolled or refused (oldest first) and why, except
+    /// those enrolled again since.
+    pub fn departed(&self) -> Vec<DepartedPod> {
+        self.departed.iter().cloned().collect()
+    }
+
+    fn note_departed(&mut self, (uid, name, namespace): (String, String, String), reason: String) {
+        self.departed.retain(|d| d.uid != uid);
+        if self.departed.len() == DEPARTED_KEPT {
+            self.departed.pop_front();
+        }
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.departed.push_back(DepartedPod {
+            uid,
+            name,
+            namespace,
+            reason,
+            at,
+        });
+    }
+
+    fn add_inner(&mut self, spec: PodSpec) -> Result<PodStatus, EnrollError> {
         validate(&spec)?;
         if let Some(existing) = self.pods.get(&spec.uid) {
             if existing.spec == spec {
@@ -340,9 +399,23 @@ impl Enrollments {
 
     /// Unenrolls the pod with this uid. Returns whether it was enrolled.
     pub fn remove(&mut self, uid: &str) -> Result<bool, EnrollError> {
+        self.remove_because(
+            uid,
+            "unenrolled on request (CNI DEL, `dataplane pod remove` or the Kubernetes reconciler)",
+        )
+    }
+
+    /// Unenrolls the pod with this uid, remembering `reason` for `status`.
+    pub fn remove_because(&mut self, uid: &str, reason: &str) -> Result<bool, EnrollError> {
         let Some(pod) = self.pods.remove(uid) else {
             return Ok(false);
         };
+        let who = (
+            pod.spec.uid.clone(),
+            pod.spec.name.clone(),
+            pod.spec.namespace.clone(),
+        );
+        self.note_departed(who, reason.to_owned());
         pod.engine.stop();
         self.with_redirector(|r| r.unenroll_pod(pod.cookie))?;
         info!(pod = %pod.spec.name, namespace = %pod.spec.namespace, uid, "pod unenrolled");
@@ -381,7 +454,7 @@ impl Enrollments {
             .collect();
         for uid in &vanished {
             info!(uid, "pod network namespace disappeared; unenrolling");
-            if let Err(err) = self.remove(uid) {
+            if let Err(err) = self.remove_because(uid, "its network namespace is gone") {
                 warn!(uid, error = %crate::logging::Chain(&err), "cleanup of a vanished pod failed");
             }
         }

@@ -6,7 +6,7 @@
 //! or its port is an engine port; 401 denied by policy; 503 the app could
 //! not be reached (the client's stream then ends).
 
-use std::{future::Future, net::SocketAddr, pin::Pin, sync::Arc, time::Instant};
+use std::{future::Future, net::SocketAddr, pin::Pin, sync::Arc};
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -16,10 +16,14 @@ use tokio::{
     net::TcpStream,
     sync::watch,
 };
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, info_span};
 
 use super::{relay, wire};
-use crate::engine::{canonical, is_engine_port};
+use crate::{
+    engine::{canonical, is_engine_port},
+    logging::Chain,
+    telemetry::{Direction, FailReason, Flow, Metrics, Peer, Protocol},
+};
 
 /// Dials the app for an accepted tunnel.
 pub type AppDialer = Arc<
@@ -66,6 +70,12 @@ pub struct ServerContext {
     /// Flips to `true` when the agent drains: the server sends GOAWAY and
     /// lets open streams finish.
     pub shutdown: watch::Receiver<bool>,
+    /// Where streams are counted.
+    pub metrics: Arc<Metrics>,
+    /// The client (its principal is the verified identity).
+    pub source: Peer,
+    /// The workload this server belongs to.
+    pub destination: Peer,
 }
 
 impl std::fmt::Debug for ServerContext {
@@ -123,22 +133,42 @@ async fn handle_stream(
     mut respond: SendResponse<Bytes>,
     ctx: ServerContext,
 ) {
-    let started = Instant::now();
+    let mut flow = Flow {
+        direction: Direction::Inbound,
+        protocol: Protocol::Hbone,
+        src: canonical(ctx.peer),
+        dst: None,
+        source: ctx.source.clone(),
+        destination: ctx.destination.clone(),
+        service: None,
+    };
     let dst = match check(&request, &ctx) {
         Ok(dst) => dst,
-        Err((status, reason)) => return reject(&mut respond, status, &ctx, None, reason),
+        Err((status, reason)) => {
+            return reject(
+                &mut respond,
+                status,
+                &ctx,
+                &flow,
+                FailReason::BadRequest,
+                reason,
+            );
+        }
     };
+    flow.dst = Some(dst);
     let authz = AuthzRequest {
         peer_identity: ctx.peer_identity.as_deref(),
         src: canonical(ctx.peer),
         dst,
     };
     if let Err(reason) = (ctx.authorize)(&authz) {
+        let status = StatusCode::UNAUTHORIZED;
         return reject(
             &mut respond,
-            StatusCode::UNAUTHORIZED,
+            status,
             &ctx,
-            Some(dst),
+            &flow,
+            FailReason::Denied,
             &reason,
         );
     }
@@ -146,11 +176,13 @@ async fn handle_stream(
         Ok(app) => app,
         Err(err) => {
             let reason = format!("app unreachable: {err}");
+            let status = StatusCode::SERVICE_UNAVAILABLE;
             return reject(
                 &mut respond,
-                StatusCode::SERVICE_UNAVAILABLE,
+                status,
                 &ctx,
-                Some(dst),
+                &flow,
+                FailReason::AppUnreachable,
                 &reason,
             );
         }
@@ -158,10 +190,11 @@ async fn handle_stream(
     let send = match respond.send_response(status_only(StatusCode::OK), false) {
         Ok(send) => send,
         Err(err) => {
-            warn!(error = %err, "cannot send 200");
-            return;
+            let reason = format!("cannot send 200: {err}");
+            return flow.refuse(&ctx.metrics, FailReason::Tunnel, &reason);
         }
     };
+    let open = flow.open(&ctx.metrics);
     let (_live, kill) = match &ctx.live {
         Some(live) => {
             let (guard, kill) =
@@ -173,34 +206,15 @@ async fn handle_stream(
     let result = match kill {
         Some(kill) => tokio::select! {
             result = relay::relay(app, send, request.into_body()) => result,
+            // Dropping `open` records the connection as closed by the agent.
             () = kill.notified() => return,
         },
         None => relay::relay(app, send, request.into_body()).await,
     };
-    let duration_ms = started.elapsed().as_millis() as u64;
+    // The relay's `sent` went from the app (the server) into the tunnel.
     match result {
-        Ok(t) => info!(
-            target: "access",
-            direction = "inbound",
-            protocol = "HBONE",
-            src = %canonical(ctx.peer),
-            dst = %dst,
-            peer_identity = ctx.peer_identity.as_deref().unwrap_or("-"),
-            bytes_sent = t.received,
-            bytes_received = t.sent,
-            duration_ms,
-            "connection closed"
-        ),
-        Err(err) => info!(
-            target: "access",
-            direction = "inbound",
-            protocol = "HBONE",
-            src = %canonical(ctx.peer),
-            dst = %dst,
-            duration_ms,
-            error = %crate::logging::Chain(&err),
-            "connection failed"
-        ),
+        Ok(t) => open.close(t.received, t.sent, None),
+        Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
     }
 }
 
@@ -241,21 +255,13 @@ fn reject(
     respond: &mut SendResponse<Bytes>,
     status: StatusCode,
     ctx: &ServerContext,
-    dst: Option<SocketAddr>,
-    reason: &str,
+    flow: &Flow,
+    reason: FailReason,
+    detail: &str,
 ) {
     let _ = respond.send_response(status_only(status), true);
-    let dst = dst.map(|d| d.to_string()).unwrap_or_else(|| "-".into());
-    warn!(
-        target: "access",
-        direction = "inbound",
-        protocol = "HBONE",
-        src = %canonical(ctx.peer),
-        dst,
-        status = status.as_u16(),
-        reason,
-        "connection refused"
-    );
+    let detail = format!("{} {detail}", status.as_u16());
+    flow.refuse(&ctx.metrics, reason, &detail);
 }
 
 fn status_only(status: StatusCode) -> Response<()> {

@@ -120,6 +120,19 @@ impl CertStore {
         self.lookup(identity).map(|c| c.issued.clone())
     }
 
+    /// Every certificate held now, sorted by identity.
+    pub fn issued(&self) -> Vec<Arc<IssuedCert>> {
+        let mut all: Vec<Arc<IssuedCert>> = self
+            .current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .map(|c| c.issued.clone())
+            .collect();
+        all.sort_by_key(|c| c.identity.to_uri());
+        all
+    }
+
     /// Stops holding (and rotating) a certificate for `identity`, e.g. when
     /// its last workload leaves the node. Returns whether one was held.
     pub fn forget(&self, identity: &Identity) -> bool {

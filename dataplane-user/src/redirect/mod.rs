@@ -256,6 +256,15 @@ impl Redirector {
         })
     }
 
+    /// Names of the attached cgroup programs (`dp_connect4`, ...), and
+    /// the cgroup they are attached to.
+    pub fn attached(&self) -> (Vec<&'static str>, &std::path::Path) {
+        (
+            self.links.iter().map(|(name, _)| *name).collect(),
+            &self.cgroup,
+        )
+    }
+
     /// The pin layout this redirector uses.
     pub fn pins(&self) -> &PinLayout {
         &self.pins

@@ -58,6 +58,10 @@ impl MeasuredAgent {
             .arg("--cgroup")
             .arg(node_cgroup)
             .args(["--on-exit", "detach"])
+            // Several agents share the host: no fixed endpoint ports.
+            .args(["--readiness-addr", "127.0.0.1:0"])
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(["--admin-addr", "127.0.0.1:0"])
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())

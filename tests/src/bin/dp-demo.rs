@@ -286,7 +286,8 @@ fn identities(a1: &Agent, a2: &Agent) {
         .log_text()
         .lines()
         .chain(a1.log_text().lines())
-        .filter_map(|l| l.split("peer_identity=\"").nth(1))
+        .filter(|l| l.contains("direction=\"inbound\"") && l.contains("protocol=\"HBONE\""))
+        .filter_map(|l| l.split("src_identity=\"").nth(1))
         .filter_map(|rest| rest.split('"').next().map(str::to_owned))
         .collect();
     println!("Client identities verified by the servers (mutual TLS, SPIFFE):");

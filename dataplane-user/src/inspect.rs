@@ -1,0 +1,381 @@
+//! What the agent reports about itself: the `status` screen, the
+//! configuration dump and the certificate list, served on the control
+//! socket (for `dataplane status|config-dump|certs`) and the admin
+//! endpoint's `/config_dump`.
+
+use std::{
+    path::Path,
+    sync::{Arc, Mutex, PoisonError},
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::{
+    engine::MeshContext,
+    enroll::{DepartedPod, Enrollments, PodStatus},
+    readiness::Readiness,
+    redirect::{PinLayout, Redirector},
+    telemetry::{RecentError, recent},
+};
+
+/// How many recent warnings `status` lists (all are counted).
+const RECENT_SHOWN: usize = 10;
+
+/// Everything the reports read.
+pub struct AgentView {
+    /// The instance name.
+    pub instance: String,
+    /// `ebpf` or `iptables`.
+    pub capture: &'static str,
+    /// Whether pods' traffic passes uncaptured while no agent serves them.
+    pub fail_open: bool,
+    /// Start-up progress and drain state.
+    pub readiness: Arc<Readiness>,
+    /// Workloads, certificates, connections.
+    pub mesh: Arc<MeshContext>,
+    /// Enrolled pods.
+    pub enrollments: Arc<Mutex<Enrollments>>,
+    /// The kernel programs (none under iptables capture).
+    pub redirector: Option<Arc<Mutex<Redirector>>>,
+    /// Where the instance's kernel state is pinned.
+    pub pins: PinLayout,
+    /// When the agent started.
+    pub started: Instant,
+}
+
+impl std::fmt::Debug for AgentView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentView")
+            .field("instance", &self.instance)
+            .finish()
+    }
+}
+
+/// `dataplane status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusReport {
+    /// The instance name.
+    pub instance: String,
+    /// The agent's version.
+    pub version: String,
+    /// Seconds since start.
+    pub uptime_secs: u64,
+    /// Whether readiness answers 200.
+    pub ready: bool,
+    /// What start-up still waits for, or `draining`.
+    pub pending: Vec<String>,
+    /// `ebpf` or `iptables`.
+    pub capture: String,
+    /// Fail-open while no agent serves.
+    pub fail_open: bool,
+    /// The cgroup the programs are attached to.
+    pub cgroup: Option<String>,
+    /// Attached cgroup programs.
+    pub programs: Vec<ProgramStatus>,
+    /// Pods enrolled, and pods recently unenrolled or refused.
+    pub pods: Vec<PodCapture>,
+    /// Connections open now.
+    pub connections_open: i64,
+    /// Where the configuration in force came from.
+    pub config_origin: String,
+    /// Why the last configuration file read was rejected, if it was.
+    pub config_error: Option<String>,
+    /// Warnings and errors logged in the last minute.
+    pub errors_last_minute: usize,
+    /// The latest of them (up to ten).
+    pub recent_errors: Vec<RecentError>,
+}
+
+impl StatusReport {
+    /// Whether anything needs an operator: not ready, a pod not captured,
+    /// a rejected configuration, or a program not attached.
+    pub fn healthy(&self) -> bool {
+        self.ready
+            && self.config_error.is_none()
+            && self.pods.iter().all(|p| p.captured)
+            && self.programs.iter().all(|p| p.attached)
+    }
+}
+
+/// A kernel program's attachment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProgramStatus {
+    /// The program (`dp_connect4`, ...).
+    pub program: String,
+    /// Its link's pin (`cgroup_connect4_dp_connect4`), when attached.
+    pub link: Option<String>,
+    /// Whether its link is pinned (attached) under bpffs.
+    pub attached: bool,
+}
+
+/// A pod's capture state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodCapture {
+    /// The pod's uid.
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Whether its traffic is captured now.
+    pub captured: bool,
+    /// What was checked, or why it is not captured.
+    pub reason: String,
+}
+
+/// A workload certificate, without its key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CertInfo {
+    /// The SPIFFE identity (URI SAN).
+    pub identity: String,
+    /// Serial number, colon-separated hex.
+    pub serial: String,
+    /// The issuer's distinguished name.
+    pub issuer: String,
+    /// notBefore, RFC 3339.
+    pub not_before: String,
+    /// notAfter, RFC 3339.
+    pub not_after: String,
+    /// Seconds until notAfter (negative once expired).
+    pub expires_in_secs: i64,
+}
+
+fn rfc3339(at: SystemTime) -> String {
+    time::OffsetDateTime::from(at)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "-".to_owned())
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl AgentView {
+    fn pods_and_departed(&self) -> (Vec<PodStatus>, Vec<DepartedPod>) {
+        let enrollments = lock(&self.enrollments);
+        (enrollments.list(), enrollments.departed())
+    }
+
+    /// The `status` screen's data.
+    pub fn status(&self) -> StatusReport {
+        let mut pending: Vec<String> = self
+            .readiness
+            .pending()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        if self.readiness.is_draining() {
+            pending.push("draining".to_owned());
+        }
+        let (programs, cgroup, kernel_cookies) = match &self.redirector {
+            Some(redirector) => {
+                let redirector = lock(redirector);
+                let (names, cgroup) = redirector.attached();
+                let links = list_dir(&self.pins.links_dir());
+                let programs = names
+                    .into_iter()
+                    .map(|program| {
+                        // Link pins are `<hook>_<program>`.
+                        let link = links
+                            .iter()
+                            .find(|l| l.ends_with(&format!("_{program}")))
+                            .cloned();
+                        ProgramStatus {
+                            program: program.to_owned(),
+                            attached: link.is_some(),
+                            link,
+                        }
+                    })
+                    .collect();
+                let cookies = redirector.enrolled_cookies().map_err(|e| {
+                    format!(
+                        "cannot read the enrolled-netns map: {}",
+                        crate::logging::Chain(&e)
+                    )
+                });
+                (programs, Some(cgroup.display().to_string()), Some(cookies))
+            }
+            None => (Vec::new(), None, None),
+        };
+        let (enrolled, departed) = self.pods_and_departed();
+        let mut pods: Vec<PodCapture> = enrolled
+            .iter()
+            .map(|pod| {
+                let (captured, reason) = self.capture_state(pod, kernel_cookies.as_ref());
+                PodCapture {
+                    uid: pod.spec.uid.clone(),
+                    name: pod.spec.name.clone(),
+                    namespace: pod.spec.namespace.clone(),
+                    captured,
+                    reason,
+                }
+            })
+            .collect();
+        pods.extend(departed.into_iter().map(|d| PodCapture {
+            uid: d.uid,
+            name: d.name,
+            namespace: d.namespace,
+            captured: false,
+            reason: d.reason,
+        }));
+        let errors = recent::global().last_minute();
+        let state = self.mesh.state();
+        let config_error = self
+            .mesh
+            .config_error
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        StatusReport {
+            instance: self.instance.clone(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            ready: pending.is_empty(),
+            pending,
+            capture: self.capture.to_owned(),
+            fail_open: self.fail_open,
+            cgroup,
+            programs,
+            pods,
+            connections_open: self.mesh.metrics.open_connections(),
+            config_origin: state.origin.clone(),
+            config_error,
+            errors_last_minute: errors.len(),
+            recent_errors: errors
+                .iter()
+                .skip(errors.len().saturating_sub(RECENT_SHOWN))
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// Whether the kernel captures `pod`: its netns is in the enrolled map
+    /// and its sk_lookup program is attached.
+    fn capture_state(
+        &self,
+        pod: &PodStatus,
+        kernel: Option<&Result<Vec<u64>, String>>,
+    ) -> (bool, String) {
+        let cookie = pod.netns_cookie;
+        match kernel {
+            None => (
+                true,
+                "iptables capture: listeners serving; the rules are not this agent's to check"
+                    .to_owned(),
+            ),
+            Some(Err(err)) => (false, err.clone()),
+            Some(Ok(cookies)) if !cookies.contains(&cookie) => (
+                false,
+                format!("network namespace {cookie} is missing from the kernel's enrolled map"),
+            ),
+            Some(Ok(_)) if !self.pins.sk_lookup_link(cookie).exists() => (
+                false,
+                format!("no sk_lookup program attached to network namespace {cookie}"),
+            ),
+            Some(Ok(_)) => (
+                true,
+                format!("network namespace {cookie} enrolled in the kernel, sk_lookup attached"),
+            ),
+        }
+    }
+
+    /// Every workload certificate held, without keys.
+    pub fn certs(&self) -> Vec<CertInfo> {
+        let issuer = issuer_name(self.mesh.certs.ca().root_der());
+        let now = SystemTime::now();
+        self.mesh
+            .certs
+            .issued()
+            .iter()
+            .map(|cert| {
+                let expires_in_secs = match cert.not_after.duration_since(now) {
+                    Ok(left) => i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
+                    Err(past) => -i64::try_from(past.duration().as_secs()).unwrap_or(i64::MAX),
+                };
+                CertInfo {
+                    identity: cert.identity.to_uri(),
+                    serial: cert.serial(),
+                    issuer: issuer.clone(),
+                    not_before: rfc3339(cert.not_before),
+                    not_after: rfc3339(cert.not_after),
+                    expires_in_secs,
+                }
+            })
+            .collect()
+    }
+
+    /// The configuration dump: configuration in force, enrolled pods,
+    /// certificates (no keys), kernel programs and pinned maps.
+    pub fn config_dump(&self) -> serde_json::Value {
+        let state = self.mesh.state();
+        let (pods, departed) = self.pods_and_departed();
+        let (programs, cgroup) = match &self.redirector {
+            Some(redirector) => {
+                let redirector = lock(redirector);
+                let (hooks, cgroup) = redirector.attached();
+                let hooks: Vec<String> = hooks.into_iter().map(str::to_owned).collect();
+                (hooks, Some(cgroup.display().to_string()))
+            }
+            None => (Vec::new(), None),
+        };
+        let counters = crate::redirect::read_counters(&self.pins)
+            .map(|c| {
+                c.into_iter()
+                    .map(|c| (c.name.to_owned(), json!(c.value)))
+                    .collect::<serde_json::Map<_, _>>()
+            })
+            .unwrap_or_default();
+        let config_error = self
+            .mesh
+            .config_error
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        json!({
+            "instance": self.instance,
+            "version": env!("CARGO_PKG_VERSION"),
+            "generatedAt": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            "config": state.config.to_json(),
+            "configError": config_error,
+            "pods": pods,
+            "departedPods": departed,
+            "certificates": self.certs(),
+            "trustDomain": self.mesh.trust_domain,
+            "kernel": {
+                "capture": self.capture,
+                "failOpen": self.fail_open,
+                "cgroup": cgroup,
+                "programs": programs,
+                "pinDir": self.pins.dir().display().to_string(),
+                "pinnedMaps": list_dir(&self.pins.maps_dir()),
+                "pinnedLinks": list_dir(&self.pins.links_dir()),
+                "counters": counters,
+            },
+        })
+    }
+}
+
+fn list_dir(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn issuer_name(root: &[u8]) -> String {
+    x509_parser::parse_x509_certificate(root)
+        .map(|(_, cert)| cert.subject().to_string())
+        .unwrap_or_else(|_| "unknown".to_owned())
+}

@@ -1,0 +1,214 @@
+//! Text output of the operator commands (`dataplane status`, `certs`).
+//! Colour is for terminals only: callers pass [`colour_wanted`], which is
+//! false when stdout is not a TTY or `NO_COLOR` is set.
+
+use std::{fmt::Write as _, io::IsTerminal};
+
+use crate::inspect::{CertInfo, StatusReport};
+
+/// Whether to colour output written to stdout.
+pub fn colour_wanted() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+#[derive(Clone, Copy)]
+struct Paint(bool);
+
+impl Paint {
+    fn wrap(self, code: &str, text: &str) -> String {
+        if self.0 {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_owned()
+        }
+    }
+
+    fn good(self, text: &str) -> String {
+        self.wrap("32", text)
+    }
+
+    fn bad(self, text: &str) -> String {
+        self.wrap("31", text)
+    }
+
+    fn bold(self, text: &str) -> String {
+        self.wrap("1", text)
+    }
+}
+
+fn age(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+/// The `status` screen.
+pub fn status(report: &StatusReport, colour: bool) -> String {
+    let p = Paint(colour);
+    let mut out = String::new();
+    let state = if report.ready {
+        p.good("ready")
+    } else {
+        p.bad(&format!(
+            "not ready (waiting for {})",
+            report.pending.join(", ")
+        ))
+    };
+    let _ = writeln!(
+        out,
+        "{} {} · version {} · up {} · {state}",
+        p.bold("agent"),
+        report.instance,
+        report.version,
+        age(report.uptime_secs)
+    );
+    let failure = if report.fail_open {
+        "fail-open"
+    } else {
+        "fail-closed"
+    };
+    let _ = writeln!(out, "capture   {} ({failure})", report.capture);
+    match &report.cgroup {
+        Some(cgroup) => {
+            let _ = writeln!(out, "programs  attached to {cgroup}");
+        }
+        None => {
+            let _ = writeln!(out, "programs  none (iptables capture)");
+        }
+    }
+    for program in &report.programs {
+        let mark = if program.attached {
+            p.good("attached")
+        } else {
+            p.bad("NOT ATTACHED")
+        };
+        let link = program.link.as_deref().unwrap_or("-");
+        let _ = writeln!(out, "  {:18} {mark} ({link})", program.program);
+    }
+    let captured = report.pods.iter().filter(|p| p.captured).count();
+    let _ = writeln!(
+        out,
+        "pods      {} listed, {captured} captured",
+        report.pods.len()
+    );
+    for pod in &report.pods {
+        let mark = if pod.captured {
+            p.good("captured")
+        } else {
+            p.bad("not captured")
+        };
+        let _ = writeln!(
+            out,
+            "  {:40} {mark}: {}",
+            format!("{}/{}", pod.namespace, pod.name),
+            pod.reason
+        );
+    }
+    let _ = writeln!(out, "conns     {} open", report.connections_open);
+    match &report.config_error {
+        Some(err) => {
+            let _ = writeln!(
+                out,
+                "config    {} ({}): {err}",
+                report.config_origin,
+                p.bad("last file rejected, previous one in force")
+            );
+        }
+        None => {
+            let _ = writeln!(out, "config    {}", report.config_origin);
+        }
+    }
+    let errors = if report.errors_last_minute == 0 {
+        p.good("none")
+    } else {
+        p.bad(&report.errors_last_minute.to_string())
+    };
+    let _ = writeln!(out, "errors    {errors} in the last minute");
+    for e in &report.recent_errors {
+        let _ = writeln!(out, "  {} {} {}: {}", e.at, e.level, e.target, e.message);
+    }
+    out
+}
+
+/// The `certs` table.
+pub fn certs(certs: &[CertInfo], colour: bool) -> String {
+    let p = Paint(colour);
+    if certs.is_empty() {
+        return "no workload certificates held\n".to_owned();
+    }
+    let mut out = format!(
+        "{:50} {:22} {:10} ISSUER / SERIAL\n",
+        "IDENTITY", "EXPIRES (UTC)", "IN"
+    );
+    for cert in certs {
+        let left = if cert.expires_in_secs <= 0 {
+            p.bad("expired")
+        } else {
+            age(cert.expires_in_secs.unsigned_abs())
+        };
+        let _ = writeln!(
+            out,
+            "{:50} {:22} {:10} {} / {}",
+            cert.identity, cert.not_after, left, cert.issuer, cert.serial
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inspect::{PodCapture, ProgramStatus};
+
+    fn report() -> StatusReport {
+        StatusReport {
+            instance: "node1".into(),
+            version: "0.1.0".into(),
+            uptime_secs: 75,
+            ready: true,
+            pending: vec![],
+            capture: "ebpf".into(),
+            fail_open: false,
+            cgroup: Some("/sys/fs/cgroup".into()),
+            programs: vec![ProgramStatus {
+                program: "dp_connect4".into(),
+                link: Some("cgroup_connect4_dp_connect4".into()),
+                attached: true,
+            }],
+            pods: vec![PodCapture {
+                uid: "u1".into(),
+                name: "web".into(),
+                namespace: "shop".into(),
+                captured: false,
+                reason: "unenrolled on request".into(),
+            }],
+            connections_open: 3,
+            config_origin: "/etc/mesh.yaml".into(),
+            config_error: None,
+            errors_last_minute: 0,
+            recent_errors: vec![],
+        }
+    }
+
+    #[test]
+    fn plain_output_has_no_escape_codes_and_names_the_reason() {
+        let text = status(&report(), false);
+        assert!(!text.contains('\x1b'), "{text}");
+        assert!(
+            text.contains("shop/web") && text.contains("not captured: unenrolled on request"),
+            "{text}"
+        );
+        assert!(text.contains("3 open"), "{text}");
+        assert!(!report().healthy());
+    }
+
+    #[test]
+    fn colour_output_marks_states() {
+        let text = status(&report(), true);
+        assert!(text.contains("\x1b[31mnot captured\x1b[0m"), "{text}");
+        assert!(text.contains("\x1b[32mready\x1b[0m"), "{text}");
+    }
+}

@@ -1,0 +1,282 @@
+//! One proxied connection as operators see it: the metrics it moves and its
+//! access record (target `access`), written when it closes, when it is
+//! refused, or when the agent closes it (policy change, drain deadline).
+//!
+//! Byte counts are from the client's point of view: `bytes_sent` went from
+//! the client towards the server (Istio's `received_bytes`, since the
+//! proxy received them), `bytes_received` came back.
+
+use std::{
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tracing::{info, warn};
+
+use super::metrics::{Metrics, TcpCounters, TcpLabels};
+
+/// Which side of the mesh reports the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Captured leaving a local pod (Istio reporter `source`).
+    Outbound,
+    /// Arriving at a local pod (Istio reporter `destination`).
+    Inbound,
+}
+
+impl Direction {
+    /// `outbound` or `inbound`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Outbound => "outbound",
+            Self::Inbound => "inbound",
+        }
+    }
+
+    fn reporter(self) -> &'static str {
+        match self {
+            Self::Outbound => "source",
+            Self::Inbound => "destination",
+        }
+    }
+}
+
+/// How the connection travels between the nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Plain TCP (passthrough, or a workload that does not speak HBONE).
+    Tcp,
+    /// An HTTP/2 CONNECT stream over mutual TLS.
+    Hbone,
+}
+
+impl Protocol {
+    /// `TCP` or `HBONE`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Hbone => "HBONE",
+        }
+    }
+
+    fn security(self) -> &'static str {
+        match self {
+            Self::Tcp => "none",
+            Self::Hbone => "mutual_tls",
+        }
+    }
+}
+
+/// Why a connection could not be set up: the `reason` label of
+/// `dataplane_tcp_connections_failed_total` (the access record has the
+/// details).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailReason {
+    /// No kernel or netfilter record of where an outbound connection went.
+    NoOriginalDestination,
+    /// The destination is one of the engine's own ports (would loop).
+    EnginePort,
+    /// An authorization policy denied it.
+    Denied,
+    /// The destination refused or could not be reached.
+    ConnectFailed,
+    /// The destination did not answer in time.
+    ConnectTimeout,
+    /// A service without (reachable) endpoints.
+    NoEndpoints,
+    /// The HBONE tunnel could not be opened (dial, TLS, CONNECT status).
+    Tunnel,
+    /// An inbound TLS handshake failed or timed out.
+    TlsHandshake,
+    /// A malformed or disallowed CONNECT request.
+    BadRequest,
+    /// The app behind an inbound tunnel could not be reached.
+    AppUnreachable,
+    /// Anything else (a socket could not be created, ...).
+    Internal,
+}
+
+impl FailReason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoOriginalDestination => "no_original_destination",
+            Self::EnginePort => "engine_port",
+            Self::Denied => "denied",
+            Self::ConnectFailed => "connect_failed",
+            Self::ConnectTimeout => "connect_timeout",
+            Self::NoEndpoints => "no_endpoints",
+            Self::Tunnel => "tunnel_failed",
+            Self::TlsHandshake => "tls_handshake",
+            Self::BadRequest => "bad_request",
+            Self::AppUnreachable => "app_unreachable",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+/// One end of a connection, as far as the agent knows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Peer {
+    /// Workload (pod) name.
+    pub workload: Option<String>,
+    /// Kubernetes namespace.
+    pub namespace: Option<String>,
+    /// SPIFFE identity URI.
+    pub principal: Option<String>,
+}
+
+/// A connection the engine is handling.
+#[derive(Debug, Clone)]
+pub struct Flow {
+    /// Outbound or inbound.
+    pub direction: Direction,
+    /// TCP or HBONE.
+    pub protocol: Protocol,
+    /// The client's address.
+    pub src: SocketAddr,
+    /// Where it goes (the endpoint, once chosen), if known.
+    pub dst: Option<SocketAddr>,
+    /// The client.
+    pub source: Peer,
+    /// The server.
+    pub destination: Peer,
+    /// The service hostname, when the client addressed a service VIP.
+    pub service: Option<String>,
+}
+
+fn label(value: Option<&String>) -> String {
+    value.cloned().unwrap_or_else(|| "unknown".to_owned())
+}
+
+fn field(value: Option<&String>) -> &str {
+    value.map_or("-", String::as_str)
+}
+
+impl Flow {
+    fn labels(&self) -> TcpLabels {
+        TcpLabels {
+            reporter: self.direction.reporter(),
+            source_workload: label(self.source.workload.as_ref()),
+            source_workload_namespace: label(self.source.namespace.as_ref()),
+            source_principal: label(self.source.principal.as_ref()),
+            destination_workload: label(self.destination.workload.as_ref()),
+            destination_workload_namespace: label(self.destination.namespace.as_ref()),
+            destination_principal: label(self.destination.principal.as_ref()),
+            destination_service: label(self.service.as_ref()),
+            request_protocol: "tcp",
+            response_flags: "-",
+            connection_security_policy: self.protocol.security(),
+        }
+    }
+
+    fn dst_field(&self) -> String {
+        self.dst.map_or_else(|| "-".to_owned(), |d| d.to_string())
+    }
+
+    /// The connection is established end to end: counts it as opened and
+    /// open until the returned handle is closed or dropped.
+    pub fn open(self, metrics: &Arc<Metrics>) -> OpenFlow {
+        let counters = metrics.opened(self.direction.as_str(), &self.labels());
+        OpenFlow {
+            flow: self,
+            started: Instant::now(),
+            metrics: Arc::clone(metrics),
+            counters,
+            closed: false,
+        }
+    }
+
+    /// The connection was refused or could not be set up: counts it and
+    /// writes its access record.
+    pub fn refuse(&self, metrics: &Metrics, reason: FailReason, detail: &str) {
+        metrics.failed(self.direction.as_str(), reason.as_str());
+        warn!(
+            target: "access",
+            direction = self.direction.as_str(),
+            protocol = self.protocol.as_str(),
+            src = %self.src,
+            dst = %self.dst_field(),
+            src_workload = field(self.source.workload.as_ref()),
+            src_namespace = field(self.source.namespace.as_ref()),
+            src_identity = field(self.source.principal.as_ref()),
+            dst_workload = field(self.destination.workload.as_ref()),
+            dst_namespace = field(self.destination.namespace.as_ref()),
+            dst_identity = field(self.destination.principal.as_ref()),
+            service = field(self.service.as_ref()),
+            reason = reason.as_str(),
+            error = detail,
+            "connection refused"
+        );
+    }
+}
+
+/// An open connection; closing or dropping it writes its access record.
+#[derive(Debug)]
+pub struct OpenFlow {
+    flow: Flow,
+    started: Instant,
+    metrics: Arc<Metrics>,
+    counters: TcpCounters,
+    closed: bool,
+}
+
+impl OpenFlow {
+    /// How long it has been open.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The connection ended: `sent` bytes went from the client towards the
+    /// server and `received` came back; `error` says how it failed, if it
+    /// did (counts can then be short: bytes of a failed relay are not
+    /// known).
+    pub fn close(mut self, sent: u64, received: u64, error: Option<&str>) {
+        self.record(sent, received, error);
+    }
+
+    fn record(&mut self, sent: u64, received: u64, error: Option<&str>) {
+        self.closed = true;
+        self.counters.received.inc_by(sent);
+        self.counters.sent.inc_by(received);
+        self.counters.closed.inc();
+        self.metrics.gone(self.flow.direction.as_str());
+        let flow = &self.flow;
+        let duration_ms = self.started.elapsed().as_millis() as u64;
+        let message = if error.is_some() {
+            "connection failed"
+        } else {
+            "connection closed"
+        };
+        info!(
+            target: "access",
+            direction = flow.direction.as_str(),
+            protocol = flow.protocol.as_str(),
+            src = %flow.src,
+            dst = %flow.dst_field(),
+            src_workload = field(flow.source.workload.as_ref()),
+            src_namespace = field(flow.source.namespace.as_ref()),
+            src_identity = field(flow.source.principal.as_ref()),
+            dst_workload = field(flow.destination.workload.as_ref()),
+            dst_namespace = field(flow.destination.namespace.as_ref()),
+            dst_identity = field(flow.destination.principal.as_ref()),
+            service = field(flow.service.as_ref()),
+            bytes_sent = sent,
+            bytes_received = received,
+            duration_ms,
+            error = error.unwrap_or("-"),
+            "{message}"
+        );
+    }
+}
+
+impl Drop for OpenFlow {
+    fn drop(&mut self) {
+        if !self.closed {
+            // The task was cancelled: a policy change or the drain deadline
+            // closed the connection under it.
+            self.record(0, 0, Some("closed by the agent (policy change or drain)"));
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! The Prometheus registry: Istio's `istio_tcp_*` families, the agent's
+//! own connection, configuration and build metrics, and collectors that
+//! read kernel and agent state on each scrape.
+
+use std::{
+    fmt,
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicI64, Ordering},
+    },
+};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use super::process::ProcessCollector;
+
+/// The labels Istio puts on its TCP metrics (design: Metrics). Unknown
+/// values are `unknown`, as Istio writes them.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TcpLabels {
+    /// `source` (the client's node reported) or `destination`.
+    pub reporter: &'static str,
+    /// The client's workload (pod) name.
+    pub source_workload: String,
+    /// The client's namespace.
+    pub source_workload_namespace: String,
+    /// The client's SPIFFE identity.
+    pub source_principal: String,
+    /// The server's workload (pod) name.
+    pub destination_workload: String,
+    /// The server's namespace.
+    pub destination_workload_namespace: String,
+    /// The server's SPIFFE identity.
+    pub destination_principal: String,
+    /// The service hostname the client addressed, when it used a VIP.
+    pub destination_service: String,
+    /// Always `tcp`: the engine does not parse application protocols.
+    pub request_protocol: &'static str,
+    /// `-` for a connection that closed normally.
+    pub response_flags: &'static str,
+    /// `mutual_tls` for HBONE, `none` for plaintext.
+    pub connection_security_policy: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailedLabels {
+    direction: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    component: &'static str,
+    tag: &'static str,
+}
+
+/// The counters of one connection, resolved once when it opens so closing
+/// it does not hash its labels again.
+#[derive(Debug, Clone)]
+pub(super) struct TcpCounters {
+    pub closed: Counter,
+    pub received: Counter,
+    pub sent: Counter,
+}
+
+/// Every metric the agent exports on `/metrics`.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    opened: Family<TcpLabels, Counter>,
+    closed: Family<TcpLabels, Counter>,
+    received: Family<TcpLabels, Counter>,
+    sent: Family<TcpLabels, Counter>,
+    failed: Family<FailedLabels, Counter>,
+    open: Family<DirectionLabels, Gauge>,
+    open_total: AtomicI64,
+    reloads: Family<ResultLabels, Counter>,
+    config_valid: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every family registered and no samples yet.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let opened = Family::<TcpLabels, Counter>::default();
+        let closed = Family::<TcpLabels, Counter>::default();
+        let received = Family::<TcpLabels, Counter>::default();
+        let sent = Family::<TcpLabels, Counter>::default();
+        registry.register(
+            "istio_tcp_connections_opened",
+            "TCP connections opened",
+            opened.clone(),
+        );
+        registry.register(
+            "istio_tcp_connections_closed",
+            "TCP connections closed",
+            closed.clone(),
+        );
+        registry.register(
+            "istio_tcp_received_bytes",
+            "Bytes the client sent towards the server, counted when the connection closes",
+            received.clone(),
+        );
+        registry.register(
+            "istio_tcp_sent_bytes",
+            "Bytes the server sent back to the client, counted when the connection closes",
+            sent.clone(),
+        );
+        let failed = Family::<FailedLabels, Counter>::default();
+        registry.register(
+            "dataplane_tcp_connections_failed",
+            "Connections refused or that could not be set up, by direction and reason",
+            failed.clone(),
+        );
+        let open = Family::<DirectionLabels, Gauge>::default();
+        registry.register(
+            "dataplane_tcp_connections_open",
+            "Connections open now, by direction",
+            open.clone(),
+        );
+        let reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "dataplane_config_reloads",
+            "Configuration files read after start-up, by result (applied or rejected)",
+            reloads.clone(),
+        );
+        let config_valid = Gauge::default();
+        config_valid.set(1);
+        registry.register(
+            "dataplane_config_valid",
+            "1 when the last configuration file read was applied, 0 when it was rejected \
+             (the previous one stays in force)",
+            config_valid.clone(),
+        );
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                component: "dataplane",
+                tag: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register("istio_build", "Build of this agent", build);
+        registry.register_collector(Box::new(ProcessCollector));
+        Self {
+            registry: Mutex::new(registry),
+            opened,
+            closed,
+            received,
+            sent,
+            failed,
+            open,
+            open_total: AtomicI64::new(0),
+            reloads,
+            config_valid,
+        }
+    }
+
+    /// Adds a collector run on every scrape (kernel counters, pods, ...).
+    pub fn register_collector(&self, collector: Box<dyn Collector>) {
+        self.registry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .register_collector(collector);
+    }
+
+    /// The Prometheus text exposition (format 0.0.4) of every metric.
+    pub fn encode(&self) -> Result<String, fmt::Error> {
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?;
+        Ok(out)
+    }
+
+    /// Records the result of reading a changed configuration file.
+    pub fn config_reloaded(&self, applied: bool) {
+        let result = if applied { "applied" } else { "rejected" };
+        self.reloads.get_or_create(&ResultLabels { result }).inc();
+        self.config_valid.set(i64::from(applied));
+    }
+
+    /// Connections open now, in both directions.
+    pub fn open_connections(&self) -> i64 {
+        self.open_total.load(Ordering::Acquire)
+    }
+
+    /// Counts a connection that could not be set up.
+    pub fn failed(&self, direction: &'static str, reason: &'static str) {
+        self.failed
+            .get_or_create(&FailedLabels { direction, reason })
+            .inc();
+    }
+
+    pub(super) fn opened(&self, direction: &'static str, labels: &TcpLabels) -> TcpCounters {
+        self.opened.get_or_create(labels).inc();
+        self.open
+            .get_or_create(&DirectionLabels { direction })
+            .inc();
+        self.open_total.fetch_add(1, Ordering::AcqRel);
+        TcpCounters {
+            closed: self.closed.get_or_create_owned(labels),
+            received: self.received.get_or_create_owned(labels),
+            sent: self.sent.get_or_create_owned(labels),
+        }
+    }
+
+    pub(super) fn gone(&self, direction: &'static str) {
+        self.open
+            .get_or_create(&DirectionLabels { direction })
+            .dec();
+        self.open_total.fetch_sub(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,50 @@
+//! What operators see of the data plane: Prometheus metrics on 15020
+//! `/metrics` (Istio's `istio_tcp_*` families with Istio's labels, plus the
+//! agent's own), one access record per connection on the `access` log
+//! target, and the warnings of the last minute for `dataplane status`.
+//!
+//! Every connection the engine handles is a [`Flow`]: opening it counts it,
+//! closing (or dropping) it adds its bytes and writes its access record, so
+//! the metrics and the log cannot disagree.
+
+mod flow;
+mod metrics;
+mod process;
+pub mod recent;
+mod state;
+
+use std::sync::Arc;
+
+use http::{Method, StatusCode};
+
+pub use flow::{Direction, FailReason, Flow, OpenFlow, Peer, Protocol};
+pub use metrics::{Metrics, TcpLabels};
+pub use recent::{RecentError, RecentLayer};
+pub use state::StateCollector;
+use tokio::net::TcpListener;
+
+use crate::httpd::{self, Handler, Reply};
+
+/// Port of the metrics endpoint (Istio's).
+pub const METRICS_PORT: u16 = 15020;
+
+/// Serves `GET /metrics` until the task is dropped.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    let handler: Handler = Arc::new(move |request| {
+        if request.method != Method::GET || request.uri.path() != "/metrics" {
+            return Reply::text(StatusCode::NOT_FOUND, "not found; try GET /metrics\n");
+        }
+        match metrics.encode() {
+            Ok(body) => Reply {
+                status: StatusCode::OK,
+                content_type: "text/plain; version=0.0.4; charset=utf-8",
+                body,
+            },
+            Err(_) => Reply::text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "metrics could not be encoded\n",
+            ),
+        }
+    });
+    httpd::serve(listener, "metrics", handler).await;
+}
