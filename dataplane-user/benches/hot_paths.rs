@@ -11,6 +11,10 @@
 //! - `connect_request`: building the CONNECT request with its `forwarded`,
 //!   `baggage` and `traceparent` headers (`hbone::wire`), traceparent
 //!   included.
+//! - `flow_open_close`: the per-connection telemetry: a `Flow` with both
+//!   peers known is opened (Istio's label set resolved, opened counter,
+//!   open gauge) and closed (bytes, closed counter, access record; no log
+//!   subscriber here, so formatting the record is not included).
 //! - policy evaluation: `benches/policy.rs`, which `cargo xtask bench` runs
 //!   beside these.
 //!
@@ -33,6 +37,7 @@ use dataplane_user::{
     config::LocalConfig,
     hbone::{Dialer, HbonePool, PoolKey, wire},
     state::WorkloadIndex,
+    telemetry::{Direction, Flow, Metrics, Peer, Protocol},
 };
 use tokio::net::{TcpListener, TcpStream};
 
@@ -201,11 +206,38 @@ fn pool_connect(c: &mut Criterion) {
     assert_eq!(pool.dials(), 1, "every tunnel reused the warm connection");
 }
 
+fn flow_open_close(c: &mut Criterion) {
+    let metrics = Arc::new(Metrics::new());
+    let peer = |name: &str| Peer {
+        workload: Some(name.to_owned()),
+        namespace: Some("shop".to_owned()),
+        principal: Some(format!("spiffe://cluster.local/ns/shop/sa/{name}")),
+    };
+    let flow = Flow {
+        direction: Direction::Outbound,
+        protocol: Protocol::Hbone,
+        src: "10.1.0.11:40000".parse().expect("address"),
+        dst: Some("10.2.0.12:9000".parse().expect("address")),
+        source: peer("client"),
+        destination: peer("server"),
+        service: Some("web.shop.svc.cluster.local".to_owned()),
+    };
+    let mut group = c.benchmark_group("hot_paths");
+    group.bench_function("flow_open_close", |b| {
+        b.iter(|| {
+            let open = black_box(flow.clone()).open(&metrics);
+            open.close(1024, 2048, None);
+        });
+    });
+    group.finish();
+    assert_eq!(metrics.open_connections(), 0);
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = workload_lookup, pool_connect, connect_request
+    targets = workload_lookup, pool_connect, connect_request, flow_open_close
 }
 criterion_main!(benches);

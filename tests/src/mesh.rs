@@ -81,3 +81,105 @@ pub fn write_config_with(
     std::fs::rename(&tmp, &path)?;
     Ok(path)
 }
+
+/// Two linked simulated nodes with the pods most mesh tests need: node1
+/// has `client` and `local` (a server on the client's node), node2 has
+/// `remote` and `plain` (a server outside the mesh). Agents share one CA
+/// under the world's directory.
+#[derive(Debug)]
+pub struct TwoNodes {
+    /// node1.
+    pub n1: crate::topology::Node,
+    /// node2.
+    pub n2: crate::topology::Node,
+    /// The client, on node1.
+    pub client: Pod,
+    /// A server on node1.
+    pub local: Pod,
+    /// A server on node2.
+    pub remote: Pod,
+    /// A server on node2 that is not in the mesh.
+    pub plain: Pod,
+    /// Config files and the shared CA.
+    pub dir: crate::TempDir,
+}
+
+impl TwoNodes {
+    /// Creates the nodes, their link and the pods, named after `tag`.
+    pub fn new(tag: &str) -> anyhow::Result<Self> {
+        let mut n1 = crate::topology::Node::new(tag, 1)?;
+        let mut n2 = crate::topology::Node::new(tag, 2)?;
+        crate::topology::link_nodes(&n1, &n2)?;
+        Ok(Self {
+            client: n1.add_pod(tag)?,
+            local: n1.add_pod(tag)?,
+            remote: n2.add_pod(tag)?,
+            plain: n2.add_pod(tag)?,
+            dir: crate::TempDir::new(tag)?,
+            n1,
+            n2,
+        })
+    }
+
+    /// `client`, `local` and `remote` as HBONE workloads (`plain` is left
+    /// out of the mesh).
+    pub fn workloads(&self) -> Vec<WorkloadEntry> {
+        vec![
+            WorkloadEntry::hbone(&self.client, "client", "node1"),
+            WorkloadEntry::hbone(&self.local, "local", "node1"),
+            WorkloadEntry::hbone(&self.remote, "remote", "node2"),
+        ]
+    }
+
+    /// Writes [`TwoNodes::workloads`] as `mesh.yaml` with `rest` (services
+    /// and policies YAML) and returns its path.
+    pub fn config(&self, rest: &str) -> anyhow::Result<PathBuf> {
+        write_config_with(self.dir.path(), "mesh.yaml", &self.workloads(), rest)
+    }
+
+    /// The CA directory every agent shares.
+    pub fn shared_ca(&self) -> PathBuf {
+        self.dir.path().join("ca")
+    }
+
+    /// Starts node `n`'s agent (instance `<tag><n>-agent`) on `config`
+    /// with the shared CA and `extra` arguments.
+    pub fn agent(
+        &self,
+        tag: &str,
+        n: u8,
+        config: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<crate::Agent> {
+        self.agent_with_ca(tag, n, config, &self.shared_ca(), extra)
+    }
+
+    /// As [`TwoNodes::agent`], with the CA in `ca`.
+    pub fn agent_with_ca(
+        &self,
+        tag: &str,
+        n: u8,
+        config: &Path,
+        ca: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<crate::Agent> {
+        let node = if n == 1 { &self.n1 } else { &self.n2 };
+        let (config, ca) = (config.display().to_string(), ca.display().to_string());
+        let node_name = format!("node{n}");
+        let mut args = vec![
+            "--config",
+            config.as_str(),
+            "--node",
+            node_name.as_str(),
+            "--ca-dir",
+            ca.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        crate::Agent::start(&format!("{tag}{n}"), node, &args)
+    }
+}
+
+/// `pod`'s IPv4 address with `port`.
+pub fn addr(pod: &Pod, port: u16) -> std::net::SocketAddr {
+    std::net::SocketAddr::new(pod.ip4.into(), port)
+}

@@ -7,42 +7,30 @@
 use std::{net::SocketAddr, path::PathBuf};
 
 use dataplane_tests::{
-    Agent, Responder, TempDir,
-    mesh::{WorkloadEntry, write_config_with},
-    topology::{Node, Pod, link_nodes},
+    Agent, Responder,
+    mesh::{TwoNodes, WorkloadEntry, addr, write_config_with},
     traffic::{echo, echo_server, stream, try_stream, wait_until},
 };
 use dataplane_user::control::Request;
 
 const SERVICE: &str = "services:\n- name: echo\n  namespace: test\n  hostname: echo.test.svc.cluster.local\n  vips: ['/10.96.0.10']\n  ports: {80: 9000}\n";
 
-/// node1: client, local; node2: remote, plain (not in the mesh). `local`
-/// and `remote` are endpoints of the `echo` service (VIP 10.96.0.10:80 ->
-/// 9000).
-struct World {
-    n1: Node,
-    n2: Node,
-    client: Pod,
-    local: Pod,
-    remote: Pod,
-    plain: Pod,
-    dir: TempDir,
+/// The shared two-node world (node1: client, local; node2: remote,
+/// plain, not in the mesh) where `local` and `remote` are endpoints of the
+/// `echo` service (VIP 10.96.0.10:80 -> 9000).
+struct World(TwoNodes);
+
+impl std::ops::Deref for World {
+    type Target = TwoNodes;
+
+    fn deref(&self) -> &TwoNodes {
+        &self.0
+    }
 }
 
 impl World {
     fn new(tag: &str) -> anyhow::Result<Self> {
-        let mut n1 = Node::new(tag, 1)?;
-        let mut n2 = Node::new(tag, 2)?;
-        link_nodes(&n1, &n2)?;
-        Ok(Self {
-            client: n1.add_pod(tag)?,
-            local: n1.add_pod(tag)?,
-            remote: n2.add_pod(tag)?,
-            plain: n2.add_pod(tag)?,
-            dir: TempDir::new(tag)?,
-            n1,
-            n2,
-        })
+        Ok(Self(TwoNodes::new(tag)?))
     }
 
     fn workloads(&self) -> Vec<WorkloadEntry> {
@@ -63,22 +51,8 @@ impl World {
     }
 
     fn agent(&self, n: u8, config: &std::path::Path) -> anyhow::Result<Agent> {
-        let node = if n == 1 { &self.n1 } else { &self.n2 };
-        let (config, ca) = (
-            config.display().to_string(),
-            self.dir.path().join("ca").display().to_string(),
-        );
-        let node_name = format!("node{n}");
-        Agent::start(
-            &format!("cl{n}"),
-            node,
-            &["--config", &config, "--node", &node_name, "--ca-dir", &ca],
-        )
+        self.0.agent("cl", n, config, &[])
     }
-}
-
-fn addr(pod: &Pod, port: u16) -> SocketAddr {
-    SocketAddr::new(pod.ip4.into(), port)
 }
 
 #[test]

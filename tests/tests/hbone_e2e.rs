@@ -3,94 +3,23 @@
 //! connections to mesh workloads travel in mutual-TLS HTTP/2 CONNECT tunnels;
 //! identities, trust domains and CAs are enforced in the handshake.
 
-use std::{net::SocketAddr, path::Path};
+use std::net::SocketAddr;
 
 use dataplane_tests::{
-    Agent, TempDir,
     capture::PacketCapture,
-    mesh::{WorkloadEntry, write_config},
-    topology::{Node, Pod, link_nodes},
+    mesh::{TwoNodes, addr, write_config},
     traffic::{echo, echo_server, stream, try_stream, wait_until},
 };
 use dataplane_user::control::Request;
 
 const MIB: usize = 1024 * 1024;
 
-/// Two linked nodes: node1 has `client` and `local` (server on the same
-/// node), node2 has `remote`, and `plain` (a server that is not in the mesh).
-struct Mesh {
-    n1: Node,
-    n2: Node,
-    client: Pod,
-    local: Pod,
-    remote: Pod,
-    plain: Pod,
-    dir: TempDir,
-}
-
-impl Mesh {
-    fn new(tag: &str) -> anyhow::Result<Self> {
-        let mut n1 = Node::new(tag, 1)?;
-        let mut n2 = Node::new(tag, 2)?;
-        link_nodes(&n1, &n2)?;
-        Ok(Self {
-            client: n1.add_pod(tag)?,
-            local: n1.add_pod(tag)?,
-            remote: n2.add_pod(tag)?,
-            plain: n2.add_pod(tag)?,
-            dir: TempDir::new(tag)?,
-            n1,
-            n2,
-        })
-    }
-
-    fn workloads(&self) -> Vec<WorkloadEntry> {
-        vec![
-            WorkloadEntry::hbone(&self.client, "client", "node1"),
-            WorkloadEntry::hbone(&self.local, "local", "node1"),
-            WorkloadEntry::hbone(&self.remote, "remote", "node2"),
-        ]
-    }
-
-    /// Starts node `n`'s agent with `config`, the shared CA unless `ca` says
-    /// otherwise, and `extra` arguments.
-    fn agent(&self, n: u8, config: &Path, ca: &Path, extra: &[&str]) -> anyhow::Result<Agent> {
-        let node = if n == 1 { &self.n1 } else { &self.n2 };
-        let config = config.display().to_string();
-        let ca = ca.display().to_string();
-        let node_name = format!("node{n}");
-        let mut args = vec![
-            "--config",
-            config.as_str(),
-            "--node",
-            node_name.as_str(),
-            "--ca-dir",
-            ca.as_str(),
-        ];
-        args.extend_from_slice(extra);
-        let agent = Agent::start(&format!("hb{n}"), node, &args)?;
-        Ok(agent)
-    }
-
-    fn shared_ca(&self) -> std::path::PathBuf {
-        self.dir.path().join("ca")
-    }
-
-    fn config(&self) -> anyhow::Result<std::path::PathBuf> {
-        write_config(self.dir.path(), "mesh.yaml", &self.workloads())
-    }
-}
-
-fn addr(pod: &Pod, port: u16) -> SocketAddr {
-    SocketAddr::new(pod.ip4.into(), port)
-}
-
 #[test]
 fn same_node_and_cross_node_tunnels_carry_16_mib_exactly() -> anyhow::Result<()> {
-    let mesh = Mesh::new("hbbytes")?;
-    let config = mesh.config()?;
-    let a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
-    let a2 = mesh.agent(2, &config, &mesh.shared_ca(), &[])?;
+    let mesh = TwoNodes::new("hbbytes")?;
+    let config = mesh.config("")?;
+    let a1 = mesh.agent("hb", 1, &config, &[])?;
+    let a2 = mesh.agent("hb", 2, &config, &[])?;
     assert_eq!(
         a1.call(&Request::List)?.pods.len(),
         2,
@@ -127,10 +56,10 @@ fn same_node_and_cross_node_tunnels_carry_16_mib_exactly() -> anyhow::Result<()>
 
 #[test]
 fn only_tls_crosses_the_node_link() -> anyhow::Result<()> {
-    let mesh = Mesh::new("hbwire")?;
-    let config = mesh.config()?;
-    let _a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
-    let _a2 = mesh.agent(2, &config, &mesh.shared_ca(), &[])?;
+    let mesh = TwoNodes::new("hbwire")?;
+    let config = mesh.config("")?;
+    let _a1 = mesh.agent("hb", 1, &config, &[])?;
+    let _a2 = mesh.agent("hb", 2, &config, &[])?;
     let _remote = echo_server(&mesh.remote, 9000)?;
     let marker = "PLAINTEXT-MARKER-0123456789-must-never-be-seen";
     let capture = PacketCapture::start(mesh.n1.netns(), "to2")?;
@@ -158,9 +87,9 @@ fn only_tls_crosses_the_node_link() -> anyhow::Result<()> {
 
 #[test]
 fn non_mesh_destination_is_passed_through() -> anyhow::Result<()> {
-    let mesh = Mesh::new("hbplain")?;
-    let config = mesh.config()?;
-    let a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
+    let mesh = TwoNodes::new("hbplain")?;
+    let config = mesh.config("")?;
+    let a1 = mesh.agent("hb", 1, &config, &[])?;
     let _plain = echo_server(&mesh.plain, 9100)?;
     echo(&mesh.client, addr(&mesh.plain, 9100), 65_536, 3)?;
     let dst = format!("dst={}", addr(&mesh.plain, 9100));
@@ -178,10 +107,10 @@ fn non_mesh_destination_is_passed_through() -> anyhow::Result<()> {
 
 #[test]
 fn fifty_connections_between_one_pod_pair_use_one_handshake() -> anyhow::Result<()> {
-    let mesh = Mesh::new("hbpool")?;
-    let config = mesh.config()?;
-    let a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
-    let a2 = mesh.agent(2, &config, &mesh.shared_ca(), &[])?;
+    let mesh = TwoNodes::new("hbpool")?;
+    let config = mesh.config("")?;
+    let a1 = mesh.agent("hb", 1, &config, &[])?;
+    let a2 = mesh.agent("hb", 2, &config, &[])?;
     let _remote = echo_server(&mesh.remote, 9000)?;
     for seed in 0..50 {
         echo(&mesh.client, addr(&mesh.remote, 9000), 1024, seed)?;
@@ -206,14 +135,14 @@ fn fifty_connections_between_one_pod_pair_use_one_handshake() -> anyhow::Result<
 
 #[test]
 fn server_with_the_wrong_identity_is_rejected() -> anyhow::Result<()> {
-    let mesh = Mesh::new("hbwrongid")?;
-    let truth = mesh.config()?;
+    let mesh = TwoNodes::new("hbwrongid")?;
+    let truth = mesh.config("")?;
     // Node1 believes `remote` runs as another service account.
     let mut lie = mesh.workloads();
     lie[2].service_account = "somebody-else".into();
     let lie = write_config(mesh.dir.path(), "lie.yaml", &lie)?;
-    let a1 = mesh.agent(1, &lie, &mesh.shared_ca(), &[])?;
-    let _a2 = mesh.agent(2, &truth, &mesh.shared_ca(), &[])?;
+    let a1 = mesh.agent("hb", 1, &lie, &[])?;
+    let _a2 = mesh.agent("hb", 2, &truth, &[])?;
     let _remote = echo_server(&mesh.remote, 9000)?;
     let out = try_stream(
         &mesh.client,
@@ -233,11 +162,11 @@ fn server_with_the_wrong_identity_is_rejected() -> anyhow::Result<()> {
 
 #[test]
 fn client_of_another_ca_is_rejected() -> anyhow::Result<()> {
-    let mesh = Mesh::new("hbotherca")?;
-    let config = mesh.config()?;
+    let mesh = TwoNodes::new("hbotherca")?;
+    let config = mesh.config("")?;
     let other_ca = mesh.dir.path().join("other-ca");
-    let _a1 = mesh.agent(1, &config, &other_ca, &[])?;
-    let a2 = mesh.agent(2, &config, &mesh.shared_ca(), &[])?;
+    let _a1 = mesh.agent_with_ca("hb", 1, &config, &other_ca, &[])?;
+    let a2 = mesh.agent("hb", 2, &config, &[])?;
     let _remote = echo_server(&mesh.remote, 9000)?;
     let out = try_stream(
         &mesh.client,
@@ -252,15 +181,10 @@ fn client_of_another_ca_is_rejected() -> anyhow::Result<()> {
 
 #[test]
 fn client_of_another_trust_domain_is_rejected() -> anyhow::Result<()> {
-    let mesh = Mesh::new("hbtd")?;
-    let config = mesh.config()?;
-    let _a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
-    let a2 = mesh.agent(
-        2,
-        &config,
-        &mesh.shared_ca(),
-        &["--trust-domain", "other.example"],
-    )?;
+    let mesh = TwoNodes::new("hbtd")?;
+    let config = mesh.config("")?;
+    let _a1 = mesh.agent("hb", 1, &config, &[])?;
+    let a2 = mesh.agent("hb", 2, &config, &["--trust-domain", "other.example"])?;
     let _remote = echo_server(&mesh.remote, 9000)?;
     let out = try_stream(
         &mesh.client,
@@ -275,9 +199,9 @@ fn client_of_another_trust_domain_is_rejected() -> anyhow::Result<()> {
 
 #[test]
 fn plaintext_and_http1_to_15008_are_rejected_and_the_agent_survives() -> anyhow::Result<()> {
-    let mesh = Mesh::new("hbjunk")?;
-    let config = mesh.config()?;
-    let a2 = mesh.agent(2, &config, &mesh.shared_ca(), &[])?;
+    let mesh = TwoNodes::new("hbjunk")?;
+    let config = mesh.config("")?;
+    let a2 = mesh.agent("hb", 2, &config, &[])?;
     let hbone = addr(&mesh.remote, 15008).to_string();
     // `plain` is not enrolled: it talks to 15008 directly.
     for junk in ["GET / HTTP/1.1\r\nHost: x\r\n\r\n", "hello in the clear"] {
@@ -297,10 +221,10 @@ fn plaintext_and_http1_to_15008_are_rejected_and_the_agent_survives() -> anyhow:
 
 #[test]
 fn app_down_closes_the_client_connection() -> anyhow::Result<()> {
-    let mesh = Mesh::new("hbdown")?;
-    let config = mesh.config()?;
-    let a1 = mesh.agent(1, &config, &mesh.shared_ca(), &[])?;
-    let _a2 = mesh.agent(2, &config, &mesh.shared_ca(), &[])?;
+    let mesh = TwoNodes::new("hbdown")?;
+    let config = mesh.config("")?;
+    let a1 = mesh.agent("hb", 1, &config, &[])?;
+    let _a2 = mesh.agent("hb", 2, &config, &[])?;
     // Nothing listens on 9999 in `remote`.
     let out = try_stream(
         &mesh.client,
@@ -317,10 +241,10 @@ fn app_down_closes_the_client_connection() -> anyhow::Result<()> {
 
 #[test]
 fn certificate_rotation_under_load_drops_nothing() -> anyhow::Result<()> {
-    let mesh = Mesh::new("hbrot")?;
-    let config = mesh.config()?;
-    let a1 = mesh.agent(1, &config, &mesh.shared_ca(), &["--cert-lifetime", "2s"])?;
-    let a2 = mesh.agent(2, &config, &mesh.shared_ca(), &["--cert-lifetime", "2s"])?;
+    let mesh = TwoNodes::new("hbrot")?;
+    let config = mesh.config("")?;
+    let a1 = mesh.agent("hb", 1, &config, &["--cert-lifetime", "2s"])?;
+    let a2 = mesh.agent("hb", 2, &config, &["--cert-lifetime", "2s"])?;
     let _remote = echo_server(&mesh.remote, 9000)?;
     let mut seed = 0;
     // Keep traffic flowing until both sides have rotated twice.

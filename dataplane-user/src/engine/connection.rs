@@ -14,7 +14,7 @@ use tokio::{
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::{
-    PodContext, canonical, draining, hbone_addr, is_engine_port, log_accept_error, relay,
+    PodContext, accept, canonical, hbone_addr, is_engine_port, relay,
     workload_peer,
 };
 use crate::{
@@ -40,18 +40,7 @@ pub(super) async fn serve_outbound(
 ) {
     let mut connections = JoinSet::new();
     let mut shutdown = ctx.mesh.shutdown.clone();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = draining(&mut shutdown) => break,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                log_accept_error(&err, "outbound");
-                continue;
-            }
-        };
+    while let Some((stream, peer)) = accept(&listener, &mut shutdown, "outbound").await {
         // The record is looked up here, in order, before the next accept;
         // it was written before the client's SYN left.
         let dst = stream
@@ -115,18 +104,7 @@ pub(super) async fn serve_outbound(
 pub(super) async fn serve_inbound(listener: TcpListener, ctx: Arc<PodContext>) {
     let mut connections = JoinSet::new();
     let mut shutdown = ctx.mesh.shutdown.clone();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = draining(&mut shutdown) => break,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                log_accept_error(&err, "inbound");
-                continue;
-            }
-        };
+    while let Some((stream, peer)) = accept(&listener, &mut shutdown, "inbound").await {
         let ctx = Arc::clone(&ctx);
         let span = info_span!("inbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, src = %canonical(peer));
         connections.spawn(

@@ -8,7 +8,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::{PodContext, canonical, draining, log_accept_error};
+use super::{PodContext, accept, canonical};
 use crate::{
     hbone::{self, ServerContext},
     logging::Chain,
@@ -23,19 +23,8 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
     let acceptor = TlsAcceptor::from(Arc::clone(&ctx.server_tls));
     let mut shutdown = ctx.mesh.shutdown.clone();
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            // Open HBONE connections drain on their own (GOAWAY).
-            () = draining(&mut shutdown) => return,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                log_accept_error(&err, "hbone");
-                continue;
-            }
-        };
+    // Open HBONE connections drain on their own (GOAWAY).
+    while let Some((stream, peer)) = accept(&listener, &mut shutdown, "hbone").await {
         let acceptor = acceptor.clone();
         let ctx = Arc::clone(&ctx);
         let span = info_span!("hbone_conn", pod = %ctx.identity.name, src = %canonical(peer));

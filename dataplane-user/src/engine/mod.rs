@@ -230,9 +230,23 @@ pub fn is_engine_port(port: u16) -> bool {
     matches!(port, OUTBOUND_PORT | INBOUND_PLAINTEXT_PORT | HBONE_PORT)
 }
 
-/// Returns once the agent starts draining (or can no longer say).
-async fn draining(shutdown: &mut tokio::sync::watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|draining| *draining).await;
+/// The next connection on `listener`, or `None` once the agent starts
+/// draining (or can no longer say). Accept errors (a full backlog, no
+/// file descriptors) are logged and accepting goes on.
+async fn accept(
+    listener: &tokio::net::TcpListener,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    name: &str,
+) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => return Some(accepted),
+                Err(err) => log_accept_error(&err, name),
+            },
+            _ = shutdown.wait_for(|draining| *draining) => return None,
+        }
+    }
 }
 
 fn log_accept_error(err: &io::Error, listener: &str) {
