@@ -105,3 +105,51 @@ pub fn wait_until(
     }
     Ok(())
 }
+
+/// A server on `[::]:port` inside `pod` that accepts one connection and
+/// holds it open, never answering, until the peer (or whoever cuts the
+/// connection) ends it. Gives up waiting after the hang guard.
+pub fn holding_server(pod: &Pod, port: u16) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let listener = pod
+        .netns
+        .run(move || TcpListener::bind(SocketAddr::from(([0u16; 8], port))))??;
+    listener.set_nonblocking(true)?;
+    Ok(std::thread::spawn(move || {
+        let deadline = Instant::now() + LIMIT;
+        while Instant::now() < deadline {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = stream.set_nonblocking(false);
+                    let _ = stream.set_read_timeout(Some(LIMIT));
+                    let mut buf = [0u8; 1024];
+                    while matches!(stream.read(&mut buf), Ok(n) if n > 0) {}
+                    return;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }))
+}
+
+/// One HTTP/1.1 request without a body to one of the agent's endpoints
+/// (readiness, metrics, admin): returns the status code and the body.
+pub fn http(addr: SocketAddr, method: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    use std::io::Write as _;
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, LIMIT)?;
+    conn.set_read_timeout(Some(LIMIT))?;
+    write!(
+        conn,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply)?;
+    let (head, body) = reply
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no HTTP head in {reply:?}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no status in {head:?}"))?;
+    Ok((status, body.to_owned()))
+}

@@ -13,10 +13,7 @@ use tokio::{
 };
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::{
-    PodContext, accept, canonical, hbone_addr, is_engine_port, relay,
-    workload_peer,
-};
+use super::{PodContext, accept, canonical, hbone_addr, is_engine_port, relay, workload_peer};
 use crate::{
     hbone::{self, PoolError, PoolKey, Tunnel, wire::Baggage},
     identity::Identity,
@@ -65,13 +62,15 @@ pub(super) async fn serve_outbound(
                 }))
             });
         let ctx = Arc::clone(&ctx);
-        let span = info_span!("outbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, src = %canonical(peer));
+        let src = ctx.client_addr(peer);
+        let span =
+            info_span!("outbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, %src);
         connections.spawn(
             async move {
                 let mut flow = Flow {
                     direction: Direction::Outbound,
                     protocol: Protocol::Tcp,
-                    src: canonical(peer),
+                    src,
                     dst: None,
                     source: ctx.peer(),
                     destination: Peer::default(),

@@ -68,6 +68,8 @@ pub struct PodContext {
     pub identity: PodIdentity,
     /// The pod's SPIFFE identity (its certificate's).
     pub spiffe: crate::identity::Identity,
+    /// The pod's IPs.
+    pub ips: Vec<IpAddr>,
     /// The pod's network namespace.
     pub netns: PodNetns,
     /// Socket mark of the engine's own sockets.
@@ -81,6 +83,22 @@ pub struct PodContext {
 }
 
 impl PodContext {
+    /// Where a captured outbound connection really comes from: the capture
+    /// listener sees the client on loopback (the kernel redirected its
+    /// connect to 127.0.0.1 / ::1), so the pod's own IP of the same family
+    /// stands in, with the client's port.
+    pub fn client_addr(&self, peer: SocketAddr) -> SocketAddr {
+        let peer = canonical(peer);
+        if !peer.ip().is_loopback() {
+            return peer;
+        }
+        self.ips
+            .iter()
+            .find(|ip| ip.is_ipv4() == peer.is_ipv4())
+            .or_else(|| self.ips.first())
+            .map_or(peer, |ip| SocketAddr::new(*ip, peer.port()))
+    }
+
     /// This pod as a connection end.
     pub fn peer(&self) -> crate::telemetry::Peer {
         crate::telemetry::Peer {

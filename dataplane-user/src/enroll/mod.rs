@@ -371,6 +371,7 @@ impl Enrollments {
                 namespace: spec.namespace.clone(),
             },
             spiffe,
+            ips: spec.ips.clone(),
             netns: netns.clone(),
             mark: self.settings.proxy_mark,
             mesh,
