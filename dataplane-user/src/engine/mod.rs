@@ -28,8 +28,8 @@ use tracing::{info, warn};
 pub use live::{LiveConnections, LiveGuard};
 pub use mesh::{MeshContext, PodTlsDialer, hbone_addr, workload_peer};
 pub use pod_netns::PodNetns;
-pub(crate) use relay::reset_on_close;
 pub use relay::{RelayError, Transferred, relay};
+pub(crate) use relay::{flush, reset_on_close};
 
 use crate::redirect::OrigDstTable;
 

@@ -10,22 +10,21 @@
 //! window is released only once bytes are written to the TCP side, so a
 //! slow reader on either side stalls the sender instead of growing buffers.
 
-use std::{future::poll_fn, io};
+use std::{future::poll_fn, io, net::Shutdown};
 
 use bytes::{Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{
-        TcpStream,
-        tcp::{ReadHalf, WriteHalf},
-    },
-};
+use tokio::net::TcpStream;
 
-use crate::engine::{Transferred, reset_on_close};
+use crate::engine::{Transferred, flush, reset_on_close};
 
-/// Read buffer per direction; reused for every chunk.
+/// Largest read from the TCP side.
 const CHUNK: usize = 64 * 1024;
+
+/// Reads shorter than this are copied into a buffer of their own size, so
+/// that a small message does not pin a whole [`CHUNK`] while HTTP/2 holds
+/// it; longer ones are sent from the read buffer itself.
+const COPY_BELOW: usize = 4 * 1024;
 
 /// How a tunnel relay ended badly.
 #[derive(Debug, thiserror::Error)]
@@ -49,19 +48,11 @@ pub enum TunnelRelayError {
 
 /// Relays until both directions finished or one side failed.
 pub async fn relay(
-    mut tcp: TcpStream,
+    tcp: TcpStream,
     send: SendStream<Bytes>,
     recv: RecvStream,
 ) -> Result<Transferred, TunnelRelayError> {
-    let result = {
-        // Borrowed halves: dropping them sends no FIN, so a failure can
-        // still end in a reset below.
-        let (tcp_read, tcp_write) = tcp.split();
-        tokio::try_join!(
-            tcp_to_stream(tcp_read, send),
-            stream_to_tcp(recv, tcp_write)
-        )
-    };
+    let result = tokio::try_join!(tcp_to_stream(&tcp, send), stream_to_tcp(recv, &tcp));
     match result {
         Ok((sent, received)) => Ok(Transferred { sent, received }),
         Err(err) => {
@@ -75,17 +66,25 @@ pub async fn relay(
     }
 }
 
+/// TCP to the stream. No buffer is held while the connection is idle: one
+/// is allocated when the socket turns readable.
 async fn tcp_to_stream(
-    mut tcp: ReadHalf<'_>,
+    tcp: &TcpStream,
     mut send: SendStream<Bytes>,
 ) -> Result<u64, TunnelRelayError> {
-    let mut buf = BytesMut::with_capacity(CHUNK);
     let mut total = 0u64;
     loop {
-        // Reuses the allocation once h2 has written the previous chunk out.
-        buf.reserve(CHUNK);
-        let n = match tcp.read_buf(&mut buf).await {
+        let mut buf = BytesMut::new();
+        let read = match tcp.readable().await {
+            Ok(()) => {
+                buf.reserve(CHUNK);
+                tcp.try_read_buf(&mut buf)
+            }
+            Err(err) => Err(err),
+        };
+        let n = match read {
             Ok(n) => n,
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
             Err(source) => {
                 send.send_reset(Reason::CANCEL);
                 return Err(TunnelRelayError::Tcp { source });
@@ -96,7 +95,11 @@ async fn tcp_to_stream(
                 .map_err(|source| TunnelRelayError::Stream { source })?;
             return Ok(total);
         }
-        let mut chunk = buf.split().freeze();
+        let mut chunk = if n < COPY_BELOW {
+            Bytes::copy_from_slice(&buf)
+        } else {
+            buf.freeze()
+        };
         while !chunk.is_empty() {
             send.reserve_capacity(chunk.len());
             let granted = match poll_fn(|cx| send.poll_capacity(cx)).await {
@@ -120,10 +123,7 @@ async fn tcp_to_stream(
     }
 }
 
-async fn stream_to_tcp(
-    mut recv: RecvStream,
-    mut tcp: WriteHalf<'_>,
-) -> Result<u64, TunnelRelayError> {
+async fn stream_to_tcp(mut recv: RecvStream, tcp: &TcpStream) -> Result<u64, TunnelRelayError> {
     let mut total = 0u64;
     while let Some(data) = recv.data().await {
         let data = match data {
@@ -131,7 +131,7 @@ async fn stream_to_tcp(
             Err(source) => return Err(TunnelRelayError::Stream { source }),
         };
         let len = data.len();
-        if let Err(source) = tcp.write_all(&data).await {
+        if let Err(source) = flush(tcp, &data).await {
             recv_reset(&mut recv);
             return Err(TunnelRelayError::Tcp { source });
         }
@@ -139,7 +139,7 @@ async fn stream_to_tcp(
         // Only now may the peer send more.
         let _ = recv.flow_control().release_capacity(len);
     }
-    let _ = tcp.shutdown().await;
+    let _ = socket2::SockRef::from(tcp).shutdown(Shutdown::Write);
     Ok(total)
 }
 
