@@ -252,6 +252,10 @@ pub struct RunArgs {
     /// terminationGracePeriodSeconds.
     #[arg(long, env = "DATAPLANE_DRAIN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
     pub drain_timeout: std::time::Duration,
+    /// Threads serving connections [default: one per CPU]. `1` runs
+    /// everything on one thread (no work stealing between threads).
+    #[arg(long, env = "DATAPLANE_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub worker_threads: Option<u16>,
     /// Socket mark of the agent's own sockets, which capture never touches.
     #[arg(long, env = "DATAPLANE_PROXY_MARK", default_value_t = dataplane_common::DEFAULT_PROXY_MARK, value_parser = parse_u32)]
     pub proxy_mark: u32,

@@ -56,9 +56,19 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => {
             logging::init(args.log_format);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
+            let runtime = match args.worker_threads {
+                // One thread: no work stealing, no cross-thread wake-ups.
+                Some(1) => tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?,
+                threads => {
+                    let mut builder = tokio::runtime::Builder::new_multi_thread();
+                    if let Some(n) = threads {
+                        builder.worker_threads(usize::from(n));
+                    }
+                    builder.enable_all().build()?
+                }
+            };
             runtime.block_on(agent::run(*args))?;
         }
         Command::Version { json } => {

@@ -271,9 +271,9 @@ async fn open_tunnel(
         service: ctx.identity.name.clone(),
         version: "latest".into(),
     };
-    ctx.pool
-        .connect(&key, &dst.to_string(), src, &baggage)
-        .await
+    // Boxed: the dial and handshake state is large and only lives while
+    // the tunnel opens, not for the connection's whole life.
+    Box::pin(ctx.pool.connect(&key, &dst.to_string(), src, &baggage)).await
 }
 
 /// Relays through an open tunnel; the flow's record is written as it ends.
@@ -290,17 +290,19 @@ async fn relay_tunnel(stream: TcpStream, flow: Flow, tunnel: Tunnel, ctx: &PodCo
 /// Connects to `dst` from inside the pod and relays.
 async fn forward(downstream: TcpStream, flow: Flow, dst: SocketAddr, ctx: &PodContext) {
     let upstream = match ctx.netns.connector(dst, ctx.mark) {
-        Ok(socket) => match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(dst)).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(err)) => {
-                let reason = format!("connect failed: {err}");
-                return refuse(downstream, &flow, ctx, FailReason::ConnectFailed, &reason);
+        Ok(socket) => {
+            match Box::pin(tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(dst))).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(err)) => {
+                    let reason = format!("connect failed: {err}");
+                    return refuse(downstream, &flow, ctx, FailReason::ConnectFailed, &reason);
+                }
+                Err(_) => {
+                    let reason = "connect timed out";
+                    return refuse(downstream, &flow, ctx, FailReason::ConnectTimeout, reason);
+                }
             }
-            Err(_) => {
-                let reason = "connect timed out";
-                return refuse(downstream, &flow, ctx, FailReason::ConnectTimeout, reason);
-            }
-        },
+        }
         Err(err) => {
             let reason = format!("cannot create socket in pod: {err}");
             return refuse(downstream, &flow, ctx, FailReason::Internal, &reason);
