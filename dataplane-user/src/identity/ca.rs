@@ -197,14 +197,25 @@ impl Ca {
     pub fn load_or_generate(dir: &Path) -> Result<Self, CaError> {
         let cert_path = dir.join(ROOT_CERT_FILE);
         let key_path = dir.join(ROOT_KEY_FILE);
-        let cert_exists = ca_files::exists(&cert_path)?;
-        let key_exists = ca_files::exists(&key_path)?;
-        match (cert_exists, key_exists) {
+        let both = |cert: &Path, key: &Path| -> Result<(bool, bool), CaError> {
+            Ok((ca_files::exists(cert)?, ca_files::exists(key)?))
+        };
+        let mut found = both(&cert_path, &key_path)?;
+        // Generating takes the directory's lock, and looks again under it:
+        // agents starting at once on a fresh directory make one root.
+        let _lock = if found == (false, false) {
+            ca_files::create_dir_private(dir)?;
+            let lock = ca_files::lock_dir(dir)?;
+            found = both(&cert_path, &key_path)?;
+            Some(lock)
+        } else {
+            None
+        };
+        match found {
             (true, true) => Self::from_files(&cert_path, &key_path),
             (false, false) => {
                 let ca = Self::generate()?;
                 let key_pem = ca.issuer.key().serialize_pem();
-                ca_files::create_dir_private(dir)?;
                 // Key first: a crash in between leaves a key without a
                 // certificate, which the next start reports instead of
                 // silently replacing.

@@ -44,6 +44,31 @@ pub(super) fn create_dir_private(dir: &Path) -> Result<(), CaError> {
         })
 }
 
+/// Holds an exclusive lock on `<dir>/.lock` until dropped, so that agents
+/// starting at once on a fresh shared directory generate one root, not two
+/// half-overwritten ones.
+pub(super) fn lock_dir(dir: &Path) -> Result<nix::fcntl::Flock<fs::File>, CaError> {
+    let path = dir.join(".lock");
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(KEY_MODE)
+        .open(&path)
+        .map_err(|source| CaError::Io {
+            action: "open the lock file",
+            path: path.clone(),
+            source,
+        })?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, errno)| {
+        CaError::Io {
+            action: "lock",
+            path,
+            source: errno.into(),
+        }
+    })
+}
+
 /// Writes `contents` to the new file `path` with exactly `mode`: written and
 /// synced under a temporary name created with that mode, then renamed.
 pub(super) fn write_new(path: &Path, contents: &[u8], mode: u32) -> Result<(), CaError> {

@@ -41,6 +41,30 @@ fn web() -> Identity {
 }
 
 #[test]
+fn agents_starting_at_once_on_a_fresh_directory_share_one_root() {
+    let tmp = TempDir::new("ca-race");
+    let dir = Arc::new(tmp.0.join("ca"));
+    let start = Arc::new(std::sync::Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (dir, start) = (Arc::clone(&dir), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                Ca::load_or_generate(&dir).map(|ca| ca.root_pem().to_owned())
+            })
+        })
+        .collect();
+    let roots: Vec<String> = threads
+        .into_iter()
+        .map(|t| t.join().unwrap().unwrap())
+        .collect();
+    assert!(roots.iter().all(|r| r == &roots[0]), "one root for all");
+    // And the files on disk are that root and its key.
+    let reloaded = Ca::load_or_generate(&dir).unwrap();
+    assert_eq!(reloaded.root_pem(), roots[0]);
+}
+
+#[test]
 fn generated_root_is_persisted_and_reloaded() {
     let tmp = TempDir::new("ca-persist");
     let dir = tmp.0.join("ca");
