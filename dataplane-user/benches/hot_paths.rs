@@ -208,10 +208,12 @@ fn pool_connect(c: &mut Criterion) {
 
 fn flow_open_close(c: &mut Criterion) {
     let metrics = Arc::new(Metrics::new());
-    let peer = |name: &str| Peer {
-        workload: Some(name.to_owned()),
-        namespace: Some("shop".to_owned()),
-        principal: Some(format!("spiffe://cluster.local/ns/shop/sa/{name}")),
+    let peer = |name: &str| {
+        Arc::new(Peer {
+            workload: Some(name.to_owned()),
+            namespace: Some("shop".to_owned()),
+            principal: Some(format!("spiffe://cluster.local/ns/shop/sa/{name}")),
+        })
     };
     let flow = Flow {
         direction: Direction::Outbound,

@@ -72,8 +72,8 @@ pub(super) async fn serve_outbound(
                     protocol: Protocol::Tcp,
                     src,
                     dst: None,
-                    source: ctx.peer(),
-                    destination: Peer::default(),
+                    source: Arc::clone(&ctx.peer),
+                    destination: Arc::default(),
                     service: None,
                 };
                 match dst {
@@ -124,11 +124,11 @@ pub(super) async fn serve_inbound(listener: TcpListener, ctx: Arc<PodContext>) {
                     protocol: Protocol::Tcp,
                     src: canonical(peer),
                     dst: None,
-                    source: Peer {
+                    source: Arc::new(Peer {
                         principal: None,
-                        ..ctx.mesh.peer_at(canonical(peer).ip())
-                    },
-                    destination: ctx.peer(),
+                        ..(*ctx.mesh.peer_at(canonical(peer).ip())).clone()
+                    }),
+                    destination: Arc::clone(&ctx.peer),
                     service: None,
                 };
                 let local = match local {

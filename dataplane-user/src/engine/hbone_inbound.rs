@@ -47,10 +47,10 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
                     }
                 };
                 let peer_identity = tls::peer_identity(tls.get_ref().1).map(|id| id.to_uri());
-                let source = Peer {
+                let source = Arc::new(Peer {
                     principal: peer_identity.clone(),
-                    ..ctx.mesh.peer_at(canonical(peer).ip())
-                };
+                    ..(*ctx.mesh.peer_at(canonical(peer).ip())).clone()
+                });
                 let netns = ctx.netns.clone();
                 let mark = ctx.mark;
                 let server = ServerContext {
@@ -73,7 +73,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
                     shutdown: ctx.mesh.shutdown.clone(),
                     metrics: Arc::clone(&ctx.mesh.metrics),
                     source,
-                    destination: ctx.peer(),
+                    destination: Arc::clone(&ctx.peer),
                 };
                 if let Err(err) = hbone::serve_connection(tls, server).await {
                     debug!(error = %Chain(&err), "HBONE connection ended with an error");

@@ -92,7 +92,7 @@ impl MeshContext {
 
     /// Who is at `ip`, as far as the configuration says (an unknown
     /// address gives an empty peer).
-    pub fn peer_at(&self, ip: std::net::IpAddr) -> Peer {
+    pub fn peer_at(&self, ip: std::net::IpAddr) -> Arc<Peer> {
         self.state()
             .workloads
             .by_ip(ip)
@@ -107,12 +107,8 @@ impl MeshContext {
 }
 
 /// A configured workload as a connection end.
-pub fn workload_peer(workload: &MeshWorkload) -> Peer {
-    Peer {
-        workload: Some(workload.workload.name.clone()),
-        namespace: Some(workload.workload.namespace.clone()),
-        principal: Some(workload.identity.to_uri()),
-    }
+pub fn workload_peer(workload: &MeshWorkload) -> Arc<Peer> {
+    Arc::clone(&workload.peer)
 }
 
 /// Dials HBONE peers for one pod: TCP from inside the pod's network

@@ -70,6 +70,8 @@ pub struct PodContext {
     pub spiffe: crate::identity::Identity,
     /// The pod's IPs.
     pub ips: Vec<IpAddr>,
+    /// The pod as a connection end in metrics and access records.
+    pub peer: Arc<crate::telemetry::Peer>,
     /// The pod's network namespace.
     pub netns: PodNetns,
     /// Socket mark of the engine's own sockets.
@@ -97,15 +99,6 @@ impl PodContext {
             .find(|ip| ip.is_ipv4() == peer.is_ipv4())
             .or_else(|| self.ips.first())
             .map_or(peer, |ip| SocketAddr::new(*ip, peer.port()))
-    }
-
-    /// This pod as a connection end.
-    pub fn peer(&self) -> crate::telemetry::Peer {
-        crate::telemetry::Peer {
-            workload: Some(self.identity.name.clone()),
-            namespace: Some(self.identity.namespace.clone()),
-            principal: Some(self.spiffe.to_uri()),
-        }
     }
 }
 

@@ -370,6 +370,11 @@ impl Enrollments {
                 name: spec.name.clone(),
                 namespace: spec.namespace.clone(),
             },
+            peer: Arc::new(crate::telemetry::Peer {
+                workload: Some(spec.name.clone()),
+                namespace: Some(spec.namespace.clone()),
+                principal: Some(spiffe.to_uri()),
+            }),
             spiffe,
             ips: spec.ips.clone(),
             netns: netns.clone(),

@@ -73,9 +73,9 @@ pub struct ServerContext {
     /// Where streams are counted.
     pub metrics: Arc<Metrics>,
     /// The client (its principal is the verified identity).
-    pub source: Peer,
+    pub source: Arc<Peer>,
     /// The workload this server belongs to.
-    pub destination: Peer,
+    pub destination: Arc<Peer>,
 }
 
 impl std::fmt::Debug for ServerContext {
@@ -103,6 +103,8 @@ where
         .handshake::<_, Bytes>(io)
         .await?;
     let mut shutdown = ctx.shutdown.clone();
+    // Shared by the connection's streams, not copied into each.
+    let ctx = Arc::new(ctx);
     let mut draining = *shutdown.borrow();
     if draining {
         conn.graceful_shutdown();
@@ -111,7 +113,7 @@ where
         tokio::select! {
             accepted = conn.accept() => match accepted {
                 Some(Ok((request, respond))) => {
-                    let ctx = ctx.clone();
+                    let ctx = Arc::clone(&ctx);
                     let span = info_span!("hbone_in", src = %canonical(ctx.peer), peer_identity = ctx.peer_identity.as_deref().unwrap_or("-"));
                     tokio::spawn(handle_stream(request, respond, ctx).instrument(span));
                 }
@@ -131,15 +133,15 @@ where
 async fn handle_stream(
     request: Request<h2::RecvStream>,
     mut respond: SendResponse<Bytes>,
-    ctx: ServerContext,
+    ctx: Arc<ServerContext>,
 ) {
     let mut flow = Flow {
         direction: Direction::Inbound,
         protocol: Protocol::Hbone,
         src: canonical(ctx.peer),
         dst: None,
-        source: ctx.source.clone(),
-        destination: ctx.destination.clone(),
+        source: Arc::clone(&ctx.source),
+        destination: Arc::clone(&ctx.destination),
         service: None,
     };
     let dst = match check(&request, &ctx) {

@@ -57,8 +57,8 @@ async fn hbone_server() -> std::io::Result<(SocketAddr, watch::Sender<bool>)> {
                 live: None,
                 shutdown: shutdown.clone(),
                 metrics: Arc::new(crate::telemetry::Metrics::new()),
-                source: crate::telemetry::Peer::default(),
-                destination: crate::telemetry::Peer::default(),
+                source: Arc::default(),
+                destination: Arc::default(),
             };
             tokio::spawn(async move {
                 let _ = serve_connection(stream, ctx).await;

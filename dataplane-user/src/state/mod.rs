@@ -48,6 +48,9 @@ pub struct MeshWorkload {
     pub workload: Workload,
     /// Its SPIFFE identity.
     pub identity: Identity,
+    /// It as a connection end in metrics and access records (built once,
+    /// shared by every connection to or from it).
+    pub peer: Arc<crate::telemetry::Peer>,
 }
 
 impl MeshWorkload {
@@ -79,9 +82,15 @@ impl WorkloadIndex {
                 uid: workload.uid.clone(),
                 source,
             })?;
+            let peer = Arc::new(crate::telemetry::Peer {
+                workload: Some(workload.name.clone()),
+                namespace: Some(workload.namespace.clone()),
+                principal: Some(identity.to_uri()),
+            });
             let entry = Arc::new(MeshWorkload {
                 workload: workload.clone(),
                 identity,
+                peer,
             });
             all.push(Arc::clone(&entry));
             for ip in &workload.workload_ips {

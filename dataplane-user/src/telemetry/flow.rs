@@ -138,10 +138,11 @@ pub struct Flow {
     pub src: SocketAddr,
     /// Where it goes (the endpoint, once chosen), if known.
     pub dst: Option<SocketAddr>,
-    /// The client.
-    pub source: Peer,
+    /// The client (shared: most connections name a pod whose `Peer` is
+    /// built once).
+    pub source: Arc<Peer>,
     /// The server.
-    pub destination: Peer,
+    pub destination: Arc<Peer>,
     /// The service hostname, when the client addressed a service VIP.
     pub service: Option<String>,
 }
