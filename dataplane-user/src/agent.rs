@@ -237,6 +237,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         ))
     });
 
+    release_startup_memory();
     info!(instance = %args.state.instance, control = %socket.display(), on_exit = ?args.on_exit, fail_open = args.fail_open, "agent ready");
     tokio::select! {
         _ = sigterm.recv() => info!("SIGTERM received, draining"),
@@ -271,6 +272,19 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     shutdown(enrollments, redirector, args.on_exit)?;
     info!("agent stopped");
     Ok(())
+}
+
+/// Gives back to the kernel the heap that loading the kernel object (ELF,
+/// BTF, relocations) and reading the configuration used and freed: glibc
+/// keeps freed memory in its arenas otherwise, about 2.5 MiB of resident
+/// memory for the agent's whole life.
+fn release_startup_memory() {
+    // SAFETY: malloc_trim only returns free heap pages to the kernel; it
+    // takes no pointers and is safe to call at any time.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Starts an HTTP endpoint. A port already in use (another agent on the
