@@ -21,7 +21,7 @@ use dataplane_tests::{
     Agent, Responder, agent_binary,
     mesh::{TwoNodes, addr},
     topology::{Node, Pod},
-    traffic::{http, stream, try_stream, wait_until},
+    traffic::{holding_server, http, stream, try_stream, wait_until},
 };
 use serde_json::Value;
 
@@ -361,6 +361,43 @@ fn scraped_counters_equal_the_connections_and_bytes_made() -> anyhow::Result<()>
     ];
     assert_eq!(value(&s1, "istio_build", &build), Some(1.0), "{s1:#?}");
     Ok(())
+}
+
+#[test]
+fn byte_counters_grow_while_a_connection_is_open() -> anyhow::Result<()> {
+    let mesh = Mesh::new("oplive")?;
+    let (a1, a2) = mesh.agents(NO_POLICIES)?;
+    // Accepts and never answers: the connection stays open with one byte
+    // from the client, until the client gives up.
+    let _held = holding_server(&mesh.remote, 9000)?;
+    let target = addr(&mesh.remote, 9000).to_string();
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let holder = scope.spawn(|| try_stream(&mesh.client, &["hold", &target, "5"]));
+        for (agent, reporter, direction) in
+            [(&a1, "source", "outbound"), (&a2, "destination", "inbound")]
+        {
+            let labels = tcp_labels(reporter, "client", Some("remote"), true);
+            let labels: Vec<(&str, &str)> = labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let received = "istio_tcp_received_bytes_total";
+            wait_until("the open connection's byte to be counted", || {
+                Ok(value(&scrape(agent)?, received, &labels) == Some(1.0))
+            })?;
+            let samples = scrape(agent)?;
+            let closed = "istio_tcp_connections_closed_total";
+            assert_eq!(value(&samples, closed, &labels), Some(0.0), "{samples:#?}");
+            let open = [("direction", direction)];
+            let gauge = value(&samples, "dataplane_tcp_connections_open", &open);
+            assert_eq!(gauge, Some(1.0), "{samples:#?}");
+        }
+        let held = holder
+            .join()
+            .map_err(|_| anyhow::anyhow!("the holding client panicked"))??;
+        assert_eq!(held.stdout.trim(), "open", "{held:?}");
+        Ok(())
+    })
 }
 
 #[test]

@@ -281,7 +281,7 @@ async fn relay_tunnel(stream: TcpStream, flow: Flow, tunnel: Tunnel, ctx: &PodCo
     let open = flow.open(&ctx.mesh.metrics);
     let _ = stream.set_nodelay(true);
     let Tunnel { send, recv, .. } = tunnel;
-    match hbone::relay(stream, send, recv).await {
+    match hbone::relay(stream, send, recv, open.meter_from_client()).await {
         Ok(t) => open.close(t.sent, t.received, None),
         Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
     }
@@ -311,7 +311,7 @@ async fn forward(downstream: TcpStream, flow: Flow, dst: SocketAddr, ctx: &PodCo
     let open = flow.open(&ctx.mesh.metrics);
     let _ = downstream.set_nodelay(true);
     debug!(%dst, "connected");
-    match relay(downstream, upstream).await {
+    match relay(downstream, upstream, open.meter_from_client()).await {
         Ok(t) => open.close(t.sent, t.received, None),
         Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
     }

@@ -28,7 +28,7 @@ use tracing::{info, warn};
 pub use live::{LiveConnections, LiveGuard};
 pub use mesh::{MeshContext, PodTlsDialer, hbone_addr, workload_peer};
 pub use pod_netns::PodNetns;
-pub use relay::{RelayError, Transferred, relay};
+pub use relay::{Meter, RelayError, Transferred, relay};
 pub(crate) use relay::{flush, reset_on_close};
 
 use crate::redirect::OrigDstTable;

@@ -24,6 +24,18 @@ thread_local! {
     static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; BUFFER_SIZE].into_boxed_slice());
 }
 
+/// Where a relay counts bytes as they pass, so that metrics show a
+/// long-lived connection's traffic before it closes. `Meter::default()`
+/// counts into counters nobody reads.
+#[derive(Debug, Clone, Default)]
+pub struct Meter {
+    /// Bytes from the first stream to the second (downstream to upstream;
+    /// for an HBONE relay, TCP into the tunnel).
+    pub forward: prometheus_client::metrics::counter::Counter,
+    /// Bytes the other way.
+    pub backward: prometheus_client::metrics::counter::Counter,
+}
+
 /// Bytes carried each way when a relay ends.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Transferred {
@@ -57,10 +69,14 @@ pub enum RelayError {
 
 /// Relays until both directions have finished (each side half-closed) or
 /// one side fails; on a failure both connections are closed with RST.
-pub async fn relay(downstream: TcpStream, upstream: TcpStream) -> Result<Transferred, RelayError> {
+pub async fn relay(
+    downstream: TcpStream,
+    upstream: TcpStream,
+    meter: Meter,
+) -> Result<Transferred, RelayError> {
     let result = tokio::try_join!(
-        pipe(&downstream, &upstream, "downstream"),
-        pipe(&upstream, &downstream, "upstream")
+        pipe(&downstream, &upstream, "downstream", &meter.forward),
+        pipe(&upstream, &downstream, "upstream", &meter.backward)
     );
     match result {
         Ok((sent, received)) => Ok(Transferred { sent, received }),
@@ -92,6 +108,7 @@ async fn pipe(
     reader: &TcpStream,
     writer: &TcpStream,
     side: &'static str,
+    counter: &prometheus_client::metrics::counter::Counter,
 ) -> Result<u64, RelayError> {
     let other = if side == "downstream" {
         "upstream"
@@ -127,7 +144,10 @@ async fn pipe(
         match read {
             Read::Eof => break,
             Read::WouldBlock => continue,
-            Read::Passed(n) => total += n as u64,
+            Read::Passed(n) => {
+                total += n as u64;
+                counter.inc_by(n as u64);
+            }
             Read::Blocked(n) => {
                 flush(writer, &pending)
                     .await
@@ -135,6 +155,7 @@ async fn pipe(
                 // Freed, not kept: an idle connection holds nothing.
                 pending = Vec::new();
                 total += n as u64;
+                counter.inc_by(n as u64);
             }
         }
     }

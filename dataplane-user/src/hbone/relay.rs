@@ -16,7 +16,7 @@ use bytes::{Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
 use tokio::net::TcpStream;
 
-use crate::engine::{Transferred, flush, reset_on_close};
+use crate::engine::{Meter, Transferred, flush, reset_on_close};
 
 /// Largest read from the TCP side.
 const CHUNK: usize = 64 * 1024;
@@ -47,12 +47,18 @@ pub enum TunnelRelayError {
 }
 
 /// Relays until both directions finished or one side failed.
+/// `meter.forward` counts TCP bytes into the tunnel, `meter.backward` the
+/// tunnel's bytes written to TCP.
 pub async fn relay(
     tcp: TcpStream,
     send: SendStream<Bytes>,
     recv: RecvStream,
+    meter: Meter,
 ) -> Result<Transferred, TunnelRelayError> {
-    let result = tokio::try_join!(tcp_to_stream(&tcp, send), stream_to_tcp(recv, &tcp));
+    let result = tokio::try_join!(
+        tcp_to_stream(&tcp, send, &meter.forward),
+        stream_to_tcp(recv, &tcp, &meter.backward)
+    );
     match result {
         Ok((sent, received)) => Ok(Transferred { sent, received }),
         Err(err) => {
@@ -71,6 +77,7 @@ pub async fn relay(
 async fn tcp_to_stream(
     tcp: &TcpStream,
     mut send: SendStream<Bytes>,
+    counter: &prometheus_client::metrics::counter::Counter,
 ) -> Result<u64, TunnelRelayError> {
     let mut total = 0u64;
     loop {
@@ -117,13 +124,18 @@ async fn tcp_to_stream(
             };
             let piece = chunk.split_to(granted.min(chunk.len()));
             total += piece.len() as u64;
+            counter.inc_by(piece.len() as u64);
             send.send_data(piece, false)
                 .map_err(|source| TunnelRelayError::Stream { source })?;
         }
     }
 }
 
-async fn stream_to_tcp(mut recv: RecvStream, tcp: &TcpStream) -> Result<u64, TunnelRelayError> {
+async fn stream_to_tcp(
+    mut recv: RecvStream,
+    tcp: &TcpStream,
+    counter: &prometheus_client::metrics::counter::Counter,
+) -> Result<u64, TunnelRelayError> {
     let mut total = 0u64;
     while let Some(data) = recv.data().await {
         let data = match data {
@@ -136,6 +148,7 @@ async fn stream_to_tcp(mut recv: RecvStream, tcp: &TcpStream) -> Result<u64, Tun
             return Err(TunnelRelayError::Tcp { source });
         }
         total += len as u64;
+        counter.inc_by(len as u64);
         // Only now may the peer send more.
         let _ = recv.flow_control().release_capacity(len);
     }

@@ -205,13 +205,14 @@ async fn handle_stream(
         }
         None => (None, None),
     };
+    let meter = open.meter_from_server();
     let result = match kill {
         Some(kill) => tokio::select! {
-            result = relay::relay(app, send, request.into_body()) => result,
+            result = relay::relay(app, send, request.into_body(), meter) => result,
             // Dropping `open` records the connection as closed by the agent.
             () = kill.notified() => return,
         },
-        None => relay::relay(app, send, request.into_body()).await,
+        None => relay::relay(app, send, request.into_body(), meter).await,
     };
     // The relay's `sent` went from the app (the server) into the tunnel.
     match result {

@@ -122,7 +122,7 @@ async fn sixteen_mebibytes_round_trip_exactly_with_half_close() -> anyhow::Resul
     let pool = HbonePool::new(TcpDialer, Duration::from_secs(30));
     let tunnel = open(&pool, server, &app.to_string()).await?;
     let (mut client, engine) = tcp_pair().await?;
-    let relay_task = tokio::spawn(relay(engine, tunnel.send, tunnel.recv));
+    let relay_task = tokio::spawn(relay(engine, tunnel.send, tunnel.recv, Default::default()));
 
     let data: Vec<u8> = (0..16 * 1024 * 1024u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
@@ -155,7 +155,7 @@ async fn hostname_authorities_are_resolved_by_the_server() -> anyhow::Result<()>
     let pool = HbonePool::new(TcpDialer, Duration::from_secs(30));
     let tunnel = open(&pool, server, &format!("echo.local:{}", app.port())).await?;
     let (mut client, engine) = tcp_pair().await?;
-    tokio::spawn(relay(engine, tunnel.send, tunnel.recv));
+    tokio::spawn(relay(engine, tunnel.send, tunnel.recv, Default::default()));
     client.write_all(b"ping").await?;
     client.shutdown().await?;
     let mut reply = Vec::new();
@@ -274,7 +274,7 @@ async fn app_reset_reaches_the_client_as_reset() -> anyhow::Result<()> {
     let pool = HbonePool::new(TcpDialer, Duration::from_secs(30));
     let tunnel = open(&pool, server, &app.to_string()).await?;
     let (mut client, engine) = tcp_pair().await?;
-    let relay_task = tokio::spawn(relay(engine, tunnel.send, tunnel.recv));
+    let relay_task = tokio::spawn(relay(engine, tunnel.send, tunnel.recv, Default::default()));
     client.write_all(b"x").await?;
     assert!(matches!(
         relay_task.await?,

@@ -4,7 +4,9 @@
 //!
 //! Byte counts are from the client's point of view: `bytes_sent` went from
 //! the client towards the server (Istio's `received_bytes`, since the
-//! proxy received them), `bytes_received` came back.
+//! proxy received them), `bytes_received` came back. The byte metrics grow
+//! while a connection is open (the relays count into them, [`Meter`]); the
+//! access record has the totals.
 
 use std::{
     net::SocketAddr,
@@ -15,6 +17,7 @@ use std::{
 use tracing::{info, warn};
 
 use super::metrics::{Metrics, TcpCounters, TcpLabels};
+use crate::engine::Meter;
 
 /// Which side of the mesh reports the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,18 +232,36 @@ impl OpenFlow {
         self.started.elapsed()
     }
 
+    /// Counters for a relay whose first stream is the client's side
+    /// (`forward` = client to server): the byte metrics grow while the
+    /// connection is open.
+    pub fn meter_from_client(&self) -> Meter {
+        Meter {
+            forward: self.counters.received.clone(),
+            backward: self.counters.sent.clone(),
+        }
+    }
+
+    /// Counters for a relay whose first stream is the server's side (the
+    /// app behind an inbound tunnel).
+    pub fn meter_from_server(&self) -> Meter {
+        Meter {
+            forward: self.counters.sent.clone(),
+            backward: self.counters.received.clone(),
+        }
+    }
+
     /// The connection ended: `sent` bytes went from the client towards the
-    /// server and `received` came back; `error` says how it failed, if it
-    /// did (counts can then be short: bytes of a failed relay are not
-    /// known).
+    /// server and `received` came back (for the access record; the byte
+    /// metrics were counted as they passed); `error` says how it failed,
+    /// if it did (counts can then be short: bytes of a failed relay are
+    /// not known).
     pub fn close(mut self, sent: u64, received: u64, error: Option<&str>) {
         self.record(sent, received, error);
     }
 
     fn record(&mut self, sent: u64, received: u64, error: Option<&str>) {
         self.closed = true;
-        self.counters.received.inc_by(sent);
-        self.counters.sent.inc_by(received);
         self.counters.closed.inc();
         self.metrics.gone(self.flow.direction.as_str());
         let flow = &self.flow;

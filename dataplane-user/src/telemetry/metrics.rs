@@ -119,12 +119,12 @@ impl Metrics {
         );
         registry.register(
             "istio_tcp_received_bytes",
-            "Bytes the client sent towards the server, counted when the connection closes",
+            "Bytes the client sent towards the server, counted as they pass",
             received.clone(),
         );
         registry.register(
             "istio_tcp_sent_bytes",
-            "Bytes the server sent back to the client, counted when the connection closes",
+            "Bytes the server sent back to the client, counted as they pass",
             sent.clone(),
         );
         let failed = Family::<FailedLabels, Counter>::default();
