@@ -47,6 +47,14 @@ fn age(secs: u64) -> String {
 
 /// The `status` screen.
 pub fn status(report: &StatusReport, colour: bool) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    status_at(report, colour, now)
+}
+
+/// The `status` screen as of `now` (seconds since the Unix epoch).
+fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
     let p = Paint(colour);
     let mut out = String::new();
     let state = if report.ready {
@@ -128,7 +136,12 @@ pub fn status(report: &StatusReport, colour: bool) -> String {
     };
     let _ = writeln!(out, "errors    {errors} in the last minute");
     for e in &report.recent_errors {
-        let _ = writeln!(out, "  {} {} {}: {}", e.at, e.level, e.target, e.message);
+        let ago = age(now.saturating_sub(e.at));
+        let _ = writeln!(
+            out,
+            "  {ago:>4} ago {} {}: {}",
+            e.level, e.target, e.message
+        );
     }
     out
 }
@@ -191,6 +204,25 @@ mod tests {
             errors_last_minute: 0,
             recent_errors: vec![],
         }
+    }
+
+    #[test]
+    fn recent_errors_show_how_long_ago() {
+        let mut report = report();
+        let now = 1_800_000_000;
+        report.errors_last_minute = 1;
+        report.recent_errors = vec![crate::telemetry::RecentError {
+            at: now - 5,
+            level: "WARN".into(),
+            target: "access".into(),
+            message: "connection refused reason=\"denied\"".into(),
+        }];
+        let text = status_at(&report, false, now);
+        assert!(text.contains("1 in the last minute"), "{text}");
+        assert!(
+            text.contains("5s ago WARN access: connection refused"),
+            "{text}"
+        );
     }
 
     #[test]
