@@ -479,6 +479,44 @@ fn access_log_has_one_record_per_connection_with_the_byte_counts() -> anyhow::Re
 }
 
 #[test]
+fn json_logs_carry_access_records_as_objects() -> anyhow::Result<()> {
+    let mesh = Mesh::new("opjson")?;
+    let config = mesh.config(NO_POLICIES)?;
+    let a1 = mesh.agent("opj", 1, &config, &["--log-format", "json"])?;
+    let _a2 = mesh.agent("opj", 2, &config, &[])?;
+    let _server = doubling_server(&mesh.remote, 9000)?;
+    exchange(&mesh.client, addr(&mesh.remote, 9000), 7_007)?;
+    let closed = |log: &str| -> Vec<Value> {
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["target"] == "access" && v["message"] == "connection closed")
+            .collect()
+    };
+    wait_until("the JSON access record", || {
+        Ok(!closed(&a1.log_text()).is_empty())
+    })?;
+    let log = a1.log_text();
+    // Every line is one JSON object.
+    for line in log.lines() {
+        serde_json::from_str::<Value>(line).map_err(|e| anyhow::anyhow!("{e}: {line}"))?;
+    }
+    let records = closed(&log);
+    assert_eq!(records.len(), 1, "{log}");
+    let r = &records[0];
+    assert_eq!(r["direction"], "outbound", "{r}");
+    assert_eq!(r["protocol"], "HBONE", "{r}");
+    assert_eq!(r["src_workload"], "client", "{r}");
+    assert_eq!(
+        r["dst_identity"], "spiffe://cluster.local/ns/test/sa/remote",
+        "{r}"
+    );
+    assert_eq!(r["bytes_sent"], 7_007, "{r}");
+    assert_eq!(r["bytes_received"], 14_014, "{r}");
+    assert_eq!(r["level"], "INFO", "{r}");
+    Ok(())
+}
+
+#[test]
 fn refused_connections_are_counted_with_a_reason() -> anyhow::Result<()> {
     let mesh = Mesh::new("opdeny")?;
     let deny = "services: []\npolicies:\n- {name: no-9001, namespace: test, scope: Global, action: Deny, rules: [[[{destinationPorts: [9001]}]]]}\n";
