@@ -18,6 +18,7 @@ pub mod cni_deploy;
 pub mod cni_kubeapi;
 pub mod mesh;
 pub mod netns;
+pub mod observe;
 pub mod process;
 pub mod responder;
 pub mod topology;

@@ -11,7 +11,6 @@
 //! the request twice, so that the two byte directions cannot be confused.
 
 use std::{
-    collections::HashMap,
     net::{IpAddr, SocketAddr, TcpListener, TcpStream},
     process::{Command, Output},
     time::Duration,
@@ -20,6 +19,7 @@ use std::{
 use dataplane_tests::{
     Agent, Responder, agent_binary,
     mesh::{TwoNodes, addr},
+    observe::{Sample, access_records, family, field, scrape, sum, value},
     topology::{Node, Pod},
     traffic::{holding_server, http, stream, try_stream, wait_until},
 };
@@ -92,96 +92,6 @@ fn exchange(from: &Pod, dst: SocketAddr, len: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One sample of the Prometheus text exposition.
-#[derive(Debug, Clone)]
-struct Sample {
-    name: String,
-    labels: Vec<(String, String)>,
-    value: f64,
-}
-
-/// Parses `name{k="v",...} value [timestamp]` lines; comments skipped.
-fn parse_exposition(text: &str) -> anyhow::Result<Vec<Sample>> {
-    let mut samples = Vec::new();
-    for line in text.lines().map(str::trim) {
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let bad = || anyhow::anyhow!("malformed sample line {line:?}");
-        let end = line.find(['{', ' ']).ok_or_else(bad)?;
-        let mut chars = line[end..].chars().peekable();
-        let mut labels = Vec::new();
-        if chars.next_if_eq(&'{').is_some() {
-            loop {
-                while chars.next_if(|c| *c == ',' || *c == ' ').is_some() {}
-                if chars.next_if_eq(&'}').is_some() {
-                    break;
-                }
-                let key: String = std::iter::from_fn(|| chars.next_if(|c| *c != '=')).collect();
-                anyhow::ensure!(
-                    chars.next() == Some('=') && chars.next() == Some('"'),
-                    bad()
-                );
-                let mut value = String::new();
-                loop {
-                    match chars.next().ok_or_else(bad)? {
-                        '"' => break,
-                        '\\' => match chars.next().ok_or_else(bad)? {
-                            'n' => value.push('\n'),
-                            other => value.push(other),
-                        },
-                        c => value.push(c),
-                    }
-                }
-                labels.push((key, value));
-            }
-        }
-        let rest: String = chars.collect();
-        let number = rest.split_whitespace().next().ok_or_else(bad)?;
-        let value = match number {
-            "+Inf" => f64::INFINITY,
-            "-Inf" => f64::NEG_INFINITY,
-            n => n.parse().map_err(|_| bad())?,
-        };
-        let name = line[..end].to_owned();
-        samples.push(Sample {
-            name,
-            labels,
-            value,
-        });
-    }
-    Ok(samples)
-}
-
-fn scrape(agent: &Agent) -> anyhow::Result<Vec<Sample>> {
-    let (status, body) = http(agent.metrics_addr()?, "GET", "/metrics")?;
-    anyhow::ensure!(status == 200, "metrics answered {status}: {body}");
-    parse_exposition(&body)
-}
-
-fn sum(samples: &[Sample], name: &str) -> f64 {
-    family(samples, name).iter().map(|s| s.value).sum()
-}
-
-fn family<'a>(samples: &'a [Sample], name: &str) -> Vec<&'a Sample> {
-    samples.iter().filter(|s| s.name == name).collect()
-}
-
-/// The value of the sample with exactly `labels` (in any order).
-fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let mut want: Vec<(&str, &str)> = labels.to_vec();
-    want.sort_unstable();
-    family(samples, name).into_iter().find_map(|s| {
-        let mut have: Vec<(&str, &str)> = s
-            .labels
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        have.sort_unstable();
-        (have == want).then_some(s.value)
-    })
-}
-
 /// Istio's label set for a connection from `src` to `dst` (workload names,
 /// namespace `test`, service account = name; `None` = unknown).
 fn tcp_labels(reporter: &str, src: &str, dst: Option<&str>, mtls: bool) -> Vec<(String, String)> {
@@ -225,52 +135,6 @@ fn assert_tcp(samples: &[Sample], labels: &[(String, String)], conns: f64, up: f
             "{name}{labels:?} in {:#?}",
             family(samples, name)
         );
-    }
-}
-
-/// The fields of every access record with `message` in an agent log.
-fn access_records(log: &str, message: &str) -> Vec<HashMap<String, String>> {
-    let marker = format!(" access: {message} ");
-    log.lines()
-        .filter_map(|line| {
-            line.split_once(&marker)
-                .map(|(_, fields)| parse_fields(fields))
-        })
-        .collect()
-}
-
-/// A field of an access record ("" when absent).
-fn field<'a>(record: &'a HashMap<String, String>, key: &str) -> &'a str {
-    record.get(key).map_or("", String::as_str)
-}
-
-/// `key=value key="quoted \"value\""` as the text log writes fields.
-fn parse_fields(text: &str) -> HashMap<String, String> {
-    let mut fields = HashMap::new();
-    let mut chars = text.chars().peekable();
-    loop {
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        let key: String =
-            std::iter::from_fn(|| chars.next_if(|c| *c != '=' && !c.is_whitespace())).collect();
-        if key.is_empty() {
-            return fields;
-        }
-        if chars.next_if_eq(&'=').is_none() {
-            continue;
-        }
-        let mut value = String::new();
-        if chars.next_if_eq(&'"').is_some() {
-            while let Some(c) = chars.next() {
-                match c {
-                    '"' => break,
-                    '\\' => value.extend(chars.next()),
-                    c => value.push(c),
-                }
-            }
-        } else {
-            value.extend(std::iter::from_fn(|| chars.next_if(|c| !c.is_whitespace())));
-        }
-        fields.insert(key, value);
     }
 }
 
