@@ -226,12 +226,7 @@ impl AgentView {
         }));
         let errors = recent::global().last_minute();
         let state = self.mesh.state();
-        let config_error = self
-            .mesh
-            .config_error
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let config_error = self.mesh.config_error();
         StatusReport {
             instance: self.instance.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -331,12 +326,7 @@ impl AgentView {
                     .collect::<serde_json::Map<_, _>>()
             })
             .unwrap_or_default();
-        let config_error = self
-            .mesh
-            .config_error
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let config_error = self.mesh.config_error();
         json!({
             "instance": self.instance,
             "version": env!("CARGO_PKG_VERSION"),

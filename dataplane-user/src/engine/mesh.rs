@@ -82,6 +82,15 @@ impl MeshContext {
         self.live.enforce(&state)
     }
 
+    /// Why the last configuration file read was rejected, while the
+    /// previous configuration stays in force.
+    pub fn config_error(&self) -> Option<String> {
+        match self.config_error.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
     /// Records (or clears) the config error shown in status.
     pub fn set_config_error(&self, error: Option<String>) {
         match self.config_error.write() {
