@@ -51,24 +51,34 @@ pub enum NetnsError {
     },
 }
 
-/// The cookie of the network namespace `socket` belongs to.
-pub fn socket_netns_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
-    let mut cookie: u64 = 0;
+/// A `SOL_SOCKET` option whose value is a `u64` (`SO_COOKIE`,
+/// `SO_NETNS_COOKIE`), which socket2 does not cover.
+pub(crate) fn sol_socket_u64(socket: BorrowedFd<'_>, option: libc::c_int) -> io::Result<u64> {
+    let mut value: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
     // SAFETY: valid fd, and a buffer of the size the kernel writes.
     let rc = unsafe {
         libc::getsockopt(
             socket.as_raw_fd(),
             libc::SOL_SOCKET,
-            libc::SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
+            option,
+            (&raw mut value).cast(),
             &mut len,
         )
     };
     if rc == 0 {
-        return Ok(cookie);
+        Ok(value)
+    } else {
+        Err(io::Error::last_os_error())
     }
-    let error = io::Error::last_os_error();
+}
+
+/// The cookie of the network namespace `socket` belongs to.
+pub fn socket_netns_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
+    let error = match sol_socket_u64(socket, libc::SO_NETNS_COOKIE) {
+        Ok(cookie) => return Ok(cookie),
+        Err(error) => error,
+    };
     if error.raw_os_error() == Some(libc::ENOPROTOOPT) {
         // Before 5.14 only BPF programs can read the cookie.
         return crate::features::netns_cookie_by_program(socket).map_err(io::Error::other);

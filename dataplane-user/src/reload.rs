@@ -120,8 +120,7 @@ pub async fn watch(
                 let message = format!("cannot read config file {}: {err}", path.display());
                 if last.is_some() {
                     warn!(error = %message, "keeping the last good configuration");
-                    mesh.set_config_error(Some(message));
-                    mesh.metrics.config_reloaded(false);
+                    mesh.reject_config(message);
                     last = None;
                 }
                 continue;
@@ -142,7 +141,6 @@ pub async fn watch(
         match result {
             Ok((config, state)) => {
                 let closed = mesh.install(state);
-                mesh.metrics.config_reloaded(true);
                 let mut guard = match enrollments.lock() {
                     Ok(guard) => guard,
                     Err(poisoned) => poisoned.into_inner(),
@@ -159,8 +157,7 @@ pub async fn watch(
             }
             Err(message) => {
                 warn!(error = %message, "configuration rejected; keeping the last good one");
-                mesh.set_config_error(Some(message));
-                mesh.metrics.config_reloaded(false);
+                mesh.reject_config(message);
             }
         }
     }

@@ -174,3 +174,24 @@ pub fn spawn_in(
     drop(procs_file);
     Ok(ChildGuard::new(child))
 }
+
+/// Raises the descriptor limit as far as allowed (10k idle connections,
+/// and agents holding two descriptors per relayed connection, need more
+/// than the usual 1024); children inherit it. Where the hard limit cannot
+/// be raised (many containers) the soft one goes up to it.
+pub fn raise_nofile() {
+    let limit = libc::rlimit {
+        rlim_cur: 1 << 20,
+        rlim_max: 1 << 20,
+    };
+    // SAFETY: setrlimit and getrlimit only read and write the structs.
+    unsafe {
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+            let mut current: libc::rlimit = std::mem::zeroed();
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut current) == 0 {
+                current.rlim_cur = current.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &current);
+            }
+        }
+    }
+}

@@ -70,8 +70,9 @@ impl MeshContext {
         }
     }
 
-    /// Installs a new snapshot and closes open connections its policies
-    /// deny. Returns how many were closed.
+    /// Installs a new snapshot (a configuration file read after start-up:
+    /// counted as applied) and closes open connections its policies deny.
+    /// Returns how many were closed.
     pub fn install(&self, state: MeshState) -> usize {
         let state = Arc::new(state);
         match self.state.write() {
@@ -79,6 +80,7 @@ impl MeshContext {
             Err(poisoned) => *poisoned.into_inner() = Arc::clone(&state),
         }
         self.set_config_error(None);
+        self.metrics.config_reloaded(true);
         self.live.enforce(&state)
     }
 
@@ -89,6 +91,13 @@ impl MeshContext {
             Ok(guard) => guard.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
+    }
+
+    /// A configuration file read after start-up was rejected: the previous
+    /// configuration stays in force; status and metrics say why and that.
+    pub fn reject_config(&self, error: String) {
+        self.set_config_error(Some(error));
+        self.metrics.config_reloaded(false);
     }
 
     /// Records (or clears) the config error shown in status.

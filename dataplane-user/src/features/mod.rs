@@ -35,10 +35,7 @@ mod sys;
 
 use std::{
     fmt, io,
-    os::{
-        fd::{AsFd, AsRawFd},
-        unix::net::UnixDatagram,
-    },
+    os::{fd::AsFd, unix::net::UnixDatagram},
 };
 
 use aya::{
@@ -361,19 +358,10 @@ pub fn has_so_netns_cookie() -> bool {
     let Ok((socket, _peer)) = UnixDatagram::pair() else {
         return true;
     };
-    let mut cookie = 0u64;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: valid descriptor, and a buffer of the size the kernel writes.
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
-            &mut len,
-        )
-    };
-    rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ENOPROTOOPT)
+    match crate::netns::sol_socket_u64(socket.as_fd(), libc::SO_NETNS_COOKIE) {
+        Ok(_) => true,
+        Err(err) => err.raw_os_error() != Some(libc::ENOPROTOOPT),
+    }
 }
 
 /// `uname -r`, or `unknown`.

@@ -224,23 +224,7 @@ fn probe_connect(netns: BorrowedFd<'_>) -> io::Result<u64> {
 
 /// `SO_COOKIE` (4.12) of `socket`.
 fn socket_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
-    let mut cookie = 0u64;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: valid descriptor, and a buffer of the size the kernel writes.
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_COOKIE,
-            (&raw mut cookie).cast(),
-            &mut len,
-        )
-    };
-    if rc == 0 {
-        Ok(cookie)
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    crate::netns::sol_socket_u64(socket, libc::SO_COOKIE)
 }
 
 /// The network namespace `socket` belongs to (`SIOCGSKNS`).

@@ -99,7 +99,7 @@ fn run() -> anyhow::Result<ExitCode> {
     if swept > 0 {
         eprintln!("dp-bench: removed {swept} leftovers of killed runs");
     }
-    raise_nofile();
+    dataplane_tests::process::raise_nofile();
     let bins = binaries()?;
     let workloads: Vec<Workload> = match &args.workloads {
         None => Workload::ALL.to_vec(),
@@ -258,26 +258,6 @@ fn binaries() -> anyhow::Result<Binaries> {
         );
     }
     Ok(Binaries { agent, load })
-}
-
-/// The agents hold two descriptors per relayed connection; children
-/// inherit the limit.
-fn raise_nofile() {
-    let limit = libc::rlimit {
-        rlim_cur: 1 << 20,
-        rlim_max: 1 << 20,
-    };
-    // SAFETY: setrlimit only reads the struct; on failure (the hard limit
-    // cannot be raised, as in many containers) the soft one goes up to it.
-    unsafe {
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-            let mut current: libc::rlimit = std::mem::zeroed();
-            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut current) == 0 {
-                current.rlim_cur = current.rlim_max;
-                libc::setrlimit(libc::RLIMIT_NOFILE, &current);
-            }
-        }
-    }
 }
 
 fn machine() -> Value {

@@ -61,7 +61,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    raise_nofile();
+    dataplane_tests::process::raise_nofile();
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     match run(&words) {
         Ok(Some(report)) => {
@@ -121,24 +121,6 @@ fn pin_to(cpu: usize) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// 10k idle connections need more descriptors than the usual 1024.
-fn raise_nofile() {
-    let limit = libc::rlimit {
-        rlim_cur: 1 << 20,
-        rlim_max: 1 << 20,
-    };
-    // SAFETY: setrlimit reads the struct; failure leaves the limit as is.
-    unsafe {
-        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-            let mut current: libc::rlimit = std::mem::zeroed();
-            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut current) == 0 {
-                current.rlim_cur = current.rlim_max;
-                libc::setrlimit(libc::RLIMIT_NOFILE, &current);
-            }
-        }
-    }
 }
 
 fn histogram() -> Histogram<u64> {
