@@ -6,7 +6,7 @@
 use std::{
     future::Future,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -24,13 +24,13 @@ use crate::{
     config::{ConfigError, LocalConfig},
     control,
     engine::MeshContext,
-    enroll::{EngineSettings, EnrollError, Enrollments, StateFile},
+    enroll::{EngineSettings, EnrollError, Enroller, Enrollments, Standalone, StateFile},
     identity::{Ca, CertStore},
-    inspect::AgentView,
+    inspect::{AgentView, Endpoints, KernelPrograms},
     preflight::{self, PreflightError, PreflightInput},
     readiness::{Readiness, Step},
-    redirect::{ExitMode, PinLayout, RedirectError, Redirector, RedirectorOptions},
-    reload::{self, Standalone},
+    redirect::{PinLayout, RedirectError, Redirector, RedirectorOptions},
+    reload,
     state::MeshState,
     telemetry::{self, Metrics, StateCollector},
     tls::{self, ClientConfigCache},
@@ -44,9 +44,6 @@ const DRAIN_POLL: Duration = Duration::from_millis(50);
 
 /// Pooled HBONE connections unused this long are closed.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// How often enrolled pods' network namespaces are checked for removal.
-const REAP_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Why the agent stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +107,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         None => LocalConfig::embedded()?,
     };
     info!(origin = %config.origin, workloads = config.workloads.len(), "configuration loaded");
+    let config = Arc::new(config);
     readiness.done(Step::Config);
 
     let cgroup = preflight::check(&PreflightInput {
@@ -137,42 +135,49 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     // is loaded: rules someone else installed steer traffic to the same
     // listeners.
     let redirector = match args.capture {
-        CaptureMode::Ebpf => Some(Arc::new(Mutex::new(Redirector::attach(&options)?))),
+        CaptureMode::Ebpf => Some(Redirector::attach(&options)?),
         CaptureMode::Iptables => {
             info!("iptables capture: no kernel program loaded or attached");
             None
         }
     };
+    let kernel = redirector.as_ref().map(|r| {
+        let (programs, cgroup) = r.attached();
+        KernelPrograms {
+            programs,
+            cgroup: cgroup.to_path_buf(),
+        }
+    });
     readiness.done(Step::Programs);
 
+    // From here on the enrollment actor owns the pods and the kernel
+    // programs; everything else sends it commands.
     let instance_dir = args.state.state_dir.join(&args.state.instance);
-    let mut enrollments = Enrollments::new(
-        redirector.clone(),
-        pins,
-        EngineSettings {
-            proxy_mark: args.proxy_mark,
-            mesh: Arc::clone(&mesh),
-        },
-        StateFile::in_dir(&instance_dir),
-    );
-    let adopted = enrollments.readopt()?;
+    let enroller = Enroller::start(
+        Enrollments::new(
+            redirector,
+            pins.clone(),
+            EngineSettings {
+                proxy_mark: args.proxy_mark,
+                mesh: Arc::clone(&mesh),
+            },
+            StateFile::in_dir(&instance_dir),
+        ),
+        Standalone::new(args.node.clone()),
+    )?;
+    let adopted = enroller.readopt().await?;
     if adopted > 0 {
         info!(
             pods = adopted,
             "re-adopted pods enrolled before the restart"
         );
     }
-    let mut standalone = Standalone::new(args.node.clone());
-    standalone.apply(&mut enrollments, &config);
+    enroller.apply_config(Arc::clone(&config)).await?;
     // Enrollment issues each pod's certificate before it returns.
     readiness.done(Step::Certificates);
-    let enrollments = Arc::new(Mutex::new(enrollments));
     mesh.metrics.register_collector(Box::new(StateCollector {
-        pins: redirector.as_ref().map(|r| {
-            let guard = r.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            guard.pins().clone()
-        }),
-        enrollments: Arc::downgrade(&enrollments),
+        pins: kernel.as_ref().map(|_| pins.clone()),
+        pods: enroller.view(),
         certs: Arc::clone(&mesh.certs),
     }));
     // With --kube, this node's pods that opted in are enrolled (and those
@@ -186,7 +191,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
                     trust_domain: args.trust_domain.clone(),
                     keep: config.workloads.iter().map(|w| w.uid.clone()).collect(),
                 },
-                Arc::clone(&enrollments),
+                enroller.clone(),
             )
             .await?,
         )
@@ -199,6 +204,17 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         path: socket.clone(),
         source,
     })?;
+    let admin_listener = bind_endpoint(
+        "admin",
+        "/config_dump, /logging, /quitquitquit",
+        args.admin_addr,
+    )
+    .await;
+    let endpoints = Endpoints {
+        readiness: readiness_task.as_ref().map(|(_, addr)| *addr),
+        metrics: metrics_task.as_ref().map(|(_, addr)| *addr),
+        admin: admin_listener.as_ref().map(|(_, addr)| *addr),
+    };
     let view = Arc::new(AgentView {
         instance: args.state.instance.clone(),
         capture: match args.capture {
@@ -206,36 +222,25 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
             CaptureMode::Iptables => "iptables",
         },
         fail_open: args.fail_open,
+        endpoints,
         readiness: Arc::clone(&readiness),
         mesh: Arc::clone(&mesh),
-        enrollments: Arc::clone(&enrollments),
-        redirector: redirector.clone(),
+        enroller: enroller.clone(),
+        kernel,
         pins: PinLayout::new(&args.state.bpffs, &args.state.instance),
         started,
     });
     let control_task = tokio::spawn(control::serve(listener, Arc::clone(&view)));
     let quit = Arc::new(Notify::new());
-    let admin_task = {
-        let (view, quit) = (Arc::clone(&view), Arc::clone(&quit));
-        start_endpoint(
-            "admin",
-            "/config_dump, /logging, /quitquitquit",
-            args.admin_addr,
-            |l| admin::serve(l, view, quit),
-        )
-        .await
-    };
-    drop(view);
-    let reaper_task = tokio::spawn(reap_vanished(Arc::clone(&enrollments)));
-    // Only a config file can change; the embedded default cannot.
-    let reload_task = args.config.clone().map(|path| {
-        tokio::spawn(reload::watch(
-            path,
-            Arc::clone(&mesh),
-            Arc::clone(&enrollments),
-            standalone,
-        ))
+    let admin_task = admin_listener.map(|(listener, _)| {
+        tokio::spawn(admin::serve(listener, Arc::clone(&view), Arc::clone(&quit)))
     });
+    drop(view);
+    // Only a config file can change; the embedded default cannot.
+    let reload_task = args
+        .config
+        .clone()
+        .map(|path| tokio::spawn(reload::watch(path, Arc::clone(&mesh), enroller.clone())));
 
     release_startup_memory();
     info!(instance = %args.state.instance, control = %socket.display(), on_exit = ?args.on_exit, fail_open = args.fail_open, "agent ready");
@@ -247,15 +252,15 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     readiness.start_draining();
     drain(&mesh, &shutdown_tx, args.drain_timeout).await;
     rotation.abort();
-    for task in [readiness_task, metrics_task, admin_task]
+    let endpoint_tasks = [readiness_task, metrics_task]
         .into_iter()
         .flatten()
-    {
+        .map(|(task, _)| task);
+    for task in endpoint_tasks.chain(admin_task) {
         task.abort();
         let _ = task.await;
     }
     control_task.abort();
-    reaper_task.abort();
     if let Some(task) = kube_task {
         task.abort();
         let _ = task.await;
@@ -264,12 +269,9 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         task.abort();
         let _ = task.await;
     }
-    // Wait for them to go: they hold references to the pods and the
-    // redirector, which the shutdown below must own.
     let _ = control_task.await;
-    let _ = reaper_task.await;
     let _ = std::fs::remove_file(&socket);
-    shutdown(enrollments, redirector, args.on_exit)?;
+    enroller.shutdown(args.on_exit).await?;
     info!("agent stopped");
     Ok(())
 }
@@ -287,33 +289,41 @@ fn release_startup_memory() {
     }
 }
 
-/// Starts an HTTP endpoint. A port already in use (another agent on the
+/// Binds an HTTP endpoint. A port already in use (another agent on the
 /// same host) is logged loudly and start-up goes on: probes and scrapes
 /// then fail, which is visible, instead of the node losing its data plane.
-async fn start_endpoint<F, Fut>(
+async fn bind_endpoint(
     name: &'static str,
     paths: &'static str,
     addr: SocketAddr,
-    serve: F,
-) -> Option<JoinHandle<()>>
-where
-    F: FnOnce(TcpListener) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
+) -> Option<(TcpListener, SocketAddr)> {
     match crate::httpd::bind(addr).await {
         Ok(listener) => {
-            let bound = listener
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_default();
+            // Port 0 asks the kernel for one: report the one it chose.
+            let bound = listener.local_addr().unwrap_or(addr);
             info!(addr = %bound, "{name} endpoint listening ({paths})");
-            Some(tokio::spawn(serve(listener)))
+            Some((listener, bound))
         }
         Err(err) => {
             warn!(%addr, error = %err, "cannot serve the {name} endpoint; set --{name}-addr");
             None
         }
     }
+}
+
+/// Binds an HTTP endpoint (see [`bind_endpoint`]) and serves it.
+async fn start_endpoint<F, Fut>(
+    name: &'static str,
+    paths: &'static str,
+    addr: SocketAddr,
+    serve: F,
+) -> Option<(JoinHandle<()>, SocketAddr)>
+where
+    F: FnOnce(TcpListener) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (listener, bound) = bind_endpoint(name, paths, addr).await?;
+    Some((tokio::spawn(serve(listener)), bound))
 }
 
 /// Stops accepting (in-pod listeners close, HBONE servers send GOAWAY),
@@ -396,59 +406,4 @@ fn mesh_context(args: &RunArgs, config: &LocalConfig) -> Result<MeshParts, Agent
         shutdown_tx,
         rotation,
     })
-}
-
-async fn reap_vanished(enrollments: Arc<Mutex<Enrollments>>) {
-    let mut ticker = tokio::time::interval(REAP_INTERVAL);
-    loop {
-        ticker.tick().await;
-        let mut guard = match enrollments.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        guard.reap_vanished();
-    }
-}
-
-/// Stops serving, then keeps or removes kernel state.
-fn shutdown(
-    enrollments: Arc<Mutex<Enrollments>>,
-    redirector: Option<Arc<Mutex<Redirector>>>,
-    mode: ExitMode,
-) -> Result<(), AgentError> {
-    {
-        let mut guard = match enrollments.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        guard.stop_serving();
-        if mode == ExitMode::Detach {
-            guard.clear_state()?;
-        }
-    }
-    drop(enrollments);
-    let Some(redirector) = redirector else {
-        return Ok(());
-    };
-    if mode == ExitMode::Keep {
-        // Pods stay enrolled but nobody serves them: the fail-open or
-        // fail-closed setting now decides their traffic.
-        let mut guard = match redirector.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        guard.set_engine_ready(false)?;
-    }
-    let redirector = match Arc::try_unwrap(redirector) {
-        Ok(mutex) => match mutex.into_inner() {
-            Ok(r) => r,
-            Err(poisoned) => poisoned.into_inner(),
-        },
-        Err(_) => {
-            warn!("kernel state still in use at shutdown; leaving it pinned");
-            return Ok(());
-        }
-    };
-    redirector.shutdown(mode)?;
-    Ok(())
 }

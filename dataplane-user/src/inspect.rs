@@ -5,7 +5,7 @@
 
 use std::{
     path::Path,
-    sync::{Arc, Mutex, PoisonError},
+    sync::Arc,
     time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -14,9 +14,9 @@ use serde_json::json;
 
 use crate::{
     engine::MeshContext,
-    enroll::{DepartedPod, Enrollments, PodStatus},
+    enroll::{DepartedPod, Enroller, PodStatus},
     readiness::Readiness,
-    redirect::{PinLayout, Redirector},
+    redirect::PinLayout,
     telemetry::{RecentError, recent},
 };
 
@@ -31,14 +31,16 @@ pub struct AgentView {
     pub capture: &'static str,
     /// Whether pods' traffic passes uncaptured while no agent serves them.
     pub fail_open: bool,
+    /// Where the HTTP endpoints listen.
+    pub endpoints: Endpoints,
     /// Start-up progress and drain state.
     pub readiness: Arc<Readiness>,
     /// Workloads, certificates, connections.
     pub mesh: Arc<MeshContext>,
-    /// Enrolled pods.
-    pub enrollments: Arc<Mutex<Enrollments>>,
-    /// The kernel programs (none under iptables capture).
-    pub redirector: Option<Arc<Mutex<Redirector>>>,
+    /// Enrolled pods, and enrollment commands.
+    pub enroller: Enroller,
+    /// The kernel programs attached (none under iptables capture).
+    pub kernel: Option<KernelPrograms>,
     /// Where the instance's kernel state is pinned.
     pub pins: PinLayout,
     /// When the agent started.
@@ -51,6 +53,28 @@ impl std::fmt::Debug for AgentView {
             .field("instance", &self.instance)
             .finish()
     }
+}
+
+/// Where the agent's HTTP endpoints listen (`None`: not serving, e.g. the
+/// port was taken).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoints {
+    /// `GET /healthz/ready`.
+    pub readiness: Option<std::net::SocketAddr>,
+    /// `GET /metrics`.
+    pub metrics: Option<std::net::SocketAddr>,
+    /// `/config_dump`, `/logging`, `/quitquitquit` (loopback only).
+    pub admin: Option<std::net::SocketAddr>,
+}
+
+/// The kernel programs the agent attached, as reports name them.
+#[derive(Debug, Clone)]
+pub struct KernelPrograms {
+    /// Program names.
+    pub programs: Vec<&'static str>,
+    /// The cgroup they are attached to.
+    pub cgroup: std::path::PathBuf,
 }
 
 /// `dataplane status`.
@@ -71,12 +95,15 @@ pub struct StatusReport {
     pub capture: String,
     /// Fail-open while no agent serves.
     pub fail_open: bool,
+    /// Where the HTTP endpoints listen.
+    #[serde(default)]
+    pub endpoints: Endpoints,
     /// The cgroup the programs are attached to.
     pub cgroup: Option<String>,
     /// Attached cgroup programs.
     pub programs: Vec<ProgramStatus>,
     /// Pods enrolled, and pods recently unenrolled or refused.
-    pub pods: Vec<PodCapture>,
+    pub pods: Vec<PodCaptureState>,
     /// Connections open now.
     pub connections_open: i64,
     /// Where the configuration in force came from.
@@ -115,7 +142,7 @@ pub struct ProgramStatus {
 /// A pod's capture state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PodCapture {
+pub struct PodCaptureState {
     /// The pod's uid.
     pub uid: String,
     /// Pod name.
@@ -152,14 +179,10 @@ fn rfc3339(at: SystemTime) -> String {
         .unwrap_or_else(|_| "-".to_owned())
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl AgentView {
     fn pods_and_departed(&self) -> (Vec<PodStatus>, Vec<DepartedPod>) {
-        let enrollments = lock(&self.enrollments);
-        (enrollments.list(), enrollments.departed())
+        let snapshot = self.enroller.view().snapshot();
+        (snapshot.pods.clone(), snapshot.departed.clone())
     }
 
     /// The `status` screen's data.
@@ -173,13 +196,11 @@ impl AgentView {
         if self.readiness.is_draining() {
             pending.push("draining".to_owned());
         }
-        let (programs, cgroup, kernel_cookies) = match &self.redirector {
-            Some(redirector) => {
-                let redirector = lock(redirector);
-                let (names, cgroup) = redirector.attached();
+        let (programs, cgroup, kernel_cookies) = match &self.kernel {
+            Some(kernel) => {
+                let (names, cgroup) = (kernel.programs.iter().copied(), &kernel.cgroup);
                 let links = list_dir(&self.pins.links_dir());
                 let programs = names
-                    .into_iter()
                     .map(|program| {
                         // Link pins are `<hook>_<program>`.
                         let link = links
@@ -193,7 +214,7 @@ impl AgentView {
                         }
                     })
                     .collect();
-                let cookies = redirector.enrolled_cookies().map_err(|e| {
+                let cookies = crate::redirect::read_enrolled_cookies(&self.pins).map_err(|e| {
                     format!(
                         "cannot read the enrolled-netns map: {}",
                         crate::logging::Chain(&e)
@@ -204,11 +225,11 @@ impl AgentView {
             None => (Vec::new(), None, None),
         };
         let (enrolled, departed) = self.pods_and_departed();
-        let mut pods: Vec<PodCapture> = enrolled
+        let mut pods: Vec<PodCaptureState> = enrolled
             .iter()
             .map(|pod| {
                 let (captured, reason) = self.capture_state(pod, kernel_cookies.as_ref());
-                PodCapture {
+                PodCaptureState {
                     uid: pod.spec.uid.clone(),
                     name: pod.spec.name.clone(),
                     namespace: pod.spec.namespace.clone(),
@@ -217,7 +238,7 @@ impl AgentView {
                 }
             })
             .collect();
-        pods.extend(departed.into_iter().map(|d| PodCapture {
+        pods.extend(departed.into_iter().map(|d| PodCaptureState {
             uid: d.uid,
             name: d.name,
             namespace: d.namespace,
@@ -235,6 +256,7 @@ impl AgentView {
             pending,
             capture: self.capture.to_owned(),
             fail_open: self.fail_open,
+            endpoints: self.endpoints,
             cgroup,
             programs,
             pods,
@@ -310,12 +332,10 @@ impl AgentView {
     pub fn config_dump(&self) -> serde_json::Value {
         let state = self.mesh.state();
         let (pods, departed) = self.pods_and_departed();
-        let (programs, cgroup) = match &self.redirector {
-            Some(redirector) => {
-                let redirector = lock(redirector);
-                let (hooks, cgroup) = redirector.attached();
-                let hooks: Vec<String> = hooks.into_iter().map(str::to_owned).collect();
-                (hooks, Some(cgroup.display().to_string()))
+        let (programs, cgroup) = match &self.kernel {
+            Some(kernel) => {
+                let hooks: Vec<String> = kernel.programs.iter().map(|h| (*h).to_owned()).collect();
+                (hooks, Some(kernel.cgroup.display().to_string()))
             }
             None => (Vec::new(), None),
         };

@@ -9,107 +9,19 @@
 //! good state: the error is logged and shown in status, and traffic keeps
 //! flowing on what was in force.
 
-use std::{
-    collections::HashSet,
-    path::PathBuf,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use tracing::{info, warn};
 
 use crate::{
-    config::LocalConfig,
-    engine::MeshContext,
-    enroll::{Enrollments, PodSpec},
-    logging::Chain,
-    state::MeshState,
+    config::LocalConfig, engine::MeshContext, enroll::Enroller, logging::Chain, state::MeshState,
 };
 
 /// How often the config file is read.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
-/// Pods enrolled because the config lists them with a netns (standalone
-/// mode), as opposed to ones the CNI plugin or the CLI enrolled.
-#[derive(Debug, Default)]
-pub struct Standalone {
-    node: Option<String>,
-    managed: HashSet<String>,
-}
-
-impl Standalone {
-    /// Standalone enrollment for this node (every node when `None`).
-    pub fn new(node: Option<String>) -> Self {
-        Self {
-            node,
-            managed: HashSet::new(),
-        }
-    }
-
-    /// Enrolls the config's workloads of this node that carry a netns,
-    /// re-enrolls changed ones, and unenrolls the ones it enrolled earlier
-    /// that the config no longer lists. A pod that cannot be enrolled is
-    /// logged and skipped so one bad entry does not take the node's other
-    /// pods down.
-    pub fn apply(&mut self, enrollments: &mut Enrollments, config: &LocalConfig) {
-        let wanted = self.specs(config);
-        let wanted_uids: HashSet<String> = wanted.iter().map(|s| s.uid.clone()).collect();
-        for gone in self
-            .managed
-            .difference(&wanted_uids)
-            .cloned()
-            .collect::<Vec<_>>()
-        {
-            match enrollments.remove(&gone) {
-                Ok(_) => info!(uid = %gone, "workload left the config; unenrolled"),
-                Err(err) => {
-                    warn!(uid = %gone, error = %Chain(&err), "cannot unenroll a removed workload")
-                }
-            }
-            self.managed.remove(&gone);
-        }
-        for spec in wanted {
-            let uid = spec.uid.clone();
-            match enrollments.add(spec) {
-                Ok(_) => {
-                    self.managed.insert(uid);
-                }
-                Err(err) => {
-                    warn!(%uid, error = %Chain(&err), "cannot enroll a configured workload")
-                }
-            }
-        }
-    }
-
-    fn specs(&self, config: &LocalConfig) -> Vec<PodSpec> {
-        config
-            .workloads
-            .iter()
-            .filter(|w| self.node.as_ref().is_none_or(|node| *node == w.node))
-            .filter_map(|w| {
-                Some(PodSpec {
-                    uid: w.uid.clone(),
-                    name: w.name.clone(),
-                    namespace: w.namespace.clone(),
-                    service_account: w.service_account.clone(),
-                    trust_domain: w.trust_domain.clone(),
-                    netns: w.netns.clone()?,
-                    ips: w.workload_ips.clone(),
-                    node_addr: None,
-                    exclusions: Default::default(),
-                })
-            })
-            .collect()
-    }
-}
-
 /// Polls `path` and applies every new good version.
-pub async fn watch(
-    path: PathBuf,
-    mesh: Arc<MeshContext>,
-    enrollments: Arc<Mutex<Enrollments>>,
-    mut standalone: Standalone,
-) {
+pub async fn watch(path: PathBuf, mesh: Arc<MeshContext>, enroller: Enroller) {
     let mut last = std::fs::read(&path).ok();
     let mut ticker = tokio::time::interval(POLL_INTERVAL);
     loop {
@@ -130,22 +42,19 @@ pub async fn watch(
             continue;
         }
         last = Some(current.clone());
-        let text = String::from_utf8_lossy(&current);
-        let result = LocalConfig::parse(&text, &path.display().to_string())
-            .map_err(|e| Chain(&e).to_string())
-            .and_then(|config| {
-                MeshState::from_config(&config)
-                    .map(|state| (config, state))
-                    .map_err(|e| Chain(&e).to_string())
-            });
+        // Parsing and validating a large file is CPU work: off the traffic
+        // threads.
+        let name = path.display().to_string();
+        let result = tokio::task::spawn_blocking(move || parse(&current, &name))
+            .await
+            .unwrap_or_else(|e| Err(format!("configuration parser failed: {e}")));
         match result {
             Ok((config, state)) => {
                 let closed = mesh.install(state);
-                let mut guard = match enrollments.lock() {
-                    Ok(guard) => guard,
-                    Err(poisoned) => poisoned.into_inner(),
-                };
-                standalone.apply(&mut guard, &config);
+                let config = Arc::new(config);
+                if let Err(err) = enroller.apply_config(Arc::clone(&config)).await {
+                    warn!(error = %Chain(&err), "cannot apply the configured workloads");
+                }
                 info!(
                     origin = %config.origin,
                     workloads = config.workloads.len(),
@@ -161,4 +70,12 @@ pub async fn watch(
             }
         }
     }
+}
+
+/// Parses and validates a config file's bytes.
+fn parse(bytes: &[u8], name: &str) -> Result<(LocalConfig, MeshState), String> {
+    let text = String::from_utf8_lossy(bytes);
+    let config = LocalConfig::parse(&text, name).map_err(|e| Chain(&e).to_string())?;
+    let state = MeshState::from_config(&config).map_err(|e| Chain(&e).to_string())?;
+    Ok((config, state))
 }

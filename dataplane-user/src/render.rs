@@ -79,6 +79,16 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
         "fail-closed"
     };
     let _ = writeln!(out, "capture   {} ({failure})", report.capture);
+    let endpoint = |addr: Option<std::net::SocketAddr>| {
+        addr.map_or_else(|| p.bad("not serving"), |a| a.to_string())
+    };
+    let _ = writeln!(
+        out,
+        "serving   readiness {} · metrics {} · admin {}",
+        endpoint(report.endpoints.readiness),
+        endpoint(report.endpoints.metrics),
+        endpoint(report.endpoints.admin)
+    );
     match &report.cgroup {
         Some(cgroup) => {
             let _ = writeln!(out, "programs  attached to {cgroup}");
@@ -174,7 +184,7 @@ pub fn certs(certs: &[CertInfo], colour: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inspect::{PodCapture, ProgramStatus};
+    use crate::inspect::{PodCaptureState, ProgramStatus};
 
     fn report() -> StatusReport {
         StatusReport {
@@ -185,13 +195,14 @@ mod tests {
             pending: vec![],
             capture: "ebpf".into(),
             fail_open: false,
+            endpoints: Default::default(),
             cgroup: Some("/sys/fs/cgroup".into()),
             programs: vec![ProgramStatus {
                 program: "dp_connect4".into(),
                 link: Some("cgroup_connect4_dp_connect4".into()),
                 attached: true,
             }],
-            pods: vec![PodCapture {
+            pods: vec![PodCaptureState {
                 uid: "u1".into(),
                 name: "web".into(),
                 namespace: "shop".into(),

@@ -12,6 +12,7 @@ use std::{
 use dataplane_user::{
     control::{self, Request, Response},
     enroll::PodSpec,
+    inspect::{Endpoints, StatusReport},
     redirect::{CounterValue, PinLayout, read_counters},
 };
 
@@ -31,6 +32,9 @@ pub struct Agent {
     log: PathBuf,
     cgroup: PathBuf,
     extra: Vec<String>,
+    /// Where its HTTP endpoints listen, as its status report said once
+    /// ready.
+    endpoints: Endpoints,
 }
 
 impl Agent {
@@ -44,6 +48,7 @@ impl Agent {
             log: PathBuf::new(),
             cgroup: node.cgroup().path().to_path_buf(),
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            endpoints: Endpoints::default(),
         };
         agent.log = agent.state.path().join("agent.log");
         agent.spawn()?;
@@ -76,7 +81,16 @@ impl Agent {
             }
         }
         self.child = Some(cmd.spawn()?);
-        self.wait_ready()
+        self.wait_ready()?;
+        self.endpoints = self.status()?.endpoints;
+        Ok(())
+    }
+
+    /// The agent's status report (`dataplane status --json`).
+    pub fn status(&self) -> anyhow::Result<StatusReport> {
+        let response = self.call(&Request::Status)?;
+        anyhow::ensure!(response.ok, "status refused: {:?}", response.error);
+        Ok(serde_json::from_value(response.report.unwrap_or_default())?)
     }
 
     /// Waits until the control socket answers.
@@ -121,35 +135,19 @@ impl Agent {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Where the readiness endpoint listens (from the agent's log).
+    /// Where the readiness endpoint listens.
     pub fn readiness_addr(&self) -> anyhow::Result<std::net::SocketAddr> {
-        self.endpoint_addr("readiness")
+        endpoint("readiness", self.endpoints.readiness)
     }
 
-    /// Where the metrics endpoint listens (from the agent's log).
+    /// Where the metrics endpoint listens.
     pub fn metrics_addr(&self) -> anyhow::Result<std::net::SocketAddr> {
-        self.endpoint_addr("metrics")
+        endpoint("metrics", self.endpoints.metrics)
     }
 
-    /// Where the admin endpoint listens (from the agent's log).
+    /// Where the admin endpoint listens.
     pub fn admin_addr(&self) -> anyhow::Result<std::net::SocketAddr> {
-        self.endpoint_addr("admin")
-    }
-
-    /// The address the agent logged for its `name` HTTP endpoint.
-    fn endpoint_addr(&self, name: &str) -> anyhow::Result<std::net::SocketAddr> {
-        let log = self.log_text();
-        let marker = format!("{name} endpoint listening");
-        let line = log
-            .lines()
-            .find(|l| l.contains(&marker))
-            .ok_or_else(|| anyhow::anyhow!("no {name} endpoint in the log:\n{log}"))?;
-        let addr = line
-            .split("addr=")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .ok_or_else(|| anyhow::anyhow!("cannot read the {name} address from {line}"))?;
-        Ok(addr.parse()?)
+        endpoint("admin", self.endpoints.admin)
     }
 
     /// The instance name.
@@ -226,6 +224,13 @@ impl Agent {
             exclusions: Default::default(),
         }
     }
+}
+
+fn endpoint(
+    name: &str,
+    addr: Option<std::net::SocketAddr>,
+) -> anyhow::Result<std::net::SocketAddr> {
+    addr.ok_or_else(|| anyhow::anyhow!("the agent serves no {name} endpoint (see its status)"))
 }
 
 impl Drop for Agent {

@@ -55,7 +55,7 @@ async fn answer(mut stream: UnixStream, view: &AgentView) -> io::Result<()> {
         refused(format!("request larger than {MAX_MESSAGE} bytes"))
     } else {
         match serde_json::from_slice::<Request>(&body) {
-            Ok(request) => handle(request, view),
+            Ok(request) => handle(request, view).await,
             Err(err) => refused(format!("invalid request: {err}")),
         }
     };
@@ -64,7 +64,7 @@ async fn answer(mut stream: UnixStream, view: &AgentView) -> io::Result<()> {
     stream.shutdown().await
 }
 
-fn handle(request: Request, view: &AgentView) -> Response {
+async fn handle(request: Request, view: &AgentView) -> Response {
     let report = |value: Result<serde_json::Value, serde_json::Error>| match value {
         Ok(value) => Response {
             ok: true,
@@ -73,19 +73,13 @@ fn handle(request: Request, view: &AgentView) -> Response {
         },
         Err(err) => refused(format!("cannot encode the report: {err}")),
     };
-    // Reports lock what they read themselves.
+    // Enrollment commands wait for the enrollment actor; reports and the
+    // pod list read its last published state.
     match request {
-        Request::Status => return report(serde_json::to_value(view.status())),
-        Request::ConfigDump => return report(Ok(view.config_dump())),
-        Request::Certs => return report(serde_json::to_value(view.certs())),
-        Request::Add { .. } | Request::Remove { .. } | Request::List => {}
-    }
-    let mut enrollments = match view.enrollments.lock() {
-        Ok(guard) => guard,
-        Err(poisoned) => poisoned.into_inner(),
-    };
-    match request {
-        Request::Add { pod } => match enrollments.add(*pod) {
+        Request::Status => report(serde_json::to_value(view.status())),
+        Request::ConfigDump => report(Ok(view.config_dump())),
+        Request::Certs => report(serde_json::to_value(view.certs())),
+        Request::Add { pod } => match view.enroller.add(*pod).await {
             Ok(status) => Response {
                 ok: true,
                 pods: vec![status],
@@ -95,8 +89,12 @@ fn handle(request: Request, view: &AgentView) -> Response {
         },
         Request::Remove { uid, netns } => {
             let result = match (uid, netns) {
-                (Some(uid), _) => enrollments.remove(&uid),
-                (None, Some(netns)) => enrollments.remove_by_netns(&netns).map(|r| r.is_some()),
+                (Some(uid), _) => view.enroller.remove(uid).await,
+                (None, Some(netns)) => view
+                    .enroller
+                    .remove_by_netns(netns)
+                    .await
+                    .map(|r| r.is_some()),
                 (None, None) => return refused("remove needs a uid or a netns".into()),
             };
             match result {
@@ -110,12 +108,9 @@ fn handle(request: Request, view: &AgentView) -> Response {
         }
         Request::List => Response {
             ok: true,
-            pods: enrollments.list(),
+            pods: view.enroller.view().snapshot().pods.clone(),
             ..Response::default()
         },
-        Request::Status | Request::ConfigDump | Request::Certs => {
-            refused("unreachable: reports are answered above".into())
-        }
     }
 }
 

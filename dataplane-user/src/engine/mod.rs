@@ -158,6 +158,21 @@ impl PodListeners {
             hbone: listen(any6(HBONE_PORT), false)?,
         })
     }
+
+    /// Duplicates of the same listening sockets (new descriptors, same
+    /// sockets): a connection queued on one is accepted through either.
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(Self {
+            outbound_v4: self.outbound_v4.try_clone()?,
+            outbound_v6: self
+                .outbound_v6
+                .as_ref()
+                .map(std::net::TcpListener::try_clone)
+                .transpose()?,
+            inbound: self.inbound.try_clone()?,
+            hbone: self.hbone.try_clone()?,
+        })
+    }
 }
 
 /// A pod's running listeners and their connections; dropping it (or

@@ -10,7 +10,7 @@ use super::PodStatus;
 
 /// Errors reading or writing the state file.
 #[derive(Debug, thiserror::Error)]
-pub enum StateError {
+pub enum StateFileError {
     /// Reading or writing failed.
     #[error("cannot {action} enrollment state {path}")]
     Io {
@@ -55,19 +55,19 @@ impl StateFile {
     }
 
     /// The recorded pods; none when the file does not exist.
-    pub fn load(&self) -> Result<Vec<PodStatus>, StateError> {
+    pub fn load(&self) -> Result<Vec<PodStatus>, StateFileError> {
         let text = match std::fs::read_to_string(&self.path) {
             Ok(text) => text,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(source) => {
-                return Err(StateError::Io {
+                return Err(StateFileError::Io {
                     action: "read",
                     path: self.path.clone(),
                     source,
                 });
             }
         };
-        serde_json::from_str(&text).map_err(|source| StateError::Corrupt {
+        serde_json::from_str(&text).map_err(|source| StateFileError::Corrupt {
             path: self.path.clone(),
             source,
         })
@@ -75,8 +75,8 @@ impl StateFile {
 
     /// Replaces the record (write to a temporary file, then rename, so a
     /// crash never leaves half a file).
-    pub fn save(&self, pods: &[PodStatus]) -> Result<(), StateError> {
-        let io_err = |action, source| StateError::Io {
+    pub fn save(&self, pods: &[PodStatus]) -> Result<(), StateFileError> {
+        let io_err = |action, source| StateFileError::Io {
             action,
             path: self.path.clone(),
             source,
@@ -91,11 +91,11 @@ impl StateFile {
     }
 
     /// Deletes the record; a missing file is fine.
-    pub fn remove(&self) -> Result<(), StateError> {
+    pub fn remove(&self) -> Result<(), StateFileError> {
         match std::fs::remove_file(&self.path) {
             Ok(()) => Ok(()),
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(StateError::Io {
+            Err(source) => Err(StateFileError::Io {
                 action: "remove",
                 path: self.path.clone(),
                 source,

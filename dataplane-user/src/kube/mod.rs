@@ -25,7 +25,7 @@ pub mod watch;
 use std::{
     collections::HashSet,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -37,7 +37,7 @@ use kube::{
 pub use netns::{NetnsLocator, ProcNetnsLocator};
 pub use reconcile::{PodEnroller, PodView, Reconciler, ReconcilerSettings};
 
-use crate::{enroll::Enrollments, logging::Chain};
+use crate::{enroll::Enroller, logging::Chain};
 
 /// How often the reconciler re-evaluates every pod.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(10);
@@ -109,12 +109,12 @@ pub struct AgentReconcilerOptions {
 /// until aborted.
 pub async fn start_for_agent(
     options: AgentReconcilerOptions,
-    enrollments: Arc<Mutex<Enrollments>>,
+    enroller: Enroller,
 ) -> Result<tokio::task::JoinHandle<()>, KubeError> {
     let node = options.node.ok_or(KubeError::NodeRequired)?;
     let client = client(options.kubeconfig.as_deref()).await?;
     let reconciler = Reconciler::new(
-        Arc::new(AgentEnroller(enrollments)),
+        Arc::new(AgentEnroller(enroller)),
         Arc::new(ProcNetnsLocator::default()),
         ReconcilerSettings {
             trust_domain: options.trust_domain,
@@ -126,33 +126,26 @@ pub async fn start_for_agent(
     Ok(watch::spawn(client, &node, reconciler, RESYNC_INTERVAL))
 }
 
-/// The agent's enrollments as a [`PodEnroller`].
-struct AgentEnroller(Arc<Mutex<Enrollments>>);
-
-impl AgentEnroller {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Enrollments> {
-        match self.0.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-}
+/// The agent's enrollment actor as a [`PodEnroller`]. The reconciler
+/// calls it from a blocking thread, where waiting for the actor is fine.
+struct AgentEnroller(Enroller);
 
 impl PodEnroller for AgentEnroller {
     fn enrolled(&self) -> Vec<String> {
-        self.lock().list().into_iter().map(|p| p.spec.uid).collect()
+        let snapshot = self.0.view().snapshot();
+        snapshot.pods.iter().map(|p| p.spec.uid.clone()).collect()
     }
 
     fn enroll(&self, spec: crate::enroll::PodSpec) -> Result<(), String> {
-        self.lock()
-            .add(spec)
+        self.0
+            .add_blocking(spec)
             .map(drop)
             .map_err(|e| Chain(&e).to_string())
     }
 
     fn unenroll(&self, uid: &str) -> Result<(), String> {
-        self.lock()
-            .remove(uid)
+        self.0
+            .remove_blocking(uid.to_owned())
             .map(drop)
             .map_err(|e| Chain(&e).to_string())
     }

@@ -1,7 +1,12 @@
-//! Reading the kernel programs' per-CPU decision counters.
+//! Reading the kernel programs' state through their pinned maps, from any
+//! thread and without the redirector: the per-CPU decision counters and
+//! the enrolled network namespaces.
 
-use aya::maps::{Map, MapData, MapError, PerCpuArray};
-use dataplane_common::{Counter, maps::REDIRECT_STATS};
+use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
+use dataplane_common::{
+    Counter, EnrolledNetns,
+    maps::{ENROLLED_NETNS, REDIRECT_STATS},
+};
 
 use super::{PinLayout, RedirectError};
 
@@ -32,6 +37,20 @@ pub fn read_counters(pins: &PinLayout) -> Result<Vec<CounterValue>, RedirectErro
                 value: per_cpu.iter().sum(),
             })
         })
+        .collect::<Result<Vec<_>, MapError>>()
+        .map_err(err)
+}
+
+/// The network-namespace cookies in the instance's `ENROLLED_NETNS` map.
+pub fn read_enrolled_cookies(pins: &PinLayout) -> Result<Vec<u64>, RedirectError> {
+    let err = |source| RedirectError::Map {
+        name: ENROLLED_NETNS,
+        source,
+    };
+    let data = MapData::from_pin(pins.map(ENROLLED_NETNS)).map_err(err)?;
+    let map: HashMap<MapData, u64, EnrolledNetns> =
+        HashMap::try_from(Map::from_map_data(data).map_err(err)?).map_err(err)?;
+    map.keys()
         .collect::<Result<Vec<_>, MapError>>()
         .map_err(err)
 }

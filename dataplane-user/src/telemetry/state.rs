@@ -1,10 +1,7 @@
 //! Metrics read from agent and kernel state on each scrape: the kernel
 //! programs' per-CPU counters, enrolled pods, workload certificates.
 
-use std::{
-    sync::{Arc, Mutex, PoisonError, Weak},
-    time::UNIX_EPOCH,
-};
+use std::{sync::Arc, time::UNIX_EPOCH};
 
 use prometheus_client::{
     collector::Collector,
@@ -13,7 +10,7 @@ use prometheus_client::{
 };
 
 use super::process::gauge;
-use crate::{enroll::Enrollments, identity::CertStore, redirect::PinLayout};
+use crate::{enroll::PodsView, identity::CertStore, redirect::PinLayout};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EventLabels {
@@ -30,9 +27,8 @@ struct IdentityLabels {
 pub struct StateCollector {
     /// The instance's pins; `None` under iptables capture (no programs).
     pub pins: Option<PinLayout>,
-    /// The enrolled pods. Weak: the registry lives in the mesh context the
-    /// pods hold, and a strong reference would make a cycle.
-    pub enrollments: Weak<Mutex<Enrollments>>,
+    /// The enrolled pods.
+    pub pods: PodsView,
     /// The workload certificates.
     pub certs: Arc<CertStore>,
 }
@@ -61,13 +57,7 @@ impl Collector for StateCollector {
                 ConstCounter::new(c.value).encode(family.encode_family(&labels)?)?;
             }
         }
-        let pods = self.enrollments.upgrade().map_or(0, |enrollments| {
-            enrollments
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .list()
-                .len()
-        });
+        let pods = self.pods.snapshot().pods.len();
         gauge(
             &mut encoder,
             "dataplane_enrolled_pods",

@@ -108,6 +108,11 @@ impl MeasuredAgent {
         }
     }
 
+    /// The agent's control socket.
+    pub fn control_socket(&self) -> PathBuf {
+        control::socket_path(self.state.path(), &self.instance)
+    }
+
     /// The agent's process id.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

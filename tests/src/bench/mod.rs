@@ -4,13 +4,15 @@
 //! feeding it (`ebpf`); run by `dp-bench`, which `cargo xtask bench` drives
 //! and whose samples it turns into the report.
 //!
-//! [`mesh`] builds one cluster per mode, [`plan`] decides what runs in
+//! [`churn`] measures the traffic of enrolled pods while other pods are
+//! enrolled and removed in a loop. [`mesh`] builds one cluster per mode, [`plan`] decides what runs in
 //! which order and records samples, [`probe`] reads CPU and memory,
 //! [`iptables`] holds the incumbent's rules, [`agent`] and [`process`] own
 //! the processes, [`signal`] and [`sweep`] make sure nothing outlives a
 //! run, even an interrupted or killed one.
 
 pub mod agent;
+pub mod churn;
 pub mod iptables;
 pub mod mesh;
 pub mod plan;

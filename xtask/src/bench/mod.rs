@@ -48,6 +48,9 @@ pub struct BenchArgs {
     /// Skip agent memory under idle connections.
     #[arg(long)]
     pub no_idle: bool,
+    /// Skip the enrollment churn benchmark.
+    #[arg(long)]
+    pub no_churn: bool,
     /// Skip the criterion micro-benchmarks.
     #[arg(long)]
     pub no_micro: bool,
@@ -86,6 +89,7 @@ pub fn bench(args: &BenchArgs) -> Result<ExitCode> {
                 Some(micro::build(release)?)
             };
             let harness_ok = run_harness(args, release, &samples_file)?;
+            let churn_ok = args.no_churn || run_churn(args.quick, release, &out_dir)?;
             let note = if let Some(exe) = micro_exe {
                 micro::run(&exe, args.quick, &args.extra, &cmd::target_dir())?;
                 if args.quick {
@@ -96,7 +100,7 @@ pub fn bench(args: &BenchArgs) -> Result<ExitCode> {
             } else {
                 "skipped (`--no-micro`)".to_owned()
             };
-            (samples_file, harness_ok, note)
+            (samples_file, harness_ok && churn_ok, note)
         }
     };
     let micro = if args.quick || args.no_micro {
@@ -105,6 +109,7 @@ pub fn bench(args: &BenchArgs) -> Result<ExitCode> {
         micro::read(&cmd::target_dir(), micro_since)
     };
     let complete = render(&samples_file, &out_dir, &micro, &micro_note)?;
+    append_churn(&out_dir)?;
     println!(
         "bench: report in {} ({:.0} s in all)",
         out_dir.join("report.md").display(),
@@ -156,6 +161,60 @@ fn run_harness(args: &BenchArgs, release: bool, samples: &Path) -> Result<bool> 
         cmd::describe(status)
     );
     Ok(status.success())
+}
+
+/// Runs `dp-churn` (enrollment churn beside request/response traffic);
+/// its table goes to `churn.md` and its samples to `churn.json`. Returns
+/// whether it succeeded.
+fn run_churn(quick: bool, release: bool, out_dir: &Path) -> Result<bool> {
+    let bin_dir = cmd::target_dir().join(build::profile(release).1);
+    let json = out_dir.join("churn.json");
+    let table = out_dir.join("churn.md");
+    let _ = std::fs::remove_file(&json);
+    let _ = std::fs::remove_file(&table);
+    let mut command = Command::new(bin_dir.join("dp-churn"));
+    command
+        .arg("--agent")
+        .arg(bin_dir.join("dataplane"))
+        .arg("--load")
+        .arg(bin_dir.join("dp-load"))
+        .arg("--out")
+        .arg(&json);
+    if quick {
+        command.arg("--quick");
+    }
+    println!("+ {}", cmd::display(&command));
+    let output = command
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cannot start dp-churn")?;
+    if !output.status.success() {
+        eprintln!(
+            "bench: enrollment churn failed ({})",
+            cmd::describe(output.status)
+        );
+        return Ok(false);
+    }
+    write(&table, &String::from_utf8_lossy(&output.stdout))?;
+    Ok(true)
+}
+
+/// Adds the churn table (when this run made one) to the report.
+fn append_churn(out_dir: &Path) -> Result<()> {
+    let Ok(table) = std::fs::read_to_string(out_dir.join("churn.md")) else {
+        return Ok(());
+    };
+    let section = format!(
+        "\n## Enrollment churn\n\nPersistent 1 KiB request/response between two enrolled pods of one node, \
+         alone (`quiet`) and while other pods are enrolled and removed in a loop over the control socket \
+         (`churn`); medians over rounds.\n\n{table}"
+    );
+    let report = out_dir.join("report.md");
+    let mut text = std::fs::read_to_string(&report).unwrap_or_default();
+    text.push_str(&section);
+    write(&report, &text)?;
+    println!("{section}");
+    Ok(())
 }
 
 extern "C" fn on_sigint(_signal: libc::c_int) {}

@@ -1,0 +1,474 @@
+//! The enrolled pods of one agent instance and every step that puts a pod
+//! in the mesh or takes it out. Only the enrollment actor
+//! ([`super::actor`]) holds an [`Enrollments`]; its methods block (key
+//! generation, namespace entry, map writes, file writes) and never run on
+//! the engine's async worker threads.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    os::fd::AsFd as _,
+    path::Path,
+    sync::Arc,
+};
+
+use tracing::{info, warn};
+
+use super::{
+    DepartedPod, EnrollError, PodSpec, PodStatus, StateFile,
+    spec::{DEPARTED_KEPT, validate},
+};
+use crate::{
+    engine::{
+        MeshContext, PodContext, PodEngine, PodIdentity, PodListeners, PodNetns, PodTlsDialer,
+    },
+    hbone::HbonePool,
+    identity::Identity,
+    redirect::{ExitMode, OrigDstTable, PinLayout, PodCapture, RedirectError, Redirector},
+    tls,
+};
+
+/// One pod in the mesh.
+struct EnrolledPod {
+    spec: PodSpec,
+    identity: Identity,
+    cookie: u64,
+    netns: PodNetns,
+    /// Duplicates of the listening sockets the engine serves, so that a
+    /// re-enrollment in the same namespace hands the same sockets to the
+    /// new engine: the ports never close, no connection is refused.
+    listeners: PodListeners,
+    engine: PodEngine,
+}
+
+/// Engine settings every enrolled pod shares.
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    /// Socket mark of the engine's own sockets.
+    pub proxy_mark: u32,
+    /// Mesh-wide state (workloads, certificates, TLS).
+    pub mesh: Arc<MeshContext>,
+}
+
+/// Every pod this agent instance has enrolled, and the kernel programs
+/// that capture them.
+pub struct Enrollments {
+    /// `None` under iptables capture (`--capture iptables`): pods get their
+    /// listeners but nothing is registered with kernel programs.
+    redirector: Option<Redirector>,
+    pins: PinLayout,
+    settings: EngineSettings,
+    state: StateFile,
+    pods: HashMap<String, EnrolledPod>,
+    /// Pods recently unenrolled or refused, newest last, for `status`.
+    departed: VecDeque<DepartedPod>,
+}
+
+impl std::fmt::Debug for Enrollments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Enrollments")
+            .field("pods", &self.pods.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// A pod's new engine, built and serving, before the kernel is pointed at
+/// it.
+struct Prepared {
+    identity: Identity,
+    cookie: u64,
+    netns: PodNetns,
+    listeners: PodListeners,
+    engine: PodEngine,
+}
+
+impl Enrollments {
+    /// A manager with no pods yet; call [`Enrollments::readopt`] next.
+    /// Without a redirector (iptables capture) enrolling only creates and
+    /// serves the in-pod listeners.
+    pub fn new(
+        redirector: Option<Redirector>,
+        pins: PinLayout,
+        settings: EngineSettings,
+        state: StateFile,
+    ) -> Self {
+        Self {
+            redirector,
+            pins,
+            settings,
+            state,
+            pods: HashMap::new(),
+            departed: VecDeque::new(),
+        }
+    }
+
+    /// Re-adopts the pods a previous agent of this instance enrolled: those
+    /// whose namespace still exists get listeners again; the kernel state of
+    /// the others is removed. Returns how many pods were re-adopted.
+    pub fn readopt(&mut self) -> Result<usize, EnrollError> {
+        let recorded = self.state.load()?;
+        let mut adopted = 0;
+        for status in recorded {
+            let uid = status.spec.uid.clone();
+            let still_there = PodNetns::open(&status.spec.netns)
+                .and_then(|ns| ns.cookie())
+                .is_ok_and(|cookie| cookie == status.netns_cookie);
+            if !still_there {
+                info!(pod = %uid, netns = %status.spec.netns.display(), "network namespace gone while the agent was down; removing");
+                self.with_redirector(|r| r.unenroll_pod(status.netns_cookie))?;
+                continue;
+            }
+            match self.add(status.spec) {
+                Ok(_) => adopted += 1,
+                Err(err) => {
+                    warn!(pod = %uid, error = %crate::logging::Chain(&err), "cannot re-adopt pod")
+                }
+            }
+        }
+        // Kernel entries no state file knows about belong to nobody.
+        let known: Vec<u64> = self.pods.values().map(|p| p.cookie).collect();
+        let enrolled = self.with_redirector(|r| r.enrolled_cookies())?;
+        for cookie in enrolled.into_iter().filter(|c| !known.contains(c)) {
+            info!(
+                netns_cookie = cookie,
+                "removing kernel state of an unknown pod"
+            );
+            self.with_redirector(|r| r.unenroll_pod(cookie))?;
+        }
+        self.persist()?;
+        Ok(adopted)
+    }
+
+    /// Enrolls `spec`. Enrolling the same pod again is a no-op; enrolling a
+    /// changed spec under the same uid re-enrolls it make-before-break (the
+    /// new certificate, listeners and engine are ready before the old
+    /// engine stops). A failure is remembered for `status`.
+    pub fn add(&mut self, spec: PodSpec) -> Result<PodStatus, EnrollError> {
+        let who = (spec.uid.clone(), spec.name.clone(), spec.namespace.clone());
+        let result = self.add_inner(spec);
+        match &result {
+            Ok(_) => self.departed.retain(|d| d.uid != who.0),
+            Err(err) => {
+                let reason = format!("enrollment failed: {}", crate::logging::Chain(err));
+                self.note_departed(who, reason);
+            }
+        }
+        result
+    }
+
+    /// Pods recently unenrolled or refused (oldest first) and why, except
+    /// those enrolled again since.
+    pub fn departed(&self) -> Vec<DepartedPod> {
+        self.departed.iter().cloned().collect()
+    }
+
+    fn note_departed(&mut self, (uid, name, namespace): (String, String, String), reason: String) {
+        self.departed.retain(|d| d.uid != uid);
+        if self.departed.len() == DEPARTED_KEPT {
+            self.departed.pop_front();
+        }
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.departed.push_back(DepartedPod {
+            uid,
+            name,
+            namespace,
+            reason,
+            at,
+        });
+    }
+
+    fn add_inner(&mut self, spec: PodSpec) -> Result<PodStatus, EnrollError> {
+        validate(&spec)?;
+        let previous = self.pods.get(&spec.uid);
+        if let Some(existing) = previous
+            && existing.spec == spec
+        {
+            return Ok(status_of(existing));
+        }
+        let netns_err = |source| EnrollError::Netns {
+            uid: spec.uid.clone(),
+            path: spec.netns.clone(),
+            source,
+        };
+        let netns = PodNetns::open(&spec.netns).map_err(netns_err)?;
+        let cookie = netns.cookie().map_err(netns_err)?;
+        if let Some(other) = self
+            .pods
+            .values()
+            .find(|p| p.cookie == cookie && p.spec.uid != spec.uid)
+        {
+            return Err(EnrollError::NetnsTaken {
+                path: spec.netns.clone(),
+                other: other.spec.uid.clone(),
+            });
+        }
+        // The same namespace keeps its listening sockets: the new engine
+        // serves duplicates of them, so the ports never close.
+        let listeners = match previous {
+            Some(old) if old.cookie == cookie => old.listeners.try_clone().map_err(netns_err)?,
+            _ => PodListeners::create(&netns)?,
+        };
+        let prepared = self.prepare(&spec, netns, cookie, listeners)?;
+        let old = self.pods.remove(&spec.uid);
+        if let Some(old) = &old
+            && old.cookie != cookie
+        {
+            // Another namespace under the same uid: the old one's kernel
+            // state goes first, as it may hold the same pod IPs.
+            self.with_redirector(|r| r.unenroll_pod(old.cookie))?;
+        }
+        if let Err(err) = self.capture(&spec, &prepared) {
+            // The new engine goes with `prepared`. In the same namespace the
+            // old engine still serves the same sockets and stays enrolled;
+            // an old namespace was already released above.
+            match old {
+                Some(old) if old.cookie == cookie => {
+                    self.pods.insert(old.spec.uid.clone(), old);
+                }
+                Some(old) => {
+                    old.engine.stop();
+                    self.forget_identity_if_unused(&old.identity, None);
+                    self.persist()?;
+                }
+                None => {}
+            }
+            return Err(err);
+        }
+        if let Some(old) = old {
+            info!(pod = %spec.name, namespace = %spec.namespace, uid = %spec.uid, "pod re-enrolled; previous engine stopped");
+            let old_identity = old.identity.clone();
+            old.engine.stop();
+            self.forget_identity_if_unused(&old_identity, Some(&prepared.identity));
+        }
+        info!(pod = %spec.name, namespace = %spec.namespace, uid = %spec.uid, netns_cookie = cookie, ips = ?spec.ips, "pod enrolled");
+        let pod = EnrolledPod {
+            spec,
+            identity: prepared.identity,
+            cookie,
+            netns: prepared.netns,
+            listeners: prepared.listeners,
+            engine: prepared.engine,
+        };
+        let status = status_of(&pod);
+        self.pods.insert(pod.spec.uid.clone(), pod);
+        self.persist()?;
+        Ok(status)
+    }
+
+    /// Issues the pod's certificate and starts its engine on `listeners`.
+    fn prepare(
+        &self,
+        spec: &PodSpec,
+        netns: PodNetns,
+        cookie: u64,
+        listeners: PodListeners,
+    ) -> Result<Prepared, EnrollError> {
+        let identity_err =
+            |source: Box<dyn std::error::Error + Send + Sync>| EnrollError::Identity {
+                uid: spec.uid.clone(),
+                source,
+            };
+        let spiffe = spec.identity().map_err(|e| identity_err(Box::new(e)))?;
+        let mesh = Arc::clone(&self.settings.mesh);
+        // Issue now: a pod is only enrolled once it can prove who it is.
+        mesh.certs
+            .get_or_issue(&spiffe)
+            .map_err(|e| identity_err(Box::new(e)))?;
+        let server_tls = tls::server_config(
+            mesh.certs.resolver(spiffe.clone()),
+            Arc::clone(&mesh.roots),
+            &mesh.trust_domain,
+        )
+        .map_err(|e| identity_err(Box::new(e)))?;
+        let table = match self.redirector {
+            Some(_) => Some(OrigDstTable::open(&self.pins)?),
+            None => None,
+        };
+        let pool = HbonePool::new(
+            PodTlsDialer {
+                netns: netns.clone(),
+                mark: self.settings.proxy_mark,
+                mesh: Arc::clone(&mesh),
+            },
+            mesh.pool_idle_timeout,
+        );
+        let ctx = Arc::new(PodContext {
+            identity: PodIdentity {
+                uid: spec.uid.clone(),
+                name: spec.name.clone(),
+                namespace: spec.namespace.clone(),
+            },
+            peer: Arc::new(crate::telemetry::Peer {
+                workload: Some(spec.name.clone()),
+                namespace: Some(spec.namespace.clone()),
+                principal: Some(spiffe.to_uri()),
+            }),
+            spiffe: spiffe.clone(),
+            ips: spec.ips.clone(),
+            netns: netns.clone(),
+            mark: self.settings.proxy_mark,
+            mesh,
+            pool,
+            server_tls,
+        });
+        let served = listeners.try_clone().map_err(|source| EnrollError::Serve {
+            uid: spec.uid.clone(),
+            source,
+        })?;
+        let engine = PodEngine::start(ctx, served, table).map_err(|source| EnrollError::Serve {
+            uid: spec.uid.clone(),
+            source,
+        })?;
+        Ok(Prepared {
+            identity: spiffe,
+            cookie,
+            netns,
+            listeners,
+            engine,
+        })
+    }
+
+    /// Points the kernel programs at the prepared engine's listeners.
+    fn capture(&mut self, spec: &PodSpec, prepared: &Prepared) -> Result<(), EnrollError> {
+        let capture = PodCapture {
+            netns_cookie: prepared.cookie,
+            netns: prepared.netns.fd(),
+            ips: &spec.ips,
+            node_addr: spec.node_addr,
+            exclusions: &spec.exclusions,
+            inbound_listener: prepared.listeners.inbound.as_fd(),
+            hbone_listener: prepared.listeners.hbone.as_fd(),
+        };
+        Ok(self.with_redirector(|r| r.enroll_pod(&capture))?)
+    }
+
+    /// Unenrolls the pod with this uid. Returns whether it was enrolled.
+    pub fn remove(&mut self, uid: &str) -> Result<bool, EnrollError> {
+        self.remove_because(
+            uid,
+            "unenrolled on request (CNI DEL, `dataplane pod remove` or the Kubernetes reconciler)",
+        )
+    }
+
+    /// Unenrolls the pod with this uid, remembering `reason` for `status`.
+    pub fn remove_because(&mut self, uid: &str, reason: &str) -> Result<bool, EnrollError> {
+        let Some(pod) = self.pods.remove(uid) else {
+            return Ok(false);
+        };
+        let who = (
+            pod.spec.uid.clone(),
+            pod.spec.name.clone(),
+            pod.spec.namespace.clone(),
+        );
+        self.note_departed(who, reason.to_owned());
+        pod.engine.stop();
+        self.with_redirector(|r| r.unenroll_pod(pod.cookie))?;
+        self.forget_identity_if_unused(&pod.identity, None);
+        info!(pod = %pod.spec.name, namespace = %pod.spec.namespace, uid, "pod unenrolled");
+        self.persist()?;
+        Ok(true)
+    }
+
+    /// Stops rotating the certificate of `identity` when no enrolled pod
+    /// (nor `keep`, the identity about to be used) has it any more.
+    fn forget_identity_if_unused(&self, identity: &Identity, keep: Option<&Identity>) {
+        if keep == Some(identity) || self.pods.values().any(|p| &p.identity == identity) {
+            return;
+        }
+        if self.settings.mesh.certs.forget(identity) {
+            info!(identity = %identity.to_uri(), "certificate no longer used; rotation stopped");
+        }
+    }
+
+    /// Unenrolls the pod enrolled with this netns path, if any.
+    pub fn remove_by_netns(&mut self, netns: &Path) -> Result<Option<String>, EnrollError> {
+        let uid = self
+            .pods
+            .values()
+            .find(|p| p.spec.netns == netns)
+            .map(|p| p.spec.uid.clone());
+        match uid {
+            Some(uid) => self.remove(&uid).map(|_| Some(uid)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every enrolled pod, by uid.
+    pub fn list(&self) -> Vec<PodStatus> {
+        let mut pods: Vec<PodStatus> = self.pods.values().map(status_of).collect();
+        pods.sort_by(|a, b| a.spec.uid.cmp(&b.spec.uid));
+        pods
+    }
+
+    /// Unenrolls pods whose network namespace is gone (its path removed, or
+    /// now naming another namespace). Returns their uids.
+    pub fn reap_vanished(&mut self) -> Vec<String> {
+        let vanished: Vec<String> = self
+            .pods
+            .values()
+            .filter(|p| !netns_still_there(&p.netns))
+            .map(|p| p.spec.uid.clone())
+            .collect();
+        for uid in &vanished {
+            info!(uid, "pod network namespace disappeared; unenrolling");
+            if let Err(err) = self.remove_because(uid, "its network namespace is gone") {
+                warn!(uid, error = %crate::logging::Chain(&err), "cleanup of a vanished pod failed");
+            }
+        }
+        vanished
+    }
+
+    /// The agent is stopping: every pod's listeners close; the state file
+    /// keeps the pods for the next agent unless `mode` detaches everything;
+    /// kernel state is kept (engine marked not ready, so the fail-open or
+    /// fail-closed setting decides pods' traffic) or removed as `mode` says.
+    pub fn shutdown(mut self, mode: ExitMode) -> Result<(), EnrollError> {
+        for (_, pod) in self.pods.drain() {
+            pod.engine.stop();
+        }
+        if mode == ExitMode::Detach {
+            self.state.remove()?;
+        }
+        let Some(mut redirector) = self.redirector.take() else {
+            return Ok(());
+        };
+        if mode == ExitMode::Keep {
+            redirector.set_engine_ready(false)?;
+        }
+        redirector.shutdown(mode)?;
+        Ok(())
+    }
+
+    fn persist(&self) -> Result<(), EnrollError> {
+        Ok(self.state.save(&self.list())?)
+    }
+
+    /// Runs `f` on the redirector; without one (iptables capture) there is
+    /// no kernel state, and the answer is `T::default()`.
+    fn with_redirector<T: Default>(
+        &mut self,
+        f: impl FnOnce(&mut Redirector) -> Result<T, RedirectError>,
+    ) -> Result<T, RedirectError> {
+        match self.redirector.as_mut() {
+            Some(redirector) => f(redirector),
+            None => Ok(T::default()),
+        }
+    }
+}
+
+fn status_of(pod: &EnrolledPod) -> PodStatus {
+    PodStatus {
+        spec: pod.spec.clone(),
+        netns_cookie: pod.cookie,
+    }
+}
+
+/// Whether the path still names the namespace we hold open.
+fn netns_still_there(netns: &PodNetns) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(held) = netns.identity() else {
+        return false;
+    };
+    std::fs::metadata(netns.path()).is_ok_and(|m| (m.dev(), m.ino()) == held)
+}

@@ -1,0 +1,111 @@
+//! What a pod is to enrollment: the request to enroll it, what an enrolled
+//! pod looks like from outside, and why a pod is no longer captured.
+
+use std::{net::IpAddr, path::PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::EnrollError;
+use crate::{
+    identity::{Identity, IdentityError},
+    redirect::Exclusions,
+};
+
+/// How many departed pods `status` remembers.
+pub(super) const DEPARTED_KEPT: usize = 64;
+
+/// A pod to enroll, as the CNI plugin and `dataplane pod add` describe it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodSpec {
+    /// Unique id (e.g. the Kubernetes pod uid).
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Service account.
+    #[serde(default = "default_service_account")]
+    pub service_account: String,
+    /// SPIFFE trust domain of the pod's identity.
+    #[serde(default = "default_trust_domain")]
+    pub trust_domain: String,
+    /// Path of the pod's network namespace.
+    pub netns: PathBuf,
+    /// The pod's IPs.
+    pub ips: Vec<IpAddr>,
+    /// Node-side address toward the pod (kubelet probes come from it).
+    #[serde(default)]
+    pub node_addr: Option<IpAddr>,
+    /// Ports and CIDRs never captured for this pod.
+    #[serde(default)]
+    pub exclusions: Exclusions,
+}
+
+fn default_service_account() -> String {
+    "default".into()
+}
+
+fn default_trust_domain() -> String {
+    "cluster.local".into()
+}
+
+impl PodSpec {
+    /// The pod's SPIFFE identity.
+    pub fn identity(&self) -> Result<Identity, IdentityError> {
+        Identity::new(&self.trust_domain, &self.namespace, &self.service_account)
+    }
+}
+
+/// An enrolled pod, as `dataplane pod list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    /// The pod as enrolled.
+    pub spec: PodSpec,
+    /// Cookie of its network namespace.
+    pub netns_cookie: u64,
+}
+
+/// A pod this agent no longer captures, or could not enroll, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DepartedPod {
+    /// The pod's uid.
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Why it is not captured.
+    pub reason: String,
+    /// When, in seconds since the Unix epoch.
+    pub at: u64,
+}
+
+pub(super) fn validate(spec: &PodSpec) -> Result<(), EnrollError> {
+    let invalid = |reason: &str| EnrollError::Invalid {
+        uid: spec.uid.clone(),
+        reason: reason.to_owned(),
+    };
+    if spec.uid.trim().is_empty() {
+        return Err(invalid("uid is empty"));
+    }
+    if spec.name.trim().is_empty() || spec.namespace.trim().is_empty() {
+        return Err(invalid("name and namespace are required"));
+    }
+    if spec.ips.is_empty() {
+        return Err(invalid("at least one pod IP is required"));
+    }
+    if spec
+        .ips
+        .iter()
+        .any(|ip| ip.is_unspecified() || ip.is_loopback() || ip.is_multicast())
+    {
+        return Err(invalid("pod IPs must be unicast, non-loopback addresses"));
+    }
+    if !spec.netns.is_absolute() {
+        return Err(invalid("netns must be an absolute path"));
+    }
+    Ok(())
+}
