@@ -75,6 +75,9 @@ pub enum AgentError {
     /// The CA or certificates could not be set up.
     #[error(transparent)]
     Ca(#[from] crate::identity::CaError),
+    /// Another agent of this instance is running.
+    #[error(transparent)]
+    Instance(#[from] crate::instance::InstanceError),
     /// Installing signal handlers failed.
     #[error("cannot install signal handlers")]
     Signal(#[source] std::io::Error),
@@ -114,6 +117,10 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         bpffs: &args.state.bpffs,
         cgroup: args.cgroup.as_deref(),
     })?;
+    // Before any state is touched (CA, kernel programs, pods, the control
+    // socket): a second agent of this instance must change nothing.
+    let _instance =
+        crate::instance::InstanceLock::take(&args.state.state_dir, &args.state.instance)?;
     let MeshParts {
         mesh,
         shutdown_tx,
@@ -204,6 +211,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         path: socket.clone(),
         source,
     })?;
+    let socket_identity = file_identity(&socket);
     let admin_listener = bind_endpoint(
         "admin",
         "/config_dump, /logging, /quitquitquit",
@@ -270,10 +278,22 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         let _ = task.await;
     }
     let _ = control_task.await;
-    let _ = std::fs::remove_file(&socket);
+    // Only the socket this agent created: a path replaced since belongs to
+    // someone else.
+    if socket_identity.is_some() && file_identity(&socket) == socket_identity {
+        let _ = std::fs::remove_file(&socket);
+    }
     enroller.shutdown(args.on_exit).await?;
     info!("agent stopped");
     Ok(())
+}
+
+/// `(device, inode)` of the file at `path`, if there is one.
+fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 /// Gives back to the kernel the heap that loading the kernel object (ELF,

@@ -55,6 +55,14 @@ impl std::fmt::Debug for AgentView {
     }
 }
 
+/// What the kernel's maps say about captured pods.
+struct KernelCapture {
+    /// Enrolled network-namespace cookies.
+    cookies: Vec<u64>,
+    /// Pod IP -> network-namespace cookie its inbound connections go to.
+    inbound: std::collections::HashMap<std::net::IpAddr, u64>,
+}
+
 /// Where the agent's HTTP endpoints listen (`None`: not serving, e.g. the
 /// port was taken).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -214,12 +222,23 @@ impl AgentView {
                         }
                     })
                     .collect();
-                let cookies = crate::redirect::read_enrolled_cookies(&self.pins).map_err(|e| {
-                    format!(
-                        "cannot read the enrolled-netns map: {}",
-                        crate::logging::Chain(&e)
-                    )
-                });
+                let cookies = crate::redirect::read_enrolled_cookies(&self.pins)
+                    .map_err(|e| {
+                        format!(
+                            "cannot read the enrolled-netns map: {}",
+                            crate::logging::Chain(&e)
+                        )
+                    })
+                    .and_then(|cookies| {
+                        let inbound =
+                            crate::redirect::read_pod_inbound(&self.pins).map_err(|e| {
+                                format!(
+                                    "cannot read the pod-inbound map: {}",
+                                    crate::logging::Chain(&e)
+                                )
+                            })?;
+                        Ok(KernelCapture { cookies, inbound })
+                    });
                 (programs, Some(cgroup.display().to_string()), Some(cookies))
             }
             None => (Vec::new(), None, None),
@@ -277,9 +296,22 @@ impl AgentView {
     fn capture_state(
         &self,
         pod: &PodStatus,
-        kernel: Option<&Result<Vec<u64>, String>>,
+        kernel: Option<&Result<KernelCapture, String>>,
     ) -> (bool, String) {
         let cookie = pod.netns_cookie;
+        // Every pod IP must send inbound connections to this pod's
+        // namespace, not to another's nor nowhere.
+        let inbound_problem = |kernel: &KernelCapture| {
+            pod.spec.ips.iter().find_map(|ip| {
+                match kernel.inbound.get(&ip.to_canonical()) {
+                    Some(owner) if *owner == cookie => None,
+                    Some(owner) => Some(format!(
+                        "inbound capture of {ip} points at network namespace {owner}, not this pod's ({cookie})"
+                    )),
+                    None => Some(format!("no inbound capture entry for {ip} in the kernel")),
+                }
+            })
+        };
         match kernel {
             None => (
                 true,
@@ -287,7 +319,7 @@ impl AgentView {
                     .to_owned(),
             ),
             Some(Err(err)) => (false, err.clone()),
-            Some(Ok(cookies)) if !cookies.contains(&cookie) => (
+            Some(Ok(kernel)) if !kernel.cookies.contains(&cookie) => (
                 false,
                 format!("network namespace {cookie} is missing from the kernel's enrolled map"),
             ),
@@ -295,6 +327,7 @@ impl AgentView {
                 false,
                 format!("no sk_lookup program attached to network namespace {cookie}"),
             ),
+            Some(Ok(kernel)) if let Some(problem) = inbound_problem(kernel) => (false, problem),
             Some(Ok(_)) => (
                 true,
                 format!("network namespace {cookie} enrolled in the kernel, sk_lookup attached"),

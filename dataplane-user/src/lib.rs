@@ -19,6 +19,7 @@ pub mod hbone;
 pub mod httpd;
 pub mod identity;
 pub mod inspect;
+pub mod instance;
 pub mod kube;
 pub mod logging;
 pub mod netns;

@@ -210,6 +210,27 @@ impl Agent {
         }
     }
 
+    /// The agent's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// A pod spec for a namespace path that is not a test pod's, with one
+    /// IPv4 address.
+    pub fn spec_for_netns(netns: &str, name: &str, ip: &str) -> PodSpec {
+        PodSpec {
+            uid: format!("uid-{name}"),
+            name: name.to_owned(),
+            namespace: "test".to_owned(),
+            service_account: "default".to_owned(),
+            trust_domain: "cluster.local".to_owned(),
+            netns: PathBuf::from(netns),
+            ips: ip.parse().into_iter().collect(),
+            node_addr: None,
+            exclusions: Default::default(),
+        }
+    }
+
     /// A pod spec for `pod` on this agent's node.
     pub fn spec_for(pod: &crate::topology::Pod, name: &str) -> PodSpec {
         PodSpec {

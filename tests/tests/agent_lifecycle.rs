@@ -317,3 +317,65 @@ fn version_lists_every_embedded_program() -> anyhow::Result<()> {
     assert_eq!(parsed["programs"].as_array().map(Vec::len), Some(7));
     Ok(())
 }
+
+#[test]
+fn a_second_agent_of_the_same_instance_refuses_to_start_and_changes_nothing() -> anyhow::Result<()>
+{
+    let node = dataplane_tests::topology::Node::new("lifelock", 1)?;
+    let mut first = dataplane_tests::Agent::start("lifelock", &node, &[])?;
+    let pid = first
+        .pid()
+        .ok_or_else(|| anyhow::anyhow!("first agent not running"))?;
+    let socket = dataplane_user::control::socket_path(first.state_dir(), first.instance());
+    let socket_inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&socket)?);
+
+    let mut second = agent()?;
+    second
+        .arg("run")
+        .arg("--instance")
+        .arg(first.instance())
+        .arg("--state-dir")
+        .arg(first.state_dir())
+        .arg("--bpffs")
+        .arg(first.bpffs())
+        .arg("--cgroup")
+        .arg(node.cgroup().path())
+        .args(["--readiness-addr", "127.0.0.1:0"])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .args(["--admin-addr", "127.0.0.1:0"]);
+    let (code, stderr) = run_to_exit(second)?;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("another agent of instance") && stderr.contains(&format!("pid {pid}")),
+        "the refusal names the running agent: {stderr}"
+    );
+    // The first agent still owns its socket and answers on it.
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&socket)?),
+        socket_inode
+    );
+    assert!(first.status()?.ready);
+    assert_eq!(first.stop()?, Some(0));
+    assert!(!socket.exists(), "the first agent removes its own socket");
+    Ok(())
+}
+
+#[test]
+fn a_silent_control_client_is_disconnected() -> anyhow::Result<()> {
+    use std::io::Read as _;
+    let node = dataplane_tests::topology::Node::new("lifesilent", 1)?;
+    let agent = dataplane_tests::Agent::start("lifesilent", &node, &[])?;
+    let socket = dataplane_user::control::socket_path(agent.state_dir(), agent.instance());
+    let mut silent = std::os::unix::net::UnixStream::connect(&socket)?;
+    // Hang guard only: the agent closes well before it.
+    silent.set_read_timeout(Some(LIMIT))?;
+    let mut buf = [0u8; 16];
+    let read = silent.read(&mut buf);
+    assert!(
+        matches!(read, Ok(0)),
+        "the agent should close a client that sends nothing: {read:?}"
+    );
+    // Others are still served.
+    assert!(agent.status()?.ready);
+    Ok(())
+}

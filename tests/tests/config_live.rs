@@ -234,3 +234,48 @@ fn tightened_policy_closes_an_open_connection_it_now_denies() -> anyhow::Result<
     echo(&w.client, addr(&w.remote, 9002), 1024, 8)?;
     Ok(())
 }
+
+#[test]
+fn an_empty_or_half_written_file_never_unenrolls_the_pods() -> anyhow::Result<()> {
+    let w = World::new("clempty")?;
+    let workloads = w.workloads();
+    let rest = format!("{SERVICE}policies: []\n");
+    let config = w.write(&workloads, &rest)?;
+    let a1 = w.agent(1, &config)?;
+    let enrolled = || -> anyhow::Result<usize> { Ok(a1.call(&Request::List)?.pods.len()) };
+    assert_eq!(enrolled()?, 2);
+
+    // Truncated to nothing (a config being written, a volume not yet
+    // filled): refused, the pods stay.
+    std::fs::write(&config, "")?;
+    wait_until("the empty file's rejection", || {
+        Ok(a1
+            .status()?
+            .config_error
+            .is_some_and(|e| e.contains("is empty")))
+    })?;
+    assert_eq!(enrolled()?, 2, "an empty file unenrolled pods");
+
+    // A file that never holds still (each read differs from the one
+    // before) is never applied, even though every version is valid and
+    // drops `local`.
+    let without_local: Vec<WorkloadEntry> = workloads
+        .iter()
+        .filter(|e| e.name != "local")
+        .cloned()
+        .collect();
+    for round in 0..60 {
+        write_config_with(
+            w.dir.path(),
+            "mesh.yaml",
+            &without_local,
+            &format!("# version {round}\n{rest}"),
+        )?;
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(enrolled()?, 2, "a version read only once was applied");
+    // Once it holds still, it is applied.
+    wait_until("the settled file to apply", || Ok(enrolled()? == 1))?;
+    assert!(a1.status()?.config_error.is_none());
+    Ok(())
+}

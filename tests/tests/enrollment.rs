@@ -152,3 +152,101 @@ fn a_pod_that_leaves_takes_its_certificate_but_not_a_shared_one() -> anyhow::Res
     assert!(certificates(&agent)?.is_empty());
     Ok(())
 }
+
+#[test]
+fn a_pod_cannot_take_an_ip_another_pod_owns() -> anyhow::Result<()> {
+    let mut node = Node::new("enrip", 1)?;
+    let victim = node.add_pod("enrip")?;
+    let thief = node.add_pod("enrip")?;
+    let agent = Agent::start("enrip", &node, &[])?;
+    agent.enroll(Agent::spec_for(&victim, "victim"))?;
+    let mut stolen = Agent::spec_for(&thief, "thief");
+    stolen.ips = vec![victim.ip4.into()];
+    let error = match agent.enroll(stolen) {
+        Ok(response) => anyhow::bail!(
+            "a second owner of {} was accepted: {response:?}",
+            victim.ip4
+        ),
+        Err(err) => format!("{err:#}"),
+    };
+    assert!(
+        error.contains(&victim.ip4.to_string()) && error.contains("uid-victim"),
+        "the refusal names the address and its owner: {error}"
+    );
+    // The victim is untouched: still captured, every IP pointing at it.
+    let status = agent.status()?;
+    let pod = status
+        .pods
+        .iter()
+        .find(|p| p.uid == "uid-victim")
+        .ok_or_else(|| anyhow::anyhow!("victim missing from status"))?;
+    assert!(pod.captured, "{}", pod.reason);
+    Ok(())
+}
+
+#[test]
+fn status_checks_every_pod_ip_in_the_kernel() -> anyhow::Result<()> {
+    use aya::maps::{HashMap, Map, MapData};
+    use dataplane_common::{IpAddr16, PodInbound};
+    use dataplane_user::redirect::PinLayout;
+
+    let mut node = Node::new("enrstat", 1)?;
+    let pod = node.add_pod("enrstat")?;
+    let agent = Agent::start("enrstat", &node, &[])?;
+    agent.enroll(Agent::spec_for(&pod, "web"))?;
+    let captured = |status: &dataplane_user::inspect::StatusReport| {
+        status
+            .pods
+            .iter()
+            .find(|p| p.uid == "uid-web")
+            .map(|p| (p.captured, p.reason.clone()))
+    };
+    let before = captured(&agent.status()?);
+    assert!(before.as_ref().is_some_and(|c| c.0), "{before:?}");
+
+    // Someone removes the pod's IPv4 inbound entry behind the agent's back.
+    let pins = PinLayout::new(agent.bpffs(), agent.instance());
+    let data = MapData::from_pin(pins.map(dataplane_common::maps::POD_INBOUND))?;
+    let mut map: HashMap<MapData, IpAddr16, PodInbound> =
+        HashMap::try_from(Map::from_map_data(data)?)?;
+    map.remove(&IpAddr16::from_ipv4_be(u32::from(pod.ip4).to_be()))?;
+
+    let (ok, reason) =
+        captured(&agent.status()?).ok_or_else(|| anyhow::anyhow!("pod missing from status"))?;
+    assert!(!ok, "status still says captured: {reason}");
+    assert!(reason.contains(&pod.ip4.to_string()), "{reason}");
+    Ok(())
+}
+
+#[test]
+fn the_nodes_own_network_namespace_cannot_be_enrolled() -> anyhow::Result<()> {
+    let node = Node::new("enrhost", 1)?;
+    let agent = Agent::start("enrhost", &node, &[])?;
+    let pid = agent
+        .pid()
+        .ok_or_else(|| anyhow::anyhow!("agent not running"))?;
+    // The agent's own namespace (on a node, a host-network agent's is the
+    // node's), by its path and by another process's path to the same
+    // namespace (this test runs in it too): identity counts, not the path.
+    let own = [
+        format!("/proc/{pid}/ns/net"),
+        format!("/proc/{}/ns/net", std::process::id()),
+    ];
+    for (n, path) in own.iter().enumerate() {
+        let spec = Agent::spec_for_netns(path, &format!("host{n}"), "10.9.9.9");
+        let error = match agent.enroll(spec) {
+            Ok(response) => anyhow::bail!("{path} was enrolled: {response:?}"),
+            Err(err) => format!("{err:#}"),
+        };
+        assert!(
+            error.contains("host-network pods cannot be enrolled"),
+            "{path}: {error}"
+        );
+    }
+    // The init process's: refused as the node's namespace, or (where this
+    // sandbox's init hides it) because it cannot be opened at all.
+    let init = Agent::spec_for_netns("/proc/1/ns/net", "init", "10.9.9.8");
+    assert!(agent.enroll(init).is_err(), "/proc/1/ns/net was enrolled");
+    assert!(agent.call(&Request::List)?.pods.is_empty());
+    Ok(())
+}

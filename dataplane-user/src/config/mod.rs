@@ -6,8 +6,11 @@
 //! IP or service VIP, or a reference to a service or policy that does not
 //! exist. Nothing is silently ignored.
 
+mod limits;
 mod schema;
 mod validate;
+
+pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 
 pub use schema::{Action, LoadBalancing, Match, Policy, Scope, Service};
 
@@ -32,6 +35,24 @@ pub enum ConfigError {
         /// The OS error.
         #[source]
         source: std::io::Error,
+    },
+    /// The file is empty (or only comments): applying it would take every
+    /// workload out of the mesh at once, which is never what an empty
+    /// file means (a config being written, a volume not yet filled).
+    #[error(
+        "config {origin} is empty; refusing it (to remove every workload on purpose, write `workloads: []`)"
+    )]
+    Empty {
+        /// The file path.
+        origin: String,
+    },
+    /// The file exceeds what the agent parses (size, nesting).
+    #[error("config {origin} refused before parsing: {what}")]
+    Bounds {
+        /// The file path.
+        origin: String,
+        /// Which bound, and by how much.
+        what: String,
     },
     /// The YAML is malformed or does not match the schema.
     #[error("invalid config {origin}")]
@@ -180,6 +201,7 @@ impl LocalConfig {
 
     /// Parses YAML text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        limits::check(text, origin)?;
         let raw: RawConfig =
             serde_yaml_ng::from_str(text).map_err(|source| ConfigError::Parse {
                 origin: origin.to_owned(),

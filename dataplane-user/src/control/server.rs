@@ -1,6 +1,6 @@
 //! Serving the control socket.
 
-use std::{io, os::unix::fs::PermissionsExt, path::Path, sync::Arc};
+use std::{io, os::unix::fs::PermissionsExt, path::Path, sync::Arc, time::Duration};
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -10,6 +10,14 @@ use tracing::{debug, warn};
 
 use super::{MAX_MESSAGE, Request, Response};
 use crate::{inspect::AgentView, logging::Chain};
+
+/// How long a client may take to send its whole request; one that
+/// connects and stays silent is closed after this.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Control connections served at once; more are refused at once (each
+/// holds a descriptor, and an enrollment waits its turn at the actor).
+pub const MAX_CLIENTS: usize = 128;
 
 /// Binds the control socket at `path` (replacing a stale one left by a dead
 /// agent) with mode 0600.
@@ -30,14 +38,32 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
 
 /// Answers requests until the task is dropped.
 pub async fn serve(listener: UnixListener, view: Arc<AgentView>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => {
+            Ok((mut stream, _)) => {
+                let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                    warn!(
+                        max = MAX_CLIENTS,
+                        "too many control connections; refusing one"
+                    );
+                    let reply = refused(format!(
+                        "the agent is serving {MAX_CLIENTS} control connections already; retry"
+                    ));
+                    tokio::spawn(async move {
+                        if let Ok(bytes) = serde_json::to_vec(&reply) {
+                            let _ = tokio::time::timeout(REQUEST_TIMEOUT, stream.write_all(&bytes))
+                                .await;
+                        }
+                    });
+                    continue;
+                };
                 let view = Arc::clone(&view);
                 tokio::spawn(async move {
                     if let Err(err) = answer(stream, &view).await {
                         debug!(error = %err, "control connection failed");
                     }
+                    drop(slot);
                 });
             }
             Err(err) => warn!(error = %err, "control socket accept failed"),
@@ -47,10 +73,16 @@ pub async fn serve(listener: UnixListener, view: Arc<AgentView>) {
 
 async fn answer(mut stream: UnixStream, view: &AgentView) -> io::Result<()> {
     let mut body = Vec::new();
-    (&mut stream)
-        .take(MAX_MESSAGE + 1)
-        .read_to_end(&mut body)
-        .await?;
+    let mut limited = (&mut stream).take(MAX_MESSAGE + 1);
+    match tokio::time::timeout(REQUEST_TIMEOUT, limited.read_to_end(&mut body)).await {
+        Ok(result) => {
+            result?;
+        }
+        Err(_) => {
+            debug!("control client sent no complete request in time; closing");
+            return Ok(());
+        }
+    }
     let response = if body.len() as u64 > MAX_MESSAGE {
         refused(format!("request larger than {MAX_MESSAGE} bytes"))
     } else {

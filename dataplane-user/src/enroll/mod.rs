@@ -58,6 +58,31 @@ pub enum EnrollError {
         /// The uid of the pod that owns it.
         other: String,
     },
+    /// The namespace is the node's own (the agent's or the init
+    /// process's): enrolling it would capture the node's traffic.
+    #[error(
+        "network namespace {path} of pod {uid} is the {whose} network namespace: host-network pods cannot be enrolled"
+    )]
+    HostNetns {
+        /// The pod's uid.
+        uid: String,
+        /// The namespace path as given.
+        path: PathBuf,
+        /// `agent's` or `node's (init process)`.
+        whose: &'static str,
+    },
+    /// Another enrolled pod already owns one of the pod's IPs.
+    #[error(
+        "pod {uid} claims IP {ip}, which enrolled pod {owner} owns; remove {owner} first (or fix the pod's IPs)"
+    )]
+    IpTaken {
+        /// The pod's uid.
+        uid: String,
+        /// The contested address.
+        ip: std::net::IpAddr,
+        /// The uid of the pod that owns it.
+        owner: String,
+    },
     /// The in-pod listeners could not be created.
     #[error(transparent)]
     Engine(#[from] EngineError),

@@ -191,7 +191,25 @@ impl Enrollments {
             path: spec.netns.clone(),
             source,
         };
+        if let Some((ip, owner)) = self.pods.values().find_map(|p| {
+            let theirs = p.spec.ips.iter().map(|ip| ip.to_canonical());
+            (p.spec.uid != spec.uid)
+                .then(|| {
+                    theirs
+                        .into_iter()
+                        .find(|ip| spec.ips.iter().any(|mine| mine.to_canonical() == *ip))
+                })
+                .flatten()
+                .map(|ip| (ip, p.spec.uid.clone()))
+        }) {
+            return Err(EnrollError::IpTaken {
+                uid: spec.uid.clone(),
+                ip,
+                owner,
+            });
+        }
         let netns = PodNetns::open(&spec.netns).map_err(netns_err)?;
+        refuse_host_netns(&spec, &netns)?;
         let cookie = netns.cookie().map_err(netns_err)?;
         if let Some(other) = self
             .pods
@@ -462,6 +480,35 @@ fn status_of(pod: &EnrolledPod) -> PodStatus {
         spec: pod.spec.clone(),
         netns_cookie: pod.cookie,
     }
+}
+
+/// Refuses the agent's own network namespace and the init process's: on a
+/// host-network agent they are the node's, and enrolling them would bind
+/// the engine's ports on the node and capture the node's traffic.
+/// Namespaces are compared by identity (device and inode), not by path.
+fn refuse_host_netns(spec: &PodSpec, netns: &PodNetns) -> Result<(), EnrollError> {
+    use std::os::unix::fs::MetadataExt as _;
+    let netns_err = |source| EnrollError::Netns {
+        uid: spec.uid.clone(),
+        path: spec.netns.clone(),
+        source,
+    };
+    let held = netns.identity().map_err(netns_err)?;
+    for (path, whose) in [
+        ("/proc/self/ns/net", "agent's own"),
+        ("/proc/1/ns/net", "node's (init process)"),
+    ] {
+        // An unreadable reference (no /proc/1 in a restricted pid
+        // namespace) cannot be compared; the other one still is.
+        if std::fs::metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == held) {
+            return Err(EnrollError::HostNetns {
+                uid: spec.uid.clone(),
+                path: spec.netns.clone(),
+                whose,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Whether the path still names the namespace we hold open.

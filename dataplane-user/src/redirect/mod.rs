@@ -63,7 +63,7 @@ pub use object::{EMBEDDED_OBJECT, ObjectError, ProgramInfo, catalogue};
 pub use orig_dst::{OrigDstTable, tuple_of};
 pub use pins::{LAYOUT_VERSION, PinLayout};
 pub use pods::{Exclusions, PodCapture};
-pub use stats::{CounterValue, read_counters, read_enrolled_cookies};
+pub use stats::{CounterValue, read_counters, read_enrolled_cookies, read_pod_inbound};
 
 use kernel_maps::{KernelMaps, collect_keys, ignore_missing};
 use pods::Registration;

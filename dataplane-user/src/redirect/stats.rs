@@ -4,8 +4,8 @@
 
 use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
 use dataplane_common::{
-    Counter, EnrolledNetns,
-    maps::{ENROLLED_NETNS, REDIRECT_STATS},
+    Counter, EnrolledNetns, IpAddr16, PodInbound,
+    maps::{ENROLLED_NETNS, POD_INBOUND, REDIRECT_STATS},
 };
 
 use super::{PinLayout, RedirectError};
@@ -52,5 +52,23 @@ pub fn read_enrolled_cookies(pins: &PinLayout) -> Result<Vec<u64>, RedirectError
         HashMap::try_from(Map::from_map_data(data).map_err(err)?).map_err(err)?;
     map.keys()
         .collect::<Result<Vec<_>, MapError>>()
+        .map_err(err)
+}
+
+/// The instance's `POD_INBOUND` map: which network namespace (by cookie)
+/// inbound connections to each pod IP are captured for.
+pub fn read_pod_inbound(
+    pins: &PinLayout,
+) -> Result<std::collections::HashMap<std::net::IpAddr, u64>, RedirectError> {
+    let err = |source| RedirectError::Map {
+        name: POD_INBOUND,
+        source,
+    };
+    let data = MapData::from_pin(pins.map(POD_INBOUND)).map_err(err)?;
+    let map: HashMap<MapData, IpAddr16, PodInbound> =
+        HashMap::try_from(Map::from_map_data(data).map_err(err)?).map_err(err)?;
+    map.iter()
+        .map(|entry| entry.map(|(ip, pod)| (super::keys::ip_of(&ip), pod.netns_cookie)))
+        .collect::<Result<_, MapError>>()
         .map_err(err)
 }
