@@ -147,6 +147,27 @@ fn the_counter_array_has_a_slot_for_every_counter() {
 }
 
 #[test]
+fn the_probe_object_holds_only_the_netns_cookie_probe() {
+    let object = map_definitions(crate::features::PROBES_OBJECT).unwrap();
+    let expected: BTreeMap<String, MapDefinition> = [(
+        m::NETNS_COOKIES.to_owned(),
+        def::<u64, u64>(
+            bpf_map_type::BPF_MAP_TYPE_LRU_HASH,
+            m::NETNS_COOKIES_CAPACITY,
+            0,
+        ),
+    )]
+    .into();
+    assert_eq!(object, expected);
+    let programs = aya_obj::Object::parse(crate::features::PROBES_OBJECT)
+        .unwrap()
+        .programs
+        .into_keys()
+        .collect::<Vec<_>>();
+    assert_eq!(programs, [m::PROG_NETNS_COOKIE]);
+}
+
+#[test]
 fn differences_name_each_field() {
     let hash = def::<u64, u64>(bpf_map_type::BPF_MAP_TYPE_HASH, 16, 0);
     let other = MapDefinition {
