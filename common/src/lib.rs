@@ -14,7 +14,10 @@
 //! read and write them in maps.
 #![no_std]
 
+pub mod counters;
 pub mod maps;
+
+pub use counters::{COUNTER_SLOTS, Counter};
 
 /// Port of the in-pod listener that receives captured outbound connections.
 pub const OUTBOUND_PORT: u16 = 15001;
@@ -274,100 +277,6 @@ pub const SOL_IP: i32 = 0;
 /// `SOL_IPV6`.
 pub const SOL_IPV6: i32 = 41;
 
-/// Indexes into the per-CPU `REDIRECT_STATS` counter array: one per decision
-/// the kernel programs take.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counter {
-    /// Outbound connection rewritten to the outbound listener.
-    RedirectedOutbound = 0,
-    /// Inbound connection assigned to the inbound plaintext listener.
-    RedirectedInbound = 1,
-    /// Inbound connection to port 15008 assigned to the HBONE listener.
-    InboundHbone = 2,
-    /// Socket not in an enrolled network namespace (or destination not an enrolled pod IP).
-    SkippedNotEnrolled = 3,
-    /// Not a TCP socket.
-    SkippedNotTcp = 4,
-    /// Socket carries the proxy mark.
-    ExemptProxyMark = 5,
-    /// Destination is a loopback address, or the pod is talking to itself.
-    ExemptLoopback = 6,
-    /// Port excluded for this pod.
-    ExemptExcludedPort = 7,
-    /// Destination inside a CIDR excluded for this pod.
-    ExemptExcludedCidr = 8,
-    /// Inbound from the node-side address or a configured probe address.
-    ExemptProbe = 9,
-    /// Outbound to port 15008: already tunnel traffic.
-    ExemptHbonePort = 10,
-    /// Connection aimed at an engine capture port: refused, never looped.
-    RefusedEnginePort = 11,
-    /// Engine listener missing (agent down), fail-closed: refused.
-    EngineDownRefused = 12,
-    /// Engine listener missing (agent down), fail-open: let through.
-    EngineDownPassed = 13,
-    /// Original-destination record written at TCP connect time.
-    OrigDstRecorded = 14,
-    /// `getsockopt(SO_ORIGINAL_DST)` answered from the map.
-    OrigDstAnswered = 15,
-    /// `getpeername()` answered with the original destination.
-    PeerRewritten = 16,
-    /// A map update failed (map full or kernel error).
-    MapUpdateFailed = 17,
-}
-
-/// Number of slots in the `REDIRECT_STATS` array.
-pub const COUNTER_SLOTS: u32 = 32;
-
-impl Counter {
-    /// Every counter, in index order.
-    pub const ALL: [Counter; 18] = [
-        Counter::RedirectedOutbound,
-        Counter::RedirectedInbound,
-        Counter::InboundHbone,
-        Counter::SkippedNotEnrolled,
-        Counter::SkippedNotTcp,
-        Counter::ExemptProxyMark,
-        Counter::ExemptLoopback,
-        Counter::ExemptExcludedPort,
-        Counter::ExemptExcludedCidr,
-        Counter::ExemptProbe,
-        Counter::ExemptHbonePort,
-        Counter::RefusedEnginePort,
-        Counter::EngineDownRefused,
-        Counter::EngineDownPassed,
-        Counter::OrigDstRecorded,
-        Counter::OrigDstAnswered,
-        Counter::PeerRewritten,
-        Counter::MapUpdateFailed,
-    ];
-
-    /// Stable snake_case name, used by the CLI and metrics.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Counter::RedirectedOutbound => "redirected_outbound",
-            Counter::RedirectedInbound => "redirected_inbound",
-            Counter::InboundHbone => "inbound_hbone",
-            Counter::SkippedNotEnrolled => "skipped_not_enrolled",
-            Counter::SkippedNotTcp => "skipped_not_tcp",
-            Counter::ExemptProxyMark => "exempt_proxy_mark",
-            Counter::ExemptLoopback => "exempt_loopback",
-            Counter::ExemptExcludedPort => "exempt_excluded_port",
-            Counter::ExemptExcludedCidr => "exempt_excluded_cidr",
-            Counter::ExemptProbe => "exempt_probe",
-            Counter::ExemptHbonePort => "exempt_hbone_port",
-            Counter::RefusedEnginePort => "refused_engine_port",
-            Counter::EngineDownRefused => "engine_down_refused",
-            Counter::EngineDownPassed => "engine_down_passed",
-            Counter::OrigDstRecorded => "orig_dst_recorded",
-            Counter::OrigDstAnswered => "orig_dst_answered",
-            Counter::PeerRewritten => "peer_rewritten",
-            Counter::MapUpdateFailed => "map_update_failed",
-        }
-    }
-}
-
 // Layouts are part of the kernel/user contract: fail the build if they move.
 const _: () = {
     assert!(core::mem::size_of::<IpAddr16>() == 16);
@@ -380,7 +289,6 @@ const _: () = {
     assert!(core::mem::size_of::<PodInbound>() == 32);
     assert!(core::mem::size_of::<ListenerKey>() == 20);
     assert!(core::mem::size_of::<PodPort>() == 20);
-    assert!((Counter::ALL.len() as u32) <= COUNTER_SLOTS);
 };
 
 #[cfg(feature = "user")]

@@ -66,3 +66,21 @@ pub const PROG_GETPEERNAME6: &str = "dp_getpeername6";
 /// `sk_lookup`, one link per enrolled pod network namespace: inbound TCP to
 /// the pod's IPs goes to the engine's listeners.
 pub const PROG_SK_LOOKUP: &str = "dp_sk_lookup";
+
+/// `LruHashMap<u64 socket cookie, u64 netns cookie>` of the netns-cookie
+/// probe object (kernels without `SO_NETNS_COOKIE`, before 5.14): filled by
+/// [`PROG_NETNS_COOKIE`] for the agent's probe connections. Not pinned: the
+/// probe lives and dies with the agent process.
+pub const NETNS_COOKIES: &str = "NETNS_COOKIES";
+/// Capacity of [`NETNS_COOKIES`]: look-ups in flight at once, at most.
+pub const NETNS_COOKIES_CAPACITY: u32 = 256;
+/// `cgroup/connect4` in the probe object, attached to the agent's own
+/// cgroup: records `socket cookie -> netns cookie` for a `connect()` to
+/// [`NETNS_COOKIE_PROBE_ADDR`]:[`NETNS_COOKIE_PROBE_PORT`].
+pub const PROG_NETNS_COOKIE: &str = "dp_netns_cookie";
+/// Destination of the probe connection, `127.0.0.1` as a host-order number:
+/// a UDP `connect()` to it sends nothing.
+pub const NETNS_COOKIE_PROBE_ADDR: u32 = 0x7f00_0001;
+/// Destination port of the probe connection: discard, where nothing listens
+/// (and nothing is sent anyway).
+pub const NETNS_COOKIE_PROBE_PORT: u16 = 9;

@@ -11,7 +11,8 @@
 //! | `dp_sk_lookup`    | `sk_lookup` (per netns) | 5.9 |
 //!
 //! The cgroup programs attach once, at the agent's cgroup; `dp_sk_lookup`
-//! attaches to each enrolled pod's network namespace.
+//! attaches to each enrolled pod's network namespace. Programs used only as
+//! a fallback on older kernels live in a second object (`probes.rs`).
 //!
 //! Every program lets traffic through on any unexpected input: a redirector
 //! that fails must never take a pod's networking down with it, and errors are

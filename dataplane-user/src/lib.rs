@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod agent;
+pub(crate) mod bpf_syscall;
 pub mod cli;
 pub mod cni;
 pub mod config;

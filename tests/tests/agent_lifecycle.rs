@@ -1,6 +1,8 @@
 //! The `dataplane` binary as an operator meets it: it refuses to start on a
 //! host that lacks what it needs with a message naming the fix, and on
-//! SIGTERM it keeps or removes its kernel state exactly as `--on-exit` says.
+//! SIGTERM it keeps or removes its kernel state exactly as `--on-exit` says;
+//! a restarted agent adopts the pinned state only if its maps are defined
+//! exactly as the new object's.
 
 use std::{
     ffi::CString,
@@ -10,6 +12,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aya::maps::MapData;
+use dataplane_common::maps;
 use dataplane_tests::{BpffsDir, Cgroup, ChildGuard, TempDir, agent_binary, spawn_in};
 use dataplane_user::{preflight::mount_points, redirect::PinLayout};
 use nix::sys::signal::Signal;
@@ -273,6 +277,46 @@ fn sigterm_with_keep_leaves_state_for_the_next_agent() -> anyhow::Result<()> {
     let out = second.wait(LIMIT)?;
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(!pins.dir().exists());
+    Ok(())
+}
+
+/// A map pinned by an agent with another layout (here `ENROLLED_NETNS` with
+/// 16-byte values where this agent's are 8) is not adopted: the agent
+/// refuses to start, naming the map, the difference and the fix, and leaves
+/// the old state as it found it. (aya alone would reuse the map and run the
+/// new programs against it.)
+#[test]
+fn refuses_a_pinned_map_with_another_definition() -> anyhow::Result<()> {
+    let bpffs = BpffsDir::new("lifedrift")?;
+    let cgroup = Cgroup::new("lifedrift")?;
+    let state = TempDir::new("lifedrift")?;
+    let pins = PinLayout::new(bpffs.path(), "life");
+    std::fs::create_dir_all(pins.maps_dir())?;
+    let pin = pins.map(maps::ENROLLED_NETNS);
+    let old: aya::maps::HashMap<MapData, u64, [u8; 16]> =
+        aya::maps::HashMap::create(maps::ENROLLED_CAPACITY, 0)?;
+    old.pin(&pin)?;
+
+    let agent = start_agent(&cgroup, &bpffs, &state, "detach")?;
+    let out = agent.wait(LIMIT)?;
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    for expected in [
+        "pinned map `ENROLLED_NETNS`",
+        pin.to_string_lossy().as_ref(),
+        "value size 16 vs 8",
+        "dataplane run --on-exit detach",
+        pins.dir().to_string_lossy().as_ref(),
+    ] {
+        assert!(
+            out.stderr.contains(expected),
+            "no {expected:?} in: {}",
+            out.stderr
+        );
+    }
+    // Nothing was attached, and the old map is still there, untouched.
+    assert!(link_pins(&pins).is_empty(), "{:?}", link_pins(&pins));
+    let info = MapData::from_pin(&pin)?.info()?;
+    assert_eq!((info.key_size(), info.value_size()), (8, 16));
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! `RLIMIT_MEMLOCK`, which BPF maps and programs count against on kernels
 //! without memory-cgroup accounting of BPF memory (before 5.11).
 
-use std::{io, sync::Once};
+use std::io;
 
 /// Raises `RLIMIT_MEMLOCK` to unlimited (needs `CAP_SYS_RESOURCE` unless
 /// the hard limit already is). Returns the soft limit it replaced, `None`
@@ -27,19 +27,4 @@ pub(crate) fn raise() -> io::Result<Option<u64>> {
         return Err(io::Error::last_os_error());
     }
     Ok(Some(limit.rlim_cur))
-}
-
-/// Runs `op`; if it fails with `EPERM` (what a too-low `RLIMIT_MEMLOCK`
-/// produces before 5.11), raises the limit once per process and retries.
-pub(crate) fn retry_raised<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
-    static RAISED: Once = Once::new();
-    match op() {
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-            RAISED.call_once(|| {
-                let _ = raise();
-            });
-            op()
-        }
-        other => other,
-    }
 }

@@ -9,7 +9,7 @@
 //! kernel knows the command; nothing is attached and nothing outlives a
 //! probe. Program types and helpers go through aya's probes; expected
 //! attach types and link commands, which aya cannot probe, through
-//! `bpf(2)` directly.
+//! `bpf(2)` directly (`bpf_syscall`).
 //!
 //! Two features have a cheaper fallback on older kernels, used and logged
 //! ([`Fallback`]):
@@ -17,7 +17,8 @@
 //! - memory-cgroup accounting of BPF memory (5.11): before it, maps and
 //!   programs count against `RLIMIT_MEMLOCK`, which is raised to unlimited;
 //! - `SO_NETNS_COOKIE` (5.14): before it, a network namespace's cookie is
-//!   read by a tiny `cgroup/connect4` program ([`netns_cookie_by_program`]).
+//!   read by a tiny `cgroup/connect4` program from the embedded probe
+//!   object ([`netns_cookie_by_program`]).
 //!
 //! Every [`REQUIRED`] feature is in 5.9; the project is tested on 5.10, 6.1,
 //! 6.12 and the host's kernel (`cargo xtask vm-test`).
@@ -31,7 +32,6 @@
 
 mod memlock;
 mod netns_cookie;
-mod sys;
 
 use std::{
     fmt, io,
@@ -44,7 +44,9 @@ use aya::{
 };
 use aya_obj::generated::{bpf_attach_type, bpf_func_id, bpf_prog_type};
 
-pub use netns_cookie::{CookieProbeError, netns_cookie_by_program};
+use crate::bpf_syscall;
+
+pub use netns_cookie::{CookieProbeError, PROBES_OBJECT, netns_cookie_by_program};
 
 /// A kernel version: `(major, minor)`.
 pub type KernelVersion = (u32, u32);
@@ -310,7 +312,7 @@ pub fn is_supported(probe: Probe) -> Result<bool, String> {
             is_helper_supported(program, helper).map_err(|e| e.to_string())
         }
         Probe::AttachType { program, attach } => {
-            match sys::prog_load(program, Some(attach), &sys::ALLOW, "dp_probe") {
+            match bpf_syscall::prog_load(program, Some(attach), &bpf_syscall::ALLOW, "dp_probe") {
                 Ok(_) => Ok(true),
                 // The kernel rejects an unknown expected attach type before
                 // the verifier runs.
@@ -321,22 +323,22 @@ pub fn is_supported(probe: Probe) -> Result<bool, String> {
             }
         }
         Probe::CgroupLink => {
-            let program = sys::prog_load(
+            let program = bpf_syscall::prog_load(
                 bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
                 Some(bpf_attach_type::BPF_CGROUP_INET4_CONNECT),
-                &sys::ALLOW,
+                &bpf_syscall::ALLOW,
                 "dp_probe",
             )
             .map_err(|e| format!("{} ({})", e.error, e.log))?;
             // An invalid cgroup descriptor: EBADF once the command exists.
-            let result = sys::link_create(
+            let result = bpf_syscall::link_create(
                 program.as_fd(),
                 u32::MAX,
                 bpf_attach_type::BPF_CGROUP_INET4_CONNECT,
             );
             command_exists(result.map(drop))
         }
-        Probe::LinkDetach => command_exists(sys::link_detach(u32::MAX)),
+        Probe::LinkDetach => command_exists(bpf_syscall::link_detach(u32::MAX)),
     }
 }
 

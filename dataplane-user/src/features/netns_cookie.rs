@@ -1,6 +1,8 @@
 //! A network namespace's cookie on kernels without `SO_NETNS_COOKIE`
 //! (before 5.14): the cookie the redirection programs key pods by is only
-//! reachable from BPF there, so a tiny `cgroup/connect4` program reads it.
+//! reachable from BPF there, so a tiny `cgroup/connect4` program reads it
+//! (`dp_netns_cookie`, in `dataplane-ebpf/src/netns_cookie.rs`, built into
+//! the embedded probe object [`PROBES_OBJECT`]).
 //!
 //! The program is attached (through a BPF link, not pinned) to the agent's
 //! own cgroup, so it runs only for the agent's sockets. To learn the cookie
@@ -22,44 +24,57 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use aya_obj::generated::{bpf_attach_type, bpf_func_id, bpf_map_type, bpf_prog_type};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData},
+    programs::{CgroupAttachMode, CgroupSockAddr},
+};
+use dataplane_common::maps::{
+    NETNS_COOKIE_PROBE_ADDR, NETNS_COOKIE_PROBE_PORT, NETNS_COOKIES, PROG_NETNS_COOKIE,
+};
 use nix::sched::{CloneFlags, setns};
 use socket2::{Domain, Socket, Type};
 
-use super::{
-    memlock,
-    sys::{self, Insn, R0, R1, R2, R3, R4, R6, R10},
-};
+/// The probe object (`dataplane-ebpf/src/probes.rs`), built by `build.rs`
+/// with the redirection object and kept apart from it so that loading the
+/// probe creates none of the redirection maps.
+pub static PROBES_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dataplane-probes"));
 
 /// The destination the probe connection is addressed to.
-const PROBE_DST: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::LOCALHOST, PROBE_PORT);
-/// The discard port: nothing listens there, and nothing is sent anyway.
-const PROBE_PORT: u16 = 9;
-/// Entries in the probe map: concurrent look-ups in flight at most.
-const MAX_IN_FLIGHT: u32 = 256;
+const PROBE_DST: SocketAddrV4 = SocketAddrV4::new(
+    Ipv4Addr::from_bits(NETNS_COOKIE_PROBE_ADDR),
+    NETNS_COOKIE_PROBE_PORT,
+);
 
 /// `ioctl` that opens the network namespace of a socket (4.9).
 const SIOCGSKNS: libc::c_ulong = 0x894c;
 
-// Offsets in `struct bpf_sock_addr` (`include/uapi/linux/bpf.h`).
-const USER_IP4: i16 = 4;
-const USER_PORT: i16 = 24;
-
 /// Why the fallback could not learn a cookie.
 #[derive(Debug, thiserror::Error)]
 pub enum CookieProbeError {
-    /// The probe map could not be created.
-    #[error("cannot create the netns-cookie probe map")]
-    Map(#[source] io::Error),
-    /// The verifier or the kernel rejected the probe program.
-    #[error("cannot load the netns-cookie probe program: {log}")]
-    Load {
-        /// The verifier's log (empty if it did not run).
-        log: String,
-        /// The OS error.
+    /// The probe object (its map) could not be loaded.
+    #[error("cannot load the netns-cookie probe object")]
+    Object {
+        /// aya's error.
         #[source]
-        source: io::Error,
+        source: Box<aya::EbpfError>,
     },
+    /// The probe object lacks its program or map, or it has the wrong type.
+    #[error(
+        "the embedded probe object has no usable `{name}`; agent and object are out of step \
+         (rebuild)"
+    )]
+    Missing {
+        /// Program or map name.
+        name: &'static str,
+    },
+    /// Reading or deleting the probe map's entry failed.
+    #[error("cannot read the netns-cookie probe map")]
+    Map(#[source] aya::maps::MapError),
+    /// The verifier or the kernel rejected the probe program.
+    #[error("cannot load the netns-cookie probe program")]
+    Load(#[source] aya::programs::ProgramError),
     /// The agent's cgroup v2 directory is unknown.
     #[error(
         "cannot find the agent's own cgroup v2 directory (in /proc/self/cgroup and \
@@ -71,9 +86,9 @@ pub enum CookieProbeError {
     Attach {
         /// The agent's cgroup directory.
         cgroup: PathBuf,
-        /// The OS error.
+        /// The OS or aya error.
         #[source]
-        source: io::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Opening the socket's network namespace, entering it or making the
     /// probe socket failed.
@@ -88,12 +103,18 @@ pub enum CookieProbeError {
 }
 
 /// The loaded and attached probe: held for the process's lifetime once
-/// made (closing the link's descriptor detaches it).
-#[derive(Debug)]
+/// made (the object owns the program's link; dropping it detaches).
 struct CookieProbe {
-    map: OwnedFd,
-    _program: OwnedFd,
-    _link: OwnedFd,
+    /// `NETNS_COOKIES`, taken out of the object; locked because look-ups
+    /// delete their entry.
+    map: Mutex<HashMap<MapData, u64, u64>>,
+    _object: Ebpf,
+}
+
+impl std::fmt::Debug for CookieProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CookieProbe").finish_non_exhaustive()
+    }
 }
 
 /// The probe, made on first use.
@@ -111,9 +132,17 @@ pub fn netns_cookie_by_program(socket: BorrowedFd<'_>) -> Result<u64, CookieProb
             .unwrap_or_else(|_| Err(io::Error::other("the probe thread panicked")))
     })
     .map_err(CookieProbeError::Socket)?;
-    let map = probe.map.as_fd();
-    let recorded = sys::map_lookup_u64(map, socket_cookie).map_err(CookieProbeError::Map)?;
-    let _ = sys::map_delete_u64(map, socket_cookie);
+    let mut map = probe
+        .map
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let recorded = match map.get(&socket_cookie, 0) {
+        Ok(netns_cookie) => Some(netns_cookie),
+        Err(aya::maps::MapError::KeyNotFound) => None,
+        Err(err) => return Err(CookieProbeError::Map(err)),
+    };
+    // The socket is gone: its entry can only be stale now.
+    let _ = map.remove(&socket_cookie);
     recorded.ok_or(CookieProbeError::NotRecorded)
 }
 
@@ -131,83 +160,48 @@ fn shared_probe() -> Result<Arc<CookieProbe>, CookieProbeError> {
 
 impl CookieProbe {
     fn attach() -> Result<Self, CookieProbeError> {
-        let map = memlock::retry_raised(|| {
-            sys::map_create_u64(
-                bpf_map_type::BPF_MAP_TYPE_LRU_HASH,
-                MAX_IN_FLIGHT,
-                "dp_netns_cookie",
-            )
-        })
-        .map_err(CookieProbeError::Map)?;
-        let insns = program(map.as_fd());
-        let mut log = String::new();
-        let program = memlock::retry_raised(|| {
-            sys::prog_load(
-                bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
-                Some(bpf_attach_type::BPF_CGROUP_INET4_CONNECT),
-                &insns,
-                "dp_netns_cookie",
-            )
-            .map_err(|e| {
-                log = e.log;
-                e.error
-            })
-        })
-        .map_err(|source| CookieProbeError::Load {
-            log: log.clone(),
-            source,
-        })?;
+        let mut object = load_object()?;
+        let program: &mut CgroupSockAddr = object
+            .program_mut(PROG_NETNS_COOKIE)
+            .and_then(|p| p.try_into().ok())
+            .ok_or(CookieProbeError::Missing {
+                name: PROG_NETNS_COOKIE,
+            })?;
+        program.load().map_err(CookieProbeError::Load)?;
         let cgroup = own_cgroup().ok_or(CookieProbeError::NoCgroup)?;
         let dir = File::open(&cgroup).map_err(|source| CookieProbeError::Attach {
             cgroup: cgroup.clone(),
-            source,
+            source: Box::new(source),
         })?;
-        let target = u32::try_from(dir.as_raw_fd()).unwrap_or(u32::MAX);
-        let link = sys::link_create(
-            program.as_fd(),
-            target,
-            bpf_attach_type::BPF_CGROUP_INET4_CONNECT,
-        )
-        .map_err(|source| CookieProbeError::Attach { cgroup, source })?;
+        // Through a BPF link (5.7; aya uses one whenever the kernel has
+        // them): other programs on the cgroup keep running beside it.
+        program
+            .attach(dir, CgroupAttachMode::Single)
+            .map_err(|source| CookieProbeError::Attach {
+                cgroup,
+                source: Box::new(source),
+            })?;
+        let map = object
+            .take_map(NETNS_COOKIES)
+            .and_then(|map| HashMap::try_from(map).ok())
+            .ok_or(CookieProbeError::Missing {
+                name: NETNS_COOKIES,
+            })?;
         Ok(Self {
-            map,
-            _program: program,
-            _link: link,
+            map: Mutex::new(map),
+            _object: object,
         })
     }
 }
 
-/// The probe program: for a `connect()` to [`PROBE_DST`], records
-/// `socket cookie -> netns cookie` in `map`; always allows the call.
-fn program(map: BorrowedFd<'_>) -> Vec<Insn> {
-    // Both fields hold network byte order in their low bytes.
-    let ip = i32::from_ne_bytes(PROBE_DST.ip().octets());
-    let port = i32::from(PROBE_PORT.to_be());
-    let [map_lo, map_hi] = Insn::load_map_fd(R1, map);
-    vec![
-        Insn::mov_reg(R6, R1),
-        Insn::load_u32(R2, R6, USER_PORT),
-        Insn::jne_imm(R2, port, 16),
-        Insn::load_u32(R2, R6, USER_IP4),
-        Insn::jne_imm(R2, ip, 14),
-        Insn::mov_reg(R1, R6),
-        Insn::call(bpf_func_id::BPF_FUNC_get_socket_cookie as i32),
-        Insn::store_u64(R10, -8, R0),
-        Insn::mov_reg(R1, R6),
-        Insn::call(bpf_func_id::BPF_FUNC_get_netns_cookie as i32),
-        Insn::store_u64(R10, -16, R0),
-        map_lo,
-        map_hi,
-        Insn::mov_reg(R2, R10),
-        Insn::add_imm(R2, -8),
-        Insn::mov_reg(R3, R10),
-        Insn::add_imm(R3, -16),
-        Insn::mov_imm(R4, 0),
-        Insn::call(bpf_func_id::BPF_FUNC_map_update_elem as i32),
-        // Both jumps land here.
-        Insn::mov_imm(R0, 1),
-        Insn::exit(),
-    ]
+/// Loads the probe object, creating its map (aya raises `RLIMIT_MEMLOCK`
+/// itself when a kernel before 5.11 counts BPF memory against it).
+fn load_object() -> Result<Ebpf, CookieProbeError> {
+    EbpfLoader::new()
+        .load(PROBES_OBJECT)
+        .map_err(|source| CookieProbeError::Object {
+            source: Box::new(source),
+        })
 }
 
 /// On a fresh thread inside `netns`: a UDP socket connected to
@@ -268,19 +262,5 @@ mod tests {
         );
         assert_eq!(cgroup_v2_path("0::/\n"), Some(Path::new("/")));
         assert_eq!(cgroup_v2_path("3:memory:/x\n"), None);
-    }
-
-    #[test]
-    fn both_jumps_land_on_the_allow_verdict() {
-        let dummy = std::fs::File::open("/dev/null").expect("open /dev/null");
-        let insns = program(dummy.as_fd());
-        let allow = insns.len() - 2;
-        assert_eq!(insns[allow], Insn::mov_imm(R0, 1));
-        let targets: Vec<_> = insns
-            .iter()
-            .enumerate()
-            .filter_map(|(at, insn)| insn.jump_target(at))
-            .collect();
-        assert_eq!(targets, [allow, allow]);
     }
 }

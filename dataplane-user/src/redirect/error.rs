@@ -27,6 +27,46 @@ pub enum RedirectError {
         #[source]
         source: Box<aya::EbpfError>,
     },
+    /// The embedded object could not be read.
+    #[error("cannot read the embedded kernel object")]
+    Object {
+        /// What went wrong.
+        #[source]
+        source: super::ObjectError,
+    },
+    /// A map pinned by an earlier agent has another definition than the one
+    /// this agent's object declares: adopting it would run the new programs
+    /// against state laid out for the old ones.
+    #[error(
+        "the pinned map `{name}` at {path} does not match this agent's definition \
+         (pinned vs this agent: {differences}); it was made by an agent with another map \
+         layout. Stop that agent with `dataplane run --on-exit detach`, or remove \
+         {pins_dir} (pods enrolled there lose capture until re-enrolled), then start again"
+    )]
+    PinnedMapMismatch {
+        /// Map name in the object.
+        name: &'static str,
+        /// The pin.
+        path: PathBuf,
+        /// Each differing field, `<field> <pinned> vs <this agent's>`.
+        differences: String,
+        /// The instance's pin directory, to remove by hand.
+        pins_dir: PathBuf,
+    },
+    /// A pinned map could not be opened or described.
+    #[error(
+        "cannot inspect the pinned map `{name}` at {path} (is it a map? remove it if it is \
+         left over from something else)"
+    )]
+    InspectPinnedMap {
+        /// Map name in the object.
+        name: &'static str,
+        /// The pin.
+        path: PathBuf,
+        /// aya's error.
+        #[source]
+        source: MapError,
+    },
     /// The object lacks a program the agent expects.
     #[error(
         "the embedded object has no program `{name}`; agent and object are out of step (rebuild)"

@@ -69,7 +69,7 @@ pub(crate) fn attach_cgroup_program(
             raw_link::cgroup_link(
                 program_fd.as_fd(),
                 cgroup.as_fd(),
-                bpf_attach_type::BPF_CGROUP_GETSOCKOPT as u32,
+                bpf_attach_type::BPF_CGROUP_GETSOCKOPT,
                 &scratch,
             )
             .map_err(program_err)

@@ -17,8 +17,9 @@
 //! [`Exclusions`]), `listeners` (checks on the engine's listener sockets),
 //! `links` (attach, pin, replace, detach), `raw_link` (the link commands aya
 //! lacks), `kernel_maps` (typed map handles), `keys` (address and CIDR key
-//! forms), `pins` (bpffs layout), `object` (the embedded object's
-//! catalogue), `orig_dst` (the engine's original-destination lookups),
+//! forms), `pins` (bpffs layout), `adopt` (pinned maps checked against
+//! the object before they are reused), `object` (the embedded object's
+//! programs and map definitions), `orig_dst` (the engine's original-destination lookups),
 //! `stats` (decision counters), `error`.
 //!
 //! ```no_run
@@ -33,6 +34,9 @@
 //! # Ok(()) }
 //! ```
 
+mod adopt;
+#[cfg(test)]
+mod contract_tests;
 mod error;
 mod kernel_maps;
 mod keys;
@@ -59,7 +63,9 @@ use dataplane_common::{
 use tracing::{info, warn};
 
 pub use error::RedirectError;
-pub use object::{EMBEDDED_OBJECT, ObjectError, ProgramInfo, catalogue};
+pub use object::{
+    EMBEDDED_OBJECT, MapDefinition, ObjectError, ProgramInfo, catalogue, map_definitions,
+};
 pub use orig_dst::{OrigDstTable, tuple_of};
 pub use pins::{LAYOUT_VERSION, PinLayout};
 pub use pods::{Exclusions, PodCapture};
@@ -206,6 +212,11 @@ impl Redirector {
                 source,
             })?;
         }
+        // aya would adopt any map pinned under these paths, whatever its
+        // definition: compare first.
+        let definitions =
+            map_definitions(EMBEDDED_OBJECT).map_err(|source| RedirectError::Object { source })?;
+        adopt::check_pinned_maps(pins, &definitions)?;
         let map_paths: Vec<(&'static str, PathBuf)> = pins::MAP_PINS
             .iter()
             .map(|(name, _)| (*name, pins.map(name)))

@@ -1,9 +1,13 @@
-//! The kernel object embedded in the agent, and a catalogue of its programs
-//! read from the object itself (so `dataplane version` cannot drift from what
-//! is actually shipped).
+//! The kernel object embedded in the agent, and what it holds read from the
+//! object itself: a catalogue of its programs (so `dataplane version` cannot
+//! drift from what is actually shipped) and its map definitions (which the
+//! pinned maps a restarted agent adopts must match).
+
+use std::{collections::BTreeMap, fmt};
 
 use aya_obj::{
-    Object, ProgramSection,
+    EbpfSectionKind, Object, ProgramSection,
+    generated::bpf_map_type,
     programs::{CgroupSockAddrAttachType, CgroupSockoptAttachType},
 };
 
@@ -32,6 +36,94 @@ pub enum ObjectError {
         #[source]
         source: aya_obj::ParseError,
     },
+}
+
+/// What the kernel fixes about a map when it creates it: a pinned map can
+/// only be used by programs built for exactly this definition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapDefinition {
+    /// `BPF_MAP_TYPE_*` number.
+    pub map_type: u32,
+    /// Key size in bytes.
+    pub key_size: u32,
+    /// Value size in bytes (per CPU for per-CPU maps).
+    pub value_size: u32,
+    /// Capacity.
+    pub max_entries: u32,
+    /// `BPF_F_*` creation flags.
+    pub map_flags: u32,
+}
+
+impl MapDefinition {
+    /// The fields in which `self` differs from `other`, each as
+    /// `<field> <self> vs <other>`.
+    pub fn differences(&self, other: &Self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.map_type != other.map_type {
+            out.push(format!(
+                "type {} vs {}",
+                MapTypeName(self.map_type),
+                MapTypeName(other.map_type)
+            ));
+        }
+        let sizes = [
+            ("key size", self.key_size, other.key_size),
+            ("value size", self.value_size, other.value_size),
+            ("max entries", self.max_entries, other.max_entries),
+        ];
+        for (field, mine, theirs) in sizes {
+            if mine != theirs {
+                out.push(format!("{field} {mine} vs {theirs}"));
+            }
+        }
+        if self.map_flags != other.map_flags {
+            out.push(format!(
+                "flags {:#x} vs {:#x}",
+                self.map_flags, other.map_flags
+            ));
+        }
+        out
+    }
+}
+
+/// A map type number shown as the kernel's name (`BPF_MAP_TYPE_HASH`).
+struct MapTypeName(u32);
+
+impl fmt::Display for MapTypeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match bpf_map_type::try_from(self.0) {
+            Ok(known) => write!(f, "{known:?}"),
+            Err(_) => write!(f, "map type {}", self.0),
+        }
+    }
+}
+
+/// The state maps of a kernel object (its `maps`/`.maps` sections) by name,
+/// with their definitions. Data sections (`.rodata`, `.data`, `.bss`) are
+/// left out: the loader fills them from the object at every load, so they
+/// hold no state to pin.
+pub fn map_definitions(object: &[u8]) -> Result<BTreeMap<String, MapDefinition>, ObjectError> {
+    let object = Object::parse(object).map_err(|source| ObjectError::Parse { source })?;
+    Ok(object
+        .maps
+        .iter()
+        .filter(|(_, map)| {
+            matches!(
+                map.section_kind(),
+                EbpfSectionKind::Maps | EbpfSectionKind::BtfMaps
+            )
+        })
+        .map(|(name, map)| {
+            let definition = MapDefinition {
+                map_type: map.map_type(),
+                key_size: map.key_size(),
+                value_size: map.value_size(),
+                max_entries: map.max_entries(),
+                map_flags: map.map_flags(),
+            };
+            (name.clone(), definition)
+        })
+        .collect())
 }
 
 /// Lists the programs in the embedded object, sorted by name.

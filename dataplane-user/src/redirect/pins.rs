@@ -2,8 +2,10 @@
 //!
 //! `<bpffs>/dataplane/<instance>/v1/{maps,links}/<name>`: one directory per
 //! agent instance so two agents (two simulated nodes) can share a kernel, and
-//! a layout version so an agent never adopts maps whose layout it does not
-//! know (bump [`LAYOUT_VERSION`] whenever a type in `dataplane-common` moves).
+//! a layout version. An agent never adopts a pinned map whose definition
+//! differs from its object's (`adopt` checks every one and refuses to
+//! start); bumping [`LAYOUT_VERSION`] with a layout change instead lets the
+//! new agent start on fresh state beside the old one.
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +14,8 @@ pub const LAYOUT_VERSION: &str = "v1";
 
 /// Pinned file names, chosen to explain themselves in `bpftool map show
 /// pinned ...` and `ls`. Every map of the object is pinned, so a restarted
-/// agent re-adopts all of its state.
+/// agent re-adopts all of its state (`contract_tests` fails when a map of the
+/// object is missing here).
 pub(crate) const MAP_PINS: [(&str, &str); 11] = {
     use dataplane_common::maps as m;
     [
