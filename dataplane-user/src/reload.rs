@@ -20,9 +20,9 @@ use tracing::{info, warn};
 
 use crate::{
     config::LocalConfig,
-    engine::MeshContext,
     enroll::{Enrollments, PodSpec},
     logging::Chain,
+    mesh::MeshContext,
     state::MeshState,
 };
 

@@ -22,12 +22,12 @@ use tracing::{info, warn};
 pub use state::StateFile;
 
 use crate::{
-    engine::{
-        EngineError, MeshContext, PodContext, PodEngine, PodIdentity, PodListeners, PodNetns,
-        PodTlsDialer,
-    },
     hbone::HbonePool,
     identity::{Identity, IdentityError},
+    mesh::MeshContext,
+    proxy::{
+        EngineError, PodContext, PodEngine, PodIdentity, PodListeners, PodNetns, PodTlsDialer,
+    },
     redirect::{Exclusions, OrigDstTable, PinLayout, PodCapture, RedirectError, Redirector},
     tls,
 };

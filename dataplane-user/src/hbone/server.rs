@@ -18,10 +18,12 @@ use tokio::{
 };
 use tracing::{Instrument, info_span};
 
-use super::{relay, wire};
+use super::wire;
 use crate::{
-    engine::{canonical, is_engine_port},
+    addr::{canonical, is_engine_port},
     logging::Chain,
+    policy::{AuthzRequest, LiveConnections},
+    relay::relay_tunnel,
     telemetry::{Direction, FailReason, Flow, Metrics, Peer, Protocol},
 };
 
@@ -34,17 +36,6 @@ pub type AppDialer = Arc<
 
 /// Maps a hostname authority to the app's address.
 pub type AuthorityResolver = Arc<dyn Fn(&str, SocketAddr) -> Option<SocketAddr> + Send + Sync>;
-
-/// A connection asking for authorization.
-#[derive(Debug, Clone, Copy)]
-pub struct AuthzRequest<'a> {
-    /// The client's verified SPIFFE identity URI (none for plaintext).
-    pub peer_identity: Option<&'a str>,
-    /// The client's address.
-    pub src: SocketAddr,
-    /// Where it is going.
-    pub dst: SocketAddr,
-}
 
 /// Decides whether a connection may proceed; `Err` carries the reason.
 pub type Authorizer = Arc<dyn Fn(&AuthzRequest<'_>) -> Result<(), String> + Send + Sync>;
@@ -66,7 +57,7 @@ pub struct ServerContext {
     /// given local address to the app's address; `None` = unknown.
     pub resolve_authority: AuthorityResolver,
     /// Where open tunnels are registered so a policy change can close them.
-    pub live: Option<Arc<crate::engine::LiveConnections>>,
+    pub live: Option<Arc<LiveConnections>>,
     /// Flips to `true` when the agent drains: the server sends GOAWAY and
     /// lets open streams finish.
     pub shutdown: watch::Receiver<bool>,
@@ -208,11 +199,11 @@ async fn handle_stream(
     let meter = open.meter_from_server();
     let result = match kill {
         Some(kill) => tokio::select! {
-            result = relay::relay(app, send, request.into_body(), meter) => result,
+            result = relay_tunnel(app, send, request.into_body(), meter) => result,
             // Dropping `open` records the connection as closed by the agent.
             () = kill.notified() => return,
         },
-        None => relay::relay(app, send, request.into_body(), meter).await,
+        None => relay_tunnel(app, send, request.into_body(), meter).await,
     };
     // The relay's `sent` went from the app (the server) into the tunnel.
     match result {

@@ -12,6 +12,7 @@ use tokio::{
 };
 
 use super::*;
+use crate::relay::{TunnelRelayError, relay_tunnel as relay};
 
 struct TcpDialer;
 

@@ -12,6 +12,14 @@
 //! Policies are indexed by scope when the config is loaded, so a decision
 //! only looks at the policies that apply to its destination: cost does not
 //! grow with the number of policies elsewhere in the mesh.
+//!
+//! This module owns both the decision ([`PolicySet::authorize`], asked by
+//! plaintext inbound and by the HBONE server for every stream) and the
+//! re-check of connections already open when the policies change
+//! ([`LiveConnections`]). The mesh state only finds the destination's
+//! [`Target`].
+
+mod live;
 
 use std::{
     collections::HashMap,
@@ -19,10 +27,25 @@ use std::{
     sync::Arc,
 };
 
+use tracing::info;
+
+pub use live::{LiveConnections, LiveGuard};
+
 use crate::{
     config::{Action, LocalConfig, Match, Policy, Scope},
     identity::Identity,
 };
+
+/// A connection asking for authorization, as the proxy sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct AuthzRequest<'a> {
+    /// The client's verified SPIFFE identity URI (none for plaintext).
+    pub peer_identity: Option<&'a str>,
+    /// The client's address.
+    pub src: SocketAddr,
+    /// Where it is going.
+    pub dst: SocketAddr,
+}
 
 /// A connection asking to reach a workload.
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +133,38 @@ impl PolicySet {
         self.by_key.is_empty()
     }
 
+    /// Decides a connection against the policies that apply to `target`
+    /// and logs what dry-run policies would have done (target `policy`).
+    /// `Err` carries the reason for the access record.
+    pub fn authorize(&self, request: &AuthzRequest<'_>, target: &Target<'_>) -> Result<(), String> {
+        let peer = request
+            .peer_identity
+            .and_then(|uri| Identity::parse(uri).ok());
+        let evaluation = self.evaluate(
+            &Request {
+                peer: peer.as_ref(),
+                src_ip: request.src.ip(),
+                dst: request.dst,
+            },
+            target,
+        );
+        for (policy, matched) in &evaluation.dry_run {
+            info!(
+                target: "policy",
+                policy,
+                matched,
+                src = %request.src,
+                dst = %request.dst,
+                peer = request.peer_identity.unwrap_or("-"),
+                "dry-run policy evaluated"
+            );
+        }
+        match evaluation.decision {
+            Decision::Allow => Ok(()),
+            Decision::Deny { reason } => Err(reason),
+        }
+    }
+
     /// Decides `request` against the policies that apply to `target`.
     pub fn evaluate(&self, request: &Request<'_>, target: &Target<'_>) -> Evaluation {
         let namespaced = self
@@ -164,8 +219,8 @@ fn policy_matches(policy: &Policy, request: &Request<'_>) -> bool {
 }
 
 fn match_matches(m: &Match, r: &Request<'_>) -> bool {
-    let src = canonical(r.src_ip);
-    let dst_ip = canonical(r.dst.ip());
+    let src = r.src_ip.to_canonical();
+    let dst_ip = r.dst.ip().to_canonical();
     positive(&m.namespaces, |ns| {
         r.peer.is_some_and(|p| &p.namespace == ns)
     }) && positive(&m.service_accounts, |sa| {
@@ -226,13 +281,6 @@ fn principal_matches(pattern: &str, peer: &Identity) -> bool {
         id.starts_with(prefix)
     } else {
         id == pattern
-    }
-}
-
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        IpAddr::V4(_) => ip,
     }
 }
 

@@ -1,5 +1,6 @@
-//! Inbound connections that are open right now, so that a policy change
-//! can close the ones the new policies deny (and only those).
+//! The re-check of open connections: inbound connections (plaintext and
+//! HBONE streams) register here while they are open, so that a policy
+//! change can close the ones the new policies deny, and only those.
 
 use std::{
     collections::HashMap,
@@ -13,7 +14,7 @@ use std::{
 use tokio::sync::Notify;
 use tracing::info;
 
-use crate::{hbone::AuthzRequest, state::MeshState};
+use super::AuthzRequest;
 
 struct LiveEntry {
     peer_identity: Option<String>,
@@ -22,7 +23,8 @@ struct LiveEntry {
     kill: Arc<Notify>,
 }
 
-/// The registry.
+/// Open inbound connections, each with what its authorization was decided
+/// on.
 #[derive(Default)]
 pub struct LiveConnections {
     next: AtomicU64,
@@ -88,9 +90,9 @@ impl LiveConnections {
         self.open.lock().map(|o| o.len()).unwrap_or(0)
     }
 
-    /// Re-decides every open connection under `state`; closes and logs the
-    /// ones now denied. Returns how many were closed.
-    pub fn enforce(&self, state: &MeshState) -> usize {
+    /// Re-decides every open connection with `decide` (the new policies);
+    /// closes and logs the ones now denied. Returns how many were closed.
+    pub fn enforce(&self, decide: impl Fn(&AuthzRequest<'_>) -> Result<(), String>) -> usize {
         let Ok(open) = self.open.lock() else {
             return 0;
         };
@@ -101,7 +103,7 @@ impl LiveConnections {
                 src: entry.src,
                 dst: entry.dst,
             };
-            if let Err(reason) = state.authorize(&request) {
+            if let Err(reason) = decide(&request) {
                 info!(
                     target: "access",
                     src = %entry.src,

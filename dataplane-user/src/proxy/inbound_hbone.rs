@@ -1,6 +1,8 @@
-//! The in-pod HBONE listener (15008): mutual TLS with the pod's own
-//! certificate, clients verified against the mesh root and trust domain,
-//! then HTTP/2 CONNECT streams to the pod's apps.
+//! Inbound HBONE (15008): mutual TLS with the pod's own certificate,
+//! clients verified against the mesh root and trust domain (the verified
+//! peer certificate is read once per connection), then the HBONE server
+//! ([`crate::hbone::serve_connection`]) serves its CONNECT streams to the
+//! pod's apps, asking policy for each.
 
 use std::{sync::Arc, time::Duration};
 
@@ -8,8 +10,9 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::{PodContext, accept, canonical};
+use super::{PodContext, accept};
 use crate::{
+    addr::canonical,
     hbone::{self, ServerContext},
     logging::Chain,
     telemetry::{FailReason, Peer},
