@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use crate::{
     identity::CertStore,
-    policy::{AuthzRequest, LiveConnections},
+    policy::{LiveConnections, Request},
     state::{DeadEndpoints, MeshState, MeshWorkload},
     telemetry::{Metrics, Peer},
     tls::ClientConfigCache,
@@ -115,7 +115,7 @@ impl MeshContext {
     }
 
     /// Decides a connection under the current policies.
-    pub fn authorize(&self, request: &AuthzRequest<'_>) -> Result<(), String> {
+    pub fn authorize(&self, request: &Request<'_>) -> Result<(), String> {
         self.state().authorize(request)
     }
 }

@@ -21,8 +21,9 @@ use tracing::{Instrument, info_span};
 use super::wire;
 use crate::{
     addr::{canonical, is_engine_port},
+    identity::Identity,
     logging::Chain,
-    policy::{AuthzRequest, LiveConnections},
+    policy::{self, LiveConnections},
     relay::relay_tunnel,
     telemetry::{Direction, FailReason, Flow, Metrics, Peer, Protocol},
 };
@@ -38,7 +39,7 @@ pub type AppDialer = Arc<
 pub type AuthorityResolver = Arc<dyn Fn(&str, SocketAddr) -> Option<SocketAddr> + Send + Sync>;
 
 /// Decides whether a connection may proceed; `Err` carries the reason.
-pub type Authorizer = Arc<dyn Fn(&AuthzRequest<'_>) -> Result<(), String> + Send + Sync>;
+pub type Authorizer = Arc<dyn Fn(&policy::Request<'_>) -> Result<(), String> + Send + Sync>;
 
 /// What the server needs for every stream of one connection.
 #[derive(Clone)]
@@ -47,8 +48,9 @@ pub struct ServerContext {
     pub local: SocketAddr,
     /// The client's address.
     pub peer: SocketAddr,
-    /// The client's verified SPIFFE identity.
-    pub peer_identity: Option<String>,
+    /// The client's verified SPIFFE identity, read from its certificate
+    /// once per connection.
+    pub peer_identity: Option<Identity>,
     /// Opens the connection to the app.
     pub dial: AppDialer,
     /// The policy hook.
@@ -105,7 +107,7 @@ where
             accepted = conn.accept() => match accepted {
                 Some(Ok((request, respond))) => {
                     let ctx = Arc::clone(&ctx);
-                    let span = info_span!("hbone_in", src = %canonical(ctx.peer), peer_identity = ctx.peer_identity.as_deref().unwrap_or("-"));
+                    let span = info_span!("hbone_in", src = %canonical(ctx.peer), peer_identity = ctx.peer_identity.as_ref().map_or("-", Identity::as_uri));
                     tokio::spawn(handle_stream(request, respond, ctx).instrument(span));
                 }
                 Some(Err(err)) => return Err(err),
@@ -149,8 +151,8 @@ async fn handle_stream(
         }
     };
     flow.dst = Some(dst);
-    let authz = AuthzRequest {
-        peer_identity: ctx.peer_identity.as_deref(),
+    let authz = policy::Request {
+        peer: ctx.peer_identity.as_ref(),
         src: canonical(ctx.peer),
         dst,
     };
@@ -190,8 +192,7 @@ async fn handle_stream(
     let open = flow.open(&ctx.metrics);
     let (_live, kill) = match &ctx.live {
         Some(live) => {
-            let (guard, kill) =
-                live.register(ctx.peer_identity.as_deref(), canonical(ctx.peer), dst);
+            let (guard, kill) = live.register(ctx.peer_identity.as_ref(), canonical(ctx.peer), dst);
             (Some(guard), Some(kill))
         }
         None => (None, None),

@@ -14,10 +14,11 @@ use std::{
 use tokio::sync::Notify;
 use tracing::info;
 
-use super::AuthzRequest;
+use super::Request;
+use crate::identity::Identity;
 
 struct LiveEntry {
-    peer_identity: Option<String>,
+    peer: Option<Identity>,
     src: SocketAddr,
     dst: SocketAddr,
     kill: Arc<Notify>,
@@ -59,7 +60,7 @@ impl LiveConnections {
     /// learn that policy now denies it.
     pub fn register(
         self: &Arc<Self>,
-        peer_identity: Option<&str>,
+        peer: Option<&Identity>,
         src: SocketAddr,
         dst: SocketAddr,
     ) -> (LiveGuard, Arc<Notify>) {
@@ -69,7 +70,7 @@ impl LiveConnections {
             open.insert(
                 id,
                 LiveEntry {
-                    peer_identity: peer_identity.map(str::to_owned),
+                    peer: peer.cloned(),
                     src,
                     dst,
                     kill: Arc::clone(&kill),
@@ -92,14 +93,14 @@ impl LiveConnections {
 
     /// Re-decides every open connection with `decide` (the new policies);
     /// closes and logs the ones now denied. Returns how many were closed.
-    pub fn enforce(&self, decide: impl Fn(&AuthzRequest<'_>) -> Result<(), String>) -> usize {
+    pub fn enforce(&self, decide: impl Fn(&Request<'_>) -> Result<(), String>) -> usize {
         let Ok(open) = self.open.lock() else {
             return 0;
         };
         let mut closed = 0;
         for entry in open.values() {
-            let request = AuthzRequest {
-                peer_identity: entry.peer_identity.as_deref(),
+            let request = Request {
+                peer: entry.peer.as_ref(),
                 src: entry.src,
                 dst: entry.dst,
             };
@@ -108,7 +109,7 @@ impl LiveConnections {
                     target: "access",
                     src = %entry.src,
                     dst = %entry.dst,
-                    peer_identity = entry.peer_identity.as_deref().unwrap_or("-"),
+                    peer_identity = entry.peer.as_ref().map_or("-", Identity::as_uri),
                     reason,
                     "open connection closed: policy now denies it"
                 );

@@ -21,11 +21,7 @@
 
 mod live;
 
-use std::{
-    collections::HashMap,
-    net::{IpAddr, SocketAddr},
-    sync::Arc,
-};
+use std::{collections::HashMap, net::SocketAddr, sync::Arc};
 
 use tracing::info;
 
@@ -36,24 +32,14 @@ use crate::{
     identity::Identity,
 };
 
-/// A connection asking for authorization, as the proxy sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct AuthzRequest<'a> {
-    /// The client's verified SPIFFE identity URI (none for plaintext).
-    pub peer_identity: Option<&'a str>,
-    /// The client's address.
-    pub src: SocketAddr,
-    /// Where it is going.
-    pub dst: SocketAddr,
-}
-
 /// A connection asking to reach a workload.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
-    /// The client's verified identity (none for plaintext inbound).
+    /// The client's verified identity (none for plaintext inbound), as
+    /// read from its certificate when the TLS connection was accepted.
     pub peer: Option<&'a Identity>,
-    /// The client's IP.
-    pub src_ip: IpAddr,
+    /// The client's address.
+    pub src: SocketAddr,
     /// Where it is going.
     pub dst: SocketAddr,
 }
@@ -136,18 +122,8 @@ impl PolicySet {
     /// Decides a connection against the policies that apply to `target`
     /// and logs what dry-run policies would have done (target `policy`).
     /// `Err` carries the reason for the access record.
-    pub fn authorize(&self, request: &AuthzRequest<'_>, target: &Target<'_>) -> Result<(), String> {
-        let peer = request
-            .peer_identity
-            .and_then(|uri| Identity::parse(uri).ok());
-        let evaluation = self.evaluate(
-            &Request {
-                peer: peer.as_ref(),
-                src_ip: request.src.ip(),
-                dst: request.dst,
-            },
-            target,
-        );
+    pub fn authorize(&self, request: &Request<'_>, target: &Target<'_>) -> Result<(), String> {
+        let evaluation = self.evaluate(request, target);
         for (policy, matched) in &evaluation.dry_run {
             info!(
                 target: "policy",
@@ -155,7 +131,7 @@ impl PolicySet {
                 matched,
                 src = %request.src,
                 dst = %request.dst,
-                peer = request.peer_identity.unwrap_or("-"),
+                peer = request.peer.map_or("-", Identity::as_uri),
                 "dry-run policy evaluated"
             );
         }
@@ -219,7 +195,7 @@ fn policy_matches(policy: &Policy, request: &Request<'_>) -> bool {
 }
 
 fn match_matches(m: &Match, r: &Request<'_>) -> bool {
-    let src = r.src_ip.to_canonical();
+    let src = r.src.ip().to_canonical();
     let dst_ip = r.dst.ip().to_canonical();
     positive(&m.namespaces, |ns| {
         r.peer.is_some_and(|p| &p.namespace == ns)
@@ -270,8 +246,8 @@ fn sa_matches(sa: &str, peer: &Identity) -> bool {
 /// Istio principals are SPIFFE URIs without the scheme; `*` alone, as a
 /// prefix or as a suffix is a wildcard.
 fn principal_matches(pattern: &str, peer: &Identity) -> bool {
-    let uri = peer.to_uri();
-    let id = uri.strip_prefix("spiffe://").unwrap_or(&uri);
+    let uri = peer.as_uri();
+    let id = uri.strip_prefix("spiffe://").unwrap_or(uri);
     let pattern = pattern.strip_prefix("spiffe://").unwrap_or(pattern);
     if pattern == "*" {
         true

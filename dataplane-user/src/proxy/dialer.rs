@@ -12,7 +12,6 @@ use tokio_rustls::{TlsConnector, client::TlsStream};
 use super::PodNetns;
 use crate::{
     hbone::{Dialer, PoolKey},
-    identity::Identity,
     mesh::MeshContext,
 };
 
@@ -39,12 +38,14 @@ impl Dialer for PodTlsDialer {
         key: &PoolKey,
     ) -> Pin<Box<dyn Future<Output = std::io::Result<Self::Io>> + Send>> {
         let socket = self.netns.connector(key.dst_addr, self.mark);
-        let config = parse_pair(key).and_then(|(src, expected)| {
-            self.mesh
-                .client_configs
-                .get(&src, &expected)
-                .map_err(|e| std::io::Error::other(crate::logging::Chain(&e).to_string()))
-        });
+        let mut expected = Vec::with_capacity(1 + key.alt_identities.len());
+        expected.push(key.dst_identity.clone());
+        expected.extend(key.alt_identities.iter().cloned());
+        let config = self
+            .mesh
+            .client_configs
+            .get(&key.src_identity, &expected)
+            .map_err(|e| std::io::Error::other(crate::logging::Chain(&e).to_string()));
         let addr = key.dst_addr;
         Box::pin(async move {
             let socket = socket?;
@@ -66,17 +67,4 @@ impl Dialer for PodTlsDialer {
                 })?
         })
     }
-}
-
-/// The source identity and every identity the server may present.
-fn parse_pair(key: &PoolKey) -> std::io::Result<(Identity, Vec<Identity>)> {
-    let parse = |uri: &str| {
-        Identity::parse(uri)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
-    };
-    let mut expected = vec![parse(&key.dst_identity)?];
-    for alt in &key.alt_identities {
-        expected.push(parse(alt)?);
-    }
-    Ok((parse(&key.src_identity)?, expected))
 }

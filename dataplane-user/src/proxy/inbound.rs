@@ -12,7 +12,7 @@ use tracing::{Instrument, info_span};
 use super::{PodContext, accept, connect_and_relay, finish, orig_dst::OrigDst, reap, refuse};
 use crate::{
     addr::{canonical, is_engine_port},
-    policy::AuthzRequest,
+    policy::Request,
     telemetry::{Direction, FailReason, Flow, Peer, Protocol},
 };
 
@@ -59,8 +59,8 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                         "destination is an engine port",
                     );
                 }
-                let request = AuthzRequest {
-                    peer_identity: None,
+                let request = Request {
+                    peer: None,
                     src,
                     dst: local,
                 };

@@ -14,6 +14,7 @@ use super::{PodContext, accept};
 use crate::{
     addr::canonical,
     hbone::{self, ServerContext},
+    identity::Identity,
     logging::Chain,
     telemetry::{FailReason, Peer},
     tls,
@@ -49,9 +50,10 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
                         return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), "TLS handshake timed out");
                     }
                 };
-                let peer_identity = tls::peer_identity(tls.get_ref().1).map(|id| id.to_uri());
+                // Parsed from the certificate once; streams share it.
+                let peer_identity = tls::peer_identity(tls.get_ref().1);
                 let source = Arc::new(Peer {
-                    principal: peer_identity.clone(),
+                    principal: peer_identity.as_ref().map(Identity::to_uri),
                     ..(*ctx.mesh.peer_at(canonical(peer).ip())).clone()
                 });
                 let netns = ctx.netns.clone();

@@ -25,8 +25,9 @@ pub const DEAD_ENDPOINT_HOLD: Duration = Duration::from_secs(30);
 pub struct ServiceEntry {
     /// The service as configured.
     pub service: Service,
-    /// Identities its servers may present besides the endpoint's own.
-    pub alt_identities: Vec<Identity>,
+    /// Identities its servers may present besides the endpoint's own
+    /// (shared by every connection's pool key).
+    pub alt_identities: Arc<[Identity]>,
     endpoints: Vec<Arc<MeshWorkload>>,
     next: AtomicUsize,
 }

@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use super::{ServiceIndex, StateError, WorkloadIndex};
 use crate::{
     config::LocalConfig,
-    policy::{AuthzRequest, PolicySet, Target},
+    policy::{PolicySet, Request, Target},
 };
 
 /// Workloads, services and policies of one config version.
@@ -59,7 +59,7 @@ impl MeshState {
     /// Decides a connection under the policies of its destination
     /// workload (the decision is [`PolicySet::authorize`]'s). Unknown
     /// destinations (not in the config) have only Global policies.
-    pub fn authorize(&self, request: &AuthzRequest<'_>) -> Result<(), String> {
+    pub fn authorize(&self, request: &Request<'_>) -> Result<(), String> {
         let target = self.workloads.by_ip(request.dst.ip());
         let (namespace, listed): (&str, &[String]) = match target {
             Some(w) => (&w.workload.namespace, &w.workload.authorization_policies),

@@ -17,7 +17,6 @@ pub use plan::{Action, EndpointChoice, Hop, OutboundPlan, TunnelHop, plan};
 use super::{PodContext, connect_and_relay, finish, orig_dst::OrigDst, reap, refuse};
 use crate::{
     hbone::{PoolError, PoolKey, Tunnel, wire::Baggage},
-    identity::Identity,
     logging::Chain,
     relay::relay_tunnel,
     state::{DeadEndpoints, ServiceEntry},
@@ -156,9 +155,9 @@ async fn open_tunnel(
     src: std::net::SocketAddr,
 ) -> Result<Tunnel, PoolError> {
     let key = PoolKey {
-        src_identity: hop.src_identity.to_uri(),
-        dst_identity: hop.dst_identity.to_uri(),
-        alt_identities: hop.alt_identities.iter().map(Identity::to_uri).collect(),
+        src_identity: hop.src_identity.clone(),
+        dst_identity: hop.dst_identity.clone(),
+        alt_identities: Arc::clone(&hop.alt_identities),
         dst_addr: hop.via,
     };
     let baggage = Baggage {

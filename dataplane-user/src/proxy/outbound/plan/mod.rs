@@ -83,8 +83,8 @@ pub enum Hop {
         /// The workload there, if the mesh knows it (telemetry names it).
         workload: Option<Arc<MeshWorkload>>,
     },
-    /// An HBONE tunnel (boxed: it is the largest hop by far).
-    Tunnel(Box<TunnelHop>),
+    /// An HBONE tunnel.
+    Tunnel(TunnelHop),
 }
 
 /// A tunnel to a workload speaking HBONE.
@@ -99,7 +99,7 @@ pub struct TunnelHop {
     /// The identity the peer must present...
     pub dst_identity: Identity,
     /// ...or any of these (the service's subjectAltNames).
-    pub alt_identities: Vec<Identity>,
+    pub alt_identities: Arc<[Identity]>,
     /// The workload.
     pub workload: Arc<MeshWorkload>,
 }
@@ -156,7 +156,7 @@ pub fn plan(
         return outcome(Some(key), Action::Failover(hops));
     }
     let action = match state.workloads.by_ip(dst.ip()) {
-        Some(workload) => Action::Hop(hop(source, workload, dst, &[])),
+        Some(workload) => Action::Hop(hop(source, workload, dst, &Arc::default())),
         None => Action::Hop(Hop::Direct {
             dst,
             workload: None,
@@ -166,21 +166,26 @@ pub fn plan(
 }
 
 /// The hop to `workload` at `dst`.
-fn hop(source: &Identity, workload: &Arc<MeshWorkload>, dst: SocketAddr, alt: &[Identity]) -> Hop {
+fn hop(
+    source: &Identity,
+    workload: &Arc<MeshWorkload>,
+    dst: SocketAddr,
+    alt: &Arc<[Identity]>,
+) -> Hop {
     if !workload.speaks_hbone() {
         return Hop::Direct {
             dst,
             workload: Some(Arc::clone(workload)),
         };
     }
-    Hop::Tunnel(Box::new(TunnelHop {
+    Hop::Tunnel(TunnelHop {
         dst,
         via: SocketAddr::new(dst.ip(), HBONE_PORT),
         src_identity: source.clone(),
         dst_identity: workload.identity.clone(),
-        alt_identities: alt.to_vec(),
+        alt_identities: Arc::clone(alt),
         workload: Arc::clone(workload),
-    }))
+    })
 }
 
 #[cfg(test)]
