@@ -3,7 +3,7 @@
 //! The path of one outbound connection, by module: [`redirect`] (the
 //! kernel's `connect4` program steers it to the pod's listener and records
 //! where it was going) -> [`proxy::outbound`] (reads the record through
-//! [`proxy::orig_dst`]; [`proxy::outbound::plan`] decides from the
+//! [`proxy::orig_dst`]; [`proxy::outbound::plan()`] decides from the
 //! [`state`] in force, held by [`mesh`]) -> [`hbone::pool`] (a pooled
 //! mutual-TLS HTTP/2 connection, dialled by [`proxy`]'s TLS dialer with
 //! [`tls`] and [`identity`]) -> [`relay`] (bytes both ways, counted by

@@ -2,7 +2,7 @@
 //! network namespace, split by the direction of what they accept.
 //!
 //! - [`outbound`] (15001): the pod's apps' connections, redirected by the
-//!   kernel. A pure [`outbound::plan`] decides each one's way (an HBONE
+//!   kernel. A pure [`outbound::plan()`] decides each one's way (an HBONE
 //!   tunnel from the pod's pool, a direct connection, a service's
 //!   endpoints in failover order, or a refusal); the listener carries it
 //!   out.
@@ -11,10 +11,10 @@
 //! - [`inbound_hbone`] (15008): mutual TLS, then the HBONE server's CONNECT
 //!   streams, each authorized by the client's verified identity.
 //!
-//! [`dialer`] opens the pool's TLS connections from inside the pod;
+//! [`PodTlsDialer`] opens the pool's TLS connections from inside the pod;
 //! [`orig_dst`] says where a captured connection was going (the kernel
 //! programs' record, or netfilter under the iptables baseline);
-//! [`pod_netns`] makes sockets inside the pod. Bytes move through
+//! [`PodNetns`] makes sockets inside the pod. Bytes move through
 //! [`crate::relay`]; decisions come from [`crate::policy`]; the mesh-wide
 //! state is [`crate::mesh::MeshContext`].
 
@@ -139,11 +139,11 @@ impl std::fmt::Debug for PodContext {
 pub struct PodListeners {
     /// 127.0.0.1:15001.
     pub outbound_v4: std::net::TcpListener,
-    /// [::1]:15001, when the pod has IPv6.
+    /// `[::1]:15001`, when the pod has IPv6.
     pub outbound_v6: Option<std::net::TcpListener>,
-    /// [::]:15006, dual-stack: inbound plaintext capture.
+    /// `[::]:15006`, dual-stack: inbound plaintext capture.
     pub inbound: std::net::TcpListener,
-    /// [::]:15008, dual-stack: HBONE.
+    /// `[::]:15008`, dual-stack: HBONE.
     pub hbone: std::net::TcpListener,
 }
 

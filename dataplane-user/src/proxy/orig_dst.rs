@@ -8,7 +8,7 @@
 //! - [`OrigDst::Netfilter`] (`--capture iptables`, the benchmarks'
 //!   baseline only): Istio-style `REDIRECT` rules sent the connection to the
 //!   listener and conntrack remembers the destination
-//!   (`getsockopt(SO_ORIGINAL_DST)`, [`super::netfilter`]).
+//!   (`getsockopt(SO_ORIGINAL_DST)`, in the private `netfilter` module).
 //!
 //! A pod never mixes them: a connection the kernel programs did not record
 //! is refused, not looked up in conntrack.

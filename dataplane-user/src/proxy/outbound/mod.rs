@@ -1,5 +1,5 @@
 //! Outbound (15001): connections the kernel redirected from a pod's apps.
-//! Each one's original destination is read once, [`plan`] decides what it
+//! Each one's original destination is read once, [`plan()`] decides what it
 //! does, and this module carries the plan out: a tunnel from the pod's
 //! HBONE pool, a direct connection from inside the pod, the next service
 //! endpoint when one's node does not answer, or a refusal. One span per
