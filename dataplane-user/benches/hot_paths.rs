@@ -15,8 +15,11 @@
 //!   peers known is opened (Istio's label set resolved, opened counter,
 //!   open gauge) and closed (bytes, closed counter, access record; no log
 //!   subscriber here, so formatting the record is not included).
-//! - policy evaluation: `benches/policy.rs`, which `cargo xtask bench` runs
-//!   beside these.
+//! - `policy_decision`: `MeshState::authorize` for an HBONE stream: the
+//!   destination workload found among 10,000, the 25 policies that apply
+//!   to it evaluated (1,005 in the mesh), the client's identity as the
+//!   connection carries it. Evaluation alone at larger scale:
+//!   `benches/policy.rs`, which `cargo xtask bench` runs beside these.
 //!
 //! `cargo xtask bench` runs them briefly after the kernel-level
 //! benchmarks and puts them in its report; alone:
@@ -36,7 +39,9 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use dataplane_user::{
     config::LocalConfig,
     hbone::{Dialer, HbonePool, PoolKey, wire},
-    state::WorkloadIndex,
+    identity::Identity,
+    policy::Request,
+    state::{MeshState, WorkloadIndex},
     telemetry::{Direction, Flow, Metrics, Peer, Protocol},
 };
 use tokio::net::{TcpListener, TcpStream};
@@ -51,6 +56,33 @@ fn workload_ip(i: u32) -> Ipv4Addr {
 
 /// A local config with `WORKLOADS` dual-stack HBONE workloads.
 fn big_config() -> LocalConfig {
+    LocalConfig::parse(&workloads_yaml(), "bench").expect("valid generated config")
+}
+
+/// 1,000 Namespace policies over the workloads' 50 namespaces (20 apply
+/// to each workload) and 5 Global ones matching on principals.
+fn policed_config() -> LocalConfig {
+    let mut text = workloads_yaml();
+    text.push_str("policies:\n");
+    for i in 0..1000 {
+        text.push_str(&format!(
+            "- {{name: p{i}, namespace: ns{ns}, scope: Namespace, action: {action}, rules: [[[{{namespaces: [front{i}], destinationPorts: [{port}]}}], [{{sourceIps: [10.{a}.0.0/16]}}]]]}}\n",
+            ns = i % 50,
+            action = if i % 3 == 0 { "Deny" } else { "Allow" },
+            port = 8000 + (i % 100),
+            a = i % 250,
+        ));
+    }
+    for g in 0..5 {
+        text.push_str(&format!(
+            "- {{name: global{g}, namespace: mesh, scope: Global, action: Deny, rules: [[[{{notPrincipals: ['cluster.local/*'], destinationPorts: [{}]}}]]]}}\n",
+            9000 + g
+        ));
+    }
+    LocalConfig::parse(&text, "bench").expect("valid generated config")
+}
+
+fn workloads_yaml() -> String {
     let mut text = String::from("workloads:\n");
     for i in 0..WORKLOADS {
         text.push_str(&format!(
@@ -59,7 +91,7 @@ fn big_config() -> LocalConfig {
             workload_ip(i)
         ));
     }
-    LocalConfig::parse(&text, "bench").expect("valid generated config")
+    text
 }
 
 fn workload_lookup(c: &mut Criterion) {
@@ -172,9 +204,9 @@ fn pool_connect(c: &mut Criterion) {
     let server = runtime.block_on(connect_server()).expect("server");
     let pool = HbonePool::new(TcpDialer, Duration::from_secs(600));
     let key = PoolKey {
-        src_identity: "spiffe://cluster.local/ns/shop/sa/web".into(),
-        dst_identity: "spiffe://cluster.local/ns/shop/sa/db".into(),
-        alt_identities: Vec::new(),
+        src_identity: Identity::new("cluster.local", "shop", "web").expect("valid identity"),
+        dst_identity: Identity::new("cluster.local", "shop", "db").expect("valid identity"),
+        alt_identities: Arc::default(),
         dst_addr: server,
     };
     let source: SocketAddr = "10.1.0.11:40000".parse().expect("address");
@@ -235,11 +267,31 @@ fn flow_open_close(c: &mut Criterion) {
     assert_eq!(metrics.open_connections(), 0);
 }
 
+fn policy_decision(c: &mut Criterion) {
+    let state = MeshState::from_config(&policed_config()).expect("state");
+    let src: SocketAddr = "10.7.3.4:40000".parse().expect("address");
+    let dst = SocketAddr::new(workload_ip(7).into(), 8007);
+    // As a connection carries it: read from the certificate once.
+    let peer = Identity::new("cluster.local", "front7", "web").expect("valid identity");
+    let mut group = c.benchmark_group("hot_paths");
+    group.bench_function("policy_decision", |b| {
+        b.iter(|| {
+            let request = Request {
+                peer: Some(black_box(&peer)),
+                src,
+                dst,
+            };
+            black_box(state.authorize(&request).is_ok())
+        });
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = workload_lookup, pool_connect, connect_request, flow_open_close
+    targets = workload_lookup, pool_connect, connect_request, flow_open_close, policy_decision
 }
 criterion_main!(benches);

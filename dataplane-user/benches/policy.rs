@@ -40,7 +40,7 @@ fn bench(c: &mut Criterion) {
     let peer = Identity::new("cluster.local", "front7", "web").expect("valid identity");
     let request = Request {
         peer: Some(&peer),
-        src_ip: "10.7.3.4".parse().expect("ip"),
+        src: "10.7.3.4:40000".parse().expect("addr"),
         dst: "10.200.0.9:8007".parse().expect("addr"),
     };
     let target = Target {

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::{
-    engine::MeshContext,
     enroll::{DepartedPod, Enroller, PodStatus},
+    mesh::MeshContext,
     readiness::Readiness,
     redirect::PinLayout,
     telemetry::{RecentError, recent},

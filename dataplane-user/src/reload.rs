@@ -23,9 +23,9 @@ use tracing::{info, warn};
 
 use crate::{
     config::{LocalConfig, MAX_CONFIG_BYTES},
-    engine::MeshContext,
     enroll::Enroller,
     logging::Chain,
+    mesh::MeshContext,
     state::MeshState,
 };
 

@@ -106,7 +106,10 @@ mod tests {
     #[test]
     fn deep_flow_nesting_is_refused_with_its_line() {
         let deep = format!("workloads:\n- {}{}\n", "[".repeat(65), "]".repeat(65));
-        let err = check(&deep, "f.yaml").map(drop).expect_err("must be refused").to_string();
+        let err = check(&deep, "f.yaml")
+            .map(drop)
+            .expect_err("must be refused")
+            .to_string();
         assert!(err.contains("deeper than 64 levels at line 2"), "{err}");
         let fine = format!("workloads: {}{}\n", "[".repeat(64), "]".repeat(64));
         assert!(check(&fine, "f.yaml").is_ok());
@@ -127,7 +130,9 @@ mod tests {
     #[test]
     fn empty_and_comment_only_files_are_refused() {
         for text in ["", "\n  \n", "# nothing here\n\n"] {
-            let err = check(text, "f.yaml").map(drop).expect_err("must be refused");
+            let err = check(text, "f.yaml")
+                .map(drop)
+                .expect_err("must be refused");
             assert!(matches!(err, ConfigError::Empty { .. }), "{err}");
         }
     }
@@ -135,7 +140,10 @@ mod tests {
     #[test]
     fn oversized_files_are_refused_before_parsing() {
         let text = "#".repeat(MAX_CONFIG_BYTES + 1);
-        let err = check(&text, "f.yaml").map(drop).expect_err("must be refused").to_string();
+        let err = check(&text, "f.yaml")
+            .map(drop)
+            .expect_err("must be refused")
+            .to_string();
         assert!(err.contains("more than the"), "{err}");
     }
 }

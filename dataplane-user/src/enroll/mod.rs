@@ -26,7 +26,7 @@ pub use spec::{DepartedPod, PodSpec, PodStatus};
 pub use standalone::Standalone;
 pub use state::{StateFile, StateFileError};
 
-use crate::{engine::EngineError, redirect::RedirectError};
+use crate::{proxy::EngineError, redirect::RedirectError};
 
 /// Errors enrolling or unenrolling a pod.
 #[derive(Debug, thiserror::Error)]

@@ -18,11 +18,10 @@ use super::{
     spec::{DEPARTED_KEPT, validate},
 };
 use crate::{
-    engine::{
-        MeshContext, PodContext, PodEngine, PodIdentity, PodListeners, PodNetns, PodTlsDialer,
-    },
     hbone::HbonePool,
     identity::Identity,
+    mesh::MeshContext,
+    proxy::{PodContext, PodEngine, PodIdentity, PodListeners, PodNetns, PodTlsDialer},
     redirect::{ExitMode, OrigDstTable, PinLayout, PodCapture, RedirectError, Redirector},
     tls,
 };

@@ -26,6 +26,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tracing::debug;
 
 use super::wire;
+use crate::identity::Identity;
 
 /// How often an idle connection is pinged.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
@@ -74,16 +75,17 @@ pub enum PoolError {
     },
 }
 
-/// What a pooled connection is shared by.
+/// What a pooled connection is shared by. Built per connection from
+/// shared values: cloning it copies no string.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
-    /// Source workload identity (SPIFFE URI).
-    pub src_identity: String,
-    /// Destination workload identity (SPIFFE URI).
-    pub dst_identity: String,
+    /// Source workload identity (the certificate the dialer presents).
+    pub src_identity: Identity,
+    /// Destination workload identity (the one the server must present).
+    pub dst_identity: Identity,
     /// Other identities the destination may present (a service's
-    /// subjectAltNames), SPIFFE URIs.
-    pub alt_identities: Vec<String>,
+    /// subjectAltNames).
+    pub alt_identities: Arc<[Identity]>,
     /// The destination's HBONE address (pod IP:15008).
     pub dst_addr: SocketAddr,
 }

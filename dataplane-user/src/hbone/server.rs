@@ -18,10 +18,13 @@ use tokio::{
 };
 use tracing::{Instrument, info_span};
 
-use super::{relay, wire};
+use super::wire;
 use crate::{
-    engine::{canonical, is_engine_port},
+    addr::{canonical, is_engine_port},
+    identity::Identity,
     logging::Chain,
+    policy::{self, LiveConnections},
+    relay::relay_tunnel,
     telemetry::{Direction, FailReason, Flow, Metrics, Peer, Protocol},
 };
 
@@ -35,19 +38,8 @@ pub type AppDialer = Arc<
 /// Maps a hostname authority to the app's address.
 pub type AuthorityResolver = Arc<dyn Fn(&str, SocketAddr) -> Option<SocketAddr> + Send + Sync>;
 
-/// A connection asking for authorization.
-#[derive(Debug, Clone, Copy)]
-pub struct AuthzRequest<'a> {
-    /// The client's verified SPIFFE identity URI (none for plaintext).
-    pub peer_identity: Option<&'a str>,
-    /// The client's address.
-    pub src: SocketAddr,
-    /// Where it is going.
-    pub dst: SocketAddr,
-}
-
 /// Decides whether a connection may proceed; `Err` carries the reason.
-pub type Authorizer = Arc<dyn Fn(&AuthzRequest<'_>) -> Result<(), String> + Send + Sync>;
+pub type Authorizer = Arc<dyn Fn(&policy::Request<'_>) -> Result<(), String> + Send + Sync>;
 
 /// What the server needs for every stream of one connection.
 #[derive(Clone)]
@@ -56,8 +48,9 @@ pub struct ServerContext {
     pub local: SocketAddr,
     /// The client's address.
     pub peer: SocketAddr,
-    /// The client's verified SPIFFE identity.
-    pub peer_identity: Option<String>,
+    /// The client's verified SPIFFE identity, read from its certificate
+    /// once per connection.
+    pub peer_identity: Option<Identity>,
     /// Opens the connection to the app.
     pub dial: AppDialer,
     /// The policy hook.
@@ -66,7 +59,7 @@ pub struct ServerContext {
     /// given local address to the app's address; `None` = unknown.
     pub resolve_authority: AuthorityResolver,
     /// Where open tunnels are registered so a policy change can close them.
-    pub live: Option<Arc<crate::engine::LiveConnections>>,
+    pub live: Option<Arc<LiveConnections>>,
     /// Flips to `true` when the agent drains: the server sends GOAWAY and
     /// lets open streams finish.
     pub shutdown: watch::Receiver<bool>,
@@ -114,7 +107,7 @@ where
             accepted = conn.accept() => match accepted {
                 Some(Ok((request, respond))) => {
                     let ctx = Arc::clone(&ctx);
-                    let span = info_span!("hbone_in", src = %canonical(ctx.peer), peer_identity = ctx.peer_identity.as_deref().unwrap_or("-"));
+                    let span = info_span!("hbone_in", src = %canonical(ctx.peer), peer_identity = ctx.peer_identity.as_ref().map_or("-", Identity::as_uri));
                     tokio::spawn(handle_stream(request, respond, ctx).instrument(span));
                 }
                 Some(Err(err)) => return Err(err),
@@ -158,8 +151,8 @@ async fn handle_stream(
         }
     };
     flow.dst = Some(dst);
-    let authz = AuthzRequest {
-        peer_identity: ctx.peer_identity.as_deref(),
+    let authz = policy::Request {
+        peer: ctx.peer_identity.as_ref(),
         src: canonical(ctx.peer),
         dst,
     };
@@ -199,8 +192,7 @@ async fn handle_stream(
     let open = flow.open(&ctx.metrics);
     let (_live, kill) = match &ctx.live {
         Some(live) => {
-            let (guard, kill) =
-                live.register(ctx.peer_identity.as_deref(), canonical(ctx.peer), dst);
+            let (guard, kill) = live.register(ctx.peer_identity.as_ref(), canonical(ctx.peer), dst);
             (Some(guard), Some(kill))
         }
         None => (None, None),
@@ -208,11 +200,11 @@ async fn handle_stream(
     let meter = open.meter_from_server();
     let result = match kill {
         Some(kill) => tokio::select! {
-            result = relay::relay(app, send, request.into_body(), meter) => result,
+            result = relay_tunnel(app, send, request.into_body(), meter) => result,
             // Dropping `open` records the connection as closed by the agent.
             () = kill.notified() => return,
         },
-        None => relay::relay(app, send, request.into_body(), meter).await,
+        None => relay_tunnel(app, send, request.into_body(), meter).await,
     };
     // The relay's `sent` went from the app (the server) into the tunnel.
     match result {

@@ -12,6 +12,7 @@ use tokio::{
 };
 
 use super::*;
+use crate::relay::{TunnelRelayError, relay_tunnel as relay};
 
 struct TcpDialer;
 
@@ -40,7 +41,7 @@ async fn hbone_server() -> std::io::Result<(SocketAddr, watch::Sender<bool>)> {
             let ctx = ServerContext {
                 local,
                 peer,
-                peer_identity: Some("spiffe://cluster.local/ns/a/sa/client".into()),
+                peer_identity: Some(client_identity()),
                 dial: Arc::new(|dst| Box::pin(TcpStream::connect(dst))),
                 authorize: Arc::new(|r| {
                     if r.dst.port() == 9 {
@@ -84,11 +85,17 @@ async fn echo_app() -> std::io::Result<SocketAddr> {
     Ok(addr)
 }
 
+fn client_identity() -> crate::identity::Identity {
+    crate::identity::Identity::new("cluster.local", "a", "client")
+        .unwrap_or_else(|e| panic!("fixture identity: {e}"))
+}
+
 fn key(server: SocketAddr) -> PoolKey {
     PoolKey {
-        src_identity: "spiffe://cluster.local/ns/a/sa/client".into(),
-        dst_identity: "spiffe://cluster.local/ns/b/sa/server".into(),
-        alt_identities: Vec::new(),
+        src_identity: client_identity(),
+        dst_identity: crate::identity::Identity::new("cluster.local", "b", "server")
+            .unwrap_or_else(|e| panic!("fixture identity: {e}")),
+        alt_identities: Arc::default(),
         dst_addr: server,
     }
 }

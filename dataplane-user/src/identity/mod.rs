@@ -13,7 +13,7 @@ mod spiffe;
 mod store;
 
 pub use ca::{Ca, CaError, GENERATED_ROOT_NAME, IssuedCert, ROOT_CERT_FILE, ROOT_KEY_FILE};
-pub use spiffe::{Identity, IdentityError};
+pub use spiffe::{Identity, IdentityError, IdentityParts};
 pub use store::{CertStore, CertStoreError, DEFAULT_VALIDITY, IdentityCertResolver};
 
 #[cfg(test)]

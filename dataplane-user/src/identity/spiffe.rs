@@ -17,7 +17,10 @@
 //! ```
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::ops::Deref;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use rustls::pki_types::CertificateDer;
 use x509_parser::extensions::GeneralName;
@@ -33,19 +36,70 @@ const SCHEME: &str = "spiffe://";
 /// trust domain.
 ///
 /// Build it with [`Identity::new`] or by parsing a URI, which both validate;
-/// the fields are public for reading and matching, and a value built by hand
-/// is validated again where it matters (issuing a certificate for it).
-#[derive(
-    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
+/// the parts are readable through [`IdentityParts`] (`id.namespace`), and
+/// the URI is formatted once, when the identity is built.
+///
+/// Cheap to clone (one shared allocation): connections carry it from the
+/// peer's certificate, parsed once per TLS connection, to the pool key, the
+/// dialer, policy and the re-check of open connections, and no URI is
+/// parsed or formatted on the way.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct Identity {
+pub struct Identity(Arc<IdentityParts>);
+
+/// The parts of an [`Identity`], and its URI.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct IdentityParts {
     /// The trust domain, e.g. `cluster.local`.
     pub trust_domain: String,
     /// The Kubernetes namespace.
     pub namespace: String,
     /// The Kubernetes service account.
     pub service_account: String,
+    /// `spiffe://<trust_domain>/ns/<namespace>/sa/<service_account>`.
+    uri: String,
+}
+
+impl Deref for Identity {
+    type Target = IdentityParts;
+
+    fn deref(&self) -> &IdentityParts {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Identity").field(&self.uri).finish()
+    }
+}
+
+impl PartialEq for Identity {
+    fn eq(&self, other: &Self) -> bool {
+        // Clones of one identity share their parts: no string compare.
+        Arc::ptr_eq(&self.0, &other.0) || self.uri == other.uri
+    }
+}
+
+impl Eq for Identity {}
+
+impl Hash for Identity {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The URI is a function of the parts: equal identities hash alike.
+        self.uri.hash(state);
+    }
+}
+
+impl PartialOrd for Identity {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Identity {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&other.0)
+    }
 }
 
 /// Why a string, a set of parts or a certificate does not give an [`Identity`].
@@ -103,13 +157,30 @@ impl Identity {
         namespace: impl Into<String>,
         service_account: impl Into<String>,
     ) -> Result<Self, IdentityError> {
-        let id = Self {
-            trust_domain: trust_domain.into(),
-            namespace: namespace.into(),
-            service_account: service_account.into(),
-        };
+        let id = Self::unchecked(trust_domain, namespace, service_account);
         id.validate()?;
         Ok(id)
+    }
+
+    /// An identity from parts that were not validated: only for checking
+    /// that the places that must validate do ([`Identity::validate`]).
+    pub(crate) fn unchecked(
+        trust_domain: impl Into<String>,
+        namespace: impl Into<String>,
+        service_account: impl Into<String>,
+    ) -> Self {
+        let (trust_domain, namespace, service_account) = (
+            trust_domain.into(),
+            namespace.into(),
+            service_account.into(),
+        );
+        let uri = format!("{SCHEME}{trust_domain}/ns/{namespace}/sa/{service_account}");
+        Self(Arc::new(IdentityParts {
+            trust_domain,
+            namespace,
+            service_account,
+            uri,
+        }))
     }
 
     /// Parses `spiffe://<td>/ns/<ns>/sa/<sa>`; the same as [`str::parse`].
@@ -144,9 +215,15 @@ impl Identity {
         Self::new(trust_domain, *namespace, *service_account)
     }
 
-    /// The SPIFFE URI, `spiffe://<td>/ns/<ns>/sa/<sa>`.
+    /// The SPIFFE URI, `spiffe://<td>/ns/<ns>/sa/<sa>`, as an owned string.
     pub fn to_uri(&self) -> String {
-        self.to_string()
+        self.uri.clone()
+    }
+
+    /// The SPIFFE URI, borrowed (formatted once, when the identity was
+    /// built).
+    pub fn as_uri(&self) -> &str {
+        &self.uri
     }
 
     /// Checks every part against the SPIFFE character rules.
@@ -154,14 +231,9 @@ impl Identity {
         validate_trust_domain(&self.trust_domain)?;
         validate_segment("namespace", &self.namespace)?;
         validate_segment("service account", &self.service_account)?;
-        let len = SCHEME.len()
-            + self.trust_domain.len()
-            + "/ns//sa/".len()
-            + self.namespace.len()
-            + self.service_account.len();
-        if len > MAX_URI_LEN {
+        if self.uri.len() > MAX_URI_LEN {
             return Err(IdentityError::InvalidUri {
-                uri: clip(&self.to_string()),
+                uri: clip(&self.uri),
                 reason: "longer than 2048 bytes".to_owned(),
             });
         }
@@ -201,11 +273,7 @@ impl Identity {
 
 impl fmt::Display for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{SCHEME}{}/ns/{}/sa/{}",
-            self.trust_domain, self.namespace, self.service_account
-        )
+        f.write_str(&self.uri)
     }
 }
 

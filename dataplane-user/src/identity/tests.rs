@@ -197,11 +197,7 @@ fn issued_certificate_has_the_mesh_shape() {
 #[test]
 fn issue_refuses_invalid_identity_and_validity() {
     let ca = Ca::generate().unwrap();
-    let bad = Identity {
-        trust_domain: "Bad Domain".to_owned(),
-        namespace: "ns".to_owned(),
-        service_account: "sa".to_owned(),
-    };
+    let bad = Identity::unchecked("Bad Domain", "ns", "sa");
     assert!(matches!(
         ca.issue(&bad, Duration::from_secs(60)),
         Err(CaError::InvalidIdentity { .. })

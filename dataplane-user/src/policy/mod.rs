@@ -12,12 +12,20 @@
 //! Policies are indexed by scope when the config is loaded, so a decision
 //! only looks at the policies that apply to its destination: cost does not
 //! grow with the number of policies elsewhere in the mesh.
+//!
+//! This module owns both the decision ([`PolicySet::authorize`], asked by
+//! plaintext inbound and by the HBONE server for every stream) and the
+//! re-check of connections already open when the policies change
+//! ([`LiveConnections`]). The mesh state only finds the destination's
+//! [`Target`].
 
-use std::{
-    collections::HashMap,
-    net::{IpAddr, SocketAddr},
-    sync::Arc,
-};
+mod live;
+
+use std::{collections::HashMap, net::SocketAddr, sync::Arc};
+
+use tracing::info;
+
+pub use live::{LiveConnections, LiveGuard};
 
 use crate::{
     config::{Action, LocalConfig, Match, Policy, Scope},
@@ -27,10 +35,11 @@ use crate::{
 /// A connection asking to reach a workload.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
-    /// The client's verified identity (none for plaintext inbound).
+    /// The client's verified identity (none for plaintext inbound), as
+    /// read from its certificate when the TLS connection was accepted.
     pub peer: Option<&'a Identity>,
-    /// The client's IP.
-    pub src_ip: IpAddr,
+    /// The client's address.
+    pub src: SocketAddr,
     /// Where it is going.
     pub dst: SocketAddr,
 }
@@ -110,6 +119,28 @@ impl PolicySet {
         self.by_key.is_empty()
     }
 
+    /// Decides a connection against the policies that apply to `target`
+    /// and logs what dry-run policies would have done (target `policy`).
+    /// `Err` carries the reason for the access record.
+    pub fn authorize(&self, request: &Request<'_>, target: &Target<'_>) -> Result<(), String> {
+        let evaluation = self.evaluate(request, target);
+        for (policy, matched) in &evaluation.dry_run {
+            info!(
+                target: "policy",
+                policy,
+                matched,
+                src = %request.src,
+                dst = %request.dst,
+                peer = request.peer.map_or("-", Identity::as_uri),
+                "dry-run policy evaluated"
+            );
+        }
+        match evaluation.decision {
+            Decision::Allow => Ok(()),
+            Decision::Deny { reason } => Err(reason),
+        }
+    }
+
     /// Decides `request` against the policies that apply to `target`.
     pub fn evaluate(&self, request: &Request<'_>, target: &Target<'_>) -> Evaluation {
         let namespaced = self
@@ -164,8 +195,8 @@ fn policy_matches(policy: &Policy, request: &Request<'_>) -> bool {
 }
 
 fn match_matches(m: &Match, r: &Request<'_>) -> bool {
-    let src = canonical(r.src_ip);
-    let dst_ip = canonical(r.dst.ip());
+    let src = r.src.ip().to_canonical();
+    let dst_ip = r.dst.ip().to_canonical();
     positive(&m.namespaces, |ns| {
         r.peer.is_some_and(|p| &p.namespace == ns)
     }) && positive(&m.service_accounts, |sa| {
@@ -215,8 +246,8 @@ fn sa_matches(sa: &str, peer: &Identity) -> bool {
 /// Istio principals are SPIFFE URIs without the scheme; `*` alone, as a
 /// prefix or as a suffix is a wildcard.
 fn principal_matches(pattern: &str, peer: &Identity) -> bool {
-    let uri = peer.to_uri();
-    let id = uri.strip_prefix("spiffe://").unwrap_or(&uri);
+    let uri = peer.as_uri();
+    let id = uri.strip_prefix("spiffe://").unwrap_or(uri);
     let pattern = pattern.strip_prefix("spiffe://").unwrap_or(pattern);
     if pattern == "*" {
         true
@@ -226,13 +257,6 @@ fn principal_matches(pattern: &str, peer: &Identity) -> bool {
         id.starts_with(prefix)
     } else {
         id == pattern
-    }
-}
-
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        IpAddr::V4(_) => ip,
     }
 }
 

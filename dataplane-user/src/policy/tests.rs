@@ -24,7 +24,7 @@ fn decide(
 ) -> Decision {
     let request = Request {
         peer,
-        src_ip: src.parse().unwrap(),
+        src: std::net::SocketAddr::new(src.parse().unwrap(), 40000),
         dst: dst.parse().unwrap(),
     };
     set.evaluate(
@@ -180,7 +180,7 @@ fn dry_run_only_reports() {
     );
     let request = Request {
         peer: None,
-        src_ip: "10.0.0.1".parse().unwrap(),
+        src: "10.0.0.1:40000".parse().unwrap(),
         dst: DST.parse().unwrap(),
     };
     let eval = s.evaluate(

@@ -10,7 +10,7 @@ mod snapshot;
 use std::{collections::HashMap, net::IpAddr, sync::Arc};
 
 pub use services::{DEAD_ENDPOINT_HOLD, DeadEndpoints, Endpoint, ServiceEntry, ServiceIndex};
-pub use snapshot::{MeshState, Route};
+pub use snapshot::MeshState;
 
 use crate::{
     config::{LocalConfig, Protocol, Workload},
@@ -108,7 +108,7 @@ impl WorkloadIndex {
 
     /// The workload owning `ip`, if any.
     pub fn by_ip(&self, ip: IpAddr) -> Option<&Arc<MeshWorkload>> {
-        self.by_ip.get(&canonical_ip(ip))
+        self.by_ip.get(&ip.to_canonical())
     }
 
     /// Number of workloads.
@@ -124,14 +124,6 @@ impl WorkloadIndex {
     /// Every workload, in config order.
     pub fn all(&self) -> &[Arc<MeshWorkload>] {
         &self.all
-    }
-}
-
-/// IPv4-mapped IPv6 addresses are the IPv4 address.
-fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        IpAddr::V4(_) => ip,
     }
 }
 

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{MeshWorkload, canonical_ip};
+use super::MeshWorkload;
 use crate::{
     config::{LoadBalancing, Service},
     identity::Identity,
@@ -25,8 +25,9 @@ pub const DEAD_ENDPOINT_HOLD: Duration = Duration::from_secs(30);
 pub struct ServiceEntry {
     /// The service as configured.
     pub service: Service,
-    /// Identities its servers may present besides the endpoint's own.
-    pub alt_identities: Vec<Identity>,
+    /// Identities its servers may present besides the endpoint's own
+    /// (shared by every connection's pool key).
+    pub alt_identities: Arc<[Identity]>,
     endpoints: Vec<Arc<MeshWorkload>>,
     next: AtomicUsize,
 }
@@ -41,18 +42,31 @@ pub struct Endpoint {
 }
 
 impl ServiceEntry {
+    /// Where load balancing starts for the next connection: the
+    /// round-robin counter's next value (which this advances), or a random
+    /// endpoint.
+    pub fn next_start(&self) -> usize {
+        let n = self.endpoints.len().max(1);
+        match self.service.load_balancing {
+            LoadBalancing::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
+            LoadBalancing::Random => random_index(n),
+        }
+    }
+
     /// Endpoint candidates for a connection to `port`, in the order to try:
-    /// the load-balancing choice first, live endpoints before ones recently
-    /// found dead.
-    pub fn candidates(&self, port: u16, dead: &DeadEndpoints) -> Vec<Endpoint> {
+    /// rotated to begin at `start` (the load-balancing choice), live
+    /// endpoints before the ones `is_dead` names, each group keeping the
+    /// rotation order. Pure: the same inputs give the same order.
+    pub fn candidates(
+        &self,
+        port: u16,
+        start: usize,
+        is_dead: impl Fn(IpAddr) -> bool,
+    ) -> Vec<Endpoint> {
         let n = self.endpoints.len();
         if n == 0 {
             return Vec::new();
         }
-        let start = match self.service.load_balancing {
-            LoadBalancing::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
-            LoadBalancing::Random => random_index(n),
-        };
         let key = self.service.key();
         let mut ordered: Vec<Endpoint> = (0..n)
             .filter_map(|i| {
@@ -72,7 +86,7 @@ impl ServiceEntry {
             })
             .collect();
         // Stable partition: live ones first, keeping the rotation order.
-        ordered.sort_by_key(|e| dead.is_dead(e.addr.ip()));
+        ordered.sort_by_key(|e| is_dead(e.addr.ip()));
         ordered
     }
 
@@ -119,7 +133,7 @@ impl ServiceIndex {
                 next: AtomicUsize::new(0),
             });
             for vip in &service.vips {
-                index.by_vip.insert(canonical_ip(*vip), Arc::clone(&entry));
+                index.by_vip.insert(vip.to_canonical(), Arc::clone(&entry));
             }
             index.by_hostname.insert(service.hostname.clone(), entry);
         }
@@ -128,7 +142,7 @@ impl ServiceIndex {
 
     /// The service behind a VIP.
     pub fn by_vip(&self, ip: IpAddr) -> Option<&Arc<ServiceEntry>> {
-        self.by_vip.get(&canonical_ip(ip))
+        self.by_vip.get(&ip.to_canonical())
     }
 
     /// The service with this hostname.

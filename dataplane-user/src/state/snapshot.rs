@@ -1,40 +1,12 @@
 //! One consistent view of the mesh, built from one version of the config.
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    sync::Arc,
-};
+use std::net::{IpAddr, SocketAddr};
 
-use tracing::info;
-
-use super::{Endpoint, MeshWorkload, ServiceIndex, StateError, WorkloadIndex, canonical_ip};
+use super::{ServiceIndex, StateError, WorkloadIndex};
 use crate::{
     config::LocalConfig,
-    hbone::AuthzRequest,
-    identity::Identity,
     policy::{PolicySet, Request, Target},
-    state::DeadEndpoints,
 };
-
-/// Where a captured outbound connection goes.
-#[derive(Debug, Clone)]
-pub enum Route {
-    /// To a service VIP: endpoint candidates in the order to try, and the
-    /// identities the service's servers may present besides each
-    /// endpoint's own.
-    Service {
-        /// The service's `namespace/hostname`.
-        service: String,
-        /// Endpoints to try, in order.
-        candidates: Vec<Endpoint>,
-        /// The service's subjectAltNames.
-        alt_identities: Vec<Identity>,
-    },
-    /// Straight to a known workload.
-    Workload(Arc<MeshWorkload>),
-    /// Not in the mesh: plain passthrough.
-    Unknown,
-}
 
 /// Workloads, services and policies of one config version.
 #[derive(Debug, Default)]
@@ -65,28 +37,13 @@ impl MeshState {
         })
     }
 
-    /// Where a connection to `dst` goes.
-    pub fn route(&self, dst: SocketAddr, dead: &DeadEndpoints) -> Route {
-        if let Some(entry) = self.services.by_vip(dst.ip()) {
-            return Route::Service {
-                service: entry.service.key(),
-                candidates: entry.candidates(dst.port(), dead),
-                alt_identities: entry.alt_identities.clone(),
-            };
-        }
-        match self.workloads.by_ip(dst.ip()) {
-            Some(workload) => Route::Workload(Arc::clone(workload)),
-            None => Route::Unknown,
-        }
-    }
-
     /// For an HBONE authority `hostname:port` arriving at `local` (a pod
     /// IP): the pod's address for that service port.
     pub fn resolve_hostname(&self, authority: &str, local: IpAddr) -> Option<SocketAddr> {
         let (host, port) = authority.rsplit_once(':')?;
         let port: u16 = port.parse().ok()?;
         let entry = self.services.by_hostname(host)?;
-        let local = canonical_ip(local);
+        let local = local.to_canonical();
         let me = self.workloads.by_ip(local)?;
         let target = me
             .workload
@@ -99,42 +56,21 @@ impl MeshState {
         Some(SocketAddr::new(local, target))
     }
 
-    /// Applies the policies of the destination workload. Unknown
+    /// Decides a connection under the policies of its destination
+    /// workload (the decision is [`PolicySet::authorize`]'s). Unknown
     /// destinations (not in the config) have only Global policies.
-    pub fn authorize(&self, request: &AuthzRequest<'_>) -> Result<(), String> {
-        let peer = request
-            .peer_identity
-            .and_then(|uri| Identity::parse(uri).ok());
+    pub fn authorize(&self, request: &Request<'_>) -> Result<(), String> {
         let target = self.workloads.by_ip(request.dst.ip());
         let (namespace, listed): (&str, &[String]) = match target {
             Some(w) => (&w.workload.namespace, &w.workload.authorization_policies),
             None => ("", &[]),
         };
-        let evaluation = self.policies.evaluate(
-            &Request {
-                peer: peer.as_ref(),
-                src_ip: request.src.ip(),
-                dst: request.dst,
-            },
+        self.policies.authorize(
+            request,
             &Target {
                 namespace,
                 policies: listed,
             },
-        );
-        for (policy, matched) in &evaluation.dry_run {
-            info!(
-                target: "policy",
-                policy,
-                matched,
-                src = %request.src,
-                dst = %request.dst,
-                peer = request.peer_identity.unwrap_or("-"),
-                "dry-run policy evaluated"
-            );
-        }
-        match evaluation.decision {
-            crate::policy::Decision::Allow => Ok(()),
-            crate::policy::Decision::Deny { reason } => Err(reason),
-        }
+        )
     }
 }

@@ -17,7 +17,7 @@ use std::{
 use tracing::{info, warn};
 
 use super::metrics::{Metrics, TcpCounters, TcpLabels};
-use crate::engine::Meter;
+use crate::relay::Meter;
 
 /// Which side of the mesh reports the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

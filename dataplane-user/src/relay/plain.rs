@@ -1,4 +1,4 @@
-//! Copying bytes between two TCP connections, both ways, with TCP's
+//! The plain relay: bytes between two TCP connections, both ways, with TCP's
 //! semantics carried across: a FIN (half-close) on one side becomes a
 //! `shutdown(SHUT_WR)` on the other while the opposite direction keeps
 //! flowing, and a reset on one side becomes a reset (close with
@@ -11,9 +11,12 @@
 //! once they are out. Ten thousand idle connections therefore hold no
 //! relay memory (they held 128 KiB each, zeroed, before).
 
-use std::{cell::RefCell, io, net::Shutdown, time::Duration};
+use std::{cell::RefCell, io, net::Shutdown};
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
+
+use super::{Meter, Transferred, flush, reset_on_close};
 
 /// Largest read: the per-thread scratch buffer's size.
 const BUFFER_SIZE: usize = 64 * 1024;
@@ -24,30 +27,9 @@ thread_local! {
     static SCRATCH: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; BUFFER_SIZE].into_boxed_slice());
 }
 
-/// Where a relay counts bytes as they pass, so that metrics show a
-/// long-lived connection's traffic before it closes. `Meter::default()`
-/// counts into counters nobody reads.
-#[derive(Debug, Clone, Default)]
-pub struct Meter {
-    /// Bytes from the first stream to the second (downstream to upstream;
-    /// for an HBONE relay, TCP into the tunnel).
-    pub forward: prometheus_client::metrics::counter::Counter,
-    /// Bytes the other way.
-    pub backward: prometheus_client::metrics::counter::Counter,
-}
-
-/// Bytes carried each way when a relay ends.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Transferred {
-    /// From the first stream (the accepted, downstream side) to the second.
-    pub sent: u64,
-    /// From the second stream back to the first.
-    pub received: u64,
-}
-
-/// How a relay ended badly.
+/// How a plain relay ended badly.
 #[derive(Debug, thiserror::Error)]
-pub enum RelayError {
+pub enum PlainRelayError {
     /// One side reset the connection; the other side was reset too.
     #[error("{side} side reset the connection (propagated)")]
     Reset {
@@ -73,7 +55,7 @@ pub async fn relay(
     downstream: TcpStream,
     upstream: TcpStream,
     meter: Meter,
-) -> Result<Transferred, RelayError> {
+) -> Result<Transferred, PlainRelayError> {
     let result = tokio::try_join!(
         pipe(&downstream, &upstream, "downstream", &meter.forward),
         pipe(&upstream, &downstream, "upstream", &meter.backward)
@@ -108,8 +90,8 @@ async fn pipe(
     reader: &TcpStream,
     writer: &TcpStream,
     side: &'static str,
-    counter: &prometheus_client::metrics::counter::Counter,
-) -> Result<u64, RelayError> {
+    counter: &Counter,
+) -> Result<u64, PlainRelayError> {
     let other = if side == "downstream" {
         "upstream"
     } else {
@@ -165,34 +147,15 @@ async fn pipe(
     Ok(total)
 }
 
-/// Writes all of `bytes`, waiting for the writer to take them.
-pub(crate) async fn flush(writer: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
-    while !bytes.is_empty() {
-        writer.writable().await?;
-        match writer.try_write(bytes) {
-            Ok(n) => bytes = &bytes[n..],
-            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
-            Err(err) => return Err(err),
-        }
-    }
-    Ok(())
-}
-
-fn classify(err: io::Error, side: &'static str, bytes: u64) -> RelayError {
+fn classify(err: io::Error, side: &'static str, bytes: u64) -> PlainRelayError {
     match err.kind() {
-        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => RelayError::Reset {
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => PlainRelayError::Reset {
             side,
             transferred: Transferred {
                 sent: bytes,
                 received: 0,
             },
         },
-        _ => RelayError::Io { side, source: err },
+        _ => PlainRelayError::Io { side, source: err },
     }
-}
-
-/// Makes the eventual close of `stream` send RST.
-pub(crate) fn reset_on_close(stream: &TcpStream) {
-    let socket = socket2::SockRef::from(stream);
-    let _ = socket.set_linger(Some(Duration::ZERO));
 }

@@ -1,5 +1,5 @@
-//! Copying between a plain TCP connection and an HBONE tunnel stream (one
-//! HTTP/2 CONNECT stream), both ways.
+//! The tunnel relay: bytes between a TCP connection and an HBONE tunnel
+//! stream (one HTTP/2 CONNECT stream), both ways.
 //!
 //! TCP semantics cross the tunnel: a FIN becomes END_STREAM and END_STREAM
 //! becomes a FIN (`shutdown(SHUT_WR)`), each direction on its own; a TCP
@@ -14,9 +14,10 @@ use std::{future::poll_fn, io, net::Shutdown};
 
 use bytes::{Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
+use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
-use crate::engine::{Meter, Transferred, flush, reset_on_close};
+use super::{Meter, Transferred, flush, reset_on_close};
 
 /// Largest read from the TCP side.
 const CHUNK: usize = 64 * 1024;
@@ -77,7 +78,7 @@ pub async fn relay(
 async fn tcp_to_stream(
     tcp: &TcpStream,
     mut send: SendStream<Bytes>,
-    counter: &prometheus_client::metrics::counter::Counter,
+    counter: &Counter,
 ) -> Result<u64, TunnelRelayError> {
     let mut total = 0u64;
     loop {
@@ -134,7 +135,7 @@ async fn tcp_to_stream(
 async fn stream_to_tcp(
     mut recv: RecvStream,
     tcp: &TcpStream,
-    counter: &prometheus_client::metrics::counter::Counter,
+    counter: &Counter,
 ) -> Result<u64, TunnelRelayError> {
     let mut total = 0u64;
     while let Some(data) = recv.data().await {

@@ -1,6 +1,8 @@
-//! The in-pod HBONE listener (15008): mutual TLS with the pod's own
-//! certificate, clients verified against the mesh root and trust domain,
-//! then HTTP/2 CONNECT streams to the pod's apps.
+//! Inbound HBONE (15008): mutual TLS with the pod's own certificate,
+//! clients verified against the mesh root and trust domain (the verified
+//! peer certificate is read once per connection), then the HBONE server
+//! ([`crate::hbone::serve_connection`]) serves its CONNECT streams to the
+//! pod's apps, asking policy for each.
 
 use std::{sync::Arc, time::Duration};
 
@@ -8,9 +10,11 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::{PodContext, accept, canonical};
+use super::{PodContext, accept};
 use crate::{
+    addr::canonical,
     hbone::{self, ServerContext},
+    identity::Identity,
     logging::Chain,
     telemetry::{FailReason, Peer},
     tls,
@@ -46,9 +50,10 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
                         return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), "TLS handshake timed out");
                     }
                 };
-                let peer_identity = tls::peer_identity(tls.get_ref().1).map(|id| id.to_uri());
+                // Parsed from the certificate once; streams share it.
+                let peer_identity = tls::peer_identity(tls.get_ref().1);
                 let source = Arc::new(Peer {
-                    principal: peer_identity.clone(),
+                    principal: peer_identity.as_ref().map(Identity::to_uri),
                     ..(*ctx.mesh.peer_at(canonical(peer).ip())).clone()
                 });
                 let netns = ctx.netns.clone();

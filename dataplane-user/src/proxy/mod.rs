@@ -1,37 +1,60 @@
-//! The tunnel engine's in-pod side: listeners that live inside each enrolled
-//! pod's network namespace, and what happens to the connections they accept.
+//! The proxy inside each enrolled pod: listeners that live in the pod's
+//! network namespace, split by the direction of what they accept.
 //!
-//! Outbound (15001): a destination that is a mesh workload speaking HBONE
-//! is reached through a pooled mutual-TLS HTTP/2 tunnel to its pod's 15008;
-//! anything else is passed through as plain TCP, dialled from inside the pod
-//! with the proxy mark. Inbound plaintext (15006) connects to the app.
-//! Inbound HBONE (15008) terminates TLS and serves CONNECT streams.
+//! - [`outbound`] (15001): the pod's apps' connections, redirected by the
+//!   kernel. A pure [`outbound::plan()`] decides each one's way (an HBONE
+//!   tunnel from the pod's pool, a direct connection, a service's
+//!   endpoints in failover order, or a refusal); the listener carries it
+//!   out.
+//! - [`inbound`] (15006): plaintext connections from outside the pod,
+//!   authorized by address, relayed to the app.
+//! - [`inbound_hbone`] (15008): mutual TLS, then the HBONE server's CONNECT
+//!   streams, each authorized by the client's verified identity.
+//!
+//! [`PodTlsDialer`] opens the pool's TLS connections from inside the pod;
+//! [`orig_dst`] says where a captured connection was going (the kernel
+//! programs' record, or netfilter under the iptables baseline);
+//! [`PodNetns`] makes sockets inside the pod. Bytes move through
+//! [`crate::relay`]; decisions come from [`crate::policy`]; the mesh-wide
+//! state is [`crate::mesh::MeshContext`].
 
-mod connection;
-mod hbone_inbound;
-mod live;
-mod mesh;
+mod dialer;
+pub mod inbound;
+pub mod inbound_hbone;
 mod netfilter;
+pub mod orig_dst;
+pub mod outbound;
 mod pod_netns;
-mod relay;
 
 use std::{
     io,
     net::{IpAddr, Ipv6Addr, SocketAddr},
     sync::Arc,
+    time::Duration,
 };
 
 use dataplane_common::{HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT};
-use tokio::task::JoinSet;
-use tracing::{info, warn};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    task::JoinSet,
+};
+use tracing::{debug, info, warn};
 
-pub use live::{LiveConnections, LiveGuard};
-pub use mesh::{MeshContext, PodTlsDialer, hbone_addr, workload_peer};
+pub use dialer::PodTlsDialer;
 pub use pod_netns::PodNetns;
-pub use relay::{Meter, RelayError, Transferred, relay};
-pub(crate) use relay::{flush, reset_on_close};
 
-use crate::redirect::OrigDstTable;
+use crate::{
+    addr::canonical,
+    logging::Chain,
+    mesh::MeshContext,
+    redirect::OrigDstTable,
+    relay::relay_plain,
+    telemetry::{FailReason, Flow},
+};
+
+/// How long a connection to the destination may take before the client's
+/// connection is reset.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Errors starting a pod's listeners.
 #[derive(Debug, thiserror::Error)]
@@ -116,11 +139,11 @@ impl std::fmt::Debug for PodContext {
 pub struct PodListeners {
     /// 127.0.0.1:15001.
     pub outbound_v4: std::net::TcpListener,
-    /// [::1]:15001, when the pod has IPv6.
+    /// `[::1]:15001`, when the pod has IPv6.
     pub outbound_v6: Option<std::net::TcpListener>,
-    /// [::]:15006, dual-stack: inbound plaintext capture.
+    /// `[::]:15006`, dual-stack: inbound plaintext capture.
     pub inbound: std::net::TcpListener,
-    /// [::]:15008, dual-stack: HBONE.
+    /// `[::]:15008`, dual-stack: HBONE.
     pub hbone: std::net::TcpListener,
 }
 
@@ -185,7 +208,8 @@ pub struct PodEngine {
 impl PodEngine {
     /// Starts serving. Must run inside a tokio runtime. `orig_dst` is the
     /// kernel programs' record; without it (iptables capture, for the
-    /// benchmarks' baseline) original destinations come from netfilter.
+    /// benchmarks' baseline) original destinations come from netfilter, for
+    /// every connection of the pod ([`orig_dst::OrigDst`]).
     pub fn start(
         ctx: Arc<PodContext>,
         listeners: PodListeners,
@@ -200,19 +224,20 @@ impl PodEngine {
         if let Some(v6) = listeners.outbound_v6 {
             outbound.push(to_tokio(v6)?);
         }
-        let orig_dst = Arc::new(std::sync::Mutex::new(orig_dst));
+        let orig_dst = Arc::new(orig_dst::OrigDst::new(orig_dst));
         for listener in outbound {
-            tasks.spawn(connection::serve_outbound(
+            tasks.spawn(outbound::serve(
                 listener,
                 Arc::clone(&ctx),
                 Arc::clone(&orig_dst),
             ));
         }
-        tasks.spawn(connection::serve_inbound(
+        tasks.spawn(inbound::serve(
             to_tokio(listeners.inbound)?,
             Arc::clone(&ctx),
+            orig_dst,
         ));
-        tasks.spawn(hbone_inbound::serve(
+        tasks.spawn(inbound_hbone::serve(
             to_tokio(listeners.hbone)?,
             Arc::clone(&ctx),
         ));
@@ -239,31 +264,14 @@ impl Drop for PodEngine {
     }
 }
 
-/// The address as the application used it: IPv4-mapped IPv6 becomes IPv4.
-pub fn canonical(addr: SocketAddr) -> SocketAddr {
-    match addr.ip() {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(v4.into(), addr.port()),
-            None => addr,
-        },
-        IpAddr::V4(_) => addr,
-    }
-}
-
-/// Whether `port` is one of the engine's own capture ports, which must
-/// never be a forwarding destination (that would loop).
-pub fn is_engine_port(port: u16) -> bool {
-    matches!(port, OUTBOUND_PORT | INBOUND_PLAINTEXT_PORT | HBONE_PORT)
-}
-
 /// The next connection on `listener`, or `None` once the agent starts
 /// draining (or can no longer say). Accept errors (a full backlog, no
 /// file descriptors) are logged and accepting goes on.
 async fn accept(
-    listener: &tokio::net::TcpListener,
+    listener: &TcpListener,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
     name: &str,
-) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+) -> Option<(TcpStream, SocketAddr)> {
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -277,4 +285,54 @@ async fn accept(
 
 fn log_accept_error(err: &io::Error, listener: &str) {
     warn!(listener, error = %err, "accept failed");
+}
+
+/// Connects to `dst` from inside the pod (plain TCP, proxy mark) and
+/// relays: outbound direct hops and inbound plaintext.
+async fn connect_and_relay(downstream: TcpStream, flow: Flow, dst: SocketAddr, ctx: &PodContext) {
+    let upstream = match ctx.netns.connector(dst, ctx.mark) {
+        Ok(socket) => {
+            match Box::pin(tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(dst))).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(err)) => {
+                    let reason = format!("connect failed: {err}");
+                    return refuse(downstream, &flow, ctx, FailReason::ConnectFailed, &reason);
+                }
+                Err(_) => {
+                    let reason = "connect timed out";
+                    return refuse(downstream, &flow, ctx, FailReason::ConnectTimeout, reason);
+                }
+            }
+        }
+        Err(err) => {
+            let reason = format!("cannot create socket in pod: {err}");
+            return refuse(downstream, &flow, ctx, FailReason::Internal, &reason);
+        }
+    };
+    let open = flow.open(&ctx.mesh.metrics);
+    let _ = downstream.set_nodelay(true);
+    debug!(%dst, "connected");
+    match relay_plain(downstream, upstream, open.meter_from_client()).await {
+        Ok(t) => open.close(t.sent, t.received, None),
+        Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
+    }
+}
+
+/// Resets the client connection, counts it and writes its record.
+fn refuse(stream: TcpStream, flow: &Flow, ctx: &PodContext, reason: FailReason, detail: &str) {
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    drop(stream);
+    flow.refuse(&ctx.mesh.metrics, reason, detail);
+}
+
+/// Stops accepting (the listener closes) and lets the connections in flight
+/// finish; the agent's drain deadline aborts what is left.
+async fn finish(listener: TcpListener, mut connections: JoinSet<()>) {
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+}
+
+/// Collects finished connection tasks so the set does not grow.
+fn reap(connections: &mut JoinSet<()>) {
+    while connections.try_join_next().is_some() {}
 }

@@ -1,5 +1,6 @@
-//! Inbound connections that are open right now, so that a policy change
-//! can close the ones the new policies deny (and only those).
+//! The re-check of open connections: inbound connections (plaintext and
+//! HBONE streams) register here while they are open, so that a policy
+//! change can close the ones the new policies deny, and only those.
 
 use std::{
     collections::HashMap,
@@ -13,16 +14,18 @@ use std::{
 use tokio::sync::Notify;
 use tracing::info;
 
-use crate::{hbone::AuthzRequest, state::MeshState};
+use super::Request;
+use crate::identity::Identity;
 
 struct LiveEntry {
-    peer_identity: Option<String>,
+    peer: Option<Identity>,
     src: SocketAddr,
     dst: SocketAddr,
     kill: Arc<Notify>,
 }
 
-/// The registry.
+/// Open inbound connections, each with what its authorization was decided
+/// on.
 #[derive(Default)]
 pub struct LiveConnections {
     next: AtomicU64,
@@ -57,7 +60,7 @@ impl LiveConnections {
     /// learn that policy now denies it.
     pub fn register(
         self: &Arc<Self>,
-        peer_identity: Option<&str>,
+        peer: Option<&Identity>,
         src: SocketAddr,
         dst: SocketAddr,
     ) -> (LiveGuard, Arc<Notify>) {
@@ -67,7 +70,7 @@ impl LiveConnections {
             open.insert(
                 id,
                 LiveEntry {
-                    peer_identity: peer_identity.map(str::to_owned),
+                    peer: peer.cloned(),
                     src,
                     dst,
                     kill: Arc::clone(&kill),
@@ -88,25 +91,25 @@ impl LiveConnections {
         self.open.lock().map(|o| o.len()).unwrap_or(0)
     }
 
-    /// Re-decides every open connection under `state`; closes and logs the
-    /// ones now denied. Returns how many were closed.
-    pub fn enforce(&self, state: &MeshState) -> usize {
+    /// Re-decides every open connection with `decide` (the new policies);
+    /// closes and logs the ones now denied. Returns how many were closed.
+    pub fn enforce(&self, decide: impl Fn(&Request<'_>) -> Result<(), String>) -> usize {
         let Ok(open) = self.open.lock() else {
             return 0;
         };
         let mut closed = 0;
         for entry in open.values() {
-            let request = AuthzRequest {
-                peer_identity: entry.peer_identity.as_deref(),
+            let request = Request {
+                peer: entry.peer.as_ref(),
                 src: entry.src,
                 dst: entry.dst,
             };
-            if let Err(reason) = state.authorize(&request) {
+            if let Err(reason) = decide(&request) {
                 info!(
                     target: "access",
                     src = %entry.src,
                     dst = %entry.dst,
-                    peer_identity = entry.peer_identity.as_deref().unwrap_or("-"),
+                    peer_identity = entry.peer.as_ref().map_or("-", Identity::as_uri),
                     reason,
                     "open connection closed: policy now denies it"
                 );

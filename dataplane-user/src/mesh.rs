@@ -1,31 +1,27 @@
-//! What the engine shares across pods for HBONE (workloads, certificates,
-//! TLS configurations), and the per-pod TLS dialer the HBONE pool uses.
+//! What every pod's proxy shares: the mesh state in force (swapped whole
+//! when the configuration changes), endpoints found dead, open inbound
+//! connections for policy re-checks, certificates and TLS configurations,
+//! metrics, and the drain signal. One [`MeshContext`] per agent; the
+//! agent builds it, enrollment hands it to each pod's proxy, reload
+//! installs new states into it, status and config dumps read it.
 
 use std::{
-    future::Future,
-    net::SocketAddr,
-    pin::Pin,
     sync::{Arc, RwLock},
     time::Duration,
 };
 
-use rustls::{RootCertStore, pki_types::ServerName};
-use tokio::{net::TcpStream, sync::watch};
-use tokio_rustls::{TlsConnector, client::TlsStream};
+use rustls::RootCertStore;
+use tokio::sync::watch;
 
-use super::{LiveConnections, PodNetns};
 use crate::{
-    hbone::{Dialer, PoolKey},
-    identity::{CertStore, Identity},
+    identity::CertStore,
+    policy::{LiveConnections, Request},
     state::{DeadEndpoints, MeshState, MeshWorkload},
     telemetry::{Metrics, Peer},
     tls::ClientConfigCache,
 };
 
-/// How long a TCP connect plus TLS handshake to a peer may take.
-const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Mesh-wide state every pod's engine reads.
+/// Mesh-wide state every pod's proxy reads.
 pub struct MeshContext {
     /// Workloads, services and policies (replaced as a whole when the config
     /// changes).
@@ -81,7 +77,7 @@ impl MeshContext {
         }
         self.set_config_error(None);
         self.metrics.config_reloaded(true);
-        self.live.enforce(&state)
+        self.live.enforce(|request| state.authorize(request))
     }
 
     /// Why the last configuration file read was rejected, while the
@@ -119,7 +115,7 @@ impl MeshContext {
     }
 
     /// Decides a connection under the current policies.
-    pub fn authorize(&self, request: &crate::hbone::AuthzRequest<'_>) -> Result<(), String> {
+    pub fn authorize(&self, request: &Request<'_>) -> Result<(), String> {
         self.state().authorize(request)
     }
 }
@@ -127,71 +123,4 @@ impl MeshContext {
 /// A configured workload as a connection end.
 pub fn workload_peer(workload: &MeshWorkload) -> Arc<Peer> {
     Arc::clone(&workload.peer)
-}
-
-/// Dials HBONE peers for one pod: TCP from inside the pod's network
-/// namespace (with the proxy mark, so capture leaves it alone), then TLS
-/// presenting the pod's identity and expecting the destination's.
-pub struct PodTlsDialer {
-    /// The pod's namespace.
-    pub netns: PodNetns,
-    /// The proxy mark.
-    pub mark: u32,
-    /// Shared mesh state.
-    pub mesh: Arc<MeshContext>,
-}
-
-impl Dialer for PodTlsDialer {
-    type Io = TlsStream<TcpStream>;
-
-    fn dial(
-        &self,
-        key: &PoolKey,
-    ) -> Pin<Box<dyn Future<Output = std::io::Result<Self::Io>> + Send>> {
-        let socket = self.netns.connector(key.dst_addr, self.mark);
-        let config = parse_pair(key).and_then(|(src, expected)| {
-            self.mesh
-                .client_configs
-                .get(&src, &expected)
-                .map_err(|e| std::io::Error::other(crate::logging::Chain(&e).to_string()))
-        });
-        let addr = key.dst_addr;
-        Box::pin(async move {
-            let socket = socket?;
-            let config = config?;
-            let dial = async {
-                let tcp = socket.connect(addr).await?;
-                tcp.set_nodelay(true)?;
-                TlsConnector::from(config)
-                    .connect(ServerName::IpAddress(addr.ip().into()), tcp)
-                    .await
-            };
-            tokio::time::timeout(DIAL_TIMEOUT, dial)
-                .await
-                .map_err(|_| {
-                    std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!("dialing {addr} timed out"),
-                    )
-                })?
-        })
-    }
-}
-
-/// The source identity and every identity the server may present.
-fn parse_pair(key: &PoolKey) -> std::io::Result<(Identity, Vec<Identity>)> {
-    let parse = |uri: &str| {
-        Identity::parse(uri)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
-    };
-    let mut expected = vec![parse(&key.dst_identity)?];
-    for alt in &key.alt_identities {
-        expected.push(parse(alt)?);
-    }
-    Ok((parse(&key.src_identity)?, expected))
-}
-
-/// The HBONE address of a destination IP.
-pub fn hbone_addr(dst: SocketAddr) -> SocketAddr {
-    SocketAddr::new(dst.ip(), dataplane_common::HBONE_PORT)
 }

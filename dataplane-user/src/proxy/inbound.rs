@@ -1,0 +1,81 @@
+//! Inbound plaintext (15006): connections `sk_lookup` assigned from outside
+//! the pod to the pod's IPs. The client is known only by its address (no
+//! identity is verified), policy decides, and an allowed connection is
+//! relayed to the app inside the pod; it stays registered for re-checks
+//! while open, so a policy change that denies it closes it.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tracing::{Instrument, info_span};
+
+use super::{PodContext, accept, connect_and_relay, finish, orig_dst::OrigDst, reap, refuse};
+use crate::{
+    addr::{canonical, is_engine_port},
+    policy::Request,
+    telemetry::{Direction, FailReason, Flow, Peer, Protocol},
+};
+
+/// Serves the inbound plaintext listener until the agent drains.
+pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst: Arc<OrigDst>) {
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = ctx.mesh.shutdown.clone();
+    while let Some((stream, peer)) = accept(&listener, &mut shutdown, "inbound").await {
+        let ctx = Arc::clone(&ctx);
+        let orig_dst = Arc::clone(&orig_dst);
+        let src = canonical(peer);
+        let span =
+            info_span!("inbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, %src);
+        connections.spawn(
+            async move {
+                let local = stream
+                    .local_addr()
+                    .map(|local| orig_dst.inbound(&stream, local));
+                let mut flow = Flow {
+                    direction: Direction::Inbound,
+                    protocol: Protocol::Tcp,
+                    src,
+                    dst: None,
+                    source: Arc::new(Peer {
+                        principal: None,
+                        ..(*ctx.mesh.peer_at(src.ip())).clone()
+                    }),
+                    destination: Arc::clone(&ctx.peer),
+                    service: None,
+                };
+                let local = match local {
+                    Ok(local) => canonical(local),
+                    Err(err) => {
+                        return refuse(stream, &flow, &ctx, FailReason::Internal, &err.to_string());
+                    }
+                };
+                flow.dst = Some(local);
+                if is_engine_port(local.port()) {
+                    return refuse(
+                        stream,
+                        &flow,
+                        &ctx,
+                        FailReason::EnginePort,
+                        "destination is an engine port",
+                    );
+                }
+                let request = Request {
+                    peer: None,
+                    src,
+                    dst: local,
+                };
+                if let Err(reason) = ctx.mesh.authorize(&request) {
+                    return refuse(stream, &flow, &ctx, FailReason::Denied, &reason);
+                }
+                let (_live, kill) = ctx.mesh.live.register(None, src, local);
+                tokio::select! {
+                    () = connect_and_relay(stream, flow, local, &ctx) => {}
+                    () = kill.notified() => {}
+                }
+            }
+            .instrument(span),
+        );
+        reap(&mut connections);
+    }
+    finish(listener, connections).await;
+}

@@ -1,0 +1,184 @@
+//! Outbound (15001): connections the kernel redirected from a pod's apps.
+//! Each one's original destination is read once, [`plan()`] decides what it
+//! does, and this module carries the plan out: a tunnel from the pod's
+//! HBONE pool, a direct connection from inside the pod, the next service
+//! endpoint when one's node does not answer, or a refusal. One span per
+//! connection, one access record when it closes or is refused.
+
+pub mod plan;
+
+use std::{net::IpAddr, sync::Arc};
+
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{Instrument, info_span, warn};
+
+pub use plan::{Action, EndpointChoice, Hop, OutboundPlan, TunnelHop, plan};
+
+use super::{PodContext, connect_and_relay, finish, orig_dst::OrigDst, reap, refuse};
+use crate::{
+    hbone::{PoolError, PoolKey, Tunnel, wire::Baggage},
+    logging::Chain,
+    relay::relay_tunnel,
+    state::{DeadEndpoints, ServiceEntry},
+    telemetry::{Direction, FailReason, Flow, Peer, Protocol},
+};
+
+/// Serves one outbound capture listener until the agent drains.
+pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst: Arc<OrigDst>) {
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = ctx.mesh.shutdown.clone();
+    while let Some((stream, peer)) = super::accept(&listener, &mut shutdown, "outbound").await {
+        // The record is looked up here, in order, before the next accept;
+        // it was written before the client's SYN left.
+        let dst = stream
+            .local_addr()
+            .map_err(|e| format!("cannot read the accepted socket's local address: {e}"))
+            .and_then(|local| orig_dst.outbound(&stream, peer, local));
+        let ctx = Arc::clone(&ctx);
+        let src = ctx.client_addr(peer);
+        let span =
+            info_span!("outbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, %src);
+        connections.spawn(
+            async move {
+                let flow = Flow {
+                    direction: Direction::Outbound,
+                    protocol: Protocol::Tcp,
+                    src,
+                    dst: None,
+                    source: Arc::clone(&ctx.peer),
+                    destination: Arc::default(),
+                    service: None,
+                };
+                match dst {
+                    Ok(Some(dst)) => {
+                        let plan = plan(&ctx.mesh.state(), &ctx.spiffe, dst, &Live(&ctx.mesh.dead));
+                        execute(stream, flow, plan, &ctx).await;
+                    }
+                    Ok(None) => refuse(
+                        stream,
+                        &flow,
+                        &ctx,
+                        FailReason::NoOriginalDestination,
+                        "no original destination recorded for this connection",
+                    ),
+                    Err(err) => refuse(stream, &flow, &ctx, FailReason::Internal, &err),
+                }
+            }
+            .instrument(span),
+        );
+        reap(&mut connections);
+    }
+    finish(listener, connections).await;
+}
+
+/// The endpoint choice of a live connection: the agent's dead-endpoint
+/// marks, and each service's own balancing state.
+struct Live<'a>(&'a DeadEndpoints);
+
+impl EndpointChoice for Live<'_> {
+    fn is_dead(&self, ip: IpAddr) -> bool {
+        self.0.is_dead(ip)
+    }
+
+    fn start(&self, service: &ServiceEntry) -> usize {
+        service.next_start()
+    }
+}
+
+/// Carries out `plan` for the client connection `stream`.
+async fn execute(stream: TcpStream, mut flow: Flow, plan: OutboundPlan, ctx: &PodContext) {
+    flow.dst = Some(plan.dst);
+    // Istio labels the service by hostname.
+    flow.service = plan
+        .service
+        .as_deref()
+        .map(|key| key.rsplit('/').next().unwrap_or(key).to_owned());
+    let hops = match plan.action {
+        Action::Refuse { reason, detail } => return refuse(stream, &flow, ctx, reason, &detail),
+        Action::Hop(Hop::Direct { dst, workload }) => {
+            flow.destination = destination(workload.as_deref().map(|w| &w.peer));
+            return connect_and_relay(stream, flow, dst, ctx).await;
+        }
+        Action::Hop(Hop::Tunnel(hop)) => {
+            flow.destination = Arc::clone(&hop.workload.peer);
+            flow.protocol = Protocol::Hbone;
+            return match open_tunnel(ctx, &hop, flow.src).await {
+                Ok(tunnel) => tunnel_relay(stream, flow, tunnel, ctx).await,
+                Err(err) => {
+                    let reason = Chain(&err).to_string();
+                    refuse(stream, &flow, ctx, FailReason::Tunnel, &reason)
+                }
+            };
+        }
+        Action::Failover(hops) => hops,
+    };
+    let service = plan.service.unwrap_or_default();
+    for hop in hops {
+        flow.dst = Some(hop.dst());
+        let hop = match hop {
+            Hop::Direct { dst, workload } => {
+                flow.destination = destination(workload.as_deref().map(|w| &w.peer));
+                return connect_and_relay(stream, flow, dst, ctx).await;
+            }
+            Hop::Tunnel(hop) => hop,
+        };
+        flow.destination = Arc::clone(&hop.workload.peer);
+        flow.protocol = Protocol::Hbone;
+        match open_tunnel(ctx, &hop, flow.src).await {
+            Ok(tunnel) => return tunnel_relay(stream, flow, tunnel, ctx).await,
+            // The endpoint's node did not answer: skip it for a while and
+            // try the next one.
+            Err(PoolError::Dial { addr, .. }) => {
+                warn!(%service, endpoint = %addr, "endpoint unreachable; trying the next one");
+                ctx.mesh.dead.mark(hop.dst.ip());
+            }
+            Err(err) => {
+                let reason = Chain(&err).to_string();
+                return refuse(stream, &flow, ctx, FailReason::Tunnel, &reason);
+            }
+        }
+    }
+    flow.dst = Some(plan.dst);
+    let reason = format!("no endpoint of service {service} is reachable");
+    refuse(stream, &flow, ctx, FailReason::NoEndpoints, &reason);
+}
+
+/// The connection's far end in telemetry: the workload, or nobody known.
+fn destination(peer: Option<&Arc<Peer>>) -> Arc<Peer> {
+    peer.map(Arc::clone).unwrap_or_default()
+}
+
+/// Opens (or reuses a pooled connection for) the tunnel of `hop`.
+async fn open_tunnel(
+    ctx: &PodContext,
+    hop: &TunnelHop,
+    src: std::net::SocketAddr,
+) -> Result<Tunnel, PoolError> {
+    let key = PoolKey {
+        src_identity: hop.src_identity.clone(),
+        dst_identity: hop.dst_identity.clone(),
+        alt_identities: Arc::clone(&hop.alt_identities),
+        dst_addr: hop.via,
+    };
+    let baggage = Baggage {
+        cluster: "Kubernetes".into(),
+        namespace: ctx.identity.namespace.clone(),
+        workload: ("pod".into(), ctx.identity.name.clone()),
+        service: ctx.identity.name.clone(),
+        version: "latest".into(),
+    };
+    // Boxed: the dial and handshake state is large and only lives while
+    // the tunnel opens, not for the connection's whole life.
+    Box::pin(ctx.pool.connect(&key, &hop.dst.to_string(), src, &baggage)).await
+}
+
+/// Relays through an open tunnel; the flow's record is written as it ends.
+async fn tunnel_relay(stream: TcpStream, flow: Flow, tunnel: Tunnel, ctx: &PodContext) {
+    let open = flow.open(&ctx.mesh.metrics);
+    let _ = stream.set_nodelay(true);
+    let Tunnel { send, recv, .. } = tunnel;
+    match relay_tunnel(stream, send, recv, open.meter_from_client()).await {
+        Ok(t) => open.close(t.sent, t.received, None),
+        Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
+    }
+}

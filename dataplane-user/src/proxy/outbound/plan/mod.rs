@@ -1,0 +1,192 @@
+//! What a captured outbound connection does, decided before anything is
+//! dialled: [`plan`] maps (mesh state, source pod, original destination)
+//! to an [`OutboundPlan`] and touches no socket, clock or counter, so every
+//! routing rule is a table-driven unit test here. The async side
+//! (`super`) only executes the plan.
+//!
+//! - a workload speaking HBONE: a tunnel to its pod's 15008, expecting its
+//!   identity;
+//! - a workload speaking plain TCP, or an address outside the mesh: a
+//!   direct connection from inside the pod (passthrough);
+//! - a service VIP: its endpoints in the order to try (the load-balancing
+//!   choice first, endpoints recently found dead last), each a tunnel or a
+//!   direct hop, with the service's subjectAltNames accepted besides each
+//!   endpoint's identity;
+//! - refused: a capture port of the engine (dialling it would loop), a
+//!   service without endpoints.
+//!
+//! Excluded ports and CIDRs never reach the proxy: the kernel programs let
+//! such connections through uncaptured (and the iptables baseline's rules
+//! do the same), so the plan has no exclusion input.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
+
+use dataplane_common::HBONE_PORT;
+
+use crate::{
+    addr::{canonical, is_capture_port},
+    identity::Identity,
+    state::{MeshState, MeshWorkload, ServiceEntry},
+    telemetry::FailReason,
+};
+
+/// What the plan may consult besides the configuration: both change from
+/// one connection to the next, so they are inputs rather than state the
+/// plan reads behind the caller's back.
+pub trait EndpointChoice {
+    /// Whether `ip`'s node recently did not answer (tried last).
+    fn is_dead(&self, ip: IpAddr) -> bool;
+    /// Which of `service`'s endpoints load balancing starts at (any
+    /// number: it is taken modulo the endpoint count).
+    fn start(&self, service: &ServiceEntry) -> usize;
+}
+
+/// What to do with one outbound connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboundPlan {
+    /// The service (`namespace/hostname`) when the destination is a VIP.
+    pub service: Option<String>,
+    /// The destination as the application asked for it (canonical).
+    pub dst: SocketAddr,
+    /// What happens.
+    pub action: Action,
+}
+
+/// How the connection travels, or why it does not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// One hop: a workload or an address outside the mesh.
+    Hop(Hop),
+    /// A service's endpoints in the order to try: a tunnel whose node does
+    /// not answer is skipped for the next (and marked dead); a direct hop
+    /// ends the walk.
+    Failover(Vec<Hop>),
+    /// Refused before anything is dialled.
+    Refuse {
+        /// The failure metric's reason.
+        reason: FailReason,
+        /// The access record's detail.
+        detail: String,
+    },
+}
+
+/// One way to reach one destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hop {
+    /// Plain TCP from inside the pod, with the proxy mark.
+    Direct {
+        /// Where to connect.
+        dst: SocketAddr,
+        /// The workload there, if the mesh knows it (telemetry names it).
+        workload: Option<Arc<MeshWorkload>>,
+    },
+    /// An HBONE tunnel.
+    Tunnel(TunnelHop),
+}
+
+/// A tunnel to a workload speaking HBONE.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelHop {
+    /// The CONNECT authority: the workload's address and port.
+    pub dst: SocketAddr,
+    /// The peer's HBONE listener (its IP, port 15008).
+    pub via: SocketAddr,
+    /// The identity this pod presents.
+    pub src_identity: Identity,
+    /// The identity the peer must present...
+    pub dst_identity: Identity,
+    /// ...or any of these (the service's subjectAltNames).
+    pub alt_identities: Arc<[Identity]>,
+    /// The workload.
+    pub workload: Arc<MeshWorkload>,
+}
+
+impl Hop {
+    /// Where this hop connects the client to.
+    pub fn dst(&self) -> SocketAddr {
+        match self {
+            Hop::Direct { dst, .. } => *dst,
+            Hop::Tunnel(tunnel) => tunnel.dst,
+        }
+    }
+}
+
+/// Decides what a connection from the pod with identity `source` to the
+/// original destination `dst` does under `state`.
+pub fn plan(
+    state: &MeshState,
+    source: &Identity,
+    dst: SocketAddr,
+    choice: &impl EndpointChoice,
+) -> OutboundPlan {
+    let dst = canonical(dst);
+    let outcome = |service, action| OutboundPlan {
+        service,
+        dst,
+        action,
+    };
+    if is_capture_port(dst.port()) {
+        let detail = format!(
+            "destination port {} is a capture port of the engine (dialling it would loop)",
+            dst.port()
+        );
+        let action = Action::Refuse {
+            reason: FailReason::EnginePort,
+            detail,
+        };
+        return outcome(None, action);
+    }
+    if let Some(entry) = state.services.by_vip(dst.ip()) {
+        let key = entry.service.key();
+        let endpoints = entry.candidates(dst.port(), choice.start(entry), |ip| choice.is_dead(ip));
+        if endpoints.is_empty() {
+            let action = Action::Refuse {
+                reason: FailReason::NoEndpoints,
+                detail: format!("service {key} has no endpoints"),
+            };
+            return outcome(Some(key), action);
+        }
+        let hops = endpoints
+            .into_iter()
+            .map(|e| hop(source, &e.workload, e.addr, &entry.alt_identities))
+            .collect();
+        return outcome(Some(key), Action::Failover(hops));
+    }
+    let action = match state.workloads.by_ip(dst.ip()) {
+        Some(workload) => Action::Hop(hop(source, workload, dst, &Arc::default())),
+        None => Action::Hop(Hop::Direct {
+            dst,
+            workload: None,
+        }),
+    };
+    outcome(None, action)
+}
+
+/// The hop to `workload` at `dst`.
+fn hop(
+    source: &Identity,
+    workload: &Arc<MeshWorkload>,
+    dst: SocketAddr,
+    alt: &Arc<[Identity]>,
+) -> Hop {
+    if !workload.speaks_hbone() {
+        return Hop::Direct {
+            dst,
+            workload: Some(Arc::clone(workload)),
+        };
+    }
+    Hop::Tunnel(TunnelHop {
+        dst,
+        via: SocketAddr::new(dst.ip(), HBONE_PORT),
+        src_identity: source.clone(),
+        dst_identity: workload.identity.clone(),
+        alt_identities: Arc::clone(alt),
+        workload: Arc::clone(workload),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,187 @@
+//! One row per routing rule: a destination, the endpoints found dead, and
+//! the plan written out in words.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "a bad fixture should fail the test loudly"
+)]
+
+use std::{collections::HashSet, net::IpAddr};
+
+use super::*;
+use crate::config::LocalConfig;
+
+/// Three HBONE workloads behind one VIP (two on one node, one on
+/// another), a plain-TCP workload, a dual-stack workload, and a service
+/// without endpoints.
+const MESH: &str = r#"
+workloads:
+- uid: a
+  name: a
+  namespace: shop
+  serviceAccount: echo
+  workloadIps: [10.1.0.11]
+  services: {'shop/echo.shop.svc.cluster.local': {80: 9000}}
+- uid: b
+  name: b
+  namespace: shop
+  serviceAccount: echo
+  workloadIps: [10.1.0.12]
+  services: {'shop/echo.shop.svc.cluster.local': {80: 9000}}
+- uid: c
+  name: c
+  namespace: shop
+  serviceAccount: echo-v2
+  workloadIps: [10.2.0.11]
+  services: {'shop/echo.shop.svc.cluster.local': {80: 9001}}
+- uid: legacy
+  name: legacy
+  namespace: old
+  serviceAccount: legacy
+  protocol: TCP
+  workloadIps: [10.1.0.20]
+- uid: dual
+  name: dual
+  namespace: shop
+  serviceAccount: dual
+  workloadIps: [10.1.0.30, 'fd00:1::30']
+services:
+- name: echo
+  namespace: shop
+  hostname: echo.shop.svc.cluster.local
+  vips: ['/10.96.0.10', '/fd00:96::10']
+  ports: {80: 9000}
+  subjectAltNames: ['cluster.local/ns/shop/sa/echo-canary']
+- name: empty
+  namespace: shop
+  hostname: empty.shop.svc.cluster.local
+  vips: ['/10.96.0.11']
+"#;
+
+/// Fixed inputs: endpoints found dead, and where balancing starts.
+struct Fixed {
+    dead: HashSet<IpAddr>,
+    start: usize,
+}
+
+impl EndpointChoice for Fixed {
+    fn is_dead(&self, ip: IpAddr) -> bool {
+        self.dead.contains(&ip)
+    }
+
+    fn start(&self, _: &ServiceEntry) -> usize {
+        self.start
+    }
+}
+
+/// The plan in words: `tunnel DST via VIA expecting ID[|ALT]`,
+/// `direct DST [to WORKLOAD]`, `refuse REASON: DETAIL`, hops joined by
+/// ` then `, prefixed by `[service] ` for a VIP.
+fn describe(plan: &OutboundPlan) -> String {
+    let hop = |hop: &Hop| match hop {
+        Hop::Direct { dst, workload } => match workload {
+            Some(w) => format!("direct {dst} to {}", w.workload.name),
+            None => format!("direct {dst}"),
+        },
+        Hop::Tunnel(t) => {
+            let mut expected = vec![t.dst_identity.to_uri()];
+            expected.extend(t.alt_identities.iter().map(Identity::to_uri));
+            format!(
+                "tunnel {} via {} expecting {}",
+                t.dst,
+                t.via,
+                expected.join("|")
+            )
+        }
+    };
+    let action = match &plan.action {
+        Action::Hop(h) => hop(h),
+        Action::Failover(hops) => hops.iter().map(hop).collect::<Vec<_>>().join(" then "),
+        Action::Refuse { reason, detail } => format!("refuse {}: {detail}", reason.as_str()),
+    };
+    match &plan.service {
+        Some(service) => format!("[{service}] {action}"),
+        None => action,
+    }
+}
+
+const ID: &str = "spiffe://cluster.local/ns/shop/sa/";
+
+#[test]
+fn outbound_plans() {
+    let state = MeshState::from_config(&LocalConfig::parse(MESH, "plan").unwrap()).unwrap();
+    let source = Identity::new("cluster.local", "front", "web").unwrap();
+    let echo = "[shop/echo.shop.svc.cluster.local]";
+    let canary = "spiffe://cluster.local/ns/shop/sa/echo-canary";
+    #[rustfmt::skip]
+    let table: Vec<(&str, &str, &[&str], usize, String)> = vec![
+        ("workload speaking HBONE", "10.1.0.11:9000", &[], 0,
+            format!("tunnel 10.1.0.11:9000 via 10.1.0.11:15008 expecting {ID}echo")),
+        ("workload speaking plain TCP", "10.1.0.20:5432", &[], 0,
+            "direct 10.1.0.20:5432 to legacy".into()),
+        ("address outside the mesh: passthrough", "192.0.2.7:443", &[], 0,
+            "direct 192.0.2.7:443".into()),
+        ("service VIP: every endpoint, balancing start first, target ports mapped", "10.96.0.10:80", &[], 1,
+            format!("{echo} tunnel 10.1.0.12:9000 via 10.1.0.12:15008 expecting {ID}echo|{canary} \
+                     then tunnel 10.2.0.11:9001 via 10.2.0.11:15008 expecting {ID}echo-v2|{canary} \
+                     then tunnel 10.1.0.11:9000 via 10.1.0.11:15008 expecting {ID}echo|{canary}")),
+        ("service VIP: an endpoint whose node did not answer is tried last", "10.96.0.10:80", &["10.1.0.12"], 1,
+            format!("{echo} tunnel 10.2.0.11:9001 via 10.2.0.11:15008 expecting {ID}echo-v2|{canary} \
+                     then tunnel 10.1.0.11:9000 via 10.1.0.11:15008 expecting {ID}echo|{canary} \
+                     then tunnel 10.1.0.12:9000 via 10.1.0.12:15008 expecting {ID}echo|{canary}")),
+        ("service VIP: all dead keeps the balancing order", "10.96.0.10:80", &["10.1.0.11", "10.1.0.12", "10.2.0.11"], 2,
+            format!("{echo} tunnel 10.2.0.11:9001 via 10.2.0.11:15008 expecting {ID}echo-v2|{canary} \
+                     then tunnel 10.1.0.11:9000 via 10.1.0.11:15008 expecting {ID}echo|{canary} \
+                     then tunnel 10.1.0.12:9000 via 10.1.0.12:15008 expecting {ID}echo|{canary}")),
+        ("service VIP over IPv6 reaches the same endpoints", "[fd00:96::10]:80", &[], 0,
+            format!("{echo} tunnel 10.1.0.11:9000 via 10.1.0.11:15008 expecting {ID}echo|{canary} \
+                     then tunnel 10.1.0.12:9000 via 10.1.0.12:15008 expecting {ID}echo|{canary} \
+                     then tunnel 10.2.0.11:9001 via 10.2.0.11:15008 expecting {ID}echo-v2|{canary}")),
+        ("service without endpoints", "10.96.0.11:80", &[], 0,
+            "[shop/empty.shop.svc.cluster.local] refuse no_endpoints: service shop/empty.shop.svc.cluster.local has no endpoints".into()),
+        ("workload over IPv6", "[fd00:1::30]:8080", &[], 0,
+            format!("tunnel [fd00:1::30]:8080 via [fd00:1::30]:15008 expecting {ID}dual")),
+        ("IPv4-mapped IPv6 is the IPv4 workload", "[::ffff:10.1.0.30]:8080", &[], 0,
+            format!("tunnel 10.1.0.30:8080 via 10.1.0.30:15008 expecting {ID}dual")),
+        ("IPv4-mapped IPv6 outside the mesh stays a passthrough", "[::ffff:192.0.2.7]:443", &[], 0,
+            "direct 192.0.2.7:443".into()),
+        ("unknown IPv6 address: passthrough", "[2001:db8::1]:443", &[], 0,
+            "direct [2001:db8::1]:443".into()),
+        ("outbound capture port: refused, not looped", "10.1.0.11:15001", &[], 0,
+            "refuse engine_port: destination port 15001 is a capture port of the engine (dialling it would loop)".into()),
+        ("inbound capture port: refused, not looped", "192.0.2.7:15006", &[], 0,
+            "refuse engine_port: destination port 15006 is a capture port of the engine (dialling it would loop)".into()),
+        ("a dead mark on a workload's own address does not stop a direct tunnel", "10.1.0.11:9000", &["10.1.0.11"], 0,
+            format!("tunnel 10.1.0.11:9000 via 10.1.0.11:15008 expecting {ID}echo")),
+    ];
+    let mut failures = Vec::new();
+    for (name, dst, dead, start, expected) in table {
+        let choice = Fixed {
+            dead: dead.iter().map(|ip| ip.parse().unwrap()).collect(),
+            start,
+        };
+        let got = describe(&plan(&state, &source, dst.parse().unwrap(), &choice));
+        if got != expected {
+            failures.push(format!(
+                "{name} ({dst}):\n  got      {got}\n  expected {expected}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn tunnels_present_the_source_pods_identity() {
+    let state = MeshState::from_config(&LocalConfig::parse(MESH, "plan").unwrap()).unwrap();
+    let source = Identity::new("cluster.local", "front", "web").unwrap();
+    let choice = Fixed {
+        dead: HashSet::new(),
+        start: 0,
+    };
+    let plan = plan(&state, &source, "10.1.0.11:9000".parse().unwrap(), &choice);
+    let Action::Hop(Hop::Tunnel(tunnel)) = plan.action else {
+        panic!("expected a tunnel, got {plan:?}");
+    };
+    assert_eq!(tunnel.src_identity, source);
+    assert_eq!(tunnel.workload.workload.uid, "a");
+}

@@ -1,0 +1,61 @@
+//! Moving a connection's bytes once its ends are known, for every path:
+//! [`plain`] between two TCP connections (plaintext inbound, passthrough
+//! and plain-TCP workloads), [`tunnel`] between a TCP connection and an
+//! HBONE stream (both directions of the tunnel).
+//!
+//! Both carry TCP's semantics across (half-close stays half-close, a reset
+//! becomes a reset), count bytes into a [`Meter`] as they pass so metrics
+//! show a long-lived connection's traffic before it closes, and hold no
+//! buffer while a connection is idle. What they share lives here, owned by
+//! neither direction of the proxy nor by the HBONE protocol code.
+
+pub mod plain;
+pub mod tunnel;
+
+use std::{io, time::Duration};
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::net::TcpStream;
+
+pub use plain::{PlainRelayError, relay as relay_plain};
+pub use tunnel::{TunnelRelayError, relay as relay_tunnel};
+
+/// Where a relay counts bytes as they pass. `Meter::default()` counts into
+/// counters nobody reads.
+#[derive(Debug, Clone, Default)]
+pub struct Meter {
+    /// Bytes from the first end to the second (downstream to upstream; for
+    /// a tunnel relay, TCP into the tunnel).
+    pub forward: Counter,
+    /// Bytes the other way.
+    pub backward: Counter,
+}
+
+/// Bytes carried each way when a relay ends.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Transferred {
+    /// From the first end (the accepted, downstream side) to the second.
+    pub sent: u64,
+    /// From the second end back to the first.
+    pub received: u64,
+}
+
+/// Writes all of `bytes`, waiting for the writer to take them.
+async fn flush(writer: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        writer.writable().await?;
+        match writer.try_write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
+}
+
+/// Makes the eventual close of `stream` send RST: how a failure on one end
+/// is passed to a TCP peer.
+pub fn reset_on_close(stream: &TcpStream) {
+    let socket = socket2::SockRef::from(stream);
+    let _ = socket.set_linger(Some(Duration::ZERO));
+}
