@@ -169,8 +169,11 @@ fn config_changes_apply_live_and_bad_files_are_rejected() -> anyhow::Result<()> 
     wait_until("the new identity on node1", || {
         Ok(a1.log_text().matches("configuration applied").count() >= 2)
     })?;
+    // node2 serves the remote under its new identity once it holds that
+    // certificate (and only then: the old one is dropped with it).
     wait_until("the remote's re-enrollment", || {
-        Ok(_a2.log_text().matches("configuration applied").count() >= 1)
+        let certs = _a2.call(&Request::Certs)?.report.unwrap_or_default();
+        Ok(certs.to_string().contains("/sa/renamed"))
     })?;
     echo(&w.client, addr(&w.remote, 9000), 2048, 5)?;
     assert!(

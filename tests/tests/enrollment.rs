@@ -250,3 +250,99 @@ fn the_nodes_own_network_namespace_cannot_be_enrolled() -> anyhow::Result<()> {
     assert!(agent.call(&Request::List)?.pods.is_empty());
     Ok(())
 }
+
+/// TCP connections to or from port 15008 inside `pod` (established ones:
+/// the HBONE connections of its engine, pooled or served).
+fn hbone_connections(pod: &Pod) -> anyhow::Result<usize> {
+    let mut count = 0;
+    for table in ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"] {
+        let text = pod.netns.run(move || std::fs::read_to_string(table))??;
+        count += text
+            .lines()
+            .skip(1)
+            .filter(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                // st 01 = ESTABLISHED; 3AA0 = 15008.
+                fields.len() > 3
+                    && fields[3] == "01"
+                    && (fields[1].ends_with(":3AA0") || fields[2].ends_with(":3AA0"))
+            })
+            .count();
+    }
+    Ok(count)
+}
+
+#[test]
+fn a_pod_that_leaves_takes_its_tunnels_and_pooled_connections_with_it() -> anyhow::Result<()> {
+    use dataplane_tests::{
+        observe::{scrape, sum},
+        traffic::{holding_server, stream, wait_until},
+    };
+    let mut node = Node::new("enrleave", 1)?;
+    let leaving = node.add_pod("enrleave")?;
+    let staying = node.add_pod("enrleave")?;
+    // Both are HBONE workloads of the config (enrolled from it), so the
+    // connections between them travel in tunnels.
+    let dir = dataplane_tests::TempDir::new("enrleave")?;
+    let config = dataplane_tests::mesh::write_config(
+        dir.path(),
+        "mesh.yaml",
+        &[
+            dataplane_tests::mesh::WorkloadEntry::hbone(&leaving, "leaving", "node1"),
+            dataplane_tests::mesh::WorkloadEntry::hbone(&staying, "staying", "node1"),
+        ],
+    )?;
+    let config = config.display().to_string();
+    let ca = dir.path().join("ca").display().to_string();
+    let agent = Agent::start(
+        "enrleave",
+        &node,
+        &["--config", &config, "--node", "node1", "--ca-dir", &ca],
+    )?;
+    anyhow::ensure!(agent.call(&Request::List)?.pods.len() == 2);
+    let _in_leaving = holding_server(&leaving, 9000)?;
+    let _in_staying = holding_server(&staying, 9000)?;
+    let to = |pod: &Pod| SocketAddr::new(pod.ip4.into(), 9000).to_string();
+
+    // One held connection each way: the leaving pod's outbound tunnel
+    // (over its pooled HBONE connection) and an inbound HBONE stream into it.
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let (out_dst, in_dst) = (to(&staying), to(&leaving));
+        let (leaving, staying) = (&leaving, &staying);
+        let outbound = scope.spawn(move || stream(leaving, &["hold", &out_dst, "25"]));
+        let inbound = scope.spawn(move || stream(staying, &["hold", &in_dst, "25"]));
+        wait_until("both connections open on both legs", || {
+            Ok(agent.status()?.connections_open >= 4)
+        })?;
+        // Its pooled connection out and the one served in.
+        assert_eq!(hbone_connections(&leaving)?, 2);
+        let closed_before = sum(&scrape(&agent)?, "istio_tcp_connections_closed_total");
+
+        let removed = agent.call(&Request::Remove {
+            uid: Some("uid-leaving".into()),
+            netns: None,
+        })?;
+        anyhow::ensure!(removed.removed == Some(true), "{removed:?}");
+
+        // Both applications see their connection end well before the
+        // 25 s they would otherwise wait.
+        for (what, client) in [("outbound", outbound), ("inbound", inbound)] {
+            let seen = client
+                .join()
+                .map_err(|_| anyhow::anyhow!("{what} client panicked"))??;
+            assert_eq!(seen, "closed", "{what} connection outlived the pod");
+        }
+        wait_until("every leg to close", || {
+            Ok(agent.status()?.connections_open == 0)
+        })?;
+        // Each of the four legs wrote its record.
+        let closed = sum(&scrape(&agent)?, "istio_tcp_connections_closed_total") - closed_before;
+        assert_eq!(closed, 4.0, "one closed record per leg");
+        Ok(())
+    })?;
+    // No HBONE connection of the departed pod is left, pooled or served.
+    wait_until("the pod's HBONE connections to close", || {
+        Ok(hbone_connections(&leaving)? == 0)
+    })?;
+    Ok(())
+}

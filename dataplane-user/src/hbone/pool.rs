@@ -107,6 +107,9 @@ struct Pooled {
     streams: Arc<AtomicUsize>,
     alive: Arc<AtomicBool>,
     last_used: Mutex<Instant>,
+    /// The connection's driver and keepalive tasks, aborted by
+    /// [`HbonePool::close`].
+    tasks: Vec<tokio::task::AbortHandle>,
 }
 
 /// A tunnel stream checked out of the pool; the stream slot is returned to
@@ -264,14 +267,15 @@ impl<D: Dialer> HbonePool<D> {
         let alive = Arc::new(AtomicBool::new(true));
         let ping_pong = connection.ping_pong();
         let driver_alive = Arc::clone(&alive);
-        tokio::spawn(async move {
+        let driver = tokio::spawn(async move {
             if let Err(err) = connection.await {
                 debug!(peer = %addr, error = %err, "HBONE connection ended");
             }
             driver_alive.store(false, Ordering::Release);
         });
+        let mut tasks = vec![driver.abort_handle()];
         if let Some(ping_pong) = ping_pong {
-            tokio::spawn(keepalive(ping_pong, Arc::clone(&alive)));
+            tasks.push(tokio::spawn(keepalive(ping_pong, Arc::clone(&alive))).abort_handle());
         }
         tracing::info!(peer = %addr, dst_identity = %key.dst_identity, "HBONE connection established");
         Ok(Arc::new(Pooled {
@@ -279,7 +283,26 @@ impl<D: Dialer> HbonePool<D> {
             streams: Arc::new(AtomicUsize::new(0)),
             alive,
             last_used: Mutex::new(Instant::now()),
+            tasks,
         }))
+    }
+
+    /// Closes every pooled connection at once (their streams end with
+    /// them) and forgets the dial locks: the pod that owned the pool left.
+    /// Returns how many connections were closed.
+    pub fn close(&self) -> usize {
+        let closed: Vec<Arc<Pooled>> = lock(&self.conns)
+            .drain()
+            .flat_map(|(_, list)| list)
+            .collect();
+        for pooled in &closed {
+            pooled.alive.store(false, Ordering::Release);
+            for task in &pooled.tasks {
+                task.abort();
+            }
+        }
+        lock(&self.dial_locks).clear();
+        closed.len()
     }
 
     /// Drops connections with no open stream that were idle longer than
@@ -303,7 +326,16 @@ impl<D: Dialer> HbonePool<D> {
             });
         }
         conns.retain(|_, list| !list.is_empty());
+        // A dial lock nobody waits on, for a key with no connection, is
+        // only memory: destinations come and go.
+        lock(&self.dial_locks)
+            .retain(|key, dial| Arc::strong_count(dial) > 1 || conns.contains_key(key));
         evicted
+    }
+
+    /// Dial locks held (one per destination being or recently dialled).
+    pub fn dial_locks(&self) -> usize {
+        lock(&self.dial_locks).len()
     }
 
     /// Open pooled connections.
@@ -311,11 +343,11 @@ impl<D: Dialer> HbonePool<D> {
         lock(&self.conns).values().map(Vec::len).sum()
     }
 
-    /// Runs idle eviction until the returned task is aborted.
-    pub fn spawn_eviction(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+    /// Runs idle eviction until dropped (or the pool is gone).
+    pub fn eviction(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
         let pool = Arc::downgrade(self);
         let period = (self.idle_timeout / 2).max(Duration::from_millis(100));
-        tokio::spawn(async move {
+        async move {
             let mut ticker = tokio::time::interval(period);
             loop {
                 ticker.tick().await;
@@ -326,7 +358,7 @@ impl<D: Dialer> HbonePool<D> {
                     None => return,
                 }
             }
-        })
+        }
     }
 }
 

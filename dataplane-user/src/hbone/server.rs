@@ -102,17 +102,26 @@ where
     if draining {
         conn.graceful_shutdown();
     }
+    // The streams belong to the connection's task: when it is dropped (the
+    // pod leaves, the drain deadline passes) they end with it.
+    let mut streams = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
             accepted = conn.accept() => match accepted {
                 Some(Ok((request, respond))) => {
                     let ctx = Arc::clone(&ctx);
                     let span = info_span!("hbone_in", src = %canonical(ctx.peer), peer_identity = ctx.peer_identity.as_ref().map_or("-", Identity::as_uri));
-                    tokio::spawn(handle_stream(request, respond, ctx).instrument(span));
+                    streams.spawn(handle_stream(request, respond, ctx).instrument(span));
                 }
                 Some(Err(err)) => return Err(err),
-                None => return Ok(()),
+                None => {
+                    // The connection is closed; streams still relaying
+                    // what they received finish first.
+                    while streams.join_next().await.is_some() {}
+                    return Ok(());
+                }
             },
+            Some(_) = streams.join_next(), if !streams.is_empty() => {}
             changed = shutdown.changed(), if !draining => {
                 if changed.is_err() || *shutdown.borrow() {
                     draining = true;

@@ -308,6 +308,26 @@ async fn idle_connections_are_evicted() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(pool.evict_idle(), 1);
     assert_eq!(pool.connections(), 0);
+    // The destination's dial lock goes with its last connection.
+    assert_eq!(pool.dial_locks(), 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn closing_the_pool_ends_its_connections_and_their_streams() -> anyhow::Result<()> {
+    let (server, _stop) = hbone_server().await?;
+    let app = echo_app().await?;
+    let pool = HbonePool::new(TcpDialer, Duration::from_secs(30));
+    let mut tunnel = open(&pool, server, &app.to_string()).await?;
+    assert_eq!((pool.connections(), pool.dial_locks()), (1, 1));
+    assert_eq!(pool.close(), 1);
+    assert_eq!((pool.connections(), pool.dial_locks()), (0, 0));
+    // The open stream ends with its connection instead of waiting on it.
+    let ended = tokio::time::timeout(Duration::from_secs(10), tunnel.recv.data()).await?;
+    assert!(
+        !matches!(ended, Some(Ok(_))),
+        "a stream of a closed connection still delivered data"
+    );
     Ok(())
 }
 

@@ -6,11 +6,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, task::JoinSet};
 use tokio_rustls::TlsAcceptor;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::{PodContext, accept};
+use super::{PodContext, accept, finish, reap};
 use crate::{
     addr::canonical,
     hbone::{self, ServerContext},
@@ -27,12 +27,14 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
     let acceptor = TlsAcceptor::from(Arc::clone(&ctx.server_tls));
     let mut shutdown = ctx.mesh.shutdown.clone();
-    // Open HBONE connections drain on their own (GOAWAY).
+    // Owned here, not detached: stopping the pod ends them. Open HBONE
+    // connections drain on their own (GOAWAY).
+    let mut connections = JoinSet::new();
     while let Some((stream, peer)) = accept(&listener, &mut shutdown, "hbone").await {
         let acceptor = acceptor.clone();
         let ctx = Arc::clone(&ctx);
         let span = info_span!("hbone_conn", pod = %ctx.identity.name, src = %canonical(peer));
-        tokio::spawn(
+        connections.spawn(
             async move {
                 let local = match stream.local_addr() {
                     Ok(local) => local,
@@ -86,5 +88,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
             }
             .instrument(span),
         );
+        reap(&mut connections);
     }
+    finish(listener, connections).await;
 }

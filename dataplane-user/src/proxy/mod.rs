@@ -203,6 +203,9 @@ impl PodListeners {
 #[derive(Debug)]
 pub struct PodEngine {
     tasks: JoinSet<()>,
+    /// Closed with the pod: its connections would otherwise live on in
+    /// their own tasks.
+    pool: Arc<crate::hbone::HbonePool<PodTlsDialer>>,
 }
 
 impl PodEngine {
@@ -241,25 +244,29 @@ impl PodEngine {
             to_tokio(listeners.hbone)?,
             Arc::clone(&ctx),
         ));
-        let eviction = ctx.pool.spawn_eviction();
-        tasks.spawn(async move {
-            // Ties the eviction task's life to the pod's.
-            let _ = eviction.await;
-        });
+        tasks.spawn(ctx.pool.eviction());
         info!(pod = %ctx.identity.name, namespace = %ctx.identity.namespace, "in-pod listeners serving");
-        Ok(Self { tasks })
+        Ok(Self {
+            tasks,
+            pool: Arc::clone(&ctx.pool),
+        })
     }
 
-    /// Closes every listener and connection of the pod.
-    pub fn stop(mut self) {
-        self.tasks.abort_all();
+    /// Closes every listener and connection of the pod: accepted ones,
+    /// inbound HBONE connections with their streams, and the pooled
+    /// outbound HBONE connections. Each connection's access record says
+    /// the agent closed it.
+    pub fn stop(self) {
+        // Drop does it.
     }
 }
 
 impl Drop for PodEngine {
     fn drop(&mut self) {
-        if !self.tasks.is_empty() {
-            self.tasks.abort_all();
+        self.tasks.abort_all();
+        let closed = self.pool.close();
+        if closed > 0 {
+            debug!(connections = closed, "pooled HBONE connections closed");
         }
     }
 }
