@@ -315,7 +315,7 @@ fn a_pod_that_leaves_takes_its_tunnels_and_pooled_connections_with_it() -> anyho
             Ok(agent.status()?.connections_open >= 4)
         })?;
         // Its pooled connection out and the one served in.
-        assert_eq!(hbone_connections(&leaving)?, 2);
+        assert_eq!(hbone_connections(leaving)?, 2);
         let closed_before = sum(&scrape(&agent)?, "istio_tcp_connections_closed_total");
 
         let removed = agent.call(&Request::Remove {
