@@ -13,8 +13,10 @@
 //! authorized by address. [`addr`] says how addresses compare.
 //!
 //! Around it: [`enroll`] puts pods in the mesh (listeners, kernel maps,
-//! certificate), [`control`] takes requests for it on a local socket,
-//! [`reload`] applies config changes, [`agent`] runs it all.
+//! certificate) from one actor thread that owns the pods and the kernel
+//! programs; [`control`] (the local socket), [`reload`] (config changes),
+//! [`kube`] (the Kubernetes reconciler) and start-up send it commands;
+//! [`instance`] keeps one agent per instance; [`agent`] runs it all.
 #![deny(missing_docs)]
 
 pub mod addr;
