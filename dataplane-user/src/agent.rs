@@ -184,7 +184,10 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     readiness.done(Step::Certificates);
     mesh.metrics.register_collector(Box::new(StateCollector {
         pins: kernel.as_ref().map(|_| pins.clone()),
-        pods: enroller.view(),
+        enrolled_pods: {
+            let view = enroller.view();
+            Box::new(move || view.snapshot().pods.len())
+        },
         certs: Arc::clone(&mesh.certs),
     }));
     // With --kube, this node's pods that opted in are enrolled (and those

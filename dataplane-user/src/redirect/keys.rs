@@ -17,11 +17,7 @@ pub(crate) fn addr16(ip: IpAddr) -> IpAddr16 {
 
 /// The address a map key holds, IPv4-mapped addresses as IPv4.
 pub(crate) fn ip_of(addr: &IpAddr16) -> IpAddr {
-    let v6 = Ipv6Addr::from(addr.octets());
-    match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
-    }
+    IpAddr::V6(Ipv6Addr::from(addr.octets())).to_canonical()
 }
 
 /// Prefix length and data of the `OUT_EXCL_CIDRS` key for `net` in the

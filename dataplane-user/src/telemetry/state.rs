@@ -10,7 +10,7 @@ use prometheus_client::{
 };
 
 use super::process::gauge;
-use crate::{enroll::PodsView, identity::CertStore, redirect::PinLayout};
+use crate::{identity::CertStore, redirect::PinLayout};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EventLabels {
@@ -27,8 +27,9 @@ struct IdentityLabels {
 pub struct StateCollector {
     /// The instance's pins; `None` under iptables capture (no programs).
     pub pins: Option<PinLayout>,
-    /// The enrolled pods.
-    pub pods: PodsView,
+    /// How many pods are enrolled now (a function, so that telemetry
+    /// knows nothing of enrollment).
+    pub enrolled_pods: Box<dyn Fn() -> usize + Send + Sync>,
     /// The workload certificates.
     pub certs: Arc<CertStore>,
 }
@@ -57,7 +58,7 @@ impl Collector for StateCollector {
                 ConstCounter::new(c.value).encode(family.encode_family(&labels)?)?;
             }
         }
-        let pods = self.pods.snapshot().pods.len();
+        let pods = (self.enrolled_pods)();
         gauge(
             &mut encoder,
             "dataplane_enrolled_pods",
