@@ -13,7 +13,7 @@ use dataplane_user::{
     control::{self, Request, Response},
     enroll::PodSpec,
     inspect::{Endpoints, StatusReport},
-    redirect::{CounterValue, PinLayout, read_counters},
+    redirect::PinLayout,
 };
 
 use crate::{BpffsDir, TempDir, agent_binary, topology::Node};
@@ -165,13 +165,9 @@ impl Agent {
         self.bpffs.path()
     }
 
-    /// The kernel counters of this instance.
+    /// One kernel counter of this instance.
     pub fn counter(&self, name: &str) -> anyhow::Result<u64> {
-        read_counters(&PinLayout::new(self.bpffs.path(), &self.instance))?
-            .into_iter()
-            .find(|c: &CounterValue| c.name == name)
-            .map(|c| c.value)
-            .ok_or_else(|| anyhow::anyhow!("no counter {name}"))
+        crate::counters::one(&PinLayout::new(self.bpffs.path(), &self.instance), name)
     }
 
     /// SIGKILLs the agent (no cleanup runs), as a crash would.
