@@ -12,7 +12,7 @@ use std::{
 use dataplane_user::{
     control::{self, Request, Response},
     enroll::PodSpec,
-    inspect::{Endpoints, StatusReport},
+    inspect::{CertInfo, Endpoints, StatusReport},
     redirect::PinLayout,
 };
 
@@ -91,6 +91,22 @@ impl Agent {
         let response = self.call(&Request::Status)?;
         anyhow::ensure!(response.ok, "status refused: {:?}", response.error);
         Ok(serde_json::from_value(response.report.unwrap_or_default())?)
+    }
+
+    /// The workload certificates it holds (`dataplane certs --json`).
+    pub fn certs(&self) -> anyhow::Result<Vec<CertInfo>> {
+        let response = self.call(&Request::Certs)?;
+        anyhow::ensure!(response.ok, "certs refused: {:?}", response.error);
+        Ok(serde_json::from_value(response.report.unwrap_or_default())?)
+    }
+
+    /// Whether the agent process has exited (on its own, e.g. after a
+    /// drain); [`Agent::stop`] then returns its exit code.
+    pub fn has_exited(&mut self) -> anyhow::Result<bool> {
+        match self.child.as_mut() {
+            Some(child) => Ok(child.try_wait()?.is_some()),
+            None => Ok(true),
+        }
     }
 
     /// Waits until the control socket answers.
@@ -190,6 +206,11 @@ impl Agent {
         let Some(mut child) = self.child.take() else {
             return Ok(None);
         };
+        // An agent that already exited (and was reaped by `has_exited`)
+        // no longer owns its pid: signal only a running one.
+        if let Some(status) = child.try_wait()? {
+            return Ok(status.code());
+        }
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + LIMIT;

@@ -138,7 +138,18 @@ fn a_pod_whose_netns_disappears_is_unenrolled() -> anyhow::Result<()> {
     wait_until("the agent to notice", || {
         Ok(agent.call(&Request::List)?.pods.is_empty())
     })?;
-    assert!(agent.log_text().contains("disappeared"));
+    // Status keeps the departed pod with the reason it went.
+    let status = agent.status()?;
+    let doomed = status
+        .pods
+        .iter()
+        .find(|p| p.uid == "uid-doomed")
+        .ok_or_else(|| anyhow::anyhow!("status lists no departed pod: {status:?}"))?;
+    assert!(!doomed.captured, "{doomed:?}");
+    assert!(
+        doomed.reason.contains("network namespace is gone"),
+        "{doomed:?}"
+    );
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use dataplane_tests::{
     Agent, TempDir,
-    mesh::{WorkloadEntry, addr, write_config},
+    mesh::{addr, config_of, hbone_workload, write_config},
     topology::Node,
     traffic::{echo, echo_server, holding_server, http, stream, wait_until},
 };
@@ -79,9 +79,7 @@ fn readiness_turns_503_draining_while_a_drain_is_in_progress() -> anyhow::Result
             .map_err(|_| anyhow::anyhow!("holder panicked"))?
     })?;
     assert_eq!(outcome, "closed", "the deadline closed the held connection");
-    wait_until("the agent to exit", || {
-        Ok(agent.log_text().contains("agent stopped"))
-    })?;
+    wait_until("the agent to exit", || agent.has_exited())?;
     let log = agent.log_text();
     assert_eq!(agent.stop()?, Some(0), "{log}");
     assert!(log.contains("/quitquitquit received, draining"), "{log}");
@@ -94,11 +92,11 @@ fn drain_finishes_a_64_mib_transfer_and_cuts_one_that_overruns() -> anyhow::Resu
     let client = node.add_pod("drmib")?;
     let local = node.add_pod("drmib")?;
     let dir = TempDir::new("drmib")?;
-    let workloads = [
-        WorkloadEntry::hbone(&client, "client", "node1"),
-        WorkloadEntry::hbone(&local, "local", "node1"),
+    let workloads = vec![
+        hbone_workload(&client, "client", "node1"),
+        hbone_workload(&local, "local", "node1"),
     ];
-    let config = write_config(dir.path(), "mesh.yaml", &workloads)?;
+    let config = write_config(dir.path(), "mesh.yaml", &config_of(workloads))?;
     let start = |drain: &str| {
         let (config, ca) = (config.display(), dir.path().join("ca"));
         let (config, ca) = (config.to_string(), ca.display().to_string());
