@@ -6,6 +6,10 @@
 //! Topology: one or two simulated nodes (network namespaces with a bridge,
 //! pods wired to it, each pod in its own cgroup under its node's), one agent
 //! per node attached to the node's cgroup.
+//!
+//! State comes from the agent's status, control socket and kernel counters;
+//! only access records (log target `access`) are matched as log text,
+//! because operators consume those lines: their text is the product.
 
 use std::{net::SocketAddr, process::Command};
 

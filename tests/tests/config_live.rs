@@ -3,6 +3,11 @@
 //! enforced on HBONE and plaintext inbound, edits apply without restart, a
 //! tightened policy closes an open connection it now denies, and a bad file
 //! never replaces the last good one.
+//!
+//! State comes from the agent's status, control socket and `/metrics`. Log
+//! text is matched for access records (log target `access`: operators
+//! consume those lines, so their text is the product) and for the service
+//! failover warning, which no JSON source reports.
 
 use std::net::SocketAddr;
 

@@ -7,6 +7,12 @@
 //! Topology: one simulated node whose pods `client` and `local` are HBONE
 //! workloads of a local config (or enrolled through the control socket), so
 //! one agent carries both legs of every connection.
+//!
+//! Open connections and readiness come from status and `/healthz/ready`.
+//! The drain's own progress lines (`/quitquitquit received`, `drained`,
+//! `drain deadline passed`, the open count at the start) are matched as log
+//! text because no JSON source reports them; access records (log target
+//! `access`) because operators consume those lines.
 
 use std::time::{Duration, Instant};
 
@@ -22,10 +28,7 @@ const MIB: usize = 1024 * 1024;
 
 /// Connections the agent has open now (both directions), from its status.
 fn open_connections(agent: &Agent) -> anyhow::Result<i64> {
-    let report = agent.call(&Request::Status)?.report.unwrap_or_default();
-    report["connectionsOpen"]
-        .as_i64()
-        .ok_or_else(|| anyhow::anyhow!("no connectionsOpen in {report}"))
+    Ok(agent.status()?.connections_open)
 }
 
 /// `open_connections=N` of the agent's "draining: listeners closed" line.

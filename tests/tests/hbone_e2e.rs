@@ -2,6 +2,12 @@
 //! from a shared local config (standalone mode), one built-in CA. Captured
 //! connections to mesh workloads travel in mutual-TLS HTTP/2 CONNECT tunnels;
 //! identities, trust domains and CAs are enforced in the handshake.
+//!
+//! Certificates and carriage come from the agents' certificate lists and
+//! `/metrics`. Access records (log target `access`) are matched as log text
+//! because operators consume those lines: their text is the product; so is
+//! the pool's `HBONE connection established` line, the only report of a
+//! handshake.
 
 use std::{collections::HashSet, net::SocketAddr};
 

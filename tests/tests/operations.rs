@@ -9,6 +9,9 @@
 //! agent each and a shared CA; node1 has `client` and `local`, node2 has
 //! `remote` (all HBONE) and `plain` (not in the mesh). Servers answer with
 //! the request twice, so that the two byte directions cannot be confused.
+//!
+//! Access records (log target `access`) and the log level switch are
+//! asserted on log text: those lines are what operators consume.
 
 use std::{
     net::{IpAddr, SocketAddr, TcpListener, TcpStream},
@@ -423,10 +426,17 @@ fn admin_is_reachable_on_loopback_only() -> anyhow::Result<()> {
     agent.enroll(Agent::spec_for(&pod, "adm"))?;
     let admin = agent.admin_addr()?;
     assert!(admin.ip().is_loopback(), "{admin}");
-    let (status, body) = http(admin, "GET", "/config_dump")?;
-    assert_eq!(status, 200, "{body}");
-    let dump: Value = serde_json::from_str(&body)?;
-    entry(&dump, "/pods", "/spec/uid", "uid-adm")?;
+    // The enrollment actor answers an enrollment before it publishes the
+    // pod list that status and the dump read, so the pod can be missing
+    // from a dump taken at once: wait for it (bounded).
+    let (mut body, mut dump) = (String::new(), Value::Null);
+    wait_until("the dump to list the pod", || {
+        let (status, text) = http(admin, "GET", "/config_dump")?;
+        anyhow::ensure!(status == 200, "{text}");
+        dump = serde_json::from_str(&text)?;
+        body = text;
+        Ok(entry(&dump, "/pods", "/spec/uid", "uid-adm").is_ok())
+    })?;
     let cert = entry(&dump, "/certificates", "/identity", DEFAULT_ID)?;
     assert!(
         cert["expiresInSecs"].as_i64().is_some_and(|s| s > 0),
