@@ -55,6 +55,30 @@ impl Agent {
         Ok(agent)
     }
 
+    /// Starts an agent in standalone mode on `node`: it enrolls the pods
+    /// `config` places on `node_name` and takes certificates from the CA in
+    /// `ca` (generated on first start; agents of one mesh share it).
+    pub fn standalone(
+        tag: &str,
+        node: &Node,
+        node_name: &str,
+        config: &Path,
+        ca: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let (config, ca) = (config.display().to_string(), ca.display().to_string());
+        let mut args = vec![
+            "--config",
+            config.as_str(),
+            "--node",
+            node_name,
+            "--ca-dir",
+            ca.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        Self::start(tag, node, &args)
+    }
+
     fn spawn(&mut self) -> anyhow::Result<()> {
         let log = File::options().create(true).append(true).open(&self.log)?;
         let mut cmd = Command::new(agent_binary()?);
@@ -238,7 +262,7 @@ impl Agent {
         PodSpec {
             uid: format!("uid-{name}"),
             name: name.to_owned(),
-            namespace: "test".to_owned(),
+            namespace: crate::mesh::NAMESPACE.to_owned(),
             service_account: "default".to_owned(),
             trust_domain: "cluster.local".to_owned(),
             netns: PathBuf::from(netns),
@@ -253,7 +277,7 @@ impl Agent {
         PodSpec {
             uid: format!("uid-{name}"),
             name: name.to_owned(),
-            namespace: "test".to_owned(),
+            namespace: crate::mesh::NAMESPACE.to_owned(),
             service_account: "default".to_owned(),
             trust_domain: "cluster.local".to_owned(),
             netns: pod.netns.path().to_path_buf(),

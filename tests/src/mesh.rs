@@ -236,18 +236,8 @@ impl TwoNodes {
         extra: &[&str],
     ) -> anyhow::Result<crate::Agent> {
         let node = if n == 1 { &self.n1 } else { &self.n2 };
-        let (config, ca) = (config.display().to_string(), ca.display().to_string());
         let node_name = format!("node{n}");
-        let mut args = vec![
-            "--config",
-            config.as_str(),
-            "--node",
-            node_name.as_str(),
-            "--ca-dir",
-            ca.as_str(),
-        ];
-        args.extend_from_slice(extra);
-        crate::Agent::start(&format!("{tag}{n}"), node, &args)
+        crate::Agent::standalone(&format!("{tag}{n}"), node, &node_name, config, ca, extra)
     }
 }
 

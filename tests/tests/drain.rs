@@ -100,14 +100,15 @@ fn drain_finishes_a_64_mib_transfer_and_cuts_one_that_overruns() -> anyhow::Resu
         hbone_workload(&local, "local", "node1"),
     ];
     let config = write_config(dir.path(), "mesh.yaml", &config_of(workloads))?;
+    let ca = dir.path().join("ca");
     let start = |drain: &str| {
-        let (config, ca) = (config.display(), dir.path().join("ca"));
-        let (config, ca) = (config.to_string(), ca.display().to_string());
-        let args = ["--config", &config, "--node", "node1", "--ca-dir", &ca];
-        Agent::start(
+        Agent::standalone(
             "drmib",
             &node,
-            &[&args[..], &["--drain-timeout", drain][..]].concat(),
+            "node1",
+            &config,
+            &ca,
+            &["--drain-timeout", drain],
         )
     };
     let _echo = echo_server(&local, 9000)?;

@@ -120,32 +120,12 @@ fn run(keep: bool) -> anyhow::Result<bool> {
     };
     let config = write_config(dir.path(), "mesh.yaml", &config)?;
     let ca = dir.path().join("ca");
-    let args = |node: &str| {
-        vec![
-            "--config".to_owned(),
-            config.display().to_string(),
-            "--node".to_owned(),
-            node.to_owned(),
-            "--ca-dir".to_owned(),
-            ca.display().to_string(),
-        ]
-    };
     println!(
         "Starting one agent per node (config: {})...",
         config.display()
     );
-    let a1_args = args("node1");
-    let a2_args = args("node2");
-    let a1 = Agent::start(
-        "demo1",
-        &n1,
-        &a1_args.iter().map(String::as_str).collect::<Vec<_>>(),
-    )?;
-    let a2 = Agent::start(
-        "demo2",
-        &n2,
-        &a2_args.iter().map(String::as_str).collect::<Vec<_>>(),
-    )?;
+    let a1 = Agent::standalone("demo1", &n1, "node1", &config, &ca, &[])?;
+    let a2 = Agent::standalone("demo2", &n2, "node2", &config, &ca, &[])?;
 
     let _s1 = echo_server(&server1, 9000)?;
     let _s2 = echo_server(&server2, 9000)?;
