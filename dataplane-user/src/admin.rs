@@ -19,9 +19,6 @@ use crate::{
     logging,
 };
 
-/// Port of the admin endpoint (Istio's).
-pub const ADMIN_PORT: u16 = 15000;
-
 /// Serves the admin endpoint until the task is dropped; `/quitquitquit`
 /// notifies `quit`.
 pub async fn serve(listener: TcpListener, view: Arc<AgentView>, quit: Arc<Notify>) {

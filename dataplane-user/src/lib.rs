@@ -2,25 +2,25 @@
 //!
 //! The path of one outbound connection, by module: [`redirect`] (the
 //! kernel's `connect4` program steers it to the pod's listener and records
-//! where it was going) -> [`proxy::outbound`] (reads the record through
-//! [`proxy::orig_dst`]; [`proxy::outbound::plan()`] decides from the
-//! [`state`] in force, held by [`mesh`]) -> [`hbone::pool`] (a pooled
-//! mutual-TLS HTTP/2 connection, dialled by [`proxy`]'s TLS dialer with
-//! [`tls`] and [`identity`]) -> [`relay`] (bytes both ways, counted by
-//! [`telemetry`]) -> on the peer's node, [`proxy::inbound_hbone`] ->
+//! where it was going) -> `proxy::outbound` (reads the record through
+//! `proxy::orig_dst`; `proxy::outbound::plan()` decides from the
+//! [`state`] in force, held by `mesh`) -> [`hbone::pool`] (a pooled
+//! mutual-TLS HTTP/2 connection, dialled by `proxy`'s TLS dialer with
+//! [`tls`] and [`identity`]) -> `relay` (bytes both ways, counted by
+//! [`telemetry`]) -> on the peer's node, `proxy::inbound_hbone` ->
 //! [`hbone::server`] -> [`policy`] (decides, and re-checks while open) ->
-//! [`relay`] -> the app. Plaintext arrives at [`proxy::inbound`] and is
-//! authorized by address. [`addr`] says how addresses compare.
+//! `relay` -> the app. Plaintext arrives at `proxy::inbound` and is
+//! authorized by address. `addr` says how addresses compare.
 //!
 //! Around it: [`enroll`] puts pods in the mesh (listeners, kernel maps,
 //! certificate) from one actor thread that owns the pods and the kernel
-//! programs; [`control`] (the local socket), [`reload`] (config changes),
+//! programs; [`control`] (the local socket), `reload` (config changes),
 //! [`kube`] (the Kubernetes reconciler) and start-up send it commands;
-//! [`instance`] keeps one agent per instance; [`agent`] runs it all.
+//! `instance` keeps one agent per instance; [`agent`] runs it all.
 #![deny(missing_docs)]
 
-pub mod addr;
-pub mod admin;
+pub(crate) mod addr;
+pub(crate) mod admin;
 pub mod agent;
 pub(crate) mod bpf_syscall;
 pub mod cli;
@@ -30,21 +30,21 @@ pub mod control;
 pub mod enroll;
 pub mod features;
 pub mod hbone;
-pub mod httpd;
+pub(crate) mod httpd;
 pub mod identity;
 pub mod inspect;
-pub mod instance;
+pub(crate) mod instance;
 pub mod kube;
 pub mod logging;
-pub mod mesh;
+pub(crate) mod mesh;
 pub mod netns;
 pub mod policy;
 pub mod preflight;
-pub mod proxy;
-pub mod readiness;
+pub(crate) mod proxy;
+pub(crate) mod readiness;
 pub mod redirect;
-pub mod relay;
-pub mod reload;
+pub(crate) mod relay;
+pub(crate) mod reload;
 pub mod render;
 pub mod state;
 pub mod telemetry;

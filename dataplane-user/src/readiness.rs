@@ -16,9 +16,6 @@ use tokio::net::TcpListener;
 
 use crate::httpd::{self, Handler, Reply};
 
-/// Port of the readiness endpoint (Istio's).
-pub const READINESS_PORT: u16 = 15021;
-
 /// What start-up has completed.
 #[derive(Debug, Default)]
 pub struct Readiness {

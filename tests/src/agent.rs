@@ -12,8 +12,8 @@ use std::{
 use dataplane_user::{
     control::{self, Request, Response},
     enroll::PodSpec,
-    inspect::{Endpoints, StatusReport},
-    redirect::{CounterValue, PinLayout, read_counters},
+    inspect::{CertInfo, Endpoints, StatusReport},
+    redirect::PinLayout,
 };
 
 use crate::{BpffsDir, TempDir, agent_binary, topology::Node};
@@ -55,6 +55,30 @@ impl Agent {
         Ok(agent)
     }
 
+    /// Starts an agent in standalone mode on `node`: it enrolls the pods
+    /// `config` places on `node_name` and takes certificates from the CA in
+    /// `ca` (generated on first start; agents of one mesh share it).
+    pub fn standalone(
+        tag: &str,
+        node: &Node,
+        node_name: &str,
+        config: &Path,
+        ca: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let (config, ca) = (config.display().to_string(), ca.display().to_string());
+        let mut args = vec![
+            "--config",
+            config.as_str(),
+            "--node",
+            node_name,
+            "--ca-dir",
+            ca.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        Self::start(tag, node, &args)
+    }
+
     fn spawn(&mut self) -> anyhow::Result<()> {
         let log = File::options().create(true).append(true).open(&self.log)?;
         let mut cmd = Command::new(agent_binary()?);
@@ -91,6 +115,22 @@ impl Agent {
         let response = self.call(&Request::Status)?;
         anyhow::ensure!(response.ok, "status refused: {:?}", response.error);
         Ok(serde_json::from_value(response.report.unwrap_or_default())?)
+    }
+
+    /// The workload certificates it holds (`dataplane certs --json`).
+    pub fn certs(&self) -> anyhow::Result<Vec<CertInfo>> {
+        let response = self.call(&Request::Certs)?;
+        anyhow::ensure!(response.ok, "certs refused: {:?}", response.error);
+        Ok(serde_json::from_value(response.report.unwrap_or_default())?)
+    }
+
+    /// Whether the agent process has exited (on its own, e.g. after a
+    /// drain); [`Agent::stop`] then returns its exit code.
+    pub fn has_exited(&mut self) -> anyhow::Result<bool> {
+        match self.child.as_mut() {
+            Some(child) => Ok(child.try_wait()?.is_some()),
+            None => Ok(true),
+        }
     }
 
     /// Waits until the control socket answers.
@@ -165,13 +205,9 @@ impl Agent {
         self.bpffs.path()
     }
 
-    /// The kernel counters of this instance.
+    /// One kernel counter of this instance.
     pub fn counter(&self, name: &str) -> anyhow::Result<u64> {
-        read_counters(&PinLayout::new(self.bpffs.path(), &self.instance))?
-            .into_iter()
-            .find(|c: &CounterValue| c.name == name)
-            .map(|c| c.value)
-            .ok_or_else(|| anyhow::anyhow!("no counter {name}"))
+        crate::counters::one(&PinLayout::new(self.bpffs.path(), &self.instance), name)
     }
 
     /// SIGKILLs the agent (no cleanup runs), as a crash would.
@@ -194,6 +230,11 @@ impl Agent {
         let Some(mut child) = self.child.take() else {
             return Ok(None);
         };
+        // An agent that already exited (and was reaped by `has_exited`)
+        // no longer owns its pid: signal only a running one.
+        if let Some(status) = child.try_wait()? {
+            return Ok(status.code());
+        }
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + LIMIT;
@@ -221,7 +262,7 @@ impl Agent {
         PodSpec {
             uid: format!("uid-{name}"),
             name: name.to_owned(),
-            namespace: "test".to_owned(),
+            namespace: crate::mesh::NAMESPACE.to_owned(),
             service_account: "default".to_owned(),
             trust_domain: "cluster.local".to_owned(),
             netns: PathBuf::from(netns),
@@ -236,7 +277,7 @@ impl Agent {
         PodSpec {
             uid: format!("uid-{name}"),
             name: name.to_owned(),
-            namespace: "test".to_owned(),
+            namespace: crate::mesh::NAMESPACE.to_owned(),
             service_account: "default".to_owned(),
             trust_domain: "cluster.local".to_owned(),
             netns: pod.netns.path().to_path_buf(),

@@ -1,80 +1,112 @@
-//! Local mesh configuration files for tests: the workloads of the simulated
-//! nodes' pods, in the agent's config format.
+//! Local mesh configuration files for tests: the simulated nodes' pods as
+//! the agent's own config types ([`LocalConfig`], [`Workload`], [`Service`],
+//! [`Policy`]), serialized to the YAML file the agent reads, so a test's
+//! config always has the shape the agent parses. (Tests of malformed files
+//! write their raw text themselves.)
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use dataplane_user::config::{
+    Action, LoadBalancing, LocalConfig, Match, Policy, Protocol, Scope, Service, Workload,
+};
 
 use crate::topology::Pod;
 
-/// One workload entry.
-#[derive(Debug, Clone)]
-pub struct WorkloadEntry {
-    /// Workload uid and name.
-    pub name: String,
-    /// Service account (the identity's last part).
-    pub service_account: String,
-    /// Node name (`node1`, ...).
-    pub node: String,
-    /// Pod IPs.
-    pub ips: Vec<String>,
-    /// The pod's netns, so the node's agent enrolls it at start.
-    pub netns: Option<PathBuf>,
-    /// `HBONE` or `TCP`.
-    pub protocol: &'static str,
-    /// Extra YAML lines for this entry (e.g. `  services: {...}\n`).
-    pub extra: String,
-}
+/// The Kubernetes namespace of every test workload.
+pub const NAMESPACE: &str = "test";
 
-impl WorkloadEntry {
-    /// An HBONE workload for `pod` on `node`, enrolled at start.
-    pub fn hbone(pod: &Pod, name: &str, node: &str) -> Self {
-        Self {
-            name: name.to_owned(),
-            service_account: name.to_owned(),
-            node: node.to_owned(),
-            ips: vec![pod.ip4.to_string(), pod.ip6.to_string()],
-            netns: Some(pod.netns.path().to_path_buf()),
-            protocol: "HBONE",
-            extra: String::new(),
-        }
+/// An HBONE workload `name` (uid `uid-<name>`, service account `name`) for
+/// `pod` on `node`, enrolled at start by that node's agent.
+pub fn hbone_workload(pod: &Pod, name: &str, node: &str) -> Workload {
+    Workload {
+        uid: format!("uid-{name}"),
+        name: name.to_owned(),
+        namespace: NAMESPACE.to_owned(),
+        service_account: name.to_owned(),
+        trust_domain: "cluster.local".to_owned(),
+        workload_ips: vec![pod.ip4.into(), pod.ip6.into()],
+        protocol: Protocol::Hbone,
+        node: node.to_owned(),
+        netns: Some(pod.netns.path().to_path_buf()),
+        services: BTreeMap::new(),
+        authorization_policies: Vec::new(),
     }
 }
 
-/// Writes a config with `workloads` and no services or policies to
-/// `<dir>/<file>` and returns its path.
-pub fn write_config(
-    dir: &Path,
-    file: &str,
-    workloads: &[WorkloadEntry],
-) -> anyhow::Result<PathBuf> {
-    write_config_with(dir, file, workloads, "services: []\npolicies: []\n")
+/// Service `name` in `namespace` (hostname `<name>.<namespace>.svc.cluster.local`)
+/// on `vip`, with `ports` (service port, target port).
+pub fn service(name: &str, namespace: &str, vip: IpAddr, ports: &[(u16, u16)]) -> Service {
+    Service {
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+        hostname: format!("{name}.{namespace}.svc.cluster.local"),
+        vips: vec![vip],
+        ports: ports.iter().copied().collect(),
+        subject_alt_names: Vec::new(),
+        load_balancing: LoadBalancing::default(),
+    }
 }
 
-/// Writes a config with `workloads` followed by `rest` (the `services:`
-/// and `policies:` sections, as YAML) and returns its path. The file is
-/// replaced atomically, as a config management tool would.
-pub fn write_config_with(
-    dir: &Path,
-    file: &str,
-    workloads: &[WorkloadEntry],
-    rest: &str,
-) -> anyhow::Result<PathBuf> {
-    let mut text = String::from("workloads:\n");
-    for w in workloads {
-        let ips: Vec<String> = w.ips.iter().map(|ip| format!("'{ip}'")).collect();
-        text.push_str(&format!(
-            "- uid: uid-{name}\n  name: {name}\n  namespace: test\n  serviceAccount: {sa}\n  node: {node}\n  protocol: {proto}\n  workloadIps: [{ips}]\n",
-            name = w.name,
-            sa = w.service_account,
-            node = w.node,
-            proto = w.protocol,
-            ips = ips.join(", "),
-        ));
-        if let Some(netns) = &w.netns {
-            text.push_str(&format!("  netns: {}\n", netns.display()));
-        }
-        text.push_str(&w.extra);
+/// Makes `workload` an endpoint of `service`, on the service's own port
+/// mapping.
+pub fn endpoint_of(workload: &mut Workload, service: &Service) {
+    workload
+        .services
+        .insert(service.key(), service.ports.clone());
+}
+
+/// A policy in `namespace` with one rule of one clause of one match.
+pub fn policy(name: &str, namespace: &str, scope: Scope, action: Action, only: Match) -> Policy {
+    Policy {
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+        scope,
+        action,
+        rules: vec![vec![vec![only]]],
+        dry_run: false,
     }
-    text.push_str(rest);
+}
+
+/// A match on destination ports.
+pub fn to_ports(ports: &[u16]) -> Match {
+    Match {
+        destination_ports: ports.to_vec(),
+        ..Match::default()
+    }
+}
+
+/// A config with `workloads` and no services or policies.
+pub fn config_of(workloads: Vec<Workload>) -> LocalConfig {
+    LocalConfig {
+        workloads,
+        ..LocalConfig::default()
+    }
+}
+
+/// `config` as the YAML file the agent reads.
+pub fn to_yaml(config: &LocalConfig) -> anyhow::Result<String> {
+    let mut value = serde_yaml_ng::to_value(config)?;
+    // `origin` records where a parsed config was read from; a file has no
+    // such field (the agent refuses unknown fields).
+    if let Some(map) = value.as_mapping_mut() {
+        map.remove("origin");
+    }
+    Ok(serde_yaml_ng::to_string(&value)?)
+}
+
+/// Writes `config` to `<dir>/<file>` and returns its path.
+pub fn write_config(dir: &Path, file: &str, config: &LocalConfig) -> anyhow::Result<PathBuf> {
+    write_config_text(dir, file, &to_yaml(config)?)
+}
+
+/// Writes `text` to `<dir>/<file>` and returns its path. The file is
+/// replaced atomically, as a config management tool would, so the agent
+/// never reads it half-written.
+pub fn write_config_text(dir: &Path, file: &str, text: &str) -> anyhow::Result<PathBuf> {
     let path = dir.join(file);
     let tmp = dir.join(format!(".{file}.tmp"));
     std::fs::write(&tmp, text)?;
@@ -123,18 +155,58 @@ impl TwoNodes {
 
     /// `client`, `local` and `remote` as HBONE workloads (`plain` is left
     /// out of the mesh).
-    pub fn workloads(&self) -> Vec<WorkloadEntry> {
+    pub fn workloads(&self) -> Vec<Workload> {
         vec![
-            WorkloadEntry::hbone(&self.client, "client", "node1"),
-            WorkloadEntry::hbone(&self.local, "local", "node1"),
-            WorkloadEntry::hbone(&self.remote, "remote", "node2"),
+            hbone_workload(&self.client, "client", "node1"),
+            hbone_workload(&self.local, "local", "node1"),
+            hbone_workload(&self.remote, "remote", "node2"),
         ]
     }
 
-    /// Writes [`TwoNodes::workloads`] as `mesh.yaml` with `rest` (services
-    /// and policies YAML) and returns its path.
-    pub fn config(&self, rest: &str) -> anyhow::Result<PathBuf> {
-        write_config_with(self.dir.path(), "mesh.yaml", &self.workloads(), rest)
+    /// [`TwoNodes::workloads`], no services, no policies.
+    pub fn mesh_config(&self) -> LocalConfig {
+        config_of(self.workloads())
+    }
+
+    /// [`TwoNodes::workloads`] where `local` and `remote` are endpoints of
+    /// the service `echo` (VIP [`ECHO_VIP`]:80 -> 9000); no policies.
+    pub fn echo_config(&self) -> LocalConfig {
+        let echo = service("echo", NAMESPACE, ECHO_VIP, &[(80, 9000)]);
+        let mut workloads = self.workloads();
+        for w in workloads.iter_mut().filter(|w| w.name != "client") {
+            endpoint_of(w, &echo);
+        }
+        LocalConfig {
+            workloads,
+            services: vec![echo],
+            ..LocalConfig::default()
+        }
+    }
+
+    /// Writes `config` as `mesh.yaml` in the world's directory and returns
+    /// its path.
+    pub fn write(&self, config: &LocalConfig) -> anyhow::Result<PathBuf> {
+        write_config(self.dir.path(), "mesh.yaml", config)
+    }
+
+    /// Writes [`TwoNodes::mesh_config`] as `mesh.yaml` and returns its
+    /// path.
+    pub fn config(&self) -> anyhow::Result<PathBuf> {
+        self.write(&self.mesh_config())
+    }
+
+    /// Writes `config` and starts both nodes' agents on it (instances
+    /// `<tag>1-agent`, `<tag>2-agent`) with the shared CA.
+    pub fn agents(
+        &self,
+        tag: &str,
+        config: &LocalConfig,
+    ) -> anyhow::Result<(crate::Agent, crate::Agent)> {
+        let path = self.write(config)?;
+        Ok((
+            self.agent(tag, 1, &path, &[])?,
+            self.agent(tag, 2, &path, &[])?,
+        ))
     }
 
     /// The CA directory every agent shares.
@@ -164,20 +236,13 @@ impl TwoNodes {
         extra: &[&str],
     ) -> anyhow::Result<crate::Agent> {
         let node = if n == 1 { &self.n1 } else { &self.n2 };
-        let (config, ca) = (config.display().to_string(), ca.display().to_string());
         let node_name = format!("node{n}");
-        let mut args = vec![
-            "--config",
-            config.as_str(),
-            "--node",
-            node_name.as_str(),
-            "--ca-dir",
-            ca.as_str(),
-        ];
-        args.extend_from_slice(extra);
-        crate::Agent::start(&format!("{tag}{n}"), node, &args)
+        crate::Agent::standalone(&format!("{tag}{n}"), node, &node_name, config, ca, extra)
     }
 }
+
+/// The `echo` service's VIP in [`TwoNodes::echo_config`].
+pub const ECHO_VIP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 96, 0, 10));
 
 /// `pod`'s IPv4 address with `port`.
 pub fn addr(pod: &Pod, port: u16) -> std::net::SocketAddr {

@@ -3,67 +3,48 @@
 //! enforced on HBONE and plaintext inbound, edits apply without restart, a
 //! tightened policy closes an open connection it now denies, and a bad file
 //! never replaces the last good one.
+//!
+//! State comes from the agent's status, control socket and `/metrics`. Log
+//! text is matched for access records (log target `access`: operators
+//! consume those lines, so their text is the product) and for the service
+//! failover warning, which no JSON source reports.
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::net::SocketAddr;
 
 use dataplane_tests::{
     Agent, Responder,
-    mesh::{TwoNodes, WorkloadEntry, addr, write_config_with},
+    mesh::{ECHO_VIP, NAMESPACE, TwoNodes, addr, policy, to_ports, to_yaml, write_config_text},
+    observe::{scrape, value},
     traffic::{echo, echo_server, stream, try_stream, wait_until},
 };
-use dataplane_user::control::Request;
+use dataplane_user::{
+    config::{Action, LocalConfig, Match, Scope},
+    control::Request,
+};
 
-const SERVICE: &str = "services:\n- name: echo\n  namespace: test\n  hostname: echo.test.svc.cluster.local\n  vips: ['/10.96.0.10']\n  ports: {80: 9000}\n";
-
-/// The shared two-node world (node1: client, local; node2: remote,
-/// plain, not in the mesh) where `local` and `remote` are endpoints of the
-/// `echo` service (VIP 10.96.0.10:80 -> 9000).
-struct World(TwoNodes);
-
-impl std::ops::Deref for World {
-    type Target = TwoNodes;
-
-    fn deref(&self) -> &TwoNodes {
-        &self.0
-    }
+/// The two-node world (node1: client, local; node2: remote, plain, not in
+/// the mesh) where `local` and `remote` are endpoints of the `echo` service
+/// (VIP 10.96.0.10:80 -> 9000): [`TwoNodes::echo_config`].
+fn agent(w: &TwoNodes, n: u8, config: &std::path::Path) -> anyhow::Result<Agent> {
+    w.agent("cl", n, config, &[])
 }
 
-impl World {
-    fn new(tag: &str) -> anyhow::Result<Self> {
-        Ok(Self(TwoNodes::new(tag)?))
-    }
-
-    fn workloads(&self) -> Vec<WorkloadEntry> {
-        let endpoint = "  services: {'test/echo.test.svc.cluster.local': {80: 9000}}\n".to_owned();
-        let mut local = WorkloadEntry::hbone(&self.local, "local", "node1");
-        local.extra = endpoint.clone();
-        let mut remote = WorkloadEntry::hbone(&self.remote, "remote", "node2");
-        remote.extra = endpoint;
-        vec![
-            WorkloadEntry::hbone(&self.client, "client", "node1"),
-            local,
-            remote,
-        ]
-    }
-
-    fn write(&self, workloads: &[WorkloadEntry], rest: &str) -> anyhow::Result<PathBuf> {
-        write_config_with(self.dir.path(), "mesh.yaml", workloads, rest)
-    }
-
-    fn agent(&self, n: u8, config: &std::path::Path) -> anyhow::Result<Agent> {
-        self.0.agent("cl", n, config, &[])
-    }
+/// `config` without the workload `name`.
+fn without(config: &LocalConfig, name: &str) -> LocalConfig {
+    let mut config = config.clone();
+    config.workloads.retain(|w| w.name != name);
+    config
 }
 
 #[test]
 fn service_vip_spreads_load_and_skips_a_dead_endpoint() -> anyhow::Result<()> {
-    let w = World::new("clsvc")?;
-    let config = w.write(&w.workloads(), &format!("{SERVICE}policies: []\n"))?;
-    let a1 = w.agent(1, &config)?;
-    let mut a2 = w.agent(2, &config)?;
+    let w = TwoNodes::new("clsvc")?;
+    let config = w.write(&w.echo_config())?;
+    let a1 = agent(&w, 1, &config)?;
+    let mut a2 = agent(&w, 2, &config)?;
     let local = echo_server(&w.local, 9000)?;
     let remote = echo_server(&w.remote, 9000)?;
-    let vip: SocketAddr = "10.96.0.10:80".parse()?;
+    let vip = SocketAddr::new(ECHO_VIP, 80);
     for seed in 0..10 {
         echo(&w.client, vip, 1000, seed)?;
     }
@@ -93,16 +74,31 @@ fn service_vip_spreads_load_and_skips_a_dead_endpoint() -> anyhow::Result<()> {
 
 #[test]
 fn policies_are_enforced_on_hbone_and_plaintext() -> anyhow::Result<()> {
-    let w = World::new("clpol")?;
-    let policies = concat!(
-        "policies:\n",
-        "- {name: only-client, namespace: test, scope: Namespace, action: Allow,\n",
-        "   rules: [[[{principals: ['cluster.local/ns/test/sa/client']}]]]}\n",
-        "- {name: no-9001, namespace: test, scope: Global, action: Deny, rules: [[[{destinationPorts: [9001]}]]]}\n",
-    );
-    let config = w.write(&w.workloads(), &format!("{SERVICE}{policies}"))?;
-    let _a1 = w.agent(1, &config)?;
-    let a2 = w.agent(2, &config)?;
+    let w = TwoNodes::new("clpol")?;
+    let mut config = w.echo_config();
+    let client = Match {
+        principals: vec!["cluster.local/ns/test/sa/client".into()],
+        ..Match::default()
+    };
+    config.policies = vec![
+        policy(
+            "only-client",
+            NAMESPACE,
+            Scope::Namespace,
+            Action::Allow,
+            client,
+        ),
+        policy(
+            "no-9001",
+            NAMESPACE,
+            Scope::Global,
+            Action::Deny,
+            to_ports(&[9001]),
+        ),
+    ];
+    let config = w.write(&config)?;
+    let _a1 = agent(&w, 1, &config)?;
+    let a2 = agent(&w, 2, &config)?;
     let _s9000 = echo_server(&w.remote, 9000)?;
     let _s9001 = echo_server(&w.remote, 9001)?;
     // Allowed: the client's identity, port 9000.
@@ -127,20 +123,15 @@ fn policies_are_enforced_on_hbone_and_plaintext() -> anyhow::Result<()> {
 
 #[test]
 fn config_changes_apply_live_and_bad_files_are_rejected() -> anyhow::Result<()> {
-    let w = World::new("clreload")?;
-    let mut workloads = w.workloads();
-    let without_local: Vec<WorkloadEntry> = workloads
-        .iter()
-        .filter(|e| e.name != "local")
-        .cloned()
-        .collect();
-    let config = w.write(&without_local, &format!("{SERVICE}policies: []\n"))?;
-    let a1 = w.agent(1, &config)?;
-    let _a2 = w.agent(2, &config)?;
+    let w = TwoNodes::new("clreload")?;
+    let mut full = w.echo_config();
+    let config = w.write(&without(&full, "local"))?;
+    let a1 = agent(&w, 1, &config)?;
+    let a2 = agent(&w, 2, &config)?;
     assert_eq!(a1.call(&Request::List)?.pods.len(), 1);
 
     // Add a workload: enrolled without restart.
-    w.write(&workloads, &format!("{SERVICE}policies: []\n"))?;
+    w.write(&full)?;
     wait_until("`local` to be enrolled", || {
         Ok(a1.call(&Request::List)?.pods.len() == 2)
     })?;
@@ -150,11 +141,18 @@ fn config_changes_apply_live_and_bad_files_are_rejected() -> anyhow::Result<()> 
         &config,
         "workloads:\n- uid: x\n  name: x\n  namespace: test\n  colour: blue\n",
     )?;
+    let mut rejection = String::new();
     wait_until("the rejection", || {
-        Ok(a1.log_text().contains("configuration rejected"))
+        rejection = a1.status()?.config_error.unwrap_or_default();
+        Ok(rejection.contains("colour"))
     })?;
-    let log = a1.log_text();
-    assert!(log.contains("colour") && log.contains("line 5"), "{log}");
+    assert!(rejection.contains("line 5"), "{rejection}");
+    let rejected = value(
+        &scrape(&a1)?,
+        "dataplane_config_reloads_total",
+        &[("result", "rejected")],
+    );
+    assert!(rejected >= Some(1.0), "rejections counted: {rejected:?}");
     let _remote = echo_server(&w.remote, 9000)?;
     echo(&w.client, addr(&w.remote, 9000), 2048, 4)?;
     assert_eq!(
@@ -164,16 +162,21 @@ fn config_changes_apply_live_and_bad_files_are_rejected() -> anyhow::Result<()> 
     );
 
     // Identity change: the remote now runs as another service account.
-    workloads[2].service_account = "renamed".into();
-    w.write(&workloads, &format!("{SERVICE}policies: []\n"))?;
+    full.workloads[2].service_account = "renamed".into();
+    w.write(&full)?;
     wait_until("the new identity on node1", || {
-        Ok(a1.log_text().matches("configuration applied").count() >= 2)
+        let applied = value(
+            &scrape(&a1)?,
+            "dataplane_config_reloads_total",
+            &[("result", "applied")],
+        );
+        Ok(applied >= Some(2.0))
     })?;
     // node2 serves the remote under its new identity once it holds that
     // certificate (and only then: the old one is dropped with it).
     wait_until("the remote's re-enrollment", || {
-        let certs = _a2.call(&Request::Certs)?.report.unwrap_or_default();
-        Ok(certs.to_string().contains("/sa/renamed"))
+        let pods = a2.call(&Request::List)?.pods;
+        Ok(pods.iter().any(|p| p.spec.service_account == "renamed"))
     })?;
     echo(&w.client, addr(&w.remote, 9000), 2048, 5)?;
     assert!(
@@ -184,12 +187,7 @@ fn config_changes_apply_live_and_bad_files_are_rejected() -> anyhow::Result<()> 
     );
 
     // Remove a workload: unenrolled.
-    let without_local: Vec<WorkloadEntry> = workloads
-        .iter()
-        .filter(|e| e.name != "local")
-        .cloned()
-        .collect();
-    w.write(&without_local, &format!("{SERVICE}policies: []\n"))?;
+    w.write(&without(&full, "local"))?;
     wait_until("`local` to be unenrolled", || {
         Ok(a1.call(&Request::List)?.pods.len() == 1)
     })?;
@@ -198,10 +196,10 @@ fn config_changes_apply_live_and_bad_files_are_rejected() -> anyhow::Result<()> 
 
 #[test]
 fn tightened_policy_closes_an_open_connection_it_now_denies() -> anyhow::Result<()> {
-    let w = World::new("cltight")?;
-    let config = w.write(&w.workloads(), &format!("{SERVICE}policies: []\n"))?;
-    let a1 = w.agent(1, &config)?;
-    let a2 = w.agent(2, &config)?;
+    let w = TwoNodes::new("cltight")?;
+    let config = w.write(&w.echo_config())?;
+    let _a1 = agent(&w, 1, &config)?;
+    let a2 = agent(&w, 2, &config)?;
     let _held = Responder::start(
         w.remote
             .netns
@@ -217,13 +215,21 @@ fn tightened_policy_closes_an_open_connection_it_now_denies() -> anyhow::Result<
                 &["hold", &addr(&w.remote, 9000).to_string(), "30"],
             )
         });
-        // The tunnel is up once the client's side has dialled; the server
-        // holds the connection until our FIN (or its 10 s read timeout).
+        // The connection is open end to end once the server's agent
+        // counts it; the server holds it until our FIN (or its 10 s read
+        // timeout).
         wait_until("the tunnel to be up", || {
-            Ok(a1.log_text().contains("HBONE connection established"))
+            Ok(a2.status()?.connections_open >= 1)
         })?;
-        let deny = "policies:\n- {name: lockdown, namespace: test, scope: Namespace, action: Deny, rules: [[[{destinationPorts: [9000]}]]]}\n";
-        w.write(&w.workloads(), &format!("{SERVICE}{deny}"))?;
+        let mut lockdown = w.echo_config();
+        lockdown.policies = vec![policy(
+            "lockdown",
+            NAMESPACE,
+            Scope::Namespace,
+            Action::Deny,
+            to_ports(&[9000]),
+        )];
+        w.write(&lockdown)?;
         held.join()
             .map_err(|_| anyhow::anyhow!("holder panicked"))?
     })?;
@@ -240,11 +246,10 @@ fn tightened_policy_closes_an_open_connection_it_now_denies() -> anyhow::Result<
 
 #[test]
 fn an_empty_or_half_written_file_never_unenrolls_the_pods() -> anyhow::Result<()> {
-    let w = World::new("clempty")?;
-    let workloads = w.workloads();
-    let rest = format!("{SERVICE}policies: []\n");
-    let config = w.write(&workloads, &rest)?;
-    let a1 = w.agent(1, &config)?;
+    let w = TwoNodes::new("clempty")?;
+    let full = w.echo_config();
+    let config = w.write(&full)?;
+    let a1 = agent(&w, 1, &config)?;
     let enrolled = || -> anyhow::Result<usize> { Ok(a1.call(&Request::List)?.pods.len()) };
     assert_eq!(enrolled()?, 2);
 
@@ -262,17 +267,12 @@ fn an_empty_or_half_written_file_never_unenrolls_the_pods() -> anyhow::Result<()
     // A file that never holds still (each read differs from the one
     // before) is never applied, even though every version is valid and
     // drops `local`.
-    let without_local: Vec<WorkloadEntry> = workloads
-        .iter()
-        .filter(|e| e.name != "local")
-        .cloned()
-        .collect();
+    let without_local = to_yaml(&without(&full, "local"))?;
     for round in 0..60 {
-        write_config_with(
+        write_config_text(
             w.dir.path(),
             "mesh.yaml",
-            &without_local,
-            &format!("# version {round}\n{rest}"),
+            &format!("# version {round}\n{without_local}"),
         )?;
         std::thread::sleep(std::time::Duration::from_millis(50));
     }

@@ -9,15 +9,12 @@
 
 use std::{
     net::{SocketAddr, TcpListener},
-    process::Command,
     time::Duration,
 };
 
 use dataplane_common::DEFAULT_PROXY_MARK;
-use dataplane_tests::{BpffsDir, Cgroup, Netns, Responder, probe_binary, spawn_in};
-use dataplane_user::redirect::{
-    CounterValue, OrigDstTable, PinLayout, Redirector, RedirectorOptions, read_counters,
-};
+use dataplane_tests::{BpffsDir, Cgroup, Netns, Responder, counters, redirector_node::dial_in};
+use dataplane_user::redirect::{OrigDstTable, PinLayout, Redirector, RedirectorOptions};
 
 const REAL_DST: &str = "10.99.0.1:8080";
 const LIMIT: Duration = Duration::from_secs(20);
@@ -82,25 +79,13 @@ impl Sandbox {
 
     /// Runs `dp-probe connect` in the namespace, inside the cgroup or not.
     fn probe(&self, dst: &str, in_cgroup: bool, extra: &[&str]) -> anyhow::Result<String> {
-        let mut cmd = Command::new(probe_binary()?);
-        cmd.args(["connect", dst, "hello"]).args(extra);
-        let cgroup = in_cgroup.then(|| self.cgroup.path());
-        let out = spawn_in(cmd, Some(self.netns.path()), cgroup)?.wait(LIMIT)?;
-        anyhow::ensure!(
-            out.code == Some(0),
-            "probe failed ({:?}): {}",
-            out.code,
-            out.stderr
-        );
-        Ok(out.stdout)
+        let cgroup = in_cgroup.then_some(&self.cgroup);
+        dial_in(&self.netns, cgroup, dst, extra)?
+            .map_err(|stderr| anyhow::anyhow!("probe to {dst} failed: {stderr}"))
     }
 
     fn counter(&self, name: &str) -> anyhow::Result<u64> {
-        read_counters(&self.pins)?
-            .into_iter()
-            .find(|c: &CounterValue| c.name == name)
-            .map(|c| c.value)
-            .ok_or_else(|| anyhow::anyhow!("no counter {name}"))
+        counters::one(&self.pins, name)
     }
 }
 

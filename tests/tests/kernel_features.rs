@@ -3,6 +3,9 @@
 //! feature is found, the fallbacks match the kernel's release, a feature the
 //! kernel lacks stops the agent with a message naming it, and the
 //! namespace-cookie fallback gives the kernel's own cookies.
+//!
+//! The fallbacks are asserted on log text: the README promises the agent
+//! says so in its log, and nothing else reports them.
 
 use std::{os::fd::AsFd, os::unix::net::UnixDatagram, process::Command, time::Duration};
 

@@ -9,6 +9,9 @@
 //! agent each and a shared CA; node1 has `client` and `local`, node2 has
 //! `remote` (all HBONE) and `plain` (not in the mesh). Servers answer with
 //! the request twice, so that the two byte directions cannot be confused.
+//!
+//! Access records (log target `access`) and the log level switch are
+//! asserted on log text: those lines are what operators consume.
 
 use std::{
     net::{IpAddr, SocketAddr, TcpListener, TcpStream},
@@ -18,11 +21,12 @@ use std::{
 
 use dataplane_tests::{
     Agent, Responder, agent_binary,
-    mesh::{TwoNodes, addr},
+    mesh::{NAMESPACE, TwoNodes, addr, policy, to_ports},
     observe::{Sample, access_records, family, field, scrape, sum, value},
     topology::{Node, Pod},
     traffic::{holding_server, http, stream, try_stream, wait_until},
 };
+use dataplane_user::config::{Action, Scope};
 use serde_json::Value;
 
 const CLIENT_ID: &str = "spiffe://cluster.local/ns/test/sa/client";
@@ -42,35 +46,6 @@ const TCP_LABELS: [&str; 11] = [
     "response_flags",
     "connection_security_policy",
 ];
-
-/// The shared two-node world, started with both agents.
-struct Mesh(TwoNodes);
-
-impl std::ops::Deref for Mesh {
-    type Target = TwoNodes;
-
-    fn deref(&self) -> &TwoNodes {
-        &self.0
-    }
-}
-
-impl Mesh {
-    fn new(tag: &str) -> anyhow::Result<Self> {
-        Ok(Self(TwoNodes::new(tag)?))
-    }
-
-    /// Starts both nodes' agents with the workloads plus `rest` (services
-    /// and policies) as config, and the shared CA.
-    fn agents(&self, rest: &str) -> anyhow::Result<(Agent, Agent)> {
-        let config = self.config(rest)?;
-        Ok((
-            self.agent("op", 1, &config, &[])?,
-            self.agent("op", 2, &config, &[])?,
-        ))
-    }
-}
-
-const NO_POLICIES: &str = "services: []\npolicies: []\n";
 
 /// A server in `pod` answering each request with the request twice.
 fn doubling_server(pod: &Pod, port: u16) -> anyhow::Result<Responder> {
@@ -163,8 +138,8 @@ fn cli(agent: &Agent, args: &[&str]) -> anyhow::Result<Output> {
 
 #[test]
 fn scraped_counters_equal_the_connections_and_bytes_made() -> anyhow::Result<()> {
-    let mesh = Mesh::new("opmetrics")?;
-    let (a1, a2) = mesh.agents(NO_POLICIES)?;
+    let mesh = TwoNodes::new("opmetrics")?;
+    let (a1, a2) = mesh.agents("op", &mesh.mesh_config())?;
     let _remote = doubling_server(&mesh.remote, 9000)?;
     let _plain = doubling_server(&mesh.plain, 9100)?;
     let (hbone, plain) = ([1000, 2000, 4000], [300, 500]);
@@ -229,8 +204,8 @@ fn scraped_counters_equal_the_connections_and_bytes_made() -> anyhow::Result<()>
 
 #[test]
 fn byte_counters_grow_while_a_connection_is_open() -> anyhow::Result<()> {
-    let mesh = Mesh::new("oplive")?;
-    let (a1, a2) = mesh.agents(NO_POLICIES)?;
+    let mesh = TwoNodes::new("oplive")?;
+    let (a1, a2) = mesh.agents("op", &mesh.mesh_config())?;
     // Accepts and never answers: the connection stays open with one byte
     // from the client, until the client gives up.
     let _held = holding_server(&mesh.remote, 9000)?;
@@ -266,8 +241,8 @@ fn byte_counters_grow_while_a_connection_is_open() -> anyhow::Result<()> {
 
 #[test]
 fn access_log_has_one_record_per_connection_with_the_byte_counts() -> anyhow::Result<()> {
-    let mesh = Mesh::new("opaccess")?;
-    let (a1, a2) = mesh.agents(NO_POLICIES)?;
+    let mesh = TwoNodes::new("opaccess")?;
+    let (a1, a2) = mesh.agents("op", &mesh.mesh_config())?;
     let _servers = [
         doubling_server(&mesh.remote, 9000)?,
         doubling_server(&mesh.local, 9000)?,
@@ -344,8 +319,8 @@ fn access_log_has_one_record_per_connection_with_the_byte_counts() -> anyhow::Re
 
 #[test]
 fn json_logs_carry_access_records_as_objects() -> anyhow::Result<()> {
-    let mesh = Mesh::new("opjson")?;
-    let config = mesh.config(NO_POLICIES)?;
+    let mesh = TwoNodes::new("opjson")?;
+    let config = mesh.config()?;
     let a1 = mesh.agent("opj", 1, &config, &["--log-format", "json"])?;
     let _a2 = mesh.agent("opj", 2, &config, &[])?;
     let _server = doubling_server(&mesh.remote, 9000)?;
@@ -382,9 +357,16 @@ fn json_logs_carry_access_records_as_objects() -> anyhow::Result<()> {
 
 #[test]
 fn refused_connections_are_counted_with_a_reason() -> anyhow::Result<()> {
-    let mesh = Mesh::new("opdeny")?;
-    let deny = "services: []\npolicies:\n- {name: no-9001, namespace: test, scope: Global, action: Deny, rules: [[[{destinationPorts: [9001]}]]]}\n";
-    let (a1, a2) = mesh.agents(deny)?;
+    let mesh = TwoNodes::new("opdeny")?;
+    let mut config = mesh.mesh_config();
+    config.policies = vec![policy(
+        "no-9001",
+        NAMESPACE,
+        Scope::Global,
+        Action::Deny,
+        to_ports(&[9001]),
+    )];
+    let (a1, a2) = mesh.agents("op", &config)?;
     // Something listens on 9001: only the policy can refuse.
     let _servers = [
         doubling_server(&mesh.remote, 9000)?,
@@ -444,10 +426,17 @@ fn admin_is_reachable_on_loopback_only() -> anyhow::Result<()> {
     agent.enroll(Agent::spec_for(&pod, "adm"))?;
     let admin = agent.admin_addr()?;
     assert!(admin.ip().is_loopback(), "{admin}");
-    let (status, body) = http(admin, "GET", "/config_dump")?;
-    assert_eq!(status, 200, "{body}");
-    let dump: Value = serde_json::from_str(&body)?;
-    entry(&dump, "/pods", "/spec/uid", "uid-adm")?;
+    // The enrollment actor answers an enrollment before it publishes the
+    // pod list that status and the dump read, so the pod can be missing
+    // from a dump taken at once: wait for it (bounded).
+    let (mut body, mut dump) = (String::new(), Value::Null);
+    wait_until("the dump to list the pod", || {
+        let (status, text) = http(admin, "GET", "/config_dump")?;
+        anyhow::ensure!(status == 200, "{text}");
+        dump = serde_json::from_str(&text)?;
+        body = text;
+        Ok(entry(&dump, "/pods", "/spec/uid", "uid-adm").is_ok())
+    })?;
     let cert = entry(&dump, "/certificates", "/identity", DEFAULT_ID)?;
     assert!(
         cert["expiresInSecs"].as_i64().is_some_and(|s| s > 0),

@@ -203,22 +203,28 @@ impl Actor {
         let Some(enrollments) = self.enrollments.as_mut() else {
             return;
         };
+        // The pod list is published before the reply goes out: a client
+        // that enrolled a pod and then asks for status must see it.
         match command {
             Command::Readopt(reply) => {
-                let _ = reply.send(enrollments.readopt());
+                let result = enrollments.readopt();
+                self.reply(reply, result);
             }
             Command::Add(spec, reply) => {
-                let _ = reply.send(enrollments.add(*spec));
+                let result = enrollments.add(*spec);
+                self.reply(reply, result);
             }
             Command::Remove(uid, reply) => {
-                let _ = reply.send(enrollments.remove(&uid));
+                let result = enrollments.remove(&uid);
+                self.reply(reply, result);
             }
             Command::RemoveByNetns(netns, reply) => {
-                let _ = reply.send(enrollments.remove_by_netns(&netns));
+                let result = enrollments.remove_by_netns(&netns);
+                self.reply(reply, result);
             }
             Command::ApplyConfig(config, reply) => {
                 self.standalone.apply(enrollments, &config);
-                let _ = reply.send(Ok(()));
+                self.reply(reply, Ok(()));
             }
             Command::Shutdown(mode, reply) => {
                 let result = match self.enrollments.take() {
@@ -232,10 +238,14 @@ impl Actor {
                 }
                 self.publish.send_replace(Arc::default());
                 let _ = reply.send(result);
-                return;
             }
         }
+    }
+
+    /// Publishes the pod list, then answers.
+    fn reply<T>(&self, reply: Reply<T>, result: Result<T, EnrollError>) {
         self.publish();
+        let _ = reply.send(result);
     }
 
     fn publish(&self) {

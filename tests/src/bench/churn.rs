@@ -35,7 +35,7 @@ use super::{
 };
 use crate::{
     TempDir,
-    mesh::{WorkloadEntry, write_config},
+    mesh::{config_of, hbone_workload, write_config},
     topology::{Node, Pod},
 };
 
@@ -160,11 +160,11 @@ fn build(load: &Path, pods: usize) -> anyhow::Result<ChurnNode> {
     let line = server.line(Duration::from_secs(10))?;
     anyhow::ensure!(line == "listening", "server said `{line}`");
     let dir = TempDir::new(&tag)?;
-    let workloads = [
-        WorkloadEntry::hbone(&client, "client", "node1"),
-        WorkloadEntry::hbone(&server_pod, "server", "node1"),
+    let workloads = vec![
+        hbone_workload(&client, "client", "node1"),
+        hbone_workload(&server_pod, "server", "node1"),
     ];
-    let config = write_config(dir.path(), "mesh.yaml", &workloads)?;
+    let config = write_config(dir.path(), "mesh.yaml", &config_of(workloads))?;
     Ok(ChurnNode {
         _server: server,
         client,

@@ -20,7 +20,7 @@ use std::{
 use super::{agent::MeasuredAgent, iptables, process::BenchProcess, sweep::PREFIX};
 use crate::{
     TempDir,
-    mesh::{WorkloadEntry, write_config},
+    mesh::{config_of, hbone_workload, write_config},
     topology::{Node, Pod, link_nodes},
 };
 
@@ -203,7 +203,7 @@ impl ModeMesh {
     /// Writes the mesh config, installs the iptables rules (iptables mode)
     /// and starts both agents.
     fn enter_mesh(&mut self) -> anyhow::Result<()> {
-        let mut workloads = vec![WorkloadEntry::hbone(&self.client, "client", "node1")];
+        let mut workloads = vec![hbone_workload(&self.client, "client", "node1")];
         for s in self
             .servers
             .iter()
@@ -213,9 +213,10 @@ impl ModeMesh {
                 Placement::SameNode => ("server-same", "node1"),
                 Placement::CrossNode => ("server-cross", "node2"),
             };
-            workloads.push(WorkloadEntry::hbone(&s.pod, name, node));
+            workloads.push(hbone_workload(&s.pod, name, node));
         }
-        self.config = Some(write_config(self.dir.path(), "mesh.yaml", &workloads)?);
+        let config = config_of(workloads);
+        self.config = Some(write_config(self.dir.path(), "mesh.yaml", &config)?);
         if self.mode == Mode::Iptables {
             let enrolled = std::iter::once(&self.client).chain(
                 self.servers

@@ -16,10 +16,11 @@ use std::{
 
 use dataplane_tests::{
     Agent, TempDir,
-    mesh::{WorkloadEntry, write_config_with},
+    mesh::{ECHO_VIP, endpoint_of, hbone_workload, policy, service, to_ports, write_config},
     topology::{Node, Pod, link_nodes},
     traffic::{echo_server, try_stream},
 };
+use dataplane_user::config::{Action, LocalConfig, Scope};
 
 const SERVICE_VIP: &str = "10.96.0.10:80";
 
@@ -96,50 +97,35 @@ fn run(keep: bool) -> anyhow::Result<bool> {
     let outsider = n2.add_pod("demo")?;
     let dir = TempDir::new("demo")?;
 
-    let endpoint = "  services: {'demo/echo.demo.svc.cluster.local': {80: 9000}}\n".to_owned();
+    let echo = service("echo", "demo", ECHO_VIP, &[(80, 9000)]);
     let mut workloads = vec![
-        WorkloadEntry::hbone(&client1, "client1", "node1"),
-        WorkloadEntry::hbone(&server1, "server1", "node1"),
-        WorkloadEntry::hbone(&client2, "client2", "node2"),
-        WorkloadEntry::hbone(&server2, "server2", "node2"),
+        hbone_workload(&client1, "client1", "node1"),
+        hbone_workload(&server1, "server1", "node1"),
+        hbone_workload(&client2, "client2", "node2"),
+        hbone_workload(&server2, "server2", "node2"),
     ];
-    workloads[1].extra = endpoint.clone();
-    workloads[3].extra = endpoint;
-    let rest = concat!(
-        "services:\n",
-        "- {name: echo, namespace: demo, hostname: echo.demo.svc.cluster.local, vips: ['/10.96.0.10'], ports: {80: 9000}}\n",
-        "policies:\n",
-        "- name: no-admin-port\n  namespace: demo\n  scope: Global\n  action: Deny\n",
-        "  rules: [[[{destinationPorts: [9001]}]]]\n",
-    );
-    let config = write_config_with(dir.path(), "mesh.yaml", &workloads, rest)?;
-    let ca = dir.path().join("ca");
-    let args = |node: &str| {
-        vec![
-            "--config".to_owned(),
-            config.display().to_string(),
-            "--node".to_owned(),
-            node.to_owned(),
-            "--ca-dir".to_owned(),
-            ca.display().to_string(),
-        ]
+    endpoint_of(&mut workloads[1], &echo);
+    endpoint_of(&mut workloads[3], &echo);
+    let config = LocalConfig {
+        workloads,
+        services: vec![echo],
+        policies: vec![policy(
+            "no-admin-port",
+            "demo",
+            Scope::Global,
+            Action::Deny,
+            to_ports(&[9001]),
+        )],
+        ..LocalConfig::default()
     };
+    let config = write_config(dir.path(), "mesh.yaml", &config)?;
+    let ca = dir.path().join("ca");
     println!(
         "Starting one agent per node (config: {})...",
         config.display()
     );
-    let a1_args = args("node1");
-    let a2_args = args("node2");
-    let a1 = Agent::start(
-        "demo1",
-        &n1,
-        &a1_args.iter().map(String::as_str).collect::<Vec<_>>(),
-    )?;
-    let a2 = Agent::start(
-        "demo2",
-        &n2,
-        &a2_args.iter().map(String::as_str).collect::<Vec<_>>(),
-    )?;
+    let a1 = Agent::standalone("demo1", &n1, "node1", &config, &ca, &[])?;
+    let a2 = Agent::standalone("demo2", &n2, "node2", &config, &ca, &[])?;
 
     let _s1 = echo_server(&server1, 9000)?;
     let _s2 = echo_server(&server2, 9000)?;
