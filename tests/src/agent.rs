@@ -259,30 +259,31 @@ impl Agent {
     /// A pod spec for a namespace path that is not a test pod's, with one
     /// IPv4 address.
     pub fn spec_for_netns(netns: &str, name: &str, ip: &str) -> PodSpec {
-        PodSpec {
-            uid: format!("uid-{name}"),
-            name: name.to_owned(),
-            namespace: crate::mesh::NAMESPACE.to_owned(),
-            service_account: "default".to_owned(),
-            trust_domain: "cluster.local".to_owned(),
-            netns: PathBuf::from(netns),
-            ips: ip.parse().into_iter().collect(),
-            node_addr: None,
-            exclusions: Default::default(),
-        }
+        let mut spec = Self::spec_named(name, PathBuf::from(netns));
+        spec.ips = ip.parse().into_iter().collect();
+        spec
     }
 
     /// A pod spec for `pod` on this agent's node.
     pub fn spec_for(pod: &crate::topology::Pod, name: &str) -> PodSpec {
+        let mut spec = Self::spec_named(name, pod.netns.path().to_path_buf());
+        spec.ips = vec![pod.ip4.into(), pod.ip6.into()];
+        spec.node_addr = Some(pod.node_side);
+        spec
+    }
+
+    /// Pod `name` (uid `uid-<name>`, the mesh's namespace, the default
+    /// service account) in `netns`, without addresses.
+    fn spec_named(name: &str, netns: PathBuf) -> PodSpec {
         PodSpec {
             uid: format!("uid-{name}"),
             name: name.to_owned(),
             namespace: crate::mesh::NAMESPACE.to_owned(),
             service_account: "default".to_owned(),
             trust_domain: "cluster.local".to_owned(),
-            netns: pod.netns.path().to_path_buf(),
-            ips: vec![pod.ip4.into(), pod.ip6.into()],
-            node_addr: Some(pod.node_side),
+            netns,
+            ips: Vec::new(),
+            node_addr: None,
             exclusions: Default::default(),
         }
     }

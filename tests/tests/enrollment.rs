@@ -275,6 +275,7 @@ fn hbone_connections(pod: &Pod) -> anyhow::Result<usize> {
 #[test]
 fn a_pod_that_leaves_takes_its_tunnels_and_pooled_connections_with_it() -> anyhow::Result<()> {
     use dataplane_tests::{
+        mesh,
         observe::{scrape, sum},
         traffic::{holding_server, stream, wait_until},
     };
@@ -284,20 +285,21 @@ fn a_pod_that_leaves_takes_its_tunnels_and_pooled_connections_with_it() -> anyho
     // Both are HBONE workloads of the config (enrolled from it), so the
     // connections between them travel in tunnels.
     let dir = dataplane_tests::TempDir::new("enrleave")?;
-    let config = dataplane_tests::mesh::write_config(
+    let config = mesh::write_config(
         dir.path(),
         "mesh.yaml",
-        &[
-            dataplane_tests::mesh::WorkloadEntry::hbone(&leaving, "leaving", "node1"),
-            dataplane_tests::mesh::WorkloadEntry::hbone(&staying, "staying", "node1"),
-        ],
+        &mesh::config_of(vec![
+            mesh::hbone_workload(&leaving, "leaving", "node1"),
+            mesh::hbone_workload(&staying, "staying", "node1"),
+        ]),
     )?;
-    let config = config.display().to_string();
-    let ca = dir.path().join("ca").display().to_string();
-    let agent = Agent::start(
+    let agent = Agent::standalone(
         "enrleave",
         &node,
-        &["--config", &config, "--node", "node1", "--ca-dir", &ca],
+        "node1",
+        &config,
+        &dir.path().join("ca"),
+        &[],
     )?;
     anyhow::ensure!(agent.call(&Request::List)?.pods.len() == 2);
     let _in_leaving = holding_server(&leaving, 9000)?;

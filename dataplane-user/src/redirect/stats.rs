@@ -43,16 +43,10 @@ pub fn read_counters(pins: &PinLayout) -> Result<Vec<CounterValue>, RedirectErro
 
 /// The network-namespace cookies in the instance's `ENROLLED_NETNS` map.
 pub fn read_enrolled_cookies(pins: &PinLayout) -> Result<Vec<u64>, RedirectError> {
-    let err = |source| RedirectError::Map {
-        name: ENROLLED_NETNS,
-        source,
-    };
-    let data = MapData::from_pin(pins.map(ENROLLED_NETNS)).map_err(err)?;
-    let map: HashMap<MapData, u64, EnrolledNetns> =
-        HashMap::try_from(Map::from_map_data(data).map_err(err)?).map_err(err)?;
+    let map: HashMap<MapData, u64, EnrolledNetns> = open_pinned(pins, ENROLLED_NETNS)?;
     map.keys()
         .collect::<Result<Vec<_>, MapError>>()
-        .map_err(err)
+        .map_err(map_error(ENROLLED_NETNS))
 }
 
 /// The instance's `POD_INBOUND` map: which network namespace (by cookie)
@@ -60,15 +54,23 @@ pub fn read_enrolled_cookies(pins: &PinLayout) -> Result<Vec<u64>, RedirectError
 pub fn read_pod_inbound(
     pins: &PinLayout,
 ) -> Result<std::collections::HashMap<std::net::IpAddr, u64>, RedirectError> {
-    let err = |source| RedirectError::Map {
-        name: POD_INBOUND,
-        source,
-    };
-    let data = MapData::from_pin(pins.map(POD_INBOUND)).map_err(err)?;
-    let map: HashMap<MapData, IpAddr16, PodInbound> =
-        HashMap::try_from(Map::from_map_data(data).map_err(err)?).map_err(err)?;
+    let map: HashMap<MapData, IpAddr16, PodInbound> = open_pinned(pins, POD_INBOUND)?;
     map.iter()
         .map(|entry| entry.map(|(ip, pod)| (super::keys::ip_of(&ip), pod.netns_cookie)))
         .collect::<Result<_, MapError>>()
-        .map_err(err)
+        .map_err(map_error(POD_INBOUND))
+}
+
+/// The pinned map `name` of the instance, as a typed aya map.
+fn open_pinned<T>(pins: &PinLayout, name: &'static str) -> Result<T, RedirectError>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    let data = MapData::from_pin(pins.map(name)).map_err(map_error(name))?;
+    let map = Map::from_map_data(data).map_err(map_error(name))?;
+    T::try_from(map).map_err(map_error(name))
+}
+
+fn map_error(name: &'static str) -> impl Fn(MapError) -> RedirectError {
+    move |source| RedirectError::Map { name, source }
 }

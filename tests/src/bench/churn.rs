@@ -224,18 +224,12 @@ fn measure(
     Ok((report["latency"].clone(), driven))
 }
 
+/// Each churned pod has an identity of its own, so enrolling it issues a
+/// certificate as a real pod's would.
 fn churn_spec((index, pod): (usize, &Pod)) -> PodSpec {
-    PodSpec {
-        uid: format!("churn-{index}"),
-        name: format!("churn-{index}"),
-        namespace: "churn".into(),
-        service_account: format!("sa-{index}"),
-        trust_domain: "cluster.local".into(),
-        netns: pod.netns.path().to_path_buf(),
-        ips: vec![pod.ip4.into(), pod.ip6.into()],
-        node_addr: Some(pod.node_side),
-        exclusions: Default::default(),
-    }
+    let mut spec = crate::Agent::spec_for(pod, &format!("churn-{index}"));
+    spec.service_account = format!("sa-{index}");
+    spec
 }
 
 /// Enrolls every pod, then removes every pod, until told to stop; leaves
