@@ -423,3 +423,28 @@ fn a_silent_control_client_is_disconnected() -> anyhow::Result<()> {
     assert!(agent.status()?.ready);
     Ok(())
 }
+
+#[test]
+fn control_clients_beyond_the_limit_are_refused_at_once() -> anyhow::Result<()> {
+    let node = dataplane_tests::topology::Node::new("lifemany", 1)?;
+    let agent = dataplane_tests::Agent::start("lifemany", &node, &[])?;
+    let socket = dataplane_user::control::socket_path(agent.state_dir(), agent.instance());
+    // Every slot taken by a client that says nothing.
+    let silent: Vec<_> = (0..dataplane_user::control::MAX_CLIENTS)
+        .map(|_| std::os::unix::net::UnixStream::connect(&socket))
+        .collect::<Result<_, _>>()?;
+    // One more is answered at once, before it even sends its request (a
+    // client that had sent one would see the refusal or, its request
+    // unread, a reset).
+    let mut extra = std::os::unix::net::UnixStream::connect(&socket)?;
+    extra.set_read_timeout(Some(LIMIT))?;
+    let mut refused = String::new();
+    std::io::Read::read_to_string(&mut extra, &mut refused)?;
+    assert!(refused.contains("control connections already"), "{refused}");
+    // Their slots come back once they go.
+    drop(silent);
+    dataplane_tests::traffic::wait_until("a slot to be free again", || {
+        Ok(agent.call(&dataplane_user::control::Request::List).is_ok())
+    })?;
+    Ok(())
+}

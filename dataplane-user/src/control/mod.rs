@@ -16,7 +16,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-pub use server::{bind, serve};
+pub use server::{MAX_CLIENTS, REQUEST_TIMEOUT, bind, serve};
 
 use crate::enroll::{PodSpec, PodStatus};
 

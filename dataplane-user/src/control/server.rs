@@ -41,7 +41,7 @@ pub async fn serve(listener: UnixListener, view: Arc<AgentView>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
     loop {
         match listener.accept().await {
-            Ok((mut stream, _)) => {
+            Ok((stream, _)) => {
                 let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
                     warn!(
                         max = MAX_CLIENTS,
@@ -50,12 +50,11 @@ pub async fn serve(listener: UnixListener, view: Arc<AgentView>) {
                     let reply = refused(format!(
                         "the agent is serving {MAX_CLIENTS} control connections already; retry"
                     ));
-                    tokio::spawn(async move {
-                        if let Ok(bytes) = serde_json::to_vec(&reply) {
-                            let _ = tokio::time::timeout(REQUEST_TIMEOUT, stream.write_all(&bytes))
-                                .await;
-                        }
-                    });
+                    // One attempt that cannot wait, then the descriptor goes:
+                    // a flood must not hold tasks or descriptors of its own.
+                    if let Ok(bytes) = serde_json::to_vec(&reply) {
+                        let _ = stream.try_write(&bytes);
+                    }
                     continue;
                 };
                 let view = Arc::clone(&view);

@@ -190,17 +190,7 @@ impl Enrollments {
             path: spec.netns.clone(),
             source,
         };
-        if let Some((ip, owner)) = self.pods.values().find_map(|p| {
-            let theirs = p.spec.ips.iter().map(|ip| ip.to_canonical());
-            (p.spec.uid != spec.uid)
-                .then(|| {
-                    theirs
-                        .into_iter()
-                        .find(|ip| spec.ips.iter().any(|mine| mine.to_canonical() == *ip))
-                })
-                .flatten()
-                .map(|ip| (ip, p.spec.uid.clone()))
-        }) {
+        if let Some((ip, owner)) = self.ip_owner(&spec) {
             return Err(EnrollError::IpTaken {
                 uid: spec.uid.clone(),
                 ip,
@@ -271,6 +261,23 @@ impl Enrollments {
         self.pods.insert(pod.spec.uid.clone(), pod);
         self.persist()?;
         Ok(status)
+    }
+
+    /// An IP of `spec` that another enrolled pod already owns, and that
+    /// pod's uid.
+    fn ip_owner(&self, spec: &PodSpec) -> Option<(std::net::IpAddr, String)> {
+        let wanted: Vec<_> = spec.ips.iter().map(|ip| ip.to_canonical()).collect();
+        self.pods
+            .values()
+            .filter(|p| p.spec.uid != spec.uid)
+            .find_map(|p| {
+                p.spec
+                    .ips
+                    .iter()
+                    .map(|ip| ip.to_canonical())
+                    .find(|ip| wanted.contains(ip))
+                    .map(|ip| (ip, p.spec.uid.clone()))
+            })
     }
 
     /// Issues the pod's certificate and starts its engine on `listeners`.
