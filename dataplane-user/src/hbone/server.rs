@@ -102,26 +102,20 @@ where
     if draining {
         conn.graceful_shutdown();
     }
-    // The streams belong to the connection's task: when it is dropped (the
-    // pod leaves, the drain deadline passes) they end with it.
-    let mut streams = tokio::task::JoinSet::new();
+    // Streams run in tasks of their own; when the connection's task is
+    // dropped (the pod leaves, the drain deadline passes) the h2 connection
+    // goes with it and every stream of it fails, which ends their tasks.
     loop {
         tokio::select! {
             accepted = conn.accept() => match accepted {
                 Some(Ok((request, respond))) => {
                     let ctx = Arc::clone(&ctx);
                     let span = info_span!("hbone_in", src = %canonical(ctx.peer), peer_identity = ctx.peer_identity.as_ref().map_or("-", Identity::as_uri));
-                    streams.spawn(handle_stream(request, respond, ctx).instrument(span));
+                    tokio::spawn(handle_stream(request, respond, ctx).instrument(span));
                 }
                 Some(Err(err)) => return Err(err),
-                None => {
-                    // The connection is closed; streams still relaying
-                    // what they received finish first.
-                    while streams.join_next().await.is_some() {}
-                    return Ok(());
-                }
+                None => return Ok(()),
             },
-            Some(_) = streams.join_next(), if !streams.is_empty() => {}
             changed = shutdown.changed(), if !draining => {
                 if changed.is_err() || *shutdown.borrow() {
                     draining = true;
