@@ -29,6 +29,8 @@ pub mod config;
 pub mod control;
 pub mod enroll;
 pub mod features;
+#[cfg(test)]
+mod fuzz_seeds;
 pub mod hbone;
 pub(crate) mod httpd;
 pub mod identity;
