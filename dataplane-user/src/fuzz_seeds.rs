@@ -12,15 +12,22 @@ fn seed_dir(target: &str) -> Option<PathBuf> {
     Some(PathBuf::from(root).join(target))
 }
 
-/// Records `input` as a seed of fuzz target `target` under `name`.
+/// Records `input` as a seed of fuzz target `target`, named by its hash
+/// (as libFuzzer names corpus files, so a seed written twice is one file).
 /// Panics (failing the test) if the seed directory cannot be written: a
 /// seed run that silently wrote nothing would fuzz from nothing.
-pub(crate) fn seed(target: &str, name: &str, input: impl AsRef<[u8]>) {
+pub(crate) fn seed(target: &str, input: impl AsRef<[u8]>) {
+    use std::hash::{DefaultHasher, Hash, Hasher};
     let Some(dir) = seed_dir(target) else {
         return;
     };
+    let input = input.as_ref();
+    // `DefaultHasher::new()` has fixed keys: the same input, the same name.
+    let mut hasher = DefaultHasher::new();
+    input.hash(&mut hasher);
+    let name = format!("seed-{:016x}", hasher.finish());
     let written =
-        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join(name), input.as_ref()));
+        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join(&name), input));
     if let Err(err) = written {
         panic!(
             "cannot write fuzz seed {target}/{name} under {}: {err}",
