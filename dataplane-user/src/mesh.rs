@@ -15,6 +15,7 @@ use tokio::sync::watch;
 
 use crate::{
     identity::CertStore,
+    proxy::handshakes::PendingHandshakes,
     policy::{LiveConnections, Request},
     state::{DeadEndpoints, MeshState, MeshWorkload},
     telemetry::{Metrics, Peer},
@@ -44,6 +45,11 @@ pub struct MeshContext {
     pub shutdown: watch::Receiver<bool>,
     /// How long an unused pooled HBONE connection is kept.
     pub pool_idle_timeout: Duration,
+    /// Inbound HBONE connections still in their handshake, within bounds.
+    pub handshakes: Arc<PendingHandshakes>,
+    /// An inbound HBONE connection without an open stream this long is
+    /// closed.
+    pub hbone_idle_timeout: Duration,
     /// Connection metrics (and the rest of `/metrics`).
     pub metrics: Arc<Metrics>,
 }
