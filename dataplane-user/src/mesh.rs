@@ -15,8 +15,8 @@ use tokio::sync::watch;
 
 use crate::{
     identity::CertStore,
-    proxy::handshakes::PendingHandshakes,
     policy::{LiveConnections, Request},
+    proxy::handshakes::PendingHandshakes,
     state::{DeadEndpoints, MeshState, MeshWorkload},
     telemetry::{Metrics, Peer},
     tls::ClientConfigCache,

@@ -97,7 +97,8 @@ impl NofileLimit {
     /// handshake at once, node-wide, by default: a quarter of the soft
     /// limit, between 16 and 16,384.
     pub fn default_handshake_budget(&self) -> usize {
-        let budget = (self.soft / HANDSHAKE_SHARE).clamp(HANDSHAKE_BUDGET_MIN, HANDSHAKE_BUDGET_MAX);
+        let budget =
+            (self.soft / HANDSHAKE_SHARE).clamp(HANDSHAKE_BUDGET_MIN, HANDSHAKE_BUDGET_MAX);
         usize::try_from(budget).unwrap_or(usize::MAX)
     }
 }

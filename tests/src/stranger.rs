@@ -338,7 +338,8 @@ pub fn wait_for_end(
 fn frame_types(mut bytes: &[u8]) -> Vec<u8> {
     let mut types = Vec::new();
     while bytes.len() >= 9 {
-        let len = (usize::from(bytes[0]) << 16) | (usize::from(bytes[1]) << 8) | usize::from(bytes[2]);
+        let len =
+            (usize::from(bytes[0]) << 16) | (usize::from(bytes[1]) << 8) | usize::from(bytes[2]);
         if bytes.len() < 9 + len {
             break;
         }

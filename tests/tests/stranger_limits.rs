@@ -27,9 +27,7 @@ use dataplane_tests::{
     mesh::{TwoNodes, addr},
     observe::{scrape, sum, value},
     process::raise_nofile,
-    stranger::{
-        Flood, PREFACE, SETTINGS_AND_ACK, StrangerTls, open_fds, wait_for_end,
-    },
+    stranger::{Flood, PREFACE, SETTINGS_AND_ACK, StrangerTls, open_fds, wait_for_end},
     traffic::{echo, echo_server, holding_server, stream, wait_until},
 };
 
@@ -216,7 +214,12 @@ fn strangers_with_valid_certificates_that_never_finish_http2_are_closed() -> any
         "sl",
         1,
         &config,
-        &["--hbone-handshake-timeout", "2s", "--hbone-idle-timeout", "3s"],
+        &[
+            "--hbone-handshake-timeout",
+            "2s",
+            "--hbone-idle-timeout",
+            "3s",
+        ],
     )?;
     let stranger = StrangerTls::new(
         &mesh.shared_ca(),
@@ -273,7 +276,10 @@ fn an_open_tunnel_outlives_the_idle_timeout() -> anyhow::Result<()> {
         &mesh.client,
         &["hold", &addr(&mesh.remote, 9000).to_string(), "3"],
     )?;
-    assert_eq!(out, "open", "an idle timeout cut a tunnel with an open stream");
+    assert_eq!(
+        out, "open",
+        "an idle timeout cut a tunnel with an open stream"
+    );
     // And the connection after it gets a new one, which works.
     let _echo = echo_server(&mesh.remote, 9001)?;
     echo(&mesh.client, addr(&mesh.remote, 9001), 1024, 1)?;

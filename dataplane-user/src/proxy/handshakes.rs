@@ -54,20 +54,20 @@ pub struct HandshakeLimits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShedReason {
     /// Its source had [`HandshakeLimits::per_source`] pending.
-    SourceLimit,
+    Source,
     /// Its pod had [`HandshakeLimits::per_pod`] pending.
-    PodLimit,
+    Pod,
     /// The node had [`HandshakeLimits::node`] pending.
-    NodeLimit,
+    Node,
 }
 
 impl ShedReason {
     /// The metric label value.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::SourceLimit => "source_limit",
-            Self::PodLimit => "pod_limit",
-            Self::NodeLimit => "node_limit",
+            Self::Source => "source_limit",
+            Self::Pod => "pod_limit",
+            Self::Node => "node_limit",
         }
     }
 }
@@ -140,10 +140,7 @@ impl ShedSignal {
 
     /// Whether the slot was dropped without the handshake being shed.
     pub fn is_released(&mut self) -> bool {
-        matches!(
-            self.0.try_recv(),
-            Err(oneshot::error::TryRecvError::Closed)
-        )
+        matches!(self.0.try_recv(), Err(oneshot::error::TryRecvError::Closed))
     }
 }
 
@@ -173,11 +170,7 @@ impl PendingHandshakes {
     /// Admits a new connection from `source` to pod `pod`, shedding what
     /// the bounds require first. Waits while too many shed connections
     /// have not been closed yet.
-    pub async fn admit(
-        self: &Arc<Self>,
-        pod: &str,
-        source: IpAddr,
-    ) -> (HandshakeSlot, ShedSignal) {
+    pub async fn admit(self: &Arc<Self>, pod: &str, source: IpAddr) -> (HandshakeSlot, ShedSignal) {
         loop {
             // Registered before looking, so a release in between is not
             // missed.
@@ -211,7 +204,7 @@ impl PendingHandshakes {
                 .filter(|ids| ids.len() >= limits.per_source)
                 .and_then(|ids| ids.first().copied())
             {
-                shed.push(table.shed(victim, ShedReason::SourceLimit));
+                shed.push(table.shed(victim, ShedReason::Source));
             }
             if let Some(victim) = table
                 .pods
@@ -219,19 +212,21 @@ impl PendingHandshakes {
                 .filter(|group| group.len >= limits.per_pod)
                 .and_then(|group| oldest_of_busiest(&group.sources))
             {
-                shed.push(table.shed(victim, ShedReason::PodLimit));
+                shed.push(table.shed(victim, ShedReason::Pod));
             }
             if table.entries.len() >= limits.node
                 && let Some(victim) = oldest_of_busiest(&table.sources)
             {
-                shed.push(table.shed(victim, ShedReason::NodeLimit));
+                shed.push(table.shed(victim, ShedReason::Node));
             }
             let id = table.insert(pod, source, tx);
             let shed_count = shed.iter().flatten().count() as u64;
             table.unreported += shed_count;
             let now = Instant::now();
             let warn_now = (table.unreported > 0
-                && table.warned.is_none_or(|at| now.duration_since(at) >= WARN_EVERY))
+                && table
+                    .warned
+                    .is_none_or(|at| now.duration_since(at) >= WARN_EVERY))
             .then(|| {
                 table.warned = Some(now);
                 std::mem::take(&mut table.unreported)
@@ -402,7 +397,7 @@ mod tests {
         let (_b, mut b) = t.admit_now("p", ip(1));
         let (_other, mut other) = t.admit_now("p", ip(2));
         let (_c, mut c) = t.admit_now("p", ip(1));
-        assert_eq!(shed(&mut a), Some(ShedReason::SourceLimit));
+        assert_eq!(shed(&mut a), Some(ShedReason::Source));
         assert_eq!(shed(&mut b), None);
         assert_eq!(shed(&mut other), None);
         assert_eq!(shed(&mut c), None);
@@ -420,7 +415,7 @@ mod tests {
         let (_q, mut q) = t.admit_now("q", ip(1));
         let (_new, _) = t.admit_now("p", ip(3));
         assert_eq!(shed(&mut lone), None);
-        assert_eq!(shed(&mut f1), Some(ShedReason::PodLimit));
+        assert_eq!(shed(&mut f1), Some(ShedReason::Pod));
         assert_eq!(shed(&mut f2), None);
         assert_eq!(shed(&mut q), None);
     }
@@ -432,7 +427,7 @@ mod tests {
         let (_b, mut b) = t.admit_now("q", ip(1));
         let (_c, mut c) = t.admit_now("r", ip(2));
         let (_d, _) = t.admit_now("s", ip(3));
-        assert_eq!(shed(&mut a), Some(ShedReason::NodeLimit));
+        assert_eq!(shed(&mut a), Some(ShedReason::Node));
         assert_eq!(shed(&mut b), None);
         assert_eq!(shed(&mut c), None);
         assert_eq!(t.pending(), 3);
@@ -455,7 +450,7 @@ mod tests {
         let t = table(100, 100, 1);
         let (old, mut old_signal) = t.admit_now("p", ip(1));
         let (_new, mut new_signal) = t.admit_now("p", ip(1));
-        assert_eq!(shed(&mut old_signal), Some(ShedReason::SourceLimit));
+        assert_eq!(shed(&mut old_signal), Some(ShedReason::Source));
         drop(old);
         assert_eq!(t.pending(), 1);
         assert_eq!(shed(&mut new_signal), None);
@@ -463,7 +458,8 @@ mod tests {
 
     #[test]
     fn admission_waits_while_too_many_shed_connections_are_still_open() {
-        let t = table(100, 100, 1);
+        // A node bound of 64 lets 16 shed connections stay open.
+        let t = table(64, 100, 1);
         // Each admission from the one source sheds the previous one, whose
         // task has not run yet (its slot is kept here).
         let mut kept = vec![t.admit_now("p", ip(1))];
@@ -474,5 +470,27 @@ mod tests {
         // The first shed connection closes: room for one more.
         kept.remove(0);
         assert!(t.try_admit("p", ip(2)).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_waiting_admission_goes_on_when_a_shed_connection_closes() {
+        let t = table(64, 100, 1);
+        let mut kept = vec![t.admit_now("p", ip(1))];
+        for _ in 0..16 {
+            kept.push(t.admit_now("p", ip(1)));
+        }
+        let waiting = tokio::spawn({
+            let t = Arc::clone(&t);
+            async move {
+                let _ = t.admit("p", ip(2)).await;
+            }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "admitted over the shed bound");
+        kept.remove(0);
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("admitted once a shed connection closed")
+            .expect("the admitting task");
     }
 }

@@ -54,9 +54,8 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
         let acceptor = acceptor.clone();
         let ctx = Arc::clone(&ctx);
         let span = info_span!("hbone_conn", pod = %ctx.identity.name, src = %canonical(peer));
-        connections.spawn(
-            serve_connection(stream, peer, (slot, shed), acceptor, ctx).instrument(span),
-        );
+        connections
+            .spawn(serve_connection(stream, peer, (slot, shed), acceptor, ctx).instrument(span));
         reap(&mut connections);
     }
     finish(listener, connections).await;
