@@ -118,8 +118,9 @@ where
         conn.graceful_shutdown();
     }
     // Streams end in their own tasks, which do not wake this loop: idleness
-    // is checked on a tick, an eighth of the timeout, so a connection is
-    // closed between 7/8 and 9/8 of it after its last stream ended.
+    // is checked on a tick (an eighth of the timeout, at most 5 s), so a
+    // connection is closed within a tick of the timeout after its last
+    // stream ended.
     let idle_timeout = ctx.idle_timeout;
     let mut idle_check = tokio::time::interval(
         (idle_timeout / 8).clamp(Duration::from_millis(10), Duration::from_secs(5)),
