@@ -41,6 +41,7 @@ pub mod kube;
 pub mod logging;
 pub(crate) mod mesh;
 pub mod netns;
+pub(crate) mod nofile;
 pub mod policy;
 pub mod preflight;
 pub(crate) mod proxy;

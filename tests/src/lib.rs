@@ -24,6 +24,7 @@ pub mod observe;
 pub mod process;
 pub mod redirector_node;
 pub mod responder;
+pub mod stranger;
 pub mod topology;
 pub mod traffic;
 

@@ -60,6 +60,7 @@ async fn hbone_server() -> std::io::Result<(SocketAddr, watch::Sender<bool>)> {
                 metrics: Arc::new(crate::telemetry::Metrics::new()),
                 source: Arc::default(),
                 destination: Arc::default(),
+                idle_timeout: std::time::Duration::from_secs(60),
             };
             tokio::spawn(async move {
                 let _ = serve_connection(stream, ctx).await;
