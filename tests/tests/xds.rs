@@ -248,13 +248,21 @@ async fn subscribes_acks_nacks_and_resumes_after_an_istiod_restart() -> Result<(
         2,
         "state kept while disconnected"
     );
-    assert!(
-        status
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .streams
-            >= 2
-    );
+    // The client counts the stream once istiod has answered its headers,
+    // which may be after istiod read the requests.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while status
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .streams
+        < 2
+    {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the reconnect was not counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     drop(snapshots);
     client.abort();
