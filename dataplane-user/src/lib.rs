@@ -37,6 +37,7 @@ pub mod identity;
 pub mod inspect;
 pub(crate) mod instance;
 pub mod istio_api;
+pub mod istiod;
 pub mod kube;
 pub mod logging;
 pub(crate) mod mesh;

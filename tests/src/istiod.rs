@@ -1,5 +1,5 @@
-//! A test control plane: Istio's delta xDS service (and later its CA)
-//! served over real gRPC and TLS on loopback, with the protobuf types the
+//! A test control plane: Istio's delta xDS service and its CA
+//! (`IstioCertificateService`, signing with a test root) served over real gRPC and TLS on loopback, with the protobuf types the
 //! agent itself is built from, so tests can push workloads, services and
 //! policies, see every request the agent sends (node, token, ACK/NACK,
 //! resume versions), and restart the server under a connected client.
@@ -10,6 +10,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use dataplane_user::istio_api::ca::{
+    IstioCertificateRequest, IstioCertificateResponse,
+    istio_certificate_service_server::{IstioCertificateService, IstioCertificateServiceServer},
+};
 use dataplane_user::istio_api::discovery::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
     aggregated_discovery_service_server::{
@@ -34,6 +38,7 @@ pub struct TestPki {
     pub root_pem: String,
     chain: Vec<CertificateDer<'static>>,
     key: PrivatePkcs8KeyDer<'static>,
+    issuer: Arc<rcgen::Issuer<'static, rcgen::KeyPair>>,
 }
 
 impl TestPki {
@@ -56,6 +61,7 @@ impl TestPki {
             root_pem: root.pem(),
             chain: vec![leaf.der().clone(), root.der().clone()],
             key: PrivatePkcs8KeyDer::from(key.serialize_der()),
+            issuer: Arc::new(issuer),
         })
     }
 
@@ -141,11 +147,117 @@ impl AggregatedDiscoveryService for Service {
     }
 }
 
+/// How the test CA answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaMode {
+    /// Signs the CSR as asked.
+    Sign,
+    /// Answers text that is not a certificate.
+    Garbage,
+    /// Signs the CSR's key for this other SPIFFE id.
+    WrongIdentity(String),
+    /// Refuses with UNAVAILABLE.
+    Unavailable,
+}
+
+/// One certificate request the agent sent.
+#[derive(Debug, Clone)]
+pub struct SeenCsr {
+    /// The `authorization` metadata, if any.
+    pub authorization: Option<String>,
+    /// `ImpersonatedIdentity` from the request's metadata, if any.
+    pub impersonated: Option<String>,
+    /// The validity asked for, in seconds.
+    pub validity_seconds: i64,
+}
+
+#[derive(Clone)]
+struct CaService {
+    issuer: Arc<rcgen::Issuer<'static, rcgen::KeyPair>>,
+    root_pem: String,
+    mode: Arc<Mutex<CaMode>>,
+    seen: Arc<Mutex<Vec<SeenCsr>>>,
+}
+
+#[tonic::async_trait]
+impl IstioCertificateService for CaService {
+    async fn create_certificate(
+        &self,
+        request: Request<IstioCertificateRequest>,
+    ) -> Result<Response<IstioCertificateResponse>, Status> {
+        use prost_types::value::Kind;
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let request = request.into_inner();
+        let impersonated = request
+            .metadata
+            .as_ref()
+            .and_then(|m| m.fields.get("ImpersonatedIdentity"))
+            .and_then(|v| match &v.kind {
+                Some(Kind::StringValue(s)) => Some(s.clone()),
+                _ => None,
+            });
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(SeenCsr {
+                authorization,
+                impersonated,
+                validity_seconds: request.validity_duration,
+            });
+        let mode = self
+            .mode
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut csr = match mode {
+            CaMode::Unavailable => return Err(Status::unavailable("the test CA is down")),
+            CaMode::Garbage => {
+                return Ok(Response::new(IstioCertificateResponse {
+                    cert_chain: vec!["not a certificate".into(), self.root_pem.clone()],
+                }));
+            }
+            CaMode::Sign | CaMode::WrongIdentity(_) => {
+                rcgen::CertificateSigningRequestParams::from_pem(&request.csr)
+                    .map_err(|err| Status::invalid_argument(format!("bad CSR: {err}")))?
+            }
+        };
+        if let CaMode::WrongIdentity(other) = mode {
+            let san = other
+                .try_into()
+                .map_err(|err| Status::internal(format!("bad test identity: {err}")))?;
+            csr.params.subject_alt_names = vec![rcgen::SanType::URI(san)];
+        }
+        let validity =
+            Duration::from_secs(u64::try_from(request.validity_duration).unwrap_or(3600));
+        let now = time::OffsetDateTime::now_utc();
+        csr.params.not_before = now - time::Duration::seconds(1);
+        csr.params.not_after = now + validity;
+        csr.params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let leaf = csr
+            .signed_by(&self.issuer)
+            .map_err(|err| Status::internal(format!("signing: {err}")))?;
+        Ok(Response::new(IstioCertificateResponse {
+            cert_chain: vec![leaf.pem(), self.root_pem.clone()],
+        }))
+    }
+}
+
 /// A running test istiod; dropping it stops the server and ends its
 /// streams.
 pub struct TestIstiod {
     /// Where it listens.
     pub addr: SocketAddr,
+    /// How its CA answers; change it at any time.
+    pub ca_mode: Arc<Mutex<CaMode>>,
+    /// The certificate requests its CA received.
+    pub csrs: Arc<Mutex<Vec<SeenCsr>>>,
     shared: Arc<Mutex<Shared>>,
     seen: mpsc::UnboundedReceiver<SeenRequest>,
     stop: Option<oneshot::Sender<()>>,
@@ -179,10 +291,19 @@ impl TestIstiod {
             shared: Arc::clone(&shared),
             seen: seen_tx,
         };
+        let ca_mode = Arc::new(Mutex::new(CaMode::Sign));
+        let csrs = Arc::new(Mutex::new(Vec::new()));
+        let ca = CaService {
+            issuer: Arc::clone(&pki.issuer),
+            root_pem: pki.root_pem.clone(),
+            mode: Arc::clone(&ca_mode),
+            seen: Arc::clone(&csrs),
+        };
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .add_service(AggregatedDiscoveryServiceServer::new(service))
+                .add_service(IstioCertificateServiceServer::new(ca))
                 .serve_with_incoming_shutdown(ReceiverStream::new(incoming), async {
                     let _ = stopped.await;
                 })
@@ -190,6 +311,8 @@ impl TestIstiod {
         });
         Ok(Self {
             addr,
+            ca_mode,
+            csrs,
             shared,
             seen,
             stop: Some(stop),

@@ -17,6 +17,7 @@ use dataplane_user::istio_api::{
     discovery::{DeltaDiscoveryResponse, Resource},
     workload::{Address, Workload, address},
 };
+use dataplane_user::istiod::IstiodEndpoint;
 use dataplane_user::xds::{NodeIdentity, XdsClient, XdsConfig, XdsSnapshot};
 use prost::Message;
 use tokio::sync::watch;
@@ -71,10 +72,12 @@ fn fixture(pki: &TestPki, addr: SocketAddr) -> Result<Fixture> {
     let token = dir.path().join("istio-token");
     std::fs::write(&token, "test-token-abc\n")?;
     let config = XdsConfig {
-        address: format!("{}:{}", addr.ip(), addr.port()),
-        server_name: SERVER_NAME.into(),
-        roots: Arc::new(pki.root_store()?),
-        token_file: Some(token),
+        istiod: IstiodEndpoint {
+            address: format!("{}:{}", addr.ip(), addr.port()),
+            server_name: SERVER_NAME.into(),
+            roots: Arc::new(pki.root_store()?),
+            token_file: Some(token),
+        },
         node: NodeIdentity {
             ip: IpAddr::from([10, 0, 0, 7]),
             pod: "dataplane-abc".into(),

@@ -9,10 +9,12 @@
 
 mod ca;
 mod ca_files;
+mod istio_ca;
 mod spiffe;
 mod store;
 
 pub use ca::{Ca, CaError, GENERATED_ROOT_NAME, IssuedCert, ROOT_CERT_FILE, ROOT_KEY_FILE};
+pub use istio_ca::{IstioCa, IstioCaError, IstioIssued, checked_chain};
 pub use spiffe::{Identity, IdentityError, IdentityParts};
 pub use store::{CertStore, CertStoreError, DEFAULT_VALIDITY, IdentityCertResolver};
 

@@ -12,7 +12,7 @@ use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 use super::resources::{Verdict, XdsResources};
-use super::{XdsConfig, XdsError, channel};
+use super::{XdsConfig, XdsError};
 use crate::istio_api::{
     ADDRESS_TYPE, AUTHORIZATION_TYPE,
     discovery::{
@@ -88,7 +88,7 @@ impl XdsClient {
     pub fn new(config: XdsConfig) -> (Self, watch::Receiver<XdsSnapshot>, Arc<Mutex<XdsStatus>>) {
         let (snapshot, receiver) = watch::channel(XdsSnapshot::default());
         let status = Arc::new(Mutex::new(XdsStatus {
-            address: config.address.clone(),
+            address: config.istiod.address.clone(),
             types: TYPES
                 .iter()
                 .map(|t| TypeStatus {
@@ -130,7 +130,7 @@ impl XdsClient {
                 backoff = INITIAL_BACKOFF;
             }
             let pause = jittered(backoff);
-            warn!(address = %self.config.address, %error, retry_in_ms = pause.as_millis() as u64, "xDS stream ended; reconnecting");
+            warn!(address = %self.config.istiod.address, %error, retry_in_ms = pause.as_millis() as u64, "xDS stream ended; reconnecting");
             tokio::time::sleep(pause).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
@@ -138,7 +138,7 @@ impl XdsClient {
 
     /// One stream, from connection to failure.
     async fn stream_once(&mut self) -> Result<(), XdsError> {
-        let channel: Channel = channel::connect(&self.config).await?;
+        let channel: Channel = self.config.istiod.connect().await?;
         let mut client =
             AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
         let (requests, outbound) = mpsc::channel::<DeltaDiscoveryRequest>(16);
@@ -155,7 +155,7 @@ impl XdsClient {
                 .map_err(|_| XdsError::Protocol("request queue full at start".into()))?;
         }
         let mut request = tonic::Request::new(ReceiverStream::new(outbound));
-        let token = self.config.bearer_token()?;
+        let token = self.config.istiod.bearer_token()?;
         if let Some(token) = token {
             request.metadata_mut().insert("authorization", token);
         }
@@ -163,11 +163,11 @@ impl XdsClient {
             .delta_aggregated_resources(request)
             .await
             .map_err(|status| XdsError::Rpc {
-                address: self.config.address.clone(),
+                address: self.config.istiod.address.clone(),
                 status: Box::new(status),
             })?
             .into_inner();
-        info!(address = %self.config.address, "xDS stream up");
+        info!(address = %self.config.istiod.address, "xDS stream up");
         self.update_status(|s| {
             s.connected_since = Some(SystemTime::now());
             s.last_error = None;
@@ -179,7 +179,7 @@ impl XdsClient {
                 Ok(None) => return Ok(()),
                 Err(status) => {
                     return Err(XdsError::Rpc {
-                        address: self.config.address.clone(),
+                        address: self.config.istiod.address.clone(),
                         status: Box::new(status),
                     });
                 }
