@@ -25,6 +25,7 @@ pub mod redirector_node;
 pub mod responder;
 pub mod topology;
 pub mod traffic;
+pub mod transfer;
 
 use std::{
     path::{Path, PathBuf},
