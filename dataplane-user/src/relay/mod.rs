@@ -4,7 +4,8 @@
 //! HBONE stream (both directions of the tunnel).
 //!
 //! Both carry TCP's semantics across (half-close stays half-close, a reset
-//! becomes a reset), count bytes into a [`Meter`] as they pass so metrics
+//! becomes a reset, and any other end short of both FINs, a crash of the
+//! agent included, becomes a reset: see [`reset_on_close`]), count bytes into a [`Meter`] as they pass so metrics
 //! show a long-lived connection's traffic before it closes, and hold no
 //! buffer while a connection is idle. What they share lives here, owned by
 //! neither direction of the proxy nor by the HBONE protocol code.
@@ -57,9 +58,26 @@ async fn flush(writer: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// Makes the eventual close of `stream` send RST: how a failure on one end
-/// is passed to a TCP peer.
+/// Makes the eventual close of `stream` send RST instead of FIN: how a
+/// failure on one end is passed to a TCP peer.
+///
+/// Relays arm every TCP socket they carry with this from the start (and
+/// the listeners as soon as a client socket is accepted), not only once
+/// something failed: a socket closed before its relay finished cleanly is
+/// then always reset, whoever closes it. The relay task being dropped (the
+/// drain deadline, a policy change, the pod leaving) closes it; so does
+/// the kernel when the agent is killed or runs out of memory, and nothing
+/// of ours runs then. A FIN in those cases would tell the application its
+/// peer finished, after part of the bytes.
 pub fn reset_on_close(stream: &TcpStream) {
     let socket = socket2::SockRef::from(stream);
     let _ = socket.set_linger(Some(Duration::ZERO));
+}
+
+/// Undoes [`reset_on_close`] once both directions have finished cleanly
+/// (each side's FIN passed on): the socket then closes normally and the
+/// bytes still in its send buffer are delivered, not dropped by a reset.
+pub fn close_normally(stream: &TcpStream) {
+    let socket = socket2::SockRef::from(stream);
+    let _ = socket.set_linger(None);
 }

@@ -2,7 +2,10 @@
 //! semantics carried across: a FIN (half-close) on one side becomes a
 //! `shutdown(SHUT_WR)` on the other while the opposite direction keeps
 //! flowing, and a reset on one side becomes a reset (close with
-//! `SO_LINGER` 0) on the other.
+//! `SO_LINGER` 0) on the other. Both sockets are armed to reset from the
+//! start and disarmed only once both directions finished cleanly, so a
+//! relay that ends any other way (an error, its task dropped, the agent
+//! killed) resets both.
 //!
 //! No connection owns a buffer while it is idle: each read goes into one
 //! scratch buffer per thread, taken only between readiness and the
@@ -16,7 +19,7 @@ use std::{cell::RefCell, io, net::Shutdown};
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
-use super::{Meter, Transferred, flush, reset_on_close};
+use super::{Meter, Transferred, close_normally, flush, reset_on_close};
 
 /// Largest read: the per-thread scratch buffer's size.
 const BUFFER_SIZE: usize = 64 * 1024;
@@ -50,24 +53,23 @@ pub enum PlainRelayError {
 }
 
 /// Relays until both directions have finished (each side half-closed) or
-/// one side fails; on a failure both connections are closed with RST.
+/// one side fails; on a failure, or if the relay is dropped before it
+/// finished, both connections are closed with RST.
 pub async fn relay(
     downstream: TcpStream,
     upstream: TcpStream,
     meter: Meter,
 ) -> Result<Transferred, PlainRelayError> {
-    let result = tokio::try_join!(
+    reset_on_close(&downstream);
+    reset_on_close(&upstream);
+    let (sent, received) = tokio::try_join!(
         pipe(&downstream, &upstream, "downstream", &meter.forward),
         pipe(&upstream, &downstream, "upstream", &meter.backward)
-    );
-    match result {
-        Ok((sent, received)) => Ok(Transferred { sent, received }),
-        Err(err) => {
-            reset_on_close(&downstream);
-            reset_on_close(&upstream);
-            Err(err)
-        }
-    }
+    )?;
+    // Both FINs passed on: the only end that may look clean.
+    close_normally(&downstream);
+    close_normally(&upstream);
+    Ok(Transferred { sent, received })
 }
 
 /// What one read did.
