@@ -331,6 +331,45 @@ async fn closing_the_pool_ends_its_connections_and_their_streams() -> anyhow::Re
     Ok(())
 }
 
+#[tokio::test]
+async fn a_lost_connection_resets_a_quiet_client_whose_response_ended() -> anyhow::Result<()> {
+    let (server, _stop) = hbone_server().await?;
+    // The app answers at once, half-closes, and waits for the client.
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let app = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Ok((mut stream, _)) = listener.accept().await {
+            let _ = stream.write_all(b"done").await;
+            let _ = stream.shutdown().await;
+            let mut sink = [0u8; 64];
+            while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+        }
+    });
+    let pool = HbonePool::new(TcpDialer, Duration::from_secs(30));
+    let tunnel = open(&pool, server, &app.to_string()).await?;
+    let (mut client, engine) = tcp_pair().await?;
+    let relay_task = tokio::spawn(relay(engine, tunnel.send, tunnel.recv, Default::default()));
+    // The whole response, then the server's FIN; the client sends nothing
+    // and keeps its side open.
+    let mut response = Vec::new();
+    client.read_to_end(&mut response).await?;
+    assert_eq!(response, b"done");
+    // The tunnel's connection is lost: with nothing to read from the
+    // client, the relay must still notice and reset the client.
+    assert_eq!(pool.close(), 1);
+    let ended = tokio::time::timeout(Duration::from_secs(10), relay_task).await;
+    let Ok(ended) = ended else {
+        anyhow::bail!("the relay waited on its quiet client after the tunnel was lost");
+    };
+    assert!(
+        matches!(ended?, Err(TunnelRelayError::Stream { .. })),
+        "the relay did not end with the stream's failure"
+    );
+    // The client (in CLOSE_WAIT) learns of the reset as EPIPE.
+    assert!(client.take_error()?.is_some(), "the client was not reset");
+    Ok(())
+}
+
 /// An HTTP/2 frame header plus payload.
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = payload.len() as u32;

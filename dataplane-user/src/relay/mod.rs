@@ -5,9 +5,10 @@
 //!
 //! Both carry TCP's semantics across (half-close stays half-close, a reset
 //! becomes a reset, and any other end short of both FINs, a crash of the
-//! agent included, becomes a reset: see [`reset_on_close`]), count bytes into a [`Meter`] as they pass so metrics
-//! show a long-lived connection's traffic before it closes, and hold no
-//! buffer while a connection is idle. What they share lives here, owned by
+//! agent included, becomes a reset: see [`reset_on_close`]), count bytes
+//! into a [`Meter`] as they pass so metrics show a long-lived connection's
+//! traffic before it closes, and hold no buffer while a connection is
+//! idle. What they share lives here, owned by
 //! neither direction of the proxy nor by the HBONE protocol code.
 
 pub mod plain;
