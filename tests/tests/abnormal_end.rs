@@ -93,7 +93,7 @@ fn both_reset(way: Way, ends: &Ends) -> bool {
 }
 
 /// Results of several cases, reported together so one run shows every
-/// case's ends.
+/// case's ends (and how many of several runs ended how).
 #[derive(Default)]
 struct Report {
     lines: Vec<String>,
@@ -115,14 +115,16 @@ impl Report {
         ));
     }
 
+    /// Fails listing every case if one did not end in resets; otherwise
+    /// prints the cases (seen with `--nocapture`).
     fn check(self) -> anyhow::Result<()> {
         let text = self.lines.join("\n");
-        eprintln!("{text}");
         anyhow::ensure!(
             self.failed == 0,
             "{} case(s) did not end in a reset on both sides:\n{text}",
             self.failed
         );
+        eprintln!("{text}");
         Ok(())
     }
 }
