@@ -370,6 +370,51 @@ async fn a_lost_connection_resets_a_quiet_client_whose_response_ended() -> anyho
     Ok(())
 }
 
+#[tokio::test]
+async fn a_client_reset_after_its_half_close_reaches_the_waiting_app() -> anyhow::Result<()> {
+    let (server, _stop) = hbone_server().await?;
+    // The app reads the request to its end, then holds the connection
+    // without answering; the test gets its socket back.
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let app = listener.local_addr()?;
+    let (got_request, request_read) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        if let Ok((mut stream, _)) = listener.accept().await {
+            let mut request = Vec::new();
+            let _ = stream.read_to_end(&mut request).await;
+            let _ = got_request.send((request, stream));
+        }
+    });
+    let pool = HbonePool::new(TcpDialer, Duration::from_secs(30));
+    let tunnel = open(&pool, server, &app.to_string()).await?;
+    let (mut client, engine) = tcp_pair().await?;
+    let relay_task = tokio::spawn(relay(engine, tunnel.send, tunnel.recv, Default::default()));
+    client.write_all(b"request").await?;
+    client.shutdown().await?;
+    let (request, app_side) = tokio::time::timeout(Duration::from_secs(10), request_read).await??;
+    assert_eq!(request, b"request");
+    // The client gives up waiting for the reply: it resets.
+    socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO))?;
+    drop(client);
+    let ended = tokio::time::timeout(Duration::from_secs(10), relay_task).await;
+    let Ok(ended) = ended else {
+        anyhow::bail!("the relay did not notice its half-closed client's reset");
+    };
+    assert!(
+        matches!(ended?, Err(TunnelRelayError::Tcp { .. })),
+        "the relay did not end with the client's failure"
+    );
+    // The app, still holding its side, is reset through the tunnel.
+    let reset = tokio::time::timeout(
+        Duration::from_secs(10),
+        app_side.ready(tokio::io::Interest::ERROR),
+    )
+    .await;
+    assert!(reset.is_ok(), "the app was not reset");
+    assert!(app_side.take_error()?.is_some(), "the app was not reset");
+    Ok(())
+}
+
 /// An HTTP/2 frame header plus payload.
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = payload.len() as u32;

@@ -17,7 +17,7 @@ pub mod tunnel;
 use std::{io, time::Duration};
 
 use prometheus_client::metrics::counter::Counter;
-use tokio::net::TcpStream;
+use tokio::{io::Interest, net::TcpStream};
 
 pub use plain::relay as relay_plain;
 pub use tunnel::relay as relay_tunnel;
@@ -57,6 +57,24 @@ async fn flush(writer: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Resolves once `stream` has failed (its peer reset it), with the error.
+///
+/// A relay waits on one side at a time per direction; once a side has
+/// half-closed, nothing reads it any more, and a reset arriving on it
+/// would only be learnt at the next write to it, which may never come
+/// (the other side is waiting for the reply). Watching for the error
+/// passes the reset on at once.
+async fn failed(stream: &TcpStream) -> io::Error {
+    if let Err(err) = stream.ready(Interest::ERROR).await {
+        return err;
+    }
+    match stream.take_error() {
+        Ok(Some(err)) | Err(err) => err,
+        // Reported and consumed by a read or write in the meantime.
+        Ok(None) => io::ErrorKind::ConnectionReset.into(),
+    }
 }
 
 /// Makes the eventual close of `stream` send RST instead of FIN: how a

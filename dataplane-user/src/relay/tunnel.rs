@@ -23,7 +23,7 @@ use h2::{Reason, RecvStream, SendStream};
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
-use super::{Meter, Transferred, close_normally, flush, reset_on_close};
+use super::{Meter, Transferred, close_normally, failed, flush, reset_on_close};
 
 /// Largest read from the TCP side.
 const CHUNK: usize = 64 * 1024;
@@ -154,7 +154,21 @@ async fn stream_to_tcp(
     counter: &Counter,
 ) -> Result<u64, TunnelRelayError> {
     let mut total = 0u64;
-    while let Some(data) = recv.data().await {
+    loop {
+        // The TCP side may have half-closed and be waiting for the reply:
+        // its reset must still reach the stream.
+        let next = tokio::select! {
+            next = recv.data() => Ok(next),
+            err = failed(tcp) => Err(err),
+        };
+        let data = match next {
+            Ok(Some(data)) => data,
+            Ok(None) => break,
+            Err(source) => {
+                recv_reset(&mut recv);
+                return Err(TunnelRelayError::Tcp { source });
+            }
+        };
         let data = match data {
             Ok(data) => data,
             Err(source) => return Err(TunnelRelayError::Stream { source }),

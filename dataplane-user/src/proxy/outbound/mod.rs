@@ -183,6 +183,8 @@ async fn tunnel_relay(stream: TcpStream, flow: Flow, tunnel: Tunnel, ctx: &PodCo
     let Tunnel { send, recv, .. } = tunnel;
     match relay_tunnel(stream, send, recv, open.meter_from_client()).await {
         Ok(t) => open.close(t.sent, t.received, None),
+        // Dropping the flow records that the agent closed it.
+        Err(_) if ctx.pool.is_closed() => drop(open),
         Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
     }
 }
