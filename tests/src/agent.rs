@@ -273,6 +273,12 @@ impl Agent {
 
     /// SIGTERMs the agent and returns its exit code.
     pub fn stop(&mut self) -> anyhow::Result<Option<i32>> {
+        self.stop_within(LIMIT)
+    }
+
+    /// SIGTERMs the agent and returns its exit code, waiting up to `limit`
+    /// for it to exit (a drain longer than the usual hang guard).
+    pub fn stop_within(&mut self, limit: Duration) -> anyhow::Result<Option<i32>> {
         let Some(mut child) = self.child.take() else {
             return Ok(None);
         };
@@ -283,7 +289,7 @@ impl Agent {
         }
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + LIMIT;
+        let deadline = Instant::now() + limit;
         loop {
             if let Some(status) = child.try_wait()? {
                 return Ok(status.code());

@@ -27,6 +27,7 @@ pub mod responder;
 pub mod stranger;
 pub mod topology;
 pub mod traffic;
+pub mod transfer;
 
 use std::{
     path::{Path, PathBuf},

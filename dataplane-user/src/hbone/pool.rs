@@ -139,6 +139,9 @@ pub struct HbonePool<D: Dialer> {
     dial_locks: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
     idle_timeout: Duration,
     dials: AtomicU64,
+    /// Set by [`HbonePool::close`]: streams failing from then on were
+    /// closed by the agent, not lost.
+    closed: AtomicBool,
 }
 
 impl<D: Dialer> std::fmt::Debug for HbonePool<D> {
@@ -159,6 +162,7 @@ impl<D: Dialer> HbonePool<D> {
             dial_locks: Mutex::new(HashMap::new()),
             idle_timeout,
             dials: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -291,6 +295,7 @@ impl<D: Dialer> HbonePool<D> {
     /// them) and forgets the dial locks: the pod that owned the pool left.
     /// Returns how many connections were closed.
     pub fn close(&self) -> usize {
+        self.closed.store(true, Ordering::Release);
         let closed: Vec<Arc<Pooled>> = lock(&self.conns)
             .drain()
             .flat_map(|(_, list)| list)
@@ -303,6 +308,14 @@ impl<D: Dialer> HbonePool<D> {
         }
         lock(&self.dial_locks).clear();
         closed.len()
+    }
+
+    /// Whether [`HbonePool::close`] was called: a tunnel that fails after
+    /// it was closed by the agent (its pod left, or the drain deadline
+    /// passed), whichever of its relay's cancellation and its
+    /// connection's end the runtime got to first.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Drops connections with no open stream that were idle longer than

@@ -13,6 +13,7 @@ use super::{PodContext, accept, connect_and_relay, finish, orig_dst::OrigDst, re
 use crate::{
     addr::{canonical, is_engine_port},
     policy::Request,
+    relay::reset_on_close,
     telemetry::{Direction, FailReason, Flow, Peer, Protocol},
 };
 
@@ -21,6 +22,9 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = ctx.mesh.shutdown.clone();
     while let Some((stream, peer)) = accept(&listener, &mut shutdown, "inbound").await {
+        // Until its relay finishes cleanly, the client's connection may
+        // only end in a reset.
+        reset_on_close(&stream);
         let ctx = Arc::clone(&ctx);
         let orig_dst = Arc::clone(&orig_dst);
         let src = canonical(peer);

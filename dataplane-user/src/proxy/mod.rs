@@ -51,7 +51,7 @@ use crate::{
     logging::Chain,
     mesh::MeshContext,
     redirect::OrigDstTable,
-    relay::relay_plain,
+    relay::{relay_plain, reset_on_close},
     telemetry::{FailReason, Flow},
 };
 
@@ -342,7 +342,7 @@ async fn connect_and_relay(downstream: TcpStream, flow: Flow, dst: SocketAddr, c
 
 /// Resets the client connection, counts it and writes its record.
 fn refuse(stream: TcpStream, flow: &Flow, ctx: &PodContext, reason: FailReason, detail: &str) {
-    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    reset_on_close(&stream);
     drop(stream);
     flow.refuse(&ctx.mesh.metrics, reason, detail);
 }

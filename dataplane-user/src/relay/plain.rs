@@ -2,7 +2,10 @@
 //! semantics carried across: a FIN (half-close) on one side becomes a
 //! `shutdown(SHUT_WR)` on the other while the opposite direction keeps
 //! flowing, and a reset on one side becomes a reset (close with
-//! `SO_LINGER` 0) on the other.
+//! `SO_LINGER` 0) on the other. Both sockets are armed to reset from the
+//! start and disarmed only once both directions finished cleanly, so a
+//! relay that ends any other way (an error, its task dropped, the agent
+//! killed) resets both.
 //!
 //! No connection owns a buffer while it is idle: each read goes into one
 //! scratch buffer per thread, taken only between readiness and the
@@ -16,7 +19,7 @@ use std::{cell::RefCell, io, net::Shutdown};
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
-use super::{Meter, Transferred, flush, reset_on_close};
+use super::{Meter, Transferred, close_normally, failed, flush, reset_on_close};
 
 /// Largest read: the per-thread scratch buffer's size.
 const BUFFER_SIZE: usize = 64 * 1024;
@@ -50,24 +53,23 @@ pub enum PlainRelayError {
 }
 
 /// Relays until both directions have finished (each side half-closed) or
-/// one side fails; on a failure both connections are closed with RST.
+/// one side fails; on a failure, or if the relay is dropped before it
+/// finished, both connections are closed with RST.
 pub async fn relay(
     downstream: TcpStream,
     upstream: TcpStream,
     meter: Meter,
 ) -> Result<Transferred, PlainRelayError> {
-    let result = tokio::try_join!(
+    reset_on_close(&downstream);
+    reset_on_close(&upstream);
+    let (sent, received) = tokio::try_join!(
         pipe(&downstream, &upstream, "downstream", &meter.forward),
         pipe(&upstream, &downstream, "upstream", &meter.backward)
-    );
-    match result {
-        Ok((sent, received)) => Ok(Transferred { sent, received }),
-        Err(err) => {
-            reset_on_close(&downstream);
-            reset_on_close(&upstream);
-            Err(err)
-        }
-    }
+    )?;
+    // Both FINs passed on: the only end that may look clean.
+    close_normally(&downstream);
+    close_normally(&upstream);
+    Ok(Transferred { sent, received })
 }
 
 /// What one read did.
@@ -100,7 +102,13 @@ async fn pipe(
     let mut pending: Vec<u8> = Vec::new();
     let mut total: u64 = 0;
     loop {
-        if let Err(err) = reader.readable().await {
+        // Once the writer's side has half-closed nothing reads it; its
+        // reset must still end the relay, not wait for the next write.
+        let readable = tokio::select! {
+            readable = reader.readable() => readable,
+            err = failed(writer) => return Err(classify(err, other, total)),
+        };
+        if let Err(err) = readable {
             return Err(classify(err, side, total));
         }
         let read = SCRATCH.with(|scratch| {
@@ -157,5 +165,58 @@ fn classify(err: io::Error, side: &'static str, bytes: u64) -> PlainRelayError {
             },
         },
         _ => PlainRelayError::Io { side, source: err },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::{
+        io::{AsyncReadExt, AsyncWriteExt, Interest},
+        net::{TcpListener, TcpStream},
+    };
+
+    use super::*;
+
+    /// A connected pair of loopback sockets: (the outer end, the relay's).
+    async fn tcp_pair() -> io::Result<(TcpStream, TcpStream)> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let outer = TcpStream::connect(listener.local_addr()?).await?;
+        let (inner, _) = listener.accept().await?;
+        Ok((outer, inner))
+    }
+
+    #[tokio::test]
+    async fn a_client_reset_after_its_half_close_reaches_the_waiting_app() -> anyhow::Result<()> {
+        let (mut client, downstream) = tcp_pair().await?;
+        let (mut app, upstream) = tcp_pair().await?;
+        let relay_task = tokio::spawn(relay(downstream, upstream, Meter::default()));
+        client.write_all(b"request").await?;
+        client.shutdown().await?;
+        let mut request = Vec::new();
+        app.read_to_end(&mut request).await?;
+        assert_eq!(request, b"request");
+        // The client gives up waiting for the reply: it resets.
+        socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO))?;
+        drop(client);
+        let Ok(ended) = tokio::time::timeout(Duration::from_secs(10), relay_task).await else {
+            anyhow::bail!("the relay did not notice its half-closed client's reset");
+        };
+        assert!(
+            matches!(
+                ended?,
+                Err(PlainRelayError::Reset {
+                    side: "downstream",
+                    ..
+                })
+            ),
+            "the relay did not end with the client's reset"
+        );
+        // The app, still holding its side, is reset too.
+        let reset = tokio::time::timeout(Duration::from_secs(10), app.ready(Interest::ERROR)).await;
+        assert!(reset.is_ok(), "the app was not reset");
+        assert!(app.take_error()?.is_some(), "the app was not reset");
+        Ok(())
     }
 }

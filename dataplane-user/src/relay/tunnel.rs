@@ -4,6 +4,12 @@
 //! TCP semantics cross the tunnel: a FIN becomes END_STREAM and END_STREAM
 //! becomes a FIN (`shutdown(SHUT_WR)`), each direction on its own; a TCP
 //! reset becomes RST_STREAM(CANCEL) and RST_STREAM becomes a TCP reset.
+//! So does any failure of the stream's HTTP/2 connection: the peer agent
+//! killed (its TLS ends without close_notify, which h2 reports to every
+//! open stream as an error), a GOAWAY that leaves the stream behind, the
+//! connection closed under it. The TCP socket is armed to reset from the
+//! start and disarmed only once both directions finished cleanly, so a
+//! relay dropped half-way, or an agent killed, resets it too.
 //!
 //! HTTP/2 flow control is respected both ways: data is only sent when the
 //! peer has granted window (`reserve_capacity`/`poll_capacity`), and receive
@@ -17,7 +23,7 @@ use h2::{Reason, RecvStream, SendStream};
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
-use super::{Meter, Transferred, flush, reset_on_close};
+use super::{Meter, Transferred, close_normally, failed, flush, reset_on_close};
 
 /// Largest read from the TCP side.
 const CHUNK: usize = 64 * 1024;
@@ -49,28 +55,23 @@ pub enum TunnelRelayError {
 
 /// Relays until both directions finished or one side failed.
 /// `meter.forward` counts TCP bytes into the tunnel, `meter.backward` the
-/// tunnel's bytes written to TCP.
+/// tunnel's bytes written to TCP. On a failure, or if the relay is dropped
+/// before it finished, the TCP side is reset (and the stream too: h2 resets
+/// a stream whose handles are dropped before it closed).
 pub async fn relay(
     tcp: TcpStream,
     send: SendStream<Bytes>,
     recv: RecvStream,
     meter: Meter,
 ) -> Result<Transferred, TunnelRelayError> {
-    let result = tokio::try_join!(
+    reset_on_close(&tcp);
+    let (sent, received) = tokio::try_join!(
         tcp_to_stream(&tcp, send, &meter.forward),
         stream_to_tcp(recv, &tcp, &meter.backward)
-    );
-    match result {
-        Ok((sent, received)) => Ok(Transferred { sent, received }),
-        Err(err) => {
-            // The stream side failed: reset the TCP side. (A TCP failure
-            // has already reset the stream.)
-            if matches!(err, TunnelRelayError::Stream { .. }) {
-                reset_on_close(&tcp);
-            }
-            Err(err)
-        }
-    }
+    )?;
+    // END_STREAM and FIN both ways: the only end that may look clean.
+    close_normally(&tcp);
+    Ok(Transferred { sent, received })
 }
 
 /// TCP to the stream. No buffer is held while the connection is idle: one
@@ -83,7 +84,15 @@ async fn tcp_to_stream(
     let mut total = 0u64;
     loop {
         let mut buf = BytesMut::new();
-        let read = match tcp.readable().await {
+        // While the TCP side is quiet, a reset of the stream (or the end of
+        // its connection) must still reach it, not wait for its next byte.
+        let readable = tokio::select! {
+            readable = tcp.readable() => readable,
+            reset = poll_fn(|cx| send.poll_reset(cx)) => {
+                return Err(TunnelRelayError::Stream { source: reset_error(reset) });
+            }
+        };
+        let read = match readable {
             Ok(()) => {
                 buf.reserve(CHUNK);
                 tcp.try_read_buf(&mut buf)
@@ -115,12 +124,10 @@ async fn tcp_to_stream(
                 Some(Err(source)) => return Err(TunnelRelayError::Stream { source }),
                 None => {
                     // The stream can take no more data: the peer reset it.
-                    let reason = poll_fn(|cx| send.poll_reset(cx)).await;
-                    let source = match reason {
-                        Ok(reason) => h2::Error::from(reason),
-                        Err(err) => err,
-                    };
-                    return Err(TunnelRelayError::Stream { source });
+                    let reset = poll_fn(|cx| send.poll_reset(cx)).await;
+                    return Err(TunnelRelayError::Stream {
+                        source: reset_error(reset),
+                    });
                 }
             };
             let piece = chunk.split_to(granted.min(chunk.len()));
@@ -132,13 +139,36 @@ async fn tcp_to_stream(
     }
 }
 
+/// What `SendStream::poll_reset` reported, as an error: the peer's
+/// RST_STREAM reason, or the connection's failure.
+fn reset_error(reset: Result<Reason, h2::Error>) -> h2::Error {
+    match reset {
+        Ok(reason) => h2::Error::from(reason),
+        Err(err) => err,
+    }
+}
+
 async fn stream_to_tcp(
     mut recv: RecvStream,
     tcp: &TcpStream,
     counter: &Counter,
 ) -> Result<u64, TunnelRelayError> {
     let mut total = 0u64;
-    while let Some(data) = recv.data().await {
+    loop {
+        // The TCP side may have half-closed and be waiting for the reply:
+        // its reset must still reach the stream.
+        let next = tokio::select! {
+            next = recv.data() => Ok(next),
+            err = failed(tcp) => Err(err),
+        };
+        let data = match next {
+            Ok(Some(data)) => data,
+            Ok(None) => break,
+            Err(source) => {
+                recv_reset(&mut recv);
+                return Err(TunnelRelayError::Tcp { source });
+            }
+        };
         let data = match data {
             Ok(data) => data,
             Err(source) => return Err(TunnelRelayError::Stream { source }),

@@ -11,9 +11,15 @@
 //!   was still open after SECONDS.
 //! - `dp-stream expect-reset ADDR`: sends one byte and expects the
 //!   connection to be reset. Prints `reset`.
+//! - `dp-stream transfer ADDR BYTES PACE_US at-once|after-eof`: the client
+//!   end of a [`dataplane_tests::transfer`]: sends BYTES (pausing PACE_US
+//!   microseconds after each 64 KiB; `after-eof`: only once the server's
+//!   stream ended), half-closes, reads the server's stream to its end and
+//!   prints how each direction ended (`read clean N`, `write reset N`, ...).
 //!
 //! Exit code 0 on success, 1 with a message on stderr otherwise.
 
+use dataplane_tests::transfer::{self, Payload};
 use std::{
     io::{Read, Write},
     net::{Shutdown, SocketAddr, TcpStream},
@@ -28,6 +34,7 @@ fn main() -> ExitCode {
         [cmd, addr] if cmd == "expect-reset" => expect_reset(addr),
         [cmd, addr, text] if cmd == "echo-text" => echo_text(addr, text),
         [cmd, addr, secs] if cmd == "hold" => hold(addr, secs),
+        [cmd, addr, bytes, pace, when] if cmd == "transfer" => transfer(addr, bytes, pace, when),
         _ => Err("usage: dp-stream echo ADDR BYTES SEED | dp-stream expect-reset ADDR".into()),
     };
     match result {
@@ -42,17 +49,27 @@ fn main() -> ExitCode {
     }
 }
 
-/// The deterministic byte stream both sides agree on (xorshift64).
+/// The deterministic byte stream both sides agree on.
 fn payload(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 24) as u8
-        })
-        .collect()
+    let mut bytes = vec![0u8; len];
+    Payload::new(seed).fill(&mut bytes);
+    bytes
+}
+
+fn transfer(addr: &str, bytes: &str, pace: &str, when: &str) -> Result<String, String> {
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| format!("bad address {addr}: {e}"))?;
+    let send: u64 = bytes.parse().map_err(|e| format!("bad byte count: {e}"))?;
+    let pace: u64 = pace.parse().map_err(|e| format!("bad pace: {e}"))?;
+    let mut plan = transfer::Plan::paced(send, Duration::from_micros(pace));
+    match when {
+        "at-once" => {}
+        "after-eof" => plan = plan.after_eof(),
+        _ => return Err(format!("`{when}` is neither at-once nor after-eof")),
+    }
+    let outcome = transfer::client_end(addr, plan).map_err(|e| format!("connect {addr}: {e}"))?;
+    Ok(outcome.to_string())
 }
 
 fn connect(addr: &str) -> Result<TcpStream, String> {

@@ -18,7 +18,7 @@ use super::{PodContext, connect_and_relay, finish, orig_dst::OrigDst, reap, refu
 use crate::{
     hbone::{PoolError, PoolKey, Tunnel, wire::Baggage},
     logging::Chain,
-    relay::relay_tunnel,
+    relay::{relay_tunnel, reset_on_close},
     state::{DeadEndpoints, ServiceEntry},
     telemetry::{Direction, FailReason, Flow, Peer, Protocol},
 };
@@ -28,6 +28,10 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = ctx.mesh.shutdown.clone();
     while let Some((stream, peer)) = super::accept(&listener, &mut shutdown, "outbound").await {
+        // Until its relay finishes cleanly, the client's connection may
+        // only end in a reset (the agent could be killed while the
+        // tunnel opens).
+        reset_on_close(&stream);
         // The record is looked up here, in order, before the next accept;
         // it was written before the client's SYN left.
         let dst = stream
@@ -179,6 +183,8 @@ async fn tunnel_relay(stream: TcpStream, flow: Flow, tunnel: Tunnel, ctx: &PodCo
     let Tunnel { send, recv, .. } = tunnel;
     match relay_tunnel(stream, send, recv, open.meter_from_client()).await {
         Ok(t) => open.close(t.sent, t.received, None),
+        // Dropping the flow records that the agent closed it.
+        Err(_) if ctx.pool.is_closed() => drop(open),
         Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
     }
 }
