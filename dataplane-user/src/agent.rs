@@ -24,6 +24,7 @@ use crate::{
     config::{ConfigError, LocalConfig},
     control,
     enroll::{EngineSettings, EnrollError, Enroller, Enrollments, Standalone, StateFile},
+    handover,
     identity::{Ca, CertStore},
     inspect::{AgentView, Endpoints, KernelPrograms},
     mesh::MeshContext,
@@ -78,6 +79,9 @@ pub enum AgentError {
     /// Another agent of this instance is running.
     #[error(transparent)]
     Instance(#[from] crate::instance::InstanceError),
+    /// Taking over from the running agent failed.
+    #[error(transparent)]
+    Handover(#[from] crate::handover::HandoverError),
     /// Installing signal handlers failed.
     #[error("cannot install signal handlers")]
     Signal(#[source] std::io::Error),
@@ -118,9 +122,14 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         cgroup: args.cgroup.as_deref(),
     })?;
     // Before any state is touched (CA, kernel programs, pods, the control
-    // socket): a second agent of this instance must change nothing.
-    let _instance =
-        crate::instance::InstanceLock::take(&args.state.state_dir, &args.state.instance)?;
+    // socket): a second agent of this instance must change nothing, unless
+    // it takes over (then it receives the lock and the pods' sockets).
+    let (instance_lock, mut incoming) = handover::acquire(
+        args.state.state_dir.clone(),
+        args.state.instance.clone(),
+        args.takeover,
+    )
+    .await?;
     let MeshParts {
         mesh,
         shutdown_tx,
@@ -172,7 +181,10 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         ),
         Standalone::new(args.node.clone()),
     )?;
-    let adopted = enroller.readopt().await?;
+    let adopted = match incoming.as_mut() {
+        Some(handed) => handover::readopt(handed, &enroller).await?,
+        None => enroller.readopt().await?,
+    };
     if adopted > 0 {
         info!(
             pods = adopted,
@@ -210,10 +222,19 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     };
 
     let socket = control::socket_path(&args.state.state_dir, &args.state.instance);
-    let listener = control::bind(&socket).map_err(|source| AgentError::Control {
+    let control_err = |source| AgentError::Control {
         path: socket.clone(),
         source,
-    })?;
+    };
+    let staged = control::bind(&socket).map_err(control_err)?;
+    // Every pod is served: the running agent may stop accepting.
+    if let Some(handed) = incoming.take()
+        && let Err(err) = handed.confirm()
+    {
+        // It is gone: its sockets and lock are this agent's alone now.
+        warn!(error = %crate::logging::Chain(&err), "the agent taken over from did not hear the confirmation");
+    }
+    let listener = staged.publish().map_err(control_err)?;
     let socket_identity = file_identity(&socket);
     let admin_listener = bind_endpoint(
         "admin",
@@ -241,7 +262,12 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         pins: PinLayout::new(&args.state.bpffs, &args.state.instance),
         started,
     });
-    let control_task = tokio::spawn(control::serve(listener, Arc::clone(&view)));
+    let giver = handover::Giver::new(instance_lock, enroller.clone());
+    let control_task = tokio::spawn(control::serve(
+        listener,
+        Arc::clone(&view),
+        Arc::clone(&giver),
+    ));
     let quit = Arc::new(Notify::new());
     let admin_task = admin_listener.map(|(listener, _)| {
         tokio::spawn(admin::serve(listener, Arc::clone(&view), Arc::clone(&quit)))
@@ -255,10 +281,15 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
 
     release_startup_memory();
     info!(instance = %args.state.instance, control = %socket.display(), on_exit = ?args.on_exit, fail_open = args.fail_open, "agent ready");
+    let mut handed_over = false;
     tokio::select! {
         _ = sigterm.recv() => info!("SIGTERM received, draining"),
         _ = sigint.recv() => info!("SIGINT received, draining"),
         () = quit.notified() => info!("/quitquitquit received, draining"),
+        pid = giver.handed_over() => {
+            info!(new_pid = pid, "pods handed over to a new agent, draining");
+            handed_over = true;
+        }
     }
     readiness.start_draining();
     drain(&mesh, &shutdown_tx, args.drain_timeout).await;
@@ -286,7 +317,12 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     if socket_identity.is_some() && file_identity(&socket) == socket_identity {
         let _ = std::fs::remove_file(&socket);
     }
-    enroller.shutdown(args.on_exit).await?;
+    if handed_over {
+        // Kernel state, the state file and the lock are the new agent's.
+        enroller.release().await?;
+    } else {
+        enroller.shutdown(args.on_exit).await?;
+    }
     info!("agent stopped");
     Ok(())
 }

@@ -1,0 +1,239 @@
+//! Upgrading the agent in place (`dataplane run --takeover`): the new agent
+//! receives the running agent's instance lock and in-pod listening sockets
+//! over the control socket, serves them before the old one stops
+//! accepting, and the old one drains and exits 0. Connections made at full
+//! rate across several hand-overs are never refused, never reset, and every
+//! echo comes back byte for byte.
+//!
+//! Topology: one simulated node; `client` and `server` are enrolled HBONE
+//! pods (client -> 15001 -> HBONE -> server's 15008 -> app), `outsider` is
+//! not enrolled (outsider -> server's 15006, inbound plaintext capture).
+//! Both loops cross every hand-over: the test waits for each loop to make
+//! progress before and after each one.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    process::Command,
+};
+
+use dataplane_tests::{
+    Agent, ChildGuard, TempDir,
+    mesh::{addr, config_of, hbone_workload, write_config},
+    process::target_binary,
+    spawn_in,
+    topology::{Node, Pod},
+    traffic::{echo_server, wait_until},
+};
+
+/// Hand-overs per run.
+const HANDOVERS: usize = 3;
+
+/// Bytes echoed per connection of a loop.
+const BYTES: &str = "16384";
+
+/// Good exchanges each loop must make between two hand-overs, so every
+/// hand-over happens with both loops running.
+const PROGRESS_STEP: u64 = 40;
+
+/// A `dp-stream loop` running in a pod.
+struct Loop {
+    name: &'static str,
+    dir: TempDir,
+    child: ChildGuard,
+}
+
+impl Loop {
+    fn start(name: &'static str, pod: &Pod, dst: std::net::SocketAddr) -> anyhow::Result<Self> {
+        let dir = TempDir::new("upgloop")?;
+        let mut cmd = Command::new(target_binary("dp-stream", "built with the tests")?);
+        cmd.args(["loop", &dst.to_string(), BYTES]).arg(dir.path());
+        let child = spawn_in(cmd, Some(pod.netns.path()), Some(pod.cgroup.path()))?;
+        Ok(Self { name, dir, child })
+    }
+
+    /// Good exchanges so far.
+    fn progress(&self) -> u64 {
+        std::fs::read_to_string(self.dir.path().join("progress"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits until `more` good exchanges were made beyond the count now.
+    fn advance(&mut self, more: u64) -> anyhow::Result<()> {
+        let from = self.progress();
+        wait_until(&format!("the {} loop to make progress", self.name), || {
+            anyhow::ensure!(self.child.is_running(), "the {} loop exited", self.name);
+            Ok(self.progress() >= from + more)
+        })
+    }
+
+    /// Stops the loop and returns its counts.
+    fn finish(self) -> anyhow::Result<serde_json::Value> {
+        std::fs::write(self.dir.path().join("stop"), "")?;
+        let out = self.child.wait(std::time::Duration::from_secs(60))?;
+        anyhow::ensure!(
+            out.code == Some(0),
+            "{} loop failed: {}",
+            self.name,
+            out.stderr
+        );
+        Ok(serde_json::from_str(out.stdout.trim())?)
+    }
+}
+
+/// Listening sockets in `pod`'s network namespace: port -> socket inode.
+fn listening_inodes(pod: &Pod) -> anyhow::Result<BTreeMap<u16, BTreeSet<u64>>> {
+    let tables = pod.netns.run(|| {
+        ["tcp", "tcp6"].map(|t| std::fs::read_to_string(format!("/proc/thread-self/net/{t}")))
+    })?;
+    let mut out: BTreeMap<u16, BTreeSet<u64>> = BTreeMap::new();
+    for table in tables {
+        for line in table?.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl local rem st tx:rx tr:when retr uid timeout inode
+            let (Some(local), Some(state), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            if *state != "0A" {
+                continue;
+            }
+            let port = local
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if let (Some(port), Ok(inode)) = (port, inode.parse()) {
+                out.entry(port).or_default().insert(inode);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Socket inodes process `pid` holds descriptors of.
+fn sockets_held(pid: u32) -> anyhow::Result<BTreeSet<u64>> {
+    let mut out = BTreeSet::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let Ok(target) = std::fs::read_link(entry?.path()) else {
+            continue;
+        };
+        if let Some(inode) = target
+            .to_str()
+            .and_then(|t| t.strip_prefix("socket:["))
+            .and_then(|t| t.strip_suffix(']'))
+            .and_then(|t| t.parse().ok())
+        {
+            out.insert(inode);
+        }
+    }
+    Ok(out)
+}
+
+/// The engine's listeners (15001, 15006, 15008) of both enrolled pods.
+fn engine_listeners(pods: [&Pod; 2]) -> anyhow::Result<BTreeSet<u64>> {
+    let mut out = BTreeSet::new();
+    for pod in pods {
+        let table = listening_inodes(pod)?;
+        for port in [15001, 15006, 15008] {
+            let found = table
+                .get(&port)
+                .ok_or_else(|| anyhow::anyhow!("no listener on {port} in a pod"))?;
+            out.extend(found);
+        }
+    }
+    Ok(out)
+}
+
+/// The agents' log without the access records of connections that went
+/// well (one per connection here).
+fn log_of(agent: &Agent) -> String {
+    agent
+        .log_text()
+        .lines()
+        .filter(|l| !l.contains("access: ") || !l.contains("error=\"-\""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn lock_pid(agent: &Agent) -> anyhow::Result<u32> {
+    let text = std::fs::read_to_string(
+        Path::new(agent.state_dir())
+            .join(agent.instance())
+            .join("agent.lock"),
+    )?;
+    Ok(text.trim().parse()?)
+}
+
+#[test]
+fn takeover_refuses_resets_and_corrupts_no_connection_across_restarts() -> anyhow::Result<()> {
+    let mut node = Node::new("upgrade", 1)?;
+    let client = node.add_pod("upgrade")?;
+    let server = node.add_pod("upgrade")?;
+    let outsider = node.add_pod("upgrade")?;
+    let dir = TempDir::new("upgrade")?;
+    let config = config_of(vec![
+        hbone_workload(&client, "client", "node1"),
+        hbone_workload(&server, "server", "node1"),
+    ]);
+    let config = write_config(dir.path(), "mesh.yaml", &config)?;
+    let ca = dir.path().join("ca");
+    let mut agent = Agent::standalone(
+        "upgrade",
+        &node,
+        "node1",
+        &config,
+        &ca,
+        &["--drain-timeout", "10s"],
+    )?;
+    let _echo = echo_server(&server, 9000)?;
+    let sockets = engine_listeners([&client, &server])?;
+
+    let dst = addr(&server, 9000);
+    let mut meshed = Loop::start("client (HBONE)", &client, dst)?;
+    let mut plain = Loop::start("outsider (plaintext inbound)", &outsider, dst)?;
+    meshed.advance(PROGRESS_STEP)?;
+    plain.advance(PROGRESS_STEP)?;
+    for round in 0..HANDOVERS {
+        let before = agent.pid();
+        let took = agent.take_over()?;
+        let log = log_of(&agent);
+        assert_eq!(Some(took.old_pid), before);
+        assert_eq!(
+            took.old_exit,
+            Some(0),
+            "round {round}: the old agent exits 0:\n{log}"
+        );
+        // The new agent holds the lock, the same listening sockets (so the
+        // kernel's socket-map entries still name live sockets), and
+        // serves on them.
+        assert_eq!(lock_pid(&agent)?, took.new_pid, "{log}");
+        assert_eq!(engine_listeners([&client, &server])?, sockets, "{log}");
+        let held = sockets_held(took.new_pid)?;
+        assert!(
+            sockets.is_subset(&held),
+            "round {round}: the new agent holds every listening socket: {sockets:?} vs {held:?}"
+        );
+        let status = agent.status()?;
+        assert!(status.ready, "{status:?}");
+        assert!(status.pods.iter().all(|p| p.captured), "{status:?}");
+        meshed.advance(PROGRESS_STEP)?;
+        plain.advance(PROGRESS_STEP)?;
+    }
+    let log = log_of(&agent);
+    for (name, counts) in [("meshed", meshed.finish()?), ("plaintext", plain.finish()?)] {
+        eprintln!("{name} loop across {HANDOVERS} hand-overs: {counts}");
+        for failure in ["refused", "reset", "corrupt", "other"] {
+            assert_eq!(counts[failure], 0, "{name} loop: {counts}\n{log}");
+        }
+        assert!(
+            counts["ok"].as_u64().unwrap_or(0) >= PROGRESS_STEP * (HANDOVERS as u64 + 1),
+            "{counts}"
+        );
+    }
+    assert!(log.contains("took over from the running agent"), "{log}");
+    assert!(log.contains("handed over; no longer accepting"), "{log}");
+    Ok(())
+}
