@@ -108,7 +108,7 @@ impl InstanceLock {
             }
             Err(errno) => return Err(io("lock")(std::io::Error::from(errno))),
         }
-        write_pid(&mut file).map_err(io("write"))?;
+        write_pid(&file).map_err(io("write"))?;
         Ok(Self { file })
     }
 
@@ -118,6 +118,12 @@ impl InstanceLock {
     /// hand-over to a new agent.
     pub fn share(&self) -> std::io::Result<OwnedFd> {
         Ok(self.file.try_clone()?.into())
+    }
+
+    /// Writes this process's pid into the lock file again (after a new
+    /// agent that adopted the lock gave up).
+    pub fn reclaim(&self) -> std::io::Result<()> {
+        write_pid(&self.file)
     }
 
     /// Adopts a lock handed over by the running agent ([`Self::share`]):
@@ -130,7 +136,7 @@ impl InstanceLock {
             path: path.clone(),
             reason,
         };
-        let mut file = File::from(fd);
+        let file = File::from(fd);
         let (held, named) = match (file.metadata(), std::fs::metadata(&path)) {
             (Ok(held), Ok(named)) => (held, named),
             _ => return Err(not("cannot compare it with the lock file")),
@@ -141,7 +147,7 @@ impl InstanceLock {
         // On the open file description that holds the lock this succeeds
         // at once; on any other it would block.
         try_lock(&file).map_err(|_| not("it does not hold the lock"))?;
-        write_pid(&mut file).map_err(|source| InstanceError::Io {
+        write_pid(&file).map_err(|source| InstanceError::Io {
             action: "write",
             path: path.clone(),
             source,
@@ -157,7 +163,7 @@ fn try_lock(file: &File) -> Result<(), Errno> {
     Errno::result(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }).map(drop)
 }
 
-fn write_pid(file: &mut File) -> std::io::Result<()> {
+fn write_pid(mut file: &File) -> std::io::Result<()> {
     file.set_len(0)?;
     file.rewind()?;
     writeln!(file, "{}", std::process::id())

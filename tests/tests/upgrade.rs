@@ -237,3 +237,58 @@ fn takeover_refuses_resets_and_corrupts_no_connection_across_restarts() -> anyho
     assert!(log.contains("handed over; no longer accepting"), "{log}");
     Ok(())
 }
+
+#[test]
+fn a_takeover_that_fails_leaves_the_running_agent_in_charge() -> anyhow::Result<()> {
+    let mut node = Node::new("upgfail", 1)?;
+    let client = node.add_pod("upgfail")?;
+    let server = node.add_pod("upgfail")?;
+    let agent = Agent::start("upgfail", &node, &[])?;
+    agent.enroll(Agent::spec_for(&client, "client"))?;
+    let _echo = echo_server(&server, 9000)?;
+    let old_pid = agent
+        .pid()
+        .ok_or_else(|| anyhow::anyhow!("agent not running"))?;
+
+    // A new agent whose CA directory is unusable fails after it has
+    // received the lock and the sockets, before it serves anything.
+    let dir = TempDir::new("upgfail")?;
+    let not_a_dir = dir.path().join("ca-file");
+    std::fs::write(&not_a_dir, "")?;
+    let out = Command::new(dataplane_tests::agent_binary()?)
+        .arg("run")
+        .arg("--instance")
+        .arg(agent.instance())
+        .arg("--state-dir")
+        .arg(agent.state_dir())
+        .arg("--bpffs")
+        .arg(agent.bpffs())
+        .arg("--cgroup")
+        .arg(node.cgroup().path())
+        .arg("--ca-dir")
+        .arg(&not_a_dir)
+        .args(["--readiness-addr", "127.0.0.1:0"])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .args(["--admin-addr", "127.0.0.1:0"])
+        .arg("--takeover")
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("received the running agent's instance lock and listening sockets"),
+        "the new agent got as far as the sockets: {stderr}"
+    );
+
+    // The running agent goes on: it answers, holds the lock under its own
+    // pid again, enrolls again, and its pod's traffic flows.
+    wait_until("the running agent to resume", || {
+        Ok(log_of(&agent).contains("hand-over failed; this agent goes on serving its pods"))
+    })?;
+    assert_eq!(agent.status()?.pid, old_pid);
+    assert_eq!(lock_pid(&agent)?, old_pid);
+    let added = agent.enroll(Agent::spec_for(&server, "server"))?;
+    assert!(added.ok, "{added:?}");
+    dataplane_tests::traffic::echo(&client, addr(&server, 9000), 64 * 1024, 7)?;
+    assert!(agent.status()?.pods.iter().all(|p| p.captured));
+    Ok(())
+}

@@ -111,6 +111,9 @@ impl Giver {
             }
             Err(err) => {
                 warn!(new_pid, error = %Chain(&err), "hand-over failed; this agent goes on serving its pods");
+                if let Err(err) = self.lock.reclaim() {
+                    warn!(error = %err, "cannot write this agent's pid into the instance lock again");
+                }
                 if let Err(err) = self.enroller.thaw().await {
                     warn!(error = %Chain(&err), "cannot resume enrollment after the failed hand-over");
                 }
