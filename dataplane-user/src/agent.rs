@@ -105,6 +105,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
             "readiness",
             "GET /healthz/ready",
             args.readiness_addr,
+            args.takeover,
             |l| crate::readiness::serve(l, readiness),
         )
         .await
@@ -137,9 +138,13 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     } = mesh_context(&args, &config)?;
     let metrics_task = {
         let metrics = Arc::clone(&mesh.metrics);
-        start_endpoint("metrics", "GET /metrics", args.metrics_addr, |l| {
-            telemetry::serve(l, metrics)
-        })
+        start_endpoint(
+            "metrics",
+            "GET /metrics",
+            args.metrics_addr,
+            args.takeover,
+            |l| telemetry::serve(l, metrics),
+        )
         .await
     };
     let pins = PinLayout::new(&args.state.bpffs, &args.state.instance);
@@ -240,6 +245,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         "admin",
         "/config_dump, /logging, /quitquitquit",
         args.admin_addr,
+        args.takeover,
     )
     .await;
     let endpoints = Endpoints {
@@ -270,7 +276,12 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     ));
     let quit = Arc::new(Notify::new());
     let admin_task = admin_listener.map(|(listener, _)| {
-        tokio::spawn(admin::serve(listener, Arc::clone(&view), Arc::clone(&quit)))
+        let (view, quit) = (Arc::clone(&view), Arc::clone(&quit));
+        tokio::spawn(async move {
+            if let Some(listener) = listener.await {
+                admin::serve(listener, view, quit).await;
+            }
+        })
     });
     drop(view);
     // Only a config file can change; the embedded default cannot.
@@ -348,20 +359,30 @@ fn release_startup_memory() {
     }
 }
 
+/// An endpoint's listener, now or once its port is free.
+type ListenerSoon = std::pin::Pin<Box<dyn Future<Output = Option<TcpListener>> + Send>>;
+
 /// Binds an HTTP endpoint. A port already in use (another agent on the
 /// same host) is logged loudly and start-up goes on: probes and scrapes
 /// then fail, which is visible, instead of the node losing its data plane.
+/// With `--takeover` the port in use is the agent's being taken over from:
+/// it is bound as soon as that agent exits (see [`handover`]).
 async fn bind_endpoint(
     name: &'static str,
     paths: &'static str,
     addr: SocketAddr,
-) -> Option<(TcpListener, SocketAddr)> {
+    takeover: bool,
+) -> Option<(ListenerSoon, SocketAddr)> {
     match crate::httpd::bind(addr).await {
         Ok(listener) => {
             // Port 0 asks the kernel for one: report the one it chose.
             let bound = listener.local_addr().unwrap_or(addr);
             info!(addr = %bound, "{name} endpoint listening ({paths})");
-            Some((listener, bound))
+            Some((Box::pin(std::future::ready(Some(listener))), bound))
+        }
+        Err(err) if takeover && err.kind() == std::io::ErrorKind::AddrInUse => {
+            info!(%addr, "{name} endpoint: the port is the running agent's; bound once it exits");
+            Some((Box::pin(handover::bind_when_free(name, addr)), addr))
         }
         Err(err) => {
             warn!(%addr, error = %err, "cannot serve the {name} endpoint; set --{name}-addr");
@@ -375,14 +396,20 @@ async fn start_endpoint<F, Fut>(
     name: &'static str,
     paths: &'static str,
     addr: SocketAddr,
+    takeover: bool,
     serve: F,
 ) -> Option<(JoinHandle<()>, SocketAddr)>
 where
-    F: FnOnce(TcpListener) -> Fut,
+    F: FnOnce(TcpListener) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let (listener, bound) = bind_endpoint(name, paths, addr).await?;
-    Some((tokio::spawn(serve(listener)), bound))
+    let (listener, bound) = bind_endpoint(name, paths, addr, takeover).await?;
+    let serve = async move {
+        if let Some(listener) = listener.await {
+            serve(listener).await;
+        }
+    };
+    Some((tokio::spawn(serve), bound))
 }
 
 /// Stops accepting (in-pod listeners close, HBONE servers send GOAWAY),

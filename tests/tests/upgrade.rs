@@ -23,7 +23,7 @@ use dataplane_tests::{
     process::target_binary,
     spawn_in,
     topology::{Node, Pod},
-    traffic::{echo_server, wait_until},
+    traffic::{echo_server, http, wait_until},
 };
 
 /// Hand-overs per run.
@@ -158,6 +158,11 @@ fn log_of(agent: &Agent) -> String {
         .join("\n")
 }
 
+/// A loopback address with a port free now.
+fn free_port() -> anyhow::Result<std::net::SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
 fn lock_pid(agent: &Agent) -> anyhow::Result<u32> {
     let text = std::fs::read_to_string(
         Path::new(agent.state_dir())
@@ -180,13 +185,16 @@ fn takeover_refuses_resets_and_corrupts_no_connection_across_restarts() -> anyho
     ]);
     let config = write_config(dir.path(), "mesh.yaml", &config)?;
     let ca = dir.path().join("ca");
+    // Fixed endpoint ports, as on a node: each new agent serves them once
+    // the old one has let go.
+    let readiness = free_port()?.to_string();
     let mut agent = Agent::standalone(
         "upgrade",
         &node,
         "node1",
         &config,
         &ca,
-        &["--drain-timeout", "10s"],
+        &["--drain-timeout", "10s", "--readiness-addr", &readiness],
     )?;
     let _echo = echo_server(&server, 9000)?;
     let sockets = engine_listeners([&client, &server])?;
@@ -218,6 +226,10 @@ fn takeover_refuses_resets_and_corrupts_no_connection_across_restarts() -> anyho
         );
         let status = agent.status()?;
         assert!(status.ready, "{status:?}");
+        wait_until("the new agent to serve the readiness port", || {
+            Ok(http(agent.readiness_addr()?, "GET", "/healthz/ready")
+                .is_ok_and(|(code, _)| code == 200))
+        })?;
         assert!(status.pods.iter().all(|p| p.captured), "{status:?}");
         meshed.advance(PROGRESS_STEP)?;
         plain.advance(PROGRESS_STEP)?;
@@ -235,6 +247,10 @@ fn takeover_refuses_resets_and_corrupts_no_connection_across_restarts() -> anyho
     }
     assert!(log.contains("took over from the running agent"), "{log}");
     assert!(log.contains("handed over; no longer accepting"), "{log}");
+    assert!(
+        log.contains("readiness endpoint listening (released by the agent taken over from)"),
+        "{log}"
+    );
     Ok(())
 }
 

@@ -59,6 +59,39 @@ use sockets::Role;
 /// issuing each pod's certificate).
 pub const HANDOVER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a new agent waits for the running agent to release the port
+/// of an HTTP endpoint (readiness, metrics, admin): its drain, then its
+/// exit.
+pub const ENDPOINT_WAIT: Duration = Duration::from_secs(600);
+
+/// How often a held endpoint port is tried again.
+const ENDPOINT_RETRY: Duration = Duration::from_millis(100);
+
+/// Binds `addr` for the endpoint `name` once the agent taken over from has
+/// released it (within [`ENDPOINT_WAIT`]); `None`, logged, if it never is.
+pub async fn bind_when_free(
+    name: &'static str,
+    addr: std::net::SocketAddr,
+) -> Option<tokio::net::TcpListener> {
+    let deadline = tokio::time::Instant::now() + ENDPOINT_WAIT;
+    loop {
+        tokio::time::sleep(ENDPOINT_RETRY).await;
+        match crate::httpd::bind(addr).await {
+            Ok(listener) => {
+                tracing::info!(%addr, "{name} endpoint listening (released by the agent taken over from)");
+                return Some(listener);
+            }
+            Err(err)
+                if err.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() < deadline => {}
+            Err(err) => {
+                tracing::warn!(%addr, error = %err, "cannot serve the {name} endpoint; set --{name}-addr");
+                return None;
+            }
+        }
+    }
+}
+
 /// One message on the hand-over channel.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "camelCase", deny_unknown_fields)]
