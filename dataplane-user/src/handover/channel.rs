@@ -221,3 +221,45 @@ fn recv_with_fds(
         return Ok((msg.bytes, fds, truncated));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt as _;
+
+    use super::*;
+
+    #[test]
+    fn a_message_arrives_with_its_descriptors_and_a_closed_peer_ends_the_channel() {
+        let (mine, theirs) = Channel::pair().expect("pair");
+        let theirs = Channel::from_fd(theirs).expect("seqpacket");
+        theirs
+            .set_timeout(Duration::from_secs(10))
+            .expect("timeout");
+        let file = std::fs::File::open("/proc/self/exe").expect("a file to pass");
+        mine.send(&Message::Offer { pid: 7, pods: 0 }, &[file.as_fd()])
+            .expect("send");
+        let (message, fds) = theirs.recv().expect("recv").expect("a message");
+        assert!(matches!(message, Message::Offer { pid: 7, pods: 0 }));
+        assert_eq!(fds.len(), 1);
+        let passed = std::fs::File::from(fds.into_iter().next().expect("fd"));
+        let (a, b) = (
+            file.metadata().expect("stat"),
+            passed.metadata().expect("stat"),
+        );
+        assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()));
+        drop(mine);
+        assert!(theirs.recv().expect("recv").is_none());
+    }
+
+    #[test]
+    fn the_reply_carries_the_channel_over_a_stream() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().expect("pair");
+        let (_mine, theirs) = Channel::pair().expect("channel");
+        send_reply(a.as_fd(), b"{\"ok\":true}", &[theirs.as_fd()]).expect("send");
+        drop(a);
+        let (body, fds) = recv_reply(b.as_fd()).expect("recv");
+        assert_eq!(body, b"{\"ok\":true}");
+        assert_eq!(fds.len(), 1);
+        assert!(Channel::from_fd(fds.into_iter().next().expect("fd")).is_ok());
+    }
+}

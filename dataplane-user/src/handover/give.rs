@@ -159,7 +159,7 @@ impl Giver {
         for pod in &offered {
             let roles = sockets::roles_of(&pod.listeners);
             let message = Message::Pod {
-                status: pod.status.clone(),
+                status: Box::new(pod.status.clone()),
                 netns_dev: pod.netns_identity.0,
                 netns_ino: pod.netns_identity.1,
                 roles: roles.iter().map(|(role, _)| *role).collect(),

@@ -106,7 +106,7 @@ enum Message {
     /// Running agent → new: one pod. Carries one descriptor per role.
     Pod {
         /// The pod as enrolled.
-        status: PodStatus,
+        status: Box<PodStatus>,
         /// Device of its network namespace.
         netns_dev: u64,
         /// Inode of its network namespace.

@@ -117,3 +117,85 @@ fn check(role: Role, fd: BorrowedFd<'_>, netns_cookie: u64) -> Result<(), String
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! Real sockets in a network namespace of the test's own (needs
+    //! CAP_SYS_ADMIN, as every test of the agent does).
+
+    use std::net::{Ipv6Addr, SocketAddr};
+
+    use socket2::{Domain, Protocol, Socket, Type};
+
+    use super::*;
+
+    /// Runs `f` on a thread in a new network namespace (gone with it).
+    fn in_new_netns<T: Send + 'static>(f: impl FnOnce(u64) -> T + Send + 'static) -> T {
+        std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("unshare(CLONE_NEWNET) needs CAP_SYS_ADMIN");
+            let cookie = crate::netns::current_netns_cookie().expect("netns cookie");
+            f(cookie)
+        })
+        .join()
+        .expect("test thread")
+    }
+
+    fn tcp(port: u16, listen: bool) -> OwnedFd {
+        let socket = Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP)).expect("socket");
+        socket.set_only_v6(false).expect("dual-stack");
+        let addr = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port);
+        socket.bind(&addr.into()).expect("bind");
+        if listen {
+            socket.listen(8).expect("listen");
+        }
+        socket.into()
+    }
+
+    #[test]
+    fn a_listener_passes_only_for_its_role_and_namespace() {
+        in_new_netns(|cookie| {
+            let inbound = tcp(INBOUND_PLAINTEXT_PORT, true);
+            assert_eq!(check(Role::Inbound, inbound.as_fd(), cookie), Ok(()));
+            let wrong_role = check(Role::Hbone, inbound.as_fd(), cookie);
+            assert!(
+                wrong_role.as_ref().is_err_and(|e| e.contains("bound to")),
+                "{wrong_role:?}"
+            );
+            let wrong_netns = check(Role::Inbound, inbound.as_fd(), cookie + 1);
+            assert!(
+                wrong_netns
+                    .as_ref()
+                    .is_err_and(|e| e.contains("network namespace")),
+                "{wrong_netns:?}"
+            );
+            let idle = tcp(HBONE_PORT, false);
+            assert_eq!(
+                check(Role::Hbone, idle.as_fd(), cookie),
+                Err("not listening".to_owned())
+            );
+            let udp = Socket::new(Domain::IPV6, Type::DGRAM, None).expect("udp");
+            assert_eq!(
+                check(Role::Hbone, udp.as_fd(), cookie),
+                Err("not a TCP socket".to_owned())
+            );
+        });
+    }
+
+    #[test]
+    fn a_pod_without_every_listener_is_refused() {
+        in_new_netns(|cookie| {
+            let fds = vec![tcp(INBOUND_PLAINTEXT_PORT, true), tcp(HBONE_PORT, true)];
+            let missing = listeners_from(&[Role::Inbound, Role::Hbone], fds, cookie);
+            assert!(
+                missing
+                    .as_ref()
+                    .is_err_and(|e| e.contains("no OutboundV4 listener")),
+                "{missing:?}"
+            );
+            let fds = vec![tcp(INBOUND_PLAINTEXT_PORT, true)];
+            let uneven = listeners_from(&[Role::Inbound, Role::Hbone], fds, cookie);
+            assert!(uneven.is_err(), "{uneven:?}");
+        });
+    }
+}

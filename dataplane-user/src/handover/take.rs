@@ -251,7 +251,10 @@ fn request(state_dir: &Path, instance: &str) -> Result<(InstanceLock, Incoming),
                 None
             }
         };
-        pods.push(HandedPod { status, listeners });
+        pods.push(HandedPod {
+            status: *status,
+            listeners,
+        });
     }
     let step = "the end of the offer";
     match recv(step)? {

@@ -239,7 +239,7 @@ fn run_loop(addr: &str, bytes: &str, dir: &str) -> Result<String, String> {
                 }
             }
         }
-        if seed % 20 == 0 {
+        if seed.is_multiple_of(20) {
             let tmp = dir.join("progress.tmp");
             std::fs::write(&tmp, ok.to_string())
                 .and_then(|()| std::fs::rename(&tmp, dir.join("progress")))
