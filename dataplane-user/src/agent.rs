@@ -292,16 +292,15 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
 
     release_startup_memory();
     info!(instance = %args.state.instance, control = %socket.display(), on_exit = ?args.on_exit, fail_open = args.fail_open, "agent ready");
-    let mut handed_over = false;
     tokio::select! {
         _ = sigterm.recv() => info!("SIGTERM received, draining"),
         _ = sigint.recv() => info!("SIGINT received, draining"),
         () = quit.notified() => info!("/quitquitquit received, draining"),
-        pid = giver.handed_over() => {
-            info!(new_pid = pid, "pods handed over to a new agent, draining");
-            handed_over = true;
-        }
+        pid = giver.handed_over() => info!(new_pid = pid, "pods handed over to a new agent, draining"),
     }
+    // A signal during a hand-over waits for its outcome: once handed over,
+    // kernel state is the new agent's, whatever --on-exit says.
+    let handed_over = giver.settle().await.is_some();
     readiness.start_draining();
     drain(&mesh, &shutdown_tx, args.drain_timeout).await;
     rotation.abort();

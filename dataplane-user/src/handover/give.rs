@@ -2,14 +2,7 @@
 //! and every pod's listening sockets, then wait for the new agent to serve
 //! them.
 
-use std::{
-    os::fd::AsFd as _,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Instant,
-};
+use std::{os::fd::AsFd as _, sync::Arc, time::Instant};
 
 use tokio::{io::AsyncWriteExt as _, sync::watch};
 use tracing::{info, warn};
@@ -22,15 +15,25 @@ use crate::{
     logging::Chain,
 };
 
+/// Where the running agent is with hand-overs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Serving its pods; a new agent may ask.
+    Serving,
+    /// A hand-over is under way.
+    HandingOver,
+    /// The new agent (this pid) serves every pod.
+    HandedOver(u32),
+    /// Shutting down without a hand-over: no new one starts.
+    Stopping,
+}
+
 /// What a running agent needs to hand its pods over.
 #[derive(Debug)]
 pub struct Giver {
     lock: InstanceLock,
     enroller: Enroller,
-    /// Set while a hand-over is under way, and for good once one succeeded.
-    busy: AtomicBool,
-    /// The new agent's pid, once it serves every pod.
-    handed_over: watch::Sender<Option<u32>>,
+    phase: watch::Sender<Phase>,
 }
 
 impl Giver {
@@ -39,25 +42,78 @@ impl Giver {
         Arc::new(Self {
             lock,
             enroller,
-            busy: AtomicBool::new(false),
-            handed_over: watch::channel(None).0,
+            phase: watch::channel(Phase::Serving).0,
         })
     }
 
     /// Resolves once a new agent serves every pod: its pid.
     pub async fn handed_over(&self) -> u32 {
-        let mut done = self.handed_over.subscribe();
-        match done.wait_for(Option::is_some).await {
-            Ok(pid) => pid.unwrap_or_default(),
+        let mut phase = self.phase.subscribe();
+        match phase.wait_for(|p| matches!(p, Phase::HandedOver(_))).await {
+            Ok(p) => match *p {
+                Phase::HandedOver(pid) => pid,
+                _ => 0,
+            },
             // The sender lives as long as `self`.
             Err(_) => std::future::pending().await,
         }
     }
 
+    /// The agent is shutting down: no hand-over starts from now on, and
+    /// one under way is waited for (it ends within the hand-over timeout).
+    /// Returns the new agent's pid if the pods were handed over: then the
+    /// kernel state, the state file and the lock are its, not this
+    /// agent's to keep or remove.
+    pub async fn settle(&self) -> Option<u32> {
+        let mut phase = self.phase.subscribe();
+        loop {
+            let mut outcome = None;
+            let decided = self.phase.send_if_modified(|p| match *p {
+                Phase::Serving => {
+                    *p = Phase::Stopping;
+                    true
+                }
+                Phase::HandedOver(pid) => {
+                    outcome = Some(Some(pid));
+                    false
+                }
+                Phase::Stopping => {
+                    outcome = Some(None);
+                    false
+                }
+                Phase::HandingOver => false,
+            });
+            if decided {
+                return None;
+            }
+            if let Some(outcome) = outcome {
+                return outcome;
+            }
+            info!("waiting for the hand-over under way before shutting down");
+            if phase.changed().await.is_err() {
+                return None;
+            }
+        }
+    }
+
     /// Answers the `handOver` request of the agent `new_pid` on `stream`.
     pub async fn give(self: Arc<Self>, mut stream: tokio::net::UnixStream, new_pid: u32) {
-        if self.busy.swap(true, Ordering::AcqRel) {
-            refuse(&mut stream, "a hand-over is already under way or done").await;
+        let mut now = Phase::Serving;
+        let start = self.phase.send_if_modified(|p| {
+            now = *p;
+            let start = *p == Phase::Serving;
+            if start {
+                *p = Phase::HandingOver;
+            }
+            start
+        });
+        if !start {
+            let reason = match now {
+                Phase::HandingOver => "a hand-over is already under way".to_owned(),
+                Phase::HandedOver(pid) => format!("the pods were handed over to pid {pid} already"),
+                _ => "the agent is shutting down".to_owned(),
+            };
+            refuse(&mut stream, &reason).await;
             return;
         }
         info!(
@@ -68,7 +124,7 @@ impl Giver {
         let offered = match self.enroller.freeze().await {
             Ok(offered) => offered,
             Err(err) => {
-                self.busy.store(false, Ordering::Release);
+                self.phase.send_replace(Phase::Serving);
                 let reason = Chain(&err).to_string();
                 refuse(&mut stream, &reason).await;
                 return;
@@ -107,7 +163,7 @@ impl Giver {
                     duration_ms = started.elapsed().as_millis() as u64,
                     "handed over; no longer accepting, draining what this agent accepted"
                 );
-                self.handed_over.send_replace(Some(pid));
+                self.phase.send_replace(Phase::HandedOver(pid));
             }
             Err(err) => {
                 warn!(new_pid, error = %Chain(&err), "hand-over failed; this agent goes on serving its pods");
@@ -117,7 +173,7 @@ impl Giver {
                 if let Err(err) = self.enroller.thaw().await {
                     warn!(error = %Chain(&err), "cannot resume enrollment after the failed hand-over");
                 }
-                self.busy.store(false, Ordering::Release);
+                self.phase.send_replace(Phase::Serving);
             }
         }
     }
