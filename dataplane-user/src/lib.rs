@@ -31,6 +31,8 @@ pub mod config;
 pub mod control;
 pub mod enroll;
 pub mod features;
+#[cfg(test)]
+mod fuzz_seeds;
 pub mod handover;
 pub mod hbone;
 pub(crate) mod httpd;

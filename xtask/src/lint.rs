@@ -35,6 +35,16 @@ fn checks() -> Vec<(&'static str, Command)> {
     let mut fmt = cmd::cargo();
     fmt.args(["fmt", "--all", "--check"]);
 
+    // The fuzz targets are a workspace of their own (cargo-fuzz builds them
+    // on nightly with sanitizers); formatting needs no build.
+    let mut fuzz_fmt = cmd::cargo();
+    fuzz_fmt.args([
+        "fmt",
+        "--check",
+        "--manifest-path",
+        "dataplane-user/fuzz/Cargo.toml",
+    ]);
+
     let mut clippy = cmd::cargo();
     clippy.arg("clippy");
     build::user_workspace(&mut clippy).args(["--all-targets", "--", "-D", "warnings"]);
@@ -59,6 +69,7 @@ fn checks() -> Vec<(&'static str, Command)> {
 
     vec![
         ("rustfmt", fmt),
+        ("rustfmt (fuzz targets)", fuzz_fmt),
         ("clippy (user space)", clippy),
         ("clippy (kernel, bpfel-unknown-none)", ebpf_clippy),
     ]

@@ -8,6 +8,7 @@ mod bench;
 mod build;
 mod cmd;
 mod demo;
+mod fuzz;
 mod lint;
 mod run;
 mod setup;
@@ -82,6 +83,11 @@ enum Task {
     /// and HBONE, same-node and cross-node) and micro-benchmarks; the report
     /// goes to stdout and target/bench/.
     Bench(bench::BenchArgs),
+    /// Fuzz what a stranger can hand the agent (config, CNI stdin, control
+    /// requests, HBONE request heads, SPIFFE ids, certificates) with
+    /// cargo-fuzz on nightly, seeded by the unit tests; prints executions
+    /// per target. Not part of CI.
+    Fuzz(fuzz::FuzzArgs),
     /// Run the redirection suite on Linux 5.10, 6.1 and 6.12 (in qemu VMs,
     /// kernels fetched once and cached) and on the host's kernel; prints a
     /// pass/fail table per kernel.
@@ -104,6 +110,7 @@ fn main() -> ExitCode {
         Task::Lint => lint::lint(),
         Task::Bench(args) => bench::bench(&args),
         Task::VmTest(args) => vm::vm_test(&args),
+        Task::Fuzz(args) => fuzz::fuzz(&args),
     };
     match result {
         Ok(code) => code,

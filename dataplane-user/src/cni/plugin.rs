@@ -97,7 +97,7 @@ fn dispatch(env: &CniEnv, stdin: &[u8]) -> Result<Option<String>, CniError> {
     if command == Command::Version {
         return Ok(Some(version_report(stdin)));
     }
-    let conf = parse_conf(stdin)?;
+    let conf = read_conf(stdin)?;
     match command {
         Command::Add => add(env, &conf).map(Some),
         Command::Del => del(env, &conf).map(|()| None),
@@ -115,7 +115,9 @@ fn version_report(stdin: &[u8]) -> String {
     .to_string()
 }
 
-fn parse_conf(stdin: &[u8]) -> Result<PluginConf, CniError> {
+/// Reads the network configuration on stdin (any version the plugin
+/// supports); the first thing every command but VERSION does with it.
+pub fn read_conf(stdin: &[u8]) -> Result<PluginConf, CniError> {
     let conf: PluginConf = serde_json::from_slice(stdin).map_err(|e| {
         let code = if e.is_data() {
             ErrorCode::InvalidConfig
@@ -409,7 +411,8 @@ fn unreachable_agent(conf: &PluginConf, err: &ControlError, op: &str) -> Result<
     }
 }
 
-fn read_result(prev: &RawValue) -> Result<ResultView, CniError> {
+/// Reads the previous plugin's result (`prevResult`).
+pub fn read_result(prev: &RawValue) -> Result<ResultView, CniError> {
     serde_json::from_str(prev.get())
         .map_err(|e| CniError::new(ErrorCode::Decode, "cannot read prevResult", e.to_string()))
 }
@@ -440,10 +443,19 @@ mod tests {
     }
 
     fn conf(policy: &str) -> String {
-        format!(
+        let conf = format!(
             r#"{{"cniVersion":"1.0.0","name":"n","type":"dataplane-cni","agentSocket":"/nonexistent/agent.sock","onAgentUnreachable":"{policy}",
                "prevResult":{{"cniVersion":"1.0.0","ips":[{{"address":"10.0.0.2/24","gateway":"10.0.0.1"}}],"dns":{{}}}}}}"#
-        )
+        );
+        crate::fuzz_seeds::seed("cni_stdin", &conf);
+        conf
+    }
+
+    /// The plugin's `run`, recording each stdin the tests try as a seed of
+    /// the `cni_stdin` fuzz target.
+    fn run(env: &CniEnv, stdin: &[u8]) -> Outcome {
+        crate::fuzz_seeds::seed("cni_stdin", stdin);
+        super::run(env, stdin)
     }
 
     #[test]

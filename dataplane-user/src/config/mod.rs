@@ -338,6 +338,7 @@ policies:
             policies: &config.policies,
         })
         .unwrap();
+        crate::fuzz_seeds::seed("config", &text);
         let parsed = LocalConfig::parse(&text, &config.origin)
             .unwrap_or_else(|e| panic!("{}\n{text}", crate::logging::Chain(&e)));
         (text, parsed)
@@ -352,6 +353,7 @@ policies:
 
     #[test]
     fn every_field_kind_round_trips() {
+        crate::fuzz_seeds::seed("config", RICH);
         let config = LocalConfig::parse(RICH, "rich.yaml").unwrap();
         // The fixture really sets the non-default values.
         assert_eq!(config.workloads[0].protocol, Protocol::Tcp);

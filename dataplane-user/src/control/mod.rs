@@ -116,6 +116,32 @@ pub enum ControlError {
     Refused(String),
 }
 
+/// Reads a request as the agent receives it: one JSON document of at most
+/// [`MAX_MESSAGE`] bytes. The error is the refusal the client is sent.
+pub fn read_request(body: &[u8]) -> Result<Request, String> {
+    if body.len() as u64 > MAX_MESSAGE {
+        return Err(format!("request larger than {MAX_MESSAGE} bytes"));
+    }
+    let invalid = |err: serde_json::Error| format!("invalid request: {err}");
+    let request: Request = serde_json::from_slice(body).map_err(invalid)?;
+    // serde ignores extra fields on the unit variants of an internally
+    // tagged enum, `deny_unknown_fields` notwithstanding: a misspelt
+    // argument (`{"op":"list","namespace":"x"}`) would pass unnoticed.
+    if matches!(
+        request,
+        Request::List | Request::Status | Request::ConfigDump | Request::Certs
+    ) {
+        let fields: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(body).map_err(invalid)?;
+        if let Some(extra) = fields.keys().find(|key| *key != "op") {
+            return Err(format!(
+                "invalid request: unknown field `{extra}`: this op takes no arguments"
+            ));
+        }
+    }
+    Ok(request)
+}
+
 /// Path of the control socket of an instance.
 pub fn socket_path(state_dir: &Path, instance: &str) -> PathBuf {
     state_dir.join(instance).join("agent.sock")
@@ -152,5 +178,73 @@ pub fn call(path: &Path, request: &Request, timeout: Duration) -> Result<Respons
         Err(ControlError::Refused(
             response.error.unwrap_or_else(|| "no reason given".into()),
         ))
+    }
+}
+
+#[cfg(test)]
+#[expect(
+    clippy::unwrap_used,
+    reason = "a bad fixture should fail the test loudly"
+)]
+mod tests {
+    use super::*;
+    use crate::fuzz_seeds;
+
+    /// What a client sends for `request`, read back as the agent reads it.
+    fn round_trip(request: &Request) -> Request {
+        let body = serde_json::to_vec(request).unwrap();
+        fuzz_seeds::seed("control_request", &body);
+        read_request(&body).unwrap()
+    }
+
+    #[test]
+    fn every_request_reads_back_as_sent() {
+        let pod = PodSpec {
+            uid: "u1".into(),
+            name: "web-0".into(),
+            namespace: "shop".into(),
+            service_account: "web".into(),
+            trust_domain: "cluster.local".into(),
+            netns: "/var/run/netns/web".into(),
+            ips: vec!["10.1.0.5".parse().unwrap(), "fd00::5".parse().unwrap()],
+            node_addr: Some("10.1.0.1".parse().unwrap()),
+            exclusions: Default::default(),
+        };
+        for request in [
+            Request::Add { pod: Box::new(pod) },
+            Request::Remove {
+                uid: Some("u1".into()),
+                netns: None,
+            },
+            Request::Remove {
+                uid: None,
+                netns: Some("/var/run/netns/web".into()),
+            },
+            Request::List,
+            Request::Status,
+            Request::ConfigDump,
+            Request::Certs,
+            Request::HandOver { pid: 42 },
+        ] {
+            assert_eq!(round_trip(&request), request);
+        }
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_request() {
+        for (body, expected) in [
+            (&br#"{"op":"list","extra":1}"#[..], "unknown field"),
+            (br#"{"op":"reboot"}"#, "unknown variant"),
+            (br#"{"op":"add"}"#, "missing field"),
+            (br#"{"op":"add","pod":{"uid":"u"}}"#, "missing field"),
+            (b"\xff\xfe", "invalid request"),
+            (b"", "EOF"),
+        ] {
+            fuzz_seeds::seed("control_request", body);
+            let err = read_request(body).unwrap_err();
+            assert!(err.contains(expected), "{err}");
+        }
+        let huge = vec![b' '; MAX_MESSAGE as usize + 1];
+        assert!(read_request(&huge).unwrap_err().contains("larger than"));
     }
 }

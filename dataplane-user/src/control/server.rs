@@ -125,17 +125,13 @@ async fn answer(mut stream: UnixStream, view: &AgentView, giver: Arc<Giver>) -> 
             return Ok(());
         }
     }
-    let response = if body.len() as u64 > MAX_MESSAGE {
-        refused(format!("request larger than {MAX_MESSAGE} bytes"))
-    } else {
-        match serde_json::from_slice::<Request>(&body) {
-            Ok(Request::HandOver { pid }) => {
-                giver.give(stream, pid).await;
-                return Ok(());
-            }
-            Ok(request) => handle(request, view).await,
-            Err(err) => refused(format!("invalid request: {err}")),
+    let response = match super::read_request(&body) {
+        Ok(Request::HandOver { pid }) => {
+            giver.give(stream, pid).await;
+            return Ok(());
         }
+        Ok(request) => handle(request, view).await,
+        Err(refusal) => refused(refusal),
     };
     let reply = serde_json::to_vec(&response).map_err(io::Error::from)?;
     stream.write_all(&reply).await?;

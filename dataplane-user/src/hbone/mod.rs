@@ -10,6 +10,7 @@
 //! work over any established byte stream, and know nothing of pods or
 //! capture (`crate::proxy` does).
 
+pub mod head;
 pub mod pool;
 pub mod server;
 pub mod wire;

@@ -18,7 +18,10 @@ use tokio::{
 };
 use tracing::{Instrument, info_span};
 
-use super::wire;
+use super::{
+    head::{Authority, RequestHead},
+    wire,
+};
 use crate::{
     addr::{canonical, is_engine_port},
     identity::Identity,
@@ -110,7 +113,13 @@ where
             accepted = conn.accept() => match accepted {
                 Some(Ok((request, respond))) => {
                     let ctx = Arc::clone(&ctx);
-                    let span = info_span!("hbone_in", src = %canonical(ctx.peer), peer_identity = ctx.peer_identity.as_ref().map_or("-", Identity::as_uri));
+                    let span = info_span!(
+                        "hbone_in",
+                        src = %canonical(ctx.peer),
+                        peer_identity = ctx.peer_identity.as_ref().map_or("-", Identity::as_uri),
+                        trace_id = tracing::field::Empty,
+                        forwarded_for = tracing::field::Empty,
+                    );
                     tokio::spawn(handle_stream(request, respond, ctx).instrument(span));
                 }
                 Some(Err(err)) => return Err(err),
@@ -140,8 +149,8 @@ async fn handle_stream(
         destination: Arc::clone(&ctx.destination),
         service: None,
     };
-    let dst = match check(&request, &ctx) {
-        Ok(dst) => dst,
+    let (dst, head) = match check(&request, &ctx) {
+        Ok(checked) => checked,
         Err((status, reason)) => {
             return reject(
                 &mut respond,
@@ -149,10 +158,11 @@ async fn handle_stream(
                 &ctx,
                 &flow,
                 FailReason::BadRequest,
-                reason,
+                &reason,
             );
         }
     };
+    record_head(&head);
     flow.dst = Some(dst);
     let authz = policy::Request {
         peer: ctx.peer_identity.as_ref(),
@@ -216,37 +226,53 @@ async fn handle_stream(
     }
 }
 
-/// Validates method and authority; returns the destination.
+/// Validates method and authority; returns the destination and the
+/// request's head.
 fn check(
     request: &Request<h2::RecvStream>,
     ctx: &ServerContext,
-) -> Result<SocketAddr, (StatusCode, &'static str)> {
-    if request.method() != http::Method::CONNECT {
-        return Err((StatusCode::BAD_REQUEST, "only CONNECT is served"));
-    }
-    let authority = request
-        .uri()
-        .authority()
-        .ok_or((StatusCode::BAD_REQUEST, "CONNECT without authority"))?;
-    let dst = match authority.as_str().parse::<SocketAddr>() {
-        Ok(dst) => canonical(dst),
-        Err(_) => (ctx.resolve_authority)(authority.as_str(), ctx.local)
-            .map(canonical)
-            .ok_or((
-                StatusCode::BAD_REQUEST,
-                "authority is neither ip:port nor a known service hostname:port",
-            ))?,
+) -> Result<(SocketAddr, RequestHead), (StatusCode, String)> {
+    let bad = |reason: String| (StatusCode::BAD_REQUEST, reason);
+    let head = RequestHead::parse(request.method(), request.uri(), request.headers())
+        .map_err(|err| bad(err.to_string()))?;
+    let dst = match &head.authority {
+        Authority::Addr(dst) => canonical(*dst),
+        Authority::Host { name, port } => {
+            (ctx.resolve_authority)(&format!("{name}:{port}"), ctx.local)
+                .map(canonical)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "authority `{}` is not a known service hostname:port",
+                        head.authority
+                    ))
+                })?
+        }
     };
     if dst.ip() != canonical(ctx.local).ip() {
-        return Err((
-            StatusCode::BAD_REQUEST,
-            "authority IP is not the IP this connection arrived on",
+        return Err(bad(
+            "authority IP is not the IP this connection arrived on".to_owned()
         ));
     }
     if is_engine_port(dst.port()) {
-        return Err((StatusCode::BAD_REQUEST, "authority port is an engine port"));
+        return Err(bad("authority port is an engine port".to_owned()));
     }
-    Ok(dst)
+    Ok((dst, head))
+}
+
+/// Puts what the client side said about itself on the stream's span, so
+/// the two ends' logs can be joined (trace id) and the original client
+/// seen. Information only: nothing is decided on it.
+fn record_head(head: &RequestHead) {
+    let span = tracing::Span::current();
+    if let Some(trace) = head.trace {
+        span.record(
+            "trace_id",
+            tracing::field::display(format_args!("{:032x}", trace.trace_id)),
+        );
+    }
+    if let Some(client) = head.forwarded_for {
+        span.record("forwarded_for", tracing::field::display(client));
+    }
 }
 
 fn reject(

@@ -358,6 +358,7 @@ mod tests {
     #[test]
     fn round_trips() {
         let uri = "spiffe://cluster.local/ns/default/sa/my-app_1.v2";
+        crate::fuzz_seeds::seed("spiffe_id", uri);
         let id: Identity = uri.parse().unwrap();
         assert_eq!(id.trust_domain, "cluster.local");
         assert_eq!(id.namespace, "default");
@@ -392,6 +393,7 @@ mod tests {
             "spiffe://cluster.local/ns/a b/sa/b",
             "spiffe://cluster.local/ns/a/sa/%41",
         ] {
+            crate::fuzz_seeds::seed("spiffe_id", bad);
             assert!(Identity::parse(bad).is_err(), "{bad:?} parsed");
         }
         let long = format!("spiffe://td/ns/{}/sa/b", "a".repeat(2100));

@@ -7,6 +7,7 @@ use super::*;
 
 fn set(policies: &str) -> PolicySet {
     let text = format!("policies:\n{policies}");
+    crate::fuzz_seeds::seed("config", &text);
     PolicySet::from_config(&LocalConfig::parse(&text, "t").unwrap())
 }
 
