@@ -308,3 +308,17 @@ fn a_takeover_that_fails_leaves_the_running_agent_in_charge() -> anyhow::Result<
     assert!(agent.status()?.pods.iter().all(|p| p.captured));
     Ok(())
 }
+
+#[test]
+fn takeover_with_no_agent_running_starts_as_usual() -> anyhow::Result<()> {
+    let mut node = Node::new("upgnone", 1)?;
+    let pod = node.add_pod("upgnone")?;
+    let agent = Agent::start("upgnone", &node, &["--takeover"])?;
+    let status = agent.status()?;
+    assert!(status.ready, "{status:?}");
+    assert_eq!(Some(status.pid), agent.pid());
+    assert_eq!(lock_pid(&agent)?, status.pid);
+    assert!(agent.enroll(Agent::spec_for(&pod, "pod"))?.ok);
+    assert!(!log_of(&agent).contains("taking over"));
+    Ok(())
+}
