@@ -1,7 +1,9 @@
 //! The node agent's life cycle: check the host, read the config, attach the
 //! kernel programs, re-adopt the pods a previous agent enrolled, serve the
 //! control socket until SIGINT/SIGTERM, then keep or remove kernel state as
-//! `--on-exit` says.
+//! `--on-exit` says. With `--takeover` it takes a running agent's pods and
+//! listening sockets over instead; an agent whose pods were taken over
+//! drains and leaves everything to its successor ([`crate::handover`]).
 
 use std::{
     future::Future,
