@@ -31,6 +31,7 @@ use crate::{
     inspect::{AgentView, Endpoints, KernelPrograms},
     mesh::MeshContext,
     preflight::{self, PreflightError, PreflightInput},
+    proxy::handshakes::{HandshakeLimits, PendingHandshakes},
     readiness::{Readiness, Step},
     redirect::{PinLayout, RedirectError, Redirector, RedirectorOptions},
     reload,
@@ -96,6 +97,9 @@ pub enum AgentError {
 /// then drains.
 pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     let started = Instant::now();
+    // First: a container runtime starts us with 1,024 descriptors whatever
+    // the hard limit, and every connection costs descriptors.
+    let nofile = crate::nofile::raise_to_hard();
     // Installed first: a SIGTERM that arrives while programs are being
     // attached must still lead to an orderly shutdown, not the default kill.
     let mut sigterm = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
@@ -137,7 +141,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         mesh,
         shutdown_tx,
         rotation,
-    } = mesh_context(&args, &config)?;
+    } = mesh_context(&args, &config, nofile)?;
     let metrics_task = {
         let metrics = Arc::clone(&mesh.metrics);
         start_endpoint(
@@ -454,7 +458,11 @@ struct MeshParts {
 
 /// The CA, certificate store (with its rotation task), workload index and
 /// drain signal every pod's engine shares.
-fn mesh_context(args: &RunArgs, config: &LocalConfig) -> Result<MeshParts, AgentError> {
+fn mesh_context(
+    args: &RunArgs,
+    config: &LocalConfig,
+    nofile: crate::nofile::NofileLimit,
+) -> Result<MeshParts, AgentError> {
     tls::install_provider();
     let ca = match (&args.ca_cert, &args.ca_key) {
         (Some(cert), Some(key)) => Ca::from_files(cert, key)?,
@@ -475,6 +483,8 @@ fn mesh_context(args: &RunArgs, config: &LocalConfig) -> Result<MeshParts, Agent
     let rotation = Arc::clone(&certs).spawn_rotation();
     let state = MeshState::from_config(config)?;
     let (shutdown_tx, shutdown) = watch::channel(false);
+    let metrics = Arc::new(Metrics::new());
+    let handshakes = handshake_limits(args, nofile);
     let mesh = Arc::new(MeshContext {
         state: std::sync::RwLock::new(Arc::new(state)),
         dead: Default::default(),
@@ -486,11 +496,44 @@ fn mesh_context(args: &RunArgs, config: &LocalConfig) -> Result<MeshParts, Agent
         trust_domain: args.trust_domain.clone(),
         shutdown,
         pool_idle_timeout: POOL_IDLE_TIMEOUT,
-        metrics: Arc::new(Metrics::new()),
+        handshakes: Arc::new(PendingHandshakes::new(handshakes, Arc::clone(&metrics))),
+        hbone_idle_timeout: args.hbone_idle_timeout,
+        metrics,
     });
     Ok(MeshParts {
         mesh,
         shutdown_tx,
         rotation,
     })
+}
+
+/// The bounds on inbound HBONE handshakes: the flags, the node-wide one
+/// derived from the descriptor limit unless set.
+fn handshake_limits(args: &RunArgs, nofile: crate::nofile::NofileLimit) -> HandshakeLimits {
+    let as_usize = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+    let limits = HandshakeLimits {
+        node: args
+            .max_pending_handshakes
+            .map_or_else(|| nofile.default_handshake_budget(), as_usize),
+        per_pod: as_usize(args.max_pending_handshakes_per_pod),
+        per_source: as_usize(args.max_pending_handshakes_per_source),
+        timeout: args.hbone_handshake_timeout,
+    };
+    info!(
+        node = limits.node,
+        per_pod = limits.per_pod,
+        per_source = limits.per_source,
+        timeout_ms = limits.timeout.as_millis() as u64,
+        idle_timeout_ms = args.hbone_idle_timeout.as_millis() as u64,
+        fd_limit = nofile.soft,
+        "inbound HBONE handshake bounds"
+    );
+    if limits.node as u64 > nofile.soft / 2 {
+        warn!(
+            node = limits.node,
+            fd_limit = nofile.soft,
+            "--max-pending-handshakes is over half the file descriptor limit: a flood of handshakes can take the descriptors the node's pods need"
+        );
+    }
+    limits
 }

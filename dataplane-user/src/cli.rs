@@ -252,6 +252,31 @@ pub struct RunArgs {
     /// terminationGracePeriodSeconds.
     #[arg(long, env = "DATAPLANE_DRAIN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
     pub drain_timeout: std::time::Duration,
+    /// How long an inbound HBONE client may take to finish its handshake:
+    /// TLS, then the HTTP/2 connection preface and its first SETTINGS
+    /// frame. A connection that takes longer is reset.
+    #[arg(long, env = "DATAPLANE_HBONE_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    pub hbone_handshake_timeout: std::time::Duration,
+    /// An inbound HBONE connection with no open stream for this long is
+    /// closed (GOAWAY). Keep it above the clients' pool idle timeout (60 s
+    /// for this agent's pool) so that clients close first.
+    #[arg(long, env = "DATAPLANE_HBONE_IDLE_TIMEOUT", default_value = "3m", value_parser = parse_positive_duration)]
+    pub hbone_idle_timeout: std::time::Duration,
+    /// Inbound HBONE connections that may be in their handshake at once on
+    /// the whole node; over it the oldest handshake of the busiest source is
+    /// reset [default: a quarter of the file descriptor limit, between 16
+    /// and 16384].
+    #[arg(long, env = "DATAPLANE_MAX_PENDING_HANDSHAKES", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_pending_handshakes: Option<u32>,
+    /// Inbound HBONE connections that may be in their handshake at once to
+    /// one pod; over it the oldest handshake of the pod's busiest source is
+    /// reset.
+    #[arg(long, env = "DATAPLANE_MAX_PENDING_HANDSHAKES_PER_POD", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_pending_handshakes_per_pod: u32,
+    /// Inbound HBONE connections that may be in their handshake at once
+    /// from one source address; over it that source's oldest is reset.
+    #[arg(long, env = "DATAPLANE_MAX_PENDING_HANDSHAKES_PER_SOURCE", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_pending_handshakes_per_source: u32,
     /// Threads serving connections [default: one per CPU]. `1` runs
     /// everything on one thread (no work stealing between threads).
     #[arg(long, env = "DATAPLANE_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -327,6 +352,15 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_secs(secs))
 }
 
+/// A [`parse_duration`] that is not zero (a zero timeout would end every
+/// connection at once).
+fn parse_positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!("`{s}`: must be longer than zero")),
+        d => Ok(d),
+    }
+}
+
 /// Accepts decimal or `0x` hexadecimal.
 fn parse_loopback(text: &str) -> Result<std::net::SocketAddr, String> {
     let addr: std::net::SocketAddr = text
@@ -375,6 +409,11 @@ mod tests {
         );
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("5y").is_err());
+        assert!(parse_positive_duration("0s").is_err());
+        assert_eq!(
+            parse_positive_duration("2s"),
+            Ok(std::time::Duration::from_secs(2))
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use crate::{
     identity::CertStore,
     policy::{LiveConnections, Request},
+    proxy::handshakes::PendingHandshakes,
     state::{DeadEndpoints, MeshState, MeshWorkload},
     telemetry::{Metrics, Peer},
     tls::ClientConfigCache,
@@ -44,6 +45,11 @@ pub struct MeshContext {
     pub shutdown: watch::Receiver<bool>,
     /// How long an unused pooled HBONE connection is kept.
     pub pool_idle_timeout: Duration,
+    /// Inbound HBONE connections still in their handshake, within bounds.
+    pub handshakes: Arc<PendingHandshakes>,
+    /// An inbound HBONE connection without an open stream this long is
+    /// closed.
+    pub hbone_idle_timeout: Duration,
     /// Connection metrics (and the rest of `/metrics`).
     pub metrics: Arc<Metrics>,
 }

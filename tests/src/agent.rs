@@ -4,6 +4,7 @@
 
 use std::{
     fs::File,
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -43,6 +44,9 @@ pub struct Agent {
     log: PathBuf,
     cgroup: PathBuf,
     extra: Vec<String>,
+    /// `RLIMIT_NOFILE` (soft, hard) to start it with, instead of the
+    /// test's own.
+    nofile: Option<(u64, u64)>,
     /// Where its HTTP endpoints listen, as its status report said once
     /// ready.
     endpoints: Endpoints,
@@ -51,6 +55,17 @@ pub struct Agent {
 impl Agent {
     /// Starts an agent attached to `node`'s cgroup, with `extra` arguments.
     pub fn start(tag: &str, node: &Node, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with_nofile(tag, node, extra, None)
+    }
+
+    /// As [`Agent::start`], with the file descriptor limit `(soft, hard)`
+    /// set for the agent process (as a container runtime would), if given.
+    pub fn start_with_nofile(
+        tag: &str,
+        node: &Node,
+        extra: &[&str],
+        nofile: Option<(u64, u64)>,
+    ) -> anyhow::Result<Self> {
         let mut agent = Self {
             child: None,
             instance: format!("{tag}-agent"),
@@ -59,6 +74,7 @@ impl Agent {
             log: PathBuf::new(),
             cgroup: node.cgroup().path().to_path_buf(),
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            nofile,
             endpoints: Endpoints::default(),
         };
         agent.log = agent.state.path().join("agent.log");
@@ -77,6 +93,20 @@ impl Agent {
         ca: &Path,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::standalone_with_nofile(tag, node, node_name, config, ca, extra, None)
+    }
+
+    /// As [`Agent::standalone`], with the file descriptor limit `(soft,
+    /// hard)` set for the agent process, if given.
+    pub fn standalone_with_nofile(
+        tag: &str,
+        node: &Node,
+        node_name: &str,
+        config: &Path,
+        ca: &Path,
+        extra: &[&str],
+        nofile: Option<(u64, u64)>,
+    ) -> anyhow::Result<Self> {
         let (config, ca) = (config.display().to_string(), ca.display().to_string());
         let mut args = vec![
             "--config",
@@ -87,7 +117,7 @@ impl Agent {
             ca.as_str(),
         ];
         args.extend_from_slice(extra);
-        Self::start(tag, node, &args)
+        Self::start_with_nofile(tag, node, &args, nofile)
     }
 
     fn spawn(&mut self) -> anyhow::Result<()> {
@@ -121,6 +151,22 @@ impl Agent {
         for flag in ["--readiness-addr", "--metrics-addr", "--admin-addr"] {
             if !self.extra.iter().any(|a| a == flag) {
                 cmd.args([flag, "127.0.0.1:0"]);
+            }
+        }
+        if let Some((soft, hard)) = self.nofile {
+            let limit = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: setrlimit is async-signal-safe and only reads the
+            // struct, copied into the closure before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
             }
         }
         Ok(cmd.spawn()?)

@@ -17,12 +17,14 @@ pub mod cni;
 pub mod cni_deploy;
 pub mod cni_kubeapi;
 pub mod counters;
+pub mod istiod;
 pub mod mesh;
 pub mod netns;
 pub mod observe;
 pub mod process;
 pub mod redirector_node;
 pub mod responder;
+pub mod stranger;
 pub mod topology;
 pub mod traffic;
 

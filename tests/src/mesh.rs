@@ -226,6 +226,29 @@ impl TwoNodes {
         self.agent_with_ca(tag, n, config, &self.shared_ca(), extra)
     }
 
+    /// As [`TwoNodes::agent`], started with the file descriptor limit
+    /// `(soft, hard)`.
+    pub fn agent_with_nofile(
+        &self,
+        tag: &str,
+        n: u8,
+        config: &Path,
+        extra: &[&str],
+        nofile: (u64, u64),
+    ) -> anyhow::Result<crate::Agent> {
+        let node = if n == 1 { &self.n1 } else { &self.n2 };
+        let (node_name, ca) = (format!("node{n}"), self.shared_ca());
+        crate::Agent::standalone_with_nofile(
+            &format!("{tag}{n}"),
+            node,
+            &node_name,
+            config,
+            &ca,
+            extra,
+            Some(nofile),
+        )
+    }
+
     /// As [`TwoNodes::agent`], with the CA in `ca`.
     pub fn agent_with_ca(
         &self,

@@ -4,7 +4,8 @@
 //!
 //! [`pool`] is the client side (pooled connections, one stream per
 //! tunnelled connection), [`server`] the side in the destination pod,
-//! [`wire`] holds the request format and HTTP/2 settings. Bytes move
+//! [`wire`] holds the request format and HTTP/2 settings, [`preface`] says
+//! when a client has finished its HTTP/2 handshake. Bytes move
 //! through [`crate::relay::tunnel`]; policy is asked through the server's
 //! hooks. TLS is the transport's business (`crate::tls`): these modules
 //! work over any established byte stream, and know nothing of pods or
@@ -12,10 +13,12 @@
 
 pub mod head;
 pub mod pool;
+pub mod preface;
 pub mod server;
 pub mod wire;
 
 pub use pool::{Dialer, HbonePool, PoolError, PoolKey, Tunnel};
+pub use preface::PrefaceWatch;
 pub use server::{AppDialer, AuthorityResolver, Authorizer, ServerContext, serve_connection};
 
 #[cfg(test)]

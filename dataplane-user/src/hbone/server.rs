@@ -5,8 +5,12 @@
 //! authority's IP is not the IP this connection arrived on (no open relay)
 //! or its port is an engine port; 401 denied by policy; 503 the app could
 //! not be reached (the client's stream then ends).
+//!
+//! A connection with no open stream for [`ServerContext::idle_timeout`] is
+//! closed (GOAWAY, then the connection ends): a client that keeps
+//! connections it does not use, or never uses, cannot hold them forever.
 
-use std::{future::Future, net::SocketAddr, pin::Pin, sync::Arc};
+use std::{future::Future, net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -15,8 +19,9 @@ use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::TcpStream,
     sync::watch,
+    time::{Instant, MissedTickBehavior},
 };
-use tracing::{Instrument, info_span};
+use tracing::{Instrument, debug, info_span};
 
 use super::{
     head::{Authority, RequestHead},
@@ -37,6 +42,10 @@ pub type AppDialer = Arc<
         + Send
         + Sync,
 >;
+
+/// How long the GOAWAY of an idle connection may take to leave before the
+/// connection is dropped anyway (a peer that does not read cannot keep it).
+const IDLE_GOAWAY_GRACE: Duration = Duration::from_secs(5);
 
 /// Maps a hostname authority to the app's address.
 pub type AuthorityResolver = Arc<dyn Fn(&str, SocketAddr) -> Option<SocketAddr> + Send + Sync>;
@@ -72,6 +81,8 @@ pub struct ServerContext {
     pub source: Arc<Peer>,
     /// The workload this server belongs to.
     pub destination: Arc<Peer>,
+    /// A connection without an open stream for this long is closed.
+    pub idle_timeout: Duration,
 }
 
 impl std::fmt::Debug for ServerContext {
@@ -84,7 +95,8 @@ impl std::fmt::Debug for ServerContext {
     }
 }
 
-/// Serves one connection until the client closes it, it fails, or the
+/// Serves one connection until the client closes it, it fails, it has
+/// been idle (no open stream) for [`ServerContext::idle_timeout`], or the
 /// agent drains.
 pub async fn serve_connection<IO>(io: IO, ctx: ServerContext) -> Result<(), h2::Error>
 where
@@ -105,6 +117,17 @@ where
     if draining {
         conn.graceful_shutdown();
     }
+    // Streams end in their own tasks, which do not wake this loop: idleness
+    // is checked on a tick (an eighth of the timeout, at most 5 s), so a
+    // connection is closed within a tick of the timeout after its last
+    // stream ended.
+    let idle_timeout = ctx.idle_timeout;
+    let mut idle_check = tokio::time::interval(
+        (idle_timeout / 8).clamp(Duration::from_millis(10), Duration::from_secs(5)),
+    );
+    idle_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut last_active = Instant::now();
+    let mut give_up: Option<Instant> = None;
     // Streams run in tasks of their own; when the connection's task is
     // dropped (the pod leaves, the drain deadline passes) the h2 connection
     // goes with it and every stream of it fails, which ends their tasks.
@@ -112,6 +135,7 @@ where
         tokio::select! {
             accepted = conn.accept() => match accepted {
                 Some(Ok((request, respond))) => {
+                    last_active = Instant::now();
                     let ctx = Arc::clone(&ctx);
                     let span = info_span!(
                         "hbone_in",
@@ -130,6 +154,20 @@ where
                     draining = true;
                     conn.graceful_shutdown();
                 }
+            }
+            _ = idle_check.tick(), if give_up.is_none() => {
+                if conn.has_streams() {
+                    last_active = Instant::now();
+                } else if last_active.elapsed() >= idle_timeout {
+                    debug!(idle_ms = last_active.elapsed().as_millis() as u64, "HBONE connection idle, closing it");
+                    // No stream is open, so nothing is cut: GOAWAY tells the
+                    // client not to send more.
+                    conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                    give_up = Some(Instant::now() + IDLE_GOAWAY_GRACE);
+                }
+            }
+            () = tokio::time::sleep_until(give_up.unwrap_or_else(Instant::now)), if give_up.is_some() => {
+                return Ok(());
             }
         }
     }

@@ -72,6 +72,7 @@ async fn hbone_server_with(
                 metrics: Arc::new(crate::telemetry::Metrics::new()),
                 source: Arc::default(),
                 destination: Arc::default(),
+                idle_timeout: std::time::Duration::from_secs(60),
             };
             tokio::spawn(async move {
                 let _ = serve_connection(stream, ctx).await;

@@ -3,25 +3,37 @@
 //! peer certificate is read once per connection), then the HBONE server
 //! ([`crate::hbone::serve_connection`]) serves its CONNECT streams to the
 //! pod's apps, asking policy for each.
+//!
+//! Until a client has finished its handshake (TLS, then the HTTP/2 preface
+//! and first SETTINGS) it holds a place among the node's pending
+//! handshakes ([`super::handshakes`]): it is reset if it takes longer than
+//! the handshake timeout or if a bound sheds it. Its socket lingers 0 until
+//! then, so either end is a reset that gives the descriptor back at once.
 
-use std::{sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use tokio::{net::TcpListener, task::JoinSet};
-use tokio_rustls::TlsAcceptor;
+use socket2::SockRef;
+use tokio::{
+    net::{TcpListener, TcpStream},
+    task::JoinSet,
+    time::Instant,
+};
+use tokio_rustls::{TlsAcceptor, server::TlsStream};
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::{PodContext, accept, finish, reap};
+use super::{
+    PodContext, accept, finish,
+    handshakes::{HandshakeSlot, ShedSignal},
+    reap,
+};
 use crate::{
     addr::canonical,
-    hbone::{self, ServerContext},
+    hbone::{self, PrefaceWatch, ServerContext},
     identity::Identity,
     logging::Chain,
     telemetry::{FailReason, Peer},
     tls,
 };
-
-/// How long a client may take to complete the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accepts HBONE connections until the task is dropped.
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
@@ -31,64 +43,118 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
     // connections drain on their own (GOAWAY).
     let mut connections = JoinSet::new();
     while let Some((stream, peer)) = accept(&listener, &mut shutdown, "hbone").await {
+        // Admitted here, in accept order, before the connection gets a task;
+        // while too many shed connections are still open this waits, and
+        // new ones wait in the kernel's backlog.
+        let (slot, shed) = ctx
+            .mesh
+            .handshakes
+            .admit(&ctx.identity.uid, canonical(peer).ip())
+            .await;
         let acceptor = acceptor.clone();
         let ctx = Arc::clone(&ctx);
         let span = info_span!("hbone_conn", pod = %ctx.identity.name, src = %canonical(peer));
-        connections.spawn(
-            async move {
-                let local = match stream.local_addr() {
-                    Ok(local) => local,
-                    Err(err) => return warn!(error = %err, "no local address"),
-                };
-                let _ = stream.set_nodelay(true);
-                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(err)) => {
-                        ctx.mesh.metrics.failed("inbound", FailReason::TlsHandshake.as_str());
-                        return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), error = %err, "TLS handshake refused");
-                    }
-                    Err(_) => {
-                        ctx.mesh.metrics.failed("inbound", FailReason::TlsHandshake.as_str());
-                        return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), "TLS handshake timed out");
-                    }
-                };
-                // Parsed from the certificate once; streams share it.
-                let peer_identity = tls::peer_identity(tls.get_ref().1);
-                let source = Arc::new(Peer {
-                    principal: peer_identity.as_ref().map(Identity::to_uri),
-                    ..(*ctx.mesh.peer_at(canonical(peer).ip())).clone()
-                });
-                let netns = ctx.netns.clone();
-                let mark = ctx.mark;
-                let server = ServerContext {
-                    local,
-                    peer,
-                    peer_identity,
-                    dial: Arc::new(move |dst| {
-                        let socket = netns.connector(dst, mark);
-                        Box::pin(async move { socket?.connect(dst).await })
-                    }),
-                    authorize: {
-                        let mesh = Arc::clone(&ctx.mesh);
-                        Arc::new(move |request| mesh.authorize(request))
-                    },
-                    resolve_authority: {
-                        let mesh = Arc::clone(&ctx.mesh);
-                        Arc::new(move |authority, local| mesh.state().resolve_hostname(authority, local.ip()))
-                    },
-                    live: Some(Arc::clone(&ctx.mesh.live)),
-                    shutdown: ctx.mesh.shutdown.clone(),
-                    metrics: Arc::clone(&ctx.mesh.metrics),
-                    source,
-                    destination: Arc::clone(&ctx.peer),
-                };
-                if let Err(err) = hbone::serve_connection(tls, server).await {
-                    debug!(error = %Chain(&err), "HBONE connection ended with an error");
-                }
-            }
-            .instrument(span),
-        );
+        connections
+            .spawn(serve_connection(stream, peer, (slot, shed), acceptor, ctx).instrument(span));
         reap(&mut connections);
     }
     finish(listener, connections).await;
+}
+
+/// One accepted connection: handshake under its deadline and the bounds,
+/// then the HBONE server.
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    (slot, mut shed): (HandshakeSlot, ShedSignal),
+    acceptor: TlsAcceptor,
+    ctx: Arc<PodContext>,
+) {
+    let local = match stream.local_addr() {
+        Ok(local) => local,
+        Err(err) => return warn!(error = %err, "no local address"),
+    };
+    let _ = stream.set_nodelay(true);
+    let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    let deadline = Instant::now() + ctx.mesh.handshakes.limits().timeout;
+    let tls = tokio::select! {
+        tls = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => match tls {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(err)) => {
+                ctx.mesh.metrics.failed("inbound", FailReason::TlsHandshake.as_str());
+                return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), error = %err, "TLS handshake refused");
+            }
+            Err(_) => return timed_out(&ctx, peer, "TLS"),
+        },
+        Some(reason) = shed.recv() => return debug!(reason = reason.as_str(), "handshake shed (TLS)"),
+    };
+    // Parsed from the certificate once; streams share it.
+    let peer_identity = tls::peer_identity(tls.get_ref().1);
+    let source = Arc::new(Peer {
+        principal: peer_identity.as_ref().map(Identity::to_uri),
+        ..(*ctx.mesh.peer_at(canonical(peer).ip())).clone()
+    });
+    let netns = ctx.netns.clone();
+    let mark = ctx.mark;
+    let server = ServerContext {
+        local,
+        peer,
+        peer_identity,
+        dial: Arc::new(move |dst| {
+            let socket = netns.connector(dst, mark);
+            Box::pin(async move { socket?.connect(dst).await })
+        }),
+        authorize: {
+            let mesh = Arc::clone(&ctx.mesh);
+            Arc::new(move |request| mesh.authorize(request))
+        },
+        resolve_authority: {
+            let mesh = Arc::clone(&ctx.mesh);
+            Arc::new(move |authority, local| mesh.state().resolve_hostname(authority, local.ip()))
+        },
+        live: Some(Arc::clone(&ctx.mesh.live)),
+        shutdown: ctx.mesh.shutdown.clone(),
+        metrics: Arc::clone(&ctx.mesh.metrics),
+        source,
+        destination: Arc::clone(&ctx.peer),
+        idle_timeout: ctx.mesh.hbone_idle_timeout,
+    };
+    // The handshake is complete once the client's preface and SETTINGS are
+    // in: from then on the connection ends as HTTP/2 ends it (GOAWAY, a
+    // clean close), and its place among pending handshakes is free.
+    let io = PrefaceWatch::new(tls, move |tls: &TlsStream<TcpStream>| {
+        let _ = SockRef::from(tls.get_ref().0).set_linger(None);
+        drop(slot);
+    });
+    let serve = hbone::serve_connection(io, server);
+    tokio::pin!(serve);
+    let mut handshaking = true;
+    let result = loop {
+        tokio::select! {
+            result = &mut serve => break result,
+            shed_now = shed.recv(), if handshaking => match shed_now {
+                Some(reason) => return debug!(reason = reason.as_str(), "handshake shed (HTTP/2 preface)"),
+                None => handshaking = false,
+            },
+            () = tokio::time::sleep_until(deadline), if handshaking => {
+                if shed.is_released() {
+                    handshaking = false;
+                } else {
+                    return timed_out(&ctx, peer, "HTTP/2 preface and SETTINGS");
+                }
+            }
+        }
+    };
+    if let Err(err) = result {
+        debug!(error = %Chain(&err), "HBONE connection ended with an error");
+    }
+}
+
+/// Counts and records a connection whose handshake took too long; the
+/// caller's return drops (and resets) it.
+fn timed_out(ctx: &PodContext, peer: SocketAddr, phase: &'static str) {
+    ctx.mesh
+        .metrics
+        .failed("inbound", FailReason::HandshakeTimeout.as_str());
+    warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), phase, timeout_ms = ctx.mesh.handshakes.limits().timeout.as_millis() as u64, "HBONE handshake timed out");
 }

@@ -9,7 +9,9 @@
 //! - [`inbound`] (15006): plaintext connections from outside the pod,
 //!   authorized by address, relayed to the app.
 //! - [`inbound_hbone`] (15008): mutual TLS, then the HBONE server's CONNECT
-//!   streams, each authorized by the client's verified identity.
+//!   streams, each authorized by the client's verified identity; until a
+//!   client has finished its handshake it counts against the node's
+//!   [`handshakes`] bounds.
 //!
 //! [`PodTlsDialer`] opens the pool's TLS connections from inside the pod;
 //! [`orig_dst`] says where a captured connection was going (the kernel
@@ -19,6 +21,7 @@
 //! state is [`crate::mesh::MeshContext`].
 
 mod dialer;
+pub mod handshakes;
 pub mod inbound;
 pub mod inbound_hbone;
 mod netfilter;
@@ -271,6 +274,11 @@ impl Drop for PodEngine {
     }
 }
 
+/// How long a listener pauses after an accept failed for lack of
+/// descriptors or memory: the connection stays queued and would fail again
+/// at once, so retrying without a pause would spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
 /// The next connection on `listener`, or `None` once the agent starts
 /// draining (or can no longer say). Accept errors (a full backlog, no
 /// file descriptors) are logged and accepting goes on.
@@ -280,12 +288,19 @@ async fn accept(
     name: &str,
 ) -> Option<(TcpStream, SocketAddr)> {
     loop {
-        tokio::select! {
+        let failed = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => return Some(accepted),
-                Err(err) => log_accept_error(&err, name),
+                Err(err) => err,
             },
             _ = shutdown.wait_for(|draining| *draining) => return None,
+        };
+        log_accept_error(&failed, name);
+        if matches!(
+            failed.raw_os_error(),
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+        ) {
+            tokio::time::sleep(ACCEPT_BACKOFF).await;
         }
     }
 }

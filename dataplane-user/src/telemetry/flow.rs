@@ -90,8 +90,11 @@ pub enum FailReason {
     NoEndpoints,
     /// The HBONE tunnel could not be opened (dial, TLS, CONNECT status).
     Tunnel,
-    /// An inbound TLS handshake failed or timed out.
+    /// An inbound TLS handshake failed.
     TlsHandshake,
+    /// An inbound HBONE connection did not finish its TLS handshake, HTTP/2
+    /// preface and first SETTINGS in time.
+    HandshakeTimeout,
     /// A malformed or disallowed CONNECT request.
     BadRequest,
     /// The app behind an inbound tunnel could not be reached.
@@ -112,6 +115,7 @@ impl FailReason {
             Self::NoEndpoints => "no_endpoints",
             Self::Tunnel => "tunnel_failed",
             Self::TlsHandshake => "tls_handshake",
+            Self::HandshakeTimeout => "handshake_timeout",
             Self::BadRequest => "bad_request",
             Self::AppUnreachable => "app_unreachable",
             Self::Internal => "internal",

@@ -64,6 +64,11 @@ struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     component: &'static str,
     tag: &'static str,
@@ -91,6 +96,8 @@ pub struct Metrics {
     open_total: AtomicI64,
     reloads: Family<ResultLabels, Counter>,
     config_valid: Gauge,
+    handshakes_shed: Family<ReasonLabels, Counter>,
+    handshakes_pending: Gauge,
 }
 
 impl Default for Metrics {
@@ -153,6 +160,20 @@ impl Metrics {
              (the previous one stays in force)",
             config_valid.clone(),
         );
+        let handshakes_shed = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "dataplane_hbone_handshakes_shed",
+            "Inbound HBONE connections reset while still in their TLS or HTTP/2 handshake \
+             because a bound on pending handshakes was reached, by the bound \
+             (source_limit, pod_limit, node_limit)",
+            handshakes_shed.clone(),
+        );
+        let handshakes_pending = Gauge::default();
+        registry.register(
+            "dataplane_hbone_handshakes_pending",
+            "Inbound HBONE connections in their TLS or HTTP/2 handshake now",
+            handshakes_pending.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
@@ -173,6 +194,8 @@ impl Metrics {
             open_total: AtomicI64::new(0),
             reloads,
             config_valid,
+            handshakes_shed,
+            handshakes_pending,
         }
     }
 
@@ -209,6 +232,19 @@ impl Metrics {
         self.failed
             .get_or_create(&FailedLabels { direction, reason })
             .inc();
+    }
+
+    /// Counts an inbound handshake shed because of the bound `reason`.
+    pub fn handshake_shed(&self, reason: &'static str) {
+        self.handshakes_shed
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Records how many inbound handshakes are pending.
+    pub fn set_pending_handshakes(&self, pending: usize) {
+        self.handshakes_pending
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
     }
 
     pub(super) fn opened(&self, direction: &'static str, labels: &TcpLabels) -> TcpCounters {

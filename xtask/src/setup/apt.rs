@@ -48,6 +48,9 @@ const fn vm_test(names: &'static [&'static str]) -> Package {
 
 /// Packages whose tools the tests and benchmarks call.
 const PACKAGES: &[Package] = &[
+    // protoc: dataplane-user/build.rs compiles Istio's wire types
+    // (dataplane-user/proto) with it
+    tests(&["protobuf-compiler"]),
     // ip, ss, tc
     tests(&["iproute2"]),
     // iptables, ip6tables

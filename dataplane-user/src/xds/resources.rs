@@ -1,0 +1,260 @@
+//! The resources held from istiod, per type, and how one delta response
+//! changes them: each resource is decoded and checked on its own, the
+//! valid ones apply, an invalid one keeps whatever was held under its name
+//! and is named in the NACK. A response therefore never replaces good
+//! state with bad, and never holds back the good part of a push.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use prost::Message;
+
+use crate::istio_api::{
+    ADDRESS_TYPE, AUTHORIZATION_TYPE,
+    discovery::DeltaDiscoveryResponse,
+    security::{self, Authorization},
+    workload::{Address, GatewayAddress, Service, Workload, address, gateway_address},
+};
+
+/// Longest NACK message sent (the reasons of the first rejects).
+const MAX_NACK_MESSAGE: usize = 4096;
+
+/// One held resource and the version istiod gave it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Versioned<T> {
+    /// istiod's version string (echoed back on reconnect).
+    pub version: String,
+    /// The resource.
+    pub resource: T,
+}
+
+/// Everything held from istiod.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct XdsResources {
+    /// Workloads and services, by resource name (a workload's uid, a
+    /// service's `namespace/hostname`).
+    pub addresses: BTreeMap<String, Versioned<Address>>,
+    /// Authorization policies, by `namespace/name`.
+    pub authorizations: BTreeMap<String, Versioned<Authorization>>,
+}
+
+/// What to answer a response with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every resource applied.
+    Ack,
+    /// Some did not; the message names each (bounded).
+    Nack(String),
+}
+
+impl XdsResources {
+    /// The names and versions held of `type_url`, for a reconnect's
+    /// `initial_resource_versions`.
+    pub fn versions(&self, type_url: &str) -> BTreeMap<String, String> {
+        fn of<T>(map: &BTreeMap<String, Versioned<T>>) -> BTreeMap<String, String> {
+            map.iter()
+                .map(|(name, held)| (name.clone(), held.version.clone()))
+                .collect()
+        }
+        match type_url {
+            ADDRESS_TYPE => of(&self.addresses),
+            AUTHORIZATION_TYPE => of(&self.authorizations),
+            _ => BTreeMap::new(),
+        }
+    }
+
+    /// Applies one delta response; says whether to ACK or NACK it.
+    pub fn apply(&mut self, response: &DeltaDiscoveryResponse) -> Verdict {
+        let rejects = match response.type_url.as_str() {
+            ADDRESS_TYPE => apply_to(&mut self.addresses, response, check_address),
+            AUTHORIZATION_TYPE => apply_to(&mut self.authorizations, response, check_authorization),
+            other => vec![format!("resource type {other} was not asked for")],
+        };
+        if rejects.is_empty() {
+            return Verdict::Ack;
+        }
+        let mut message = format!("{} resource(s) rejected: ", rejects.len());
+        for (i, reject) in rejects.iter().enumerate() {
+            if message.len() + reject.len() + 2 > MAX_NACK_MESSAGE {
+                message.push_str(&format!("; and {} more", rejects.len() - i));
+                break;
+            }
+            if i > 0 {
+                message.push_str("; ");
+            }
+            message.push_str(reject);
+        }
+        Verdict::Nack(message)
+    }
+}
+
+/// Applies a response's resources and removals to `held`; returns the
+/// rejects, each `name: reason`.
+fn apply_to<T: Message + Default>(
+    held: &mut BTreeMap<String, Versioned<T>>,
+    response: &DeltaDiscoveryResponse,
+    check: fn(&T) -> Result<(), String>,
+) -> Vec<String> {
+    let mut rejects = Vec::new();
+    for resource in &response.resources {
+        let name = &resource.name;
+        let decoded = match &resource.resource {
+            None => Err("no resource body".to_owned()),
+            Some(any) if any.type_url != response.type_url => Err(format!(
+                "body is a {}, the response is of {}",
+                any.type_url, response.type_url
+            )),
+            Some(any) => T::decode(any.value.as_slice())
+                .map_err(|err| format!("not a valid protobuf message: {err}")),
+        };
+        let checked = decoded.and_then(|value| {
+            if name.is_empty() {
+                return Err("resource without a name".to_owned());
+            }
+            check(&value).map(|()| value)
+        });
+        match checked {
+            Ok(value) => {
+                held.insert(
+                    name.clone(),
+                    Versioned {
+                        version: resource.version.clone(),
+                        resource: value,
+                    },
+                );
+            }
+            Err(reason) => rejects.push(format!("{}: {reason}", printable(name))),
+        }
+    }
+    for name in &response.removed_resources {
+        held.remove(name);
+    }
+    rejects
+}
+
+/// A name fit for a log line or a NACK: at most 200 characters.
+fn printable(name: &str) -> String {
+    if name.is_empty() {
+        return "<unnamed>".to_owned();
+    }
+    name.chars().take(200).collect()
+}
+
+/// An IP from the 4 or 16 bytes Istio sends.
+pub fn ip_from_bytes(bytes: &[u8]) -> Result<IpAddr, String> {
+    match bytes.len() {
+        4 => {
+            let octets: [u8; 4] = bytes.try_into().map_err(|_| "bad IPv4 address")?;
+            Ok(IpAddr::from(octets))
+        }
+        16 => {
+            let octets: [u8; 16] = bytes.try_into().map_err(|_| "bad IPv6 address")?;
+            Ok(IpAddr::from(octets))
+        }
+        n => Err(format!("an address of {n} bytes (expected 4 or 16)")),
+    }
+}
+
+fn port(value: u32, what: &str) -> Result<u16, String> {
+    u16::try_from(value).map_err(|_| format!("{what} {value} is not a port"))
+}
+
+fn check_address(address: &Address) -> Result<(), String> {
+    match &address.r#type {
+        Some(address::Type::Workload(workload)) => check_workload(workload),
+        Some(address::Type::Service(service)) => check_service(service),
+        None => Err("an address that is neither a workload nor a service".to_owned()),
+    }
+}
+
+fn check_workload(workload: &Workload) -> Result<(), String> {
+    if workload.uid.is_empty() {
+        return Err("workload without uid".to_owned());
+    }
+    if workload.namespace.is_empty() || workload.name.is_empty() {
+        return Err("workload without name or namespace".to_owned());
+    }
+    for address in &workload.addresses {
+        ip_from_bytes(address)?;
+    }
+    for (service, ports) in &workload.services {
+        if !service.contains('/') {
+            return Err(format!("service key `{service}` is not namespace/hostname"));
+        }
+        for p in &ports.ports {
+            port(p.service_port, "service port")?;
+            port(p.target_port, "target port")?;
+        }
+    }
+    check_gateway(workload.waypoint.as_ref())?;
+    check_gateway(workload.network_gateway.as_ref())
+}
+
+fn check_service(service: &Service) -> Result<(), String> {
+    if service.hostname.is_empty() || service.namespace.is_empty() {
+        return Err("service without hostname or namespace".to_owned());
+    }
+    for vip in &service.addresses {
+        ip_from_bytes(&vip.address)?;
+    }
+    for p in &service.ports {
+        port(p.service_port, "service port")?;
+        port(p.target_port, "target port")?;
+    }
+    check_gateway(service.waypoint.as_ref())
+}
+
+fn check_gateway(gateway: Option<&GatewayAddress>) -> Result<(), String> {
+    let Some(gateway) = gateway else {
+        return Ok(());
+    };
+    port(gateway.hbone_mtls_port, "waypoint HBONE port")?;
+    match &gateway.destination {
+        Some(gateway_address::Destination::Address(address)) => {
+            ip_from_bytes(&address.address).map(drop)
+        }
+        Some(gateway_address::Destination::Hostname(host)) if host.hostname.is_empty() => {
+            Err("waypoint hostname is empty".to_owned())
+        }
+        Some(gateway_address::Destination::Hostname(_)) => Ok(()),
+        None => Err("waypoint without destination".to_owned()),
+    }
+}
+
+fn check_authorization(policy: &Authorization) -> Result<(), String> {
+    if policy.name.is_empty() || policy.namespace.is_empty() {
+        return Err("authorization without name or namespace".to_owned());
+    }
+    security::Scope::try_from(policy.scope)
+        .map_err(|_| format!("unknown scope {}", policy.scope))?;
+    security::Action::try_from(policy.action)
+        .map_err(|_| format!("unknown action {}", policy.action))?;
+    let matches = policy
+        .rules
+        .iter()
+        .flat_map(|rule| &rule.clauses)
+        .flat_map(|clause| &clause.matches);
+    for m in matches {
+        let cidrs = m
+            .source_ips
+            .iter()
+            .chain(&m.not_source_ips)
+            .chain(&m.destination_ips)
+            .chain(&m.not_destination_ips);
+        for cidr in cidrs {
+            let ip = ip_from_bytes(&cidr.address)?;
+            let max = if ip.is_ipv4() { 32 } else { 128 };
+            if cidr.length > max {
+                return Err(format!("prefix length {} for {ip}", cidr.length));
+            }
+        }
+        for p in m.destination_ports.iter().chain(&m.not_destination_ports) {
+            port(*p, "destination port")?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "resources_tests.rs"]
+mod tests;

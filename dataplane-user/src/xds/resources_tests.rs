@@ -1,0 +1,259 @@
+#![expect(
+    clippy::unwrap_used,
+    reason = "a bad fixture should fail the test loudly"
+)]
+
+use prost_types::Any;
+
+use super::*;
+use crate::istio_api::{
+    discovery::Resource,
+    security::{Clause, Match, Rule},
+    workload::NetworkAddress,
+};
+
+fn workload(uid: &str, ip: [u8; 4]) -> Address {
+    Address {
+        r#type: Some(address::Type::Workload(Workload {
+            uid: uid.into(),
+            name: "web-0".into(),
+            namespace: "shop".into(),
+            addresses: vec![ip.to_vec()],
+            service_account: "web".into(),
+            ..Default::default()
+        })),
+    }
+}
+
+fn service(hostname: &str, vip: Vec<u8>) -> Address {
+    Address {
+        r#type: Some(address::Type::Service(Service {
+            name: "web".into(),
+            namespace: "shop".into(),
+            hostname: hostname.into(),
+            addresses: vec![NetworkAddress {
+                network: String::new(),
+                address: vip,
+            }],
+            ..Default::default()
+        })),
+    }
+}
+
+fn resource(name: &str, version: &str, type_url: &str, body: &impl Message) -> Resource {
+    Resource {
+        name: name.into(),
+        version: version.into(),
+        resource: Some(Any {
+            type_url: type_url.into(),
+            value: body.encode_to_vec(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn response(type_url: &str, resources: Vec<Resource>, removed: &[&str]) -> DeltaDiscoveryResponse {
+    DeltaDiscoveryResponse {
+        type_url: type_url.into(),
+        resources,
+        removed_resources: removed.iter().map(|s| (*s).to_owned()).collect(),
+        nonce: "n1".into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn valid_resources_apply_and_are_acked() {
+    let mut held = XdsResources::default();
+    let push = response(
+        ADDRESS_TYPE,
+        vec![
+            resource(
+                "uid-1",
+                "v1",
+                ADDRESS_TYPE,
+                &workload("uid-1", [10, 1, 0, 5]),
+            ),
+            resource(
+                "shop/web.shop.svc.cluster.local",
+                "v1",
+                ADDRESS_TYPE,
+                &service("web.shop.svc.cluster.local", vec![10, 96, 0, 10]),
+            ),
+        ],
+        &[],
+    );
+    assert_eq!(held.apply(&push), Verdict::Ack);
+    assert_eq!(held.addresses.len(), 2);
+    let versions = held.versions(ADDRESS_TYPE);
+    assert_eq!(versions["uid-1"], "v1");
+    assert!(held.versions(AUTHORIZATION_TYPE).is_empty());
+
+    let removal = response(ADDRESS_TYPE, vec![], &["uid-1", "never-held"]);
+    assert_eq!(held.apply(&removal), Verdict::Ack);
+    assert_eq!(
+        held.addresses.keys().collect::<Vec<_>>(),
+        ["shop/web.shop.svc.cluster.local"]
+    );
+}
+
+#[test]
+fn an_invalid_resource_is_nacked_and_keeps_what_was_held() {
+    let mut held = XdsResources::default();
+    let good = workload("uid-1", [10, 1, 0, 5]);
+    held.apply(&response(
+        ADDRESS_TYPE,
+        vec![resource("uid-1", "v1", ADDRESS_TYPE, &good)],
+        &[],
+    ));
+
+    let mut bad = workload("uid-1", [10, 1, 0, 6]);
+    if let Some(address::Type::Workload(w)) = &mut bad.r#type {
+        w.addresses = vec![vec![1, 2, 3]];
+    }
+    let push = response(
+        ADDRESS_TYPE,
+        vec![
+            resource("uid-1", "v2", ADDRESS_TYPE, &bad),
+            resource(
+                "uid-2",
+                "v1",
+                ADDRESS_TYPE,
+                &workload("uid-2", [10, 1, 0, 7]),
+            ),
+        ],
+        &[],
+    );
+    let Verdict::Nack(reason) = held.apply(&push) else {
+        panic!("an address of 3 bytes was accepted");
+    };
+    assert!(
+        reason.contains("uid-1") && reason.contains("3 bytes"),
+        "{reason}"
+    );
+    assert_eq!(
+        held.addresses["uid-1"].version, "v1",
+        "the good version stays"
+    );
+    assert_eq!(held.addresses["uid-1"].resource, good);
+    assert_eq!(
+        held.addresses["uid-2"].version, "v1",
+        "the rest of the push applies"
+    );
+}
+
+#[test]
+fn garbage_bodies_and_mismatched_types_are_nacked() {
+    let mut held = XdsResources::default();
+    let mut garbage = resource(
+        "uid-9",
+        "v1",
+        ADDRESS_TYPE,
+        &workload("uid-9", [10, 0, 0, 9]),
+    );
+    if let Some(any) = &mut garbage.resource {
+        any.value = vec![0xff; 7];
+    }
+    let wrong_type = resource(
+        "uid-8",
+        "v1",
+        AUTHORIZATION_TYPE,
+        &workload("uid-8", [10, 0, 0, 8]),
+    );
+    let empty = Resource {
+        name: "uid-7".into(),
+        ..Default::default()
+    };
+    let neither = resource("uid-6", "v1", ADDRESS_TYPE, &Address { r#type: None });
+    let unnamed = resource("", "v1", ADDRESS_TYPE, &workload("uid-5", [10, 0, 0, 5]));
+    let push = response(
+        ADDRESS_TYPE,
+        vec![garbage, wrong_type, empty, neither, unnamed],
+        &[],
+    );
+    let Verdict::Nack(reason) = held.apply(&push) else {
+        panic!("garbage accepted");
+    };
+    assert!(reason.starts_with("5 resource(s) rejected"), "{reason}");
+    for expected in [
+        "not a valid protobuf",
+        "istio.security.Authorization",
+        "no resource body",
+        "neither",
+        "<unnamed>",
+    ] {
+        assert!(
+            reason.contains(expected),
+            "{expected} missing from {reason}"
+        );
+    }
+    assert!(held.addresses.is_empty());
+
+    let unknown = response(
+        "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+        vec![],
+        &[],
+    );
+    assert!(matches!(held.apply(&unknown), Verdict::Nack(_)));
+}
+
+#[test]
+fn authorizations_are_checked_for_cidrs_ports_and_enums() {
+    let policy = |length: u32, port: u32, action: i32| Authorization {
+        name: "allow-web".into(),
+        namespace: "shop".into(),
+        action,
+        rules: vec![Rule {
+            clauses: vec![Clause {
+                matches: vec![Match {
+                    source_ips: vec![security::Address {
+                        address: vec![10, 0, 0, 0],
+                        length,
+                    }],
+                    destination_ports: vec![port],
+                    ..Default::default()
+                }],
+            }],
+        }],
+        ..Default::default()
+    };
+    let mut held = XdsResources::default();
+    let push = |p: Authorization| {
+        response(
+            AUTHORIZATION_TYPE,
+            vec![resource("shop/allow-web", "v1", AUTHORIZATION_TYPE, &p)],
+            &[],
+        )
+    };
+    assert_eq!(held.apply(&push(policy(8, 8080, 0))), Verdict::Ack);
+    assert!(
+        matches!(held.apply(&push(policy(33, 8080, 0))), Verdict::Nack(r) if r.contains("prefix length 33"))
+    );
+    assert!(
+        matches!(held.apply(&push(policy(8, 70000, 0))), Verdict::Nack(r) if r.contains("70000"))
+    );
+    assert!(
+        matches!(held.apply(&push(policy(8, 80, 7))), Verdict::Nack(r) if r.contains("unknown action 7"))
+    );
+    assert_eq!(held.authorizations.len(), 1);
+}
+
+#[test]
+fn nack_messages_are_bounded() {
+    let mut held = XdsResources::default();
+    let bad: Vec<Resource> = (0..500)
+        .map(|i| {
+            let mut body = workload(&format!("uid-{i}"), [10, 0, 0, 1]);
+            if let Some(address::Type::Workload(w)) = &mut body.r#type {
+                w.addresses = vec![vec![1]];
+            }
+            resource(&format!("uid-{i}"), "v1", ADDRESS_TYPE, &body)
+        })
+        .collect();
+    let Verdict::Nack(reason) = held.apply(&response(ADDRESS_TYPE, bad, &[])) else {
+        panic!("accepted");
+    };
+    assert!(reason.len() <= MAX_NACK_MESSAGE + 32, "{}", reason.len());
+    assert!(reason.contains("more"), "{reason}");
+    let _ = ip_from_bytes(&[0; 16]).unwrap();
+}
