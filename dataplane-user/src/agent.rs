@@ -1,7 +1,9 @@
 //! The node agent's life cycle: check the host, read the config, attach the
 //! kernel programs, re-adopt the pods a previous agent enrolled, serve the
 //! control socket until SIGINT/SIGTERM, then keep or remove kernel state as
-//! `--on-exit` says.
+//! `--on-exit` says. With `--takeover` it takes a running agent's pods and
+//! listening sockets over instead; an agent whose pods were taken over
+//! drains and leaves everything to its successor ([`crate::handover`]).
 
 use std::{
     future::Future,
@@ -24,6 +26,7 @@ use crate::{
     config::{ConfigError, LocalConfig},
     control,
     enroll::{EngineSettings, EnrollError, Enroller, Enrollments, Standalone, StateFile},
+    handover,
     identity::{Ca, CertStore},
     inspect::{AgentView, Endpoints, KernelPrograms},
     mesh::MeshContext,
@@ -79,6 +82,9 @@ pub enum AgentError {
     /// Another agent of this instance is running.
     #[error(transparent)]
     Instance(#[from] crate::instance::InstanceError),
+    /// Taking over from the running agent failed.
+    #[error(transparent)]
+    Handover(#[from] crate::handover::HandoverError),
     /// Installing signal handlers failed.
     #[error("cannot install signal handlers")]
     Signal(#[source] std::io::Error),
@@ -105,6 +111,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
             "readiness",
             "GET /healthz/ready",
             args.readiness_addr,
+            args.takeover,
             |l| crate::readiness::serve(l, readiness),
         )
         .await
@@ -122,9 +129,14 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         cgroup: args.cgroup.as_deref(),
     })?;
     // Before any state is touched (CA, kernel programs, pods, the control
-    // socket): a second agent of this instance must change nothing.
-    let _instance =
-        crate::instance::InstanceLock::take(&args.state.state_dir, &args.state.instance)?;
+    // socket): a second agent of this instance must change nothing, unless
+    // it takes over (then it receives the lock and the pods' sockets).
+    let (instance_lock, mut incoming) = handover::acquire(
+        args.state.state_dir.clone(),
+        args.state.instance.clone(),
+        args.takeover,
+    )
+    .await?;
     let MeshParts {
         mesh,
         shutdown_tx,
@@ -132,9 +144,13 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     } = mesh_context(&args, &config, nofile)?;
     let metrics_task = {
         let metrics = Arc::clone(&mesh.metrics);
-        start_endpoint("metrics", "GET /metrics", args.metrics_addr, |l| {
-            telemetry::serve(l, metrics)
-        })
+        start_endpoint(
+            "metrics",
+            "GET /metrics",
+            args.metrics_addr,
+            args.takeover,
+            |l| telemetry::serve(l, metrics),
+        )
         .await
     };
     let pins = PinLayout::new(&args.state.bpffs, &args.state.instance);
@@ -176,7 +192,10 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         ),
         Standalone::new(args.node.clone()),
     )?;
-    let adopted = enroller.readopt().await?;
+    let adopted = match incoming.as_mut() {
+        Some(handed) => handover::readopt(handed, &enroller).await?,
+        None => enroller.readopt().await?,
+    };
     if adopted > 0 {
         info!(
             pods = adopted,
@@ -214,15 +233,25 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     };
 
     let socket = control::socket_path(&args.state.state_dir, &args.state.instance);
-    let listener = control::bind(&socket).map_err(|source| AgentError::Control {
+    let control_err = |source| AgentError::Control {
         path: socket.clone(),
         source,
-    })?;
+    };
+    let staged = control::bind(&socket).map_err(control_err)?;
+    // Every pod is served: the running agent may stop accepting.
+    if let Some(handed) = incoming.take()
+        && let Err(err) = handed.confirm()
+    {
+        // It is gone: its sockets and lock are this agent's alone now.
+        warn!(error = %crate::logging::Chain(&err), "the agent taken over from did not hear the confirmation");
+    }
+    let listener = staged.publish().map_err(control_err)?;
     let socket_identity = file_identity(&socket);
     let admin_listener = bind_endpoint(
         "admin",
         "/config_dump, /logging, /quitquitquit",
         args.admin_addr,
+        args.takeover,
     )
     .await;
     let endpoints = Endpoints {
@@ -245,10 +274,20 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         pins: PinLayout::new(&args.state.bpffs, &args.state.instance),
         started,
     });
-    let control_task = tokio::spawn(control::serve(listener, Arc::clone(&view)));
+    let giver = handover::Giver::new(instance_lock, enroller.clone());
+    let control_task = tokio::spawn(control::serve(
+        listener,
+        Arc::clone(&view),
+        Arc::clone(&giver),
+    ));
     let quit = Arc::new(Notify::new());
     let admin_task = admin_listener.map(|(listener, _)| {
-        tokio::spawn(admin::serve(listener, Arc::clone(&view), Arc::clone(&quit)))
+        let (view, quit) = (Arc::clone(&view), Arc::clone(&quit));
+        tokio::spawn(async move {
+            if let Some(listener) = listener.await {
+                admin::serve(listener, view, quit).await;
+            }
+        })
     });
     drop(view);
     // Only a config file can change; the embedded default cannot.
@@ -263,7 +302,11 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         _ = sigterm.recv() => info!("SIGTERM received, draining"),
         _ = sigint.recv() => info!("SIGINT received, draining"),
         () = quit.notified() => info!("/quitquitquit received, draining"),
+        pid = giver.handed_over() => info!(new_pid = pid, "pods handed over to a new agent, draining"),
     }
+    // A signal during a hand-over waits for its outcome: once handed over,
+    // kernel state is the new agent's, whatever --on-exit says.
+    let handed_over = giver.settle().await.is_some();
     readiness.start_draining();
     drain(&mesh, &shutdown_tx, args.drain_timeout).await;
     rotation.abort();
@@ -290,7 +333,12 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     if socket_identity.is_some() && file_identity(&socket) == socket_identity {
         let _ = std::fs::remove_file(&socket);
     }
-    enroller.shutdown(args.on_exit).await?;
+    if handed_over {
+        // Kernel state, the state file and the lock are the new agent's.
+        enroller.release().await?;
+    } else {
+        enroller.shutdown(args.on_exit).await?;
+    }
     info!("agent stopped");
     Ok(())
 }
@@ -316,20 +364,30 @@ fn release_startup_memory() {
     }
 }
 
+/// An endpoint's listener, now or once its port is free.
+type ListenerSoon = std::pin::Pin<Box<dyn Future<Output = Option<TcpListener>> + Send>>;
+
 /// Binds an HTTP endpoint. A port already in use (another agent on the
 /// same host) is logged loudly and start-up goes on: probes and scrapes
 /// then fail, which is visible, instead of the node losing its data plane.
+/// With `--takeover` the port in use is the agent's being taken over from:
+/// it is bound as soon as that agent exits (see [`handover`]).
 async fn bind_endpoint(
     name: &'static str,
     paths: &'static str,
     addr: SocketAddr,
-) -> Option<(TcpListener, SocketAddr)> {
+    takeover: bool,
+) -> Option<(ListenerSoon, SocketAddr)> {
     match crate::httpd::bind(addr).await {
         Ok(listener) => {
             // Port 0 asks the kernel for one: report the one it chose.
             let bound = listener.local_addr().unwrap_or(addr);
             info!(addr = %bound, "{name} endpoint listening ({paths})");
-            Some((listener, bound))
+            Some((Box::pin(std::future::ready(Some(listener))), bound))
+        }
+        Err(err) if takeover && err.kind() == std::io::ErrorKind::AddrInUse => {
+            info!(%addr, "{name} endpoint: the port is the running agent's; bound once it exits");
+            Some((Box::pin(handover::bind_when_free(name, addr)), addr))
         }
         Err(err) => {
             warn!(%addr, error = %err, "cannot serve the {name} endpoint; set --{name}-addr");
@@ -343,14 +401,20 @@ async fn start_endpoint<F, Fut>(
     name: &'static str,
     paths: &'static str,
     addr: SocketAddr,
+    takeover: bool,
     serve: F,
 ) -> Option<(JoinHandle<()>, SocketAddr)>
 where
-    F: FnOnce(TcpListener) -> Fut,
+    F: FnOnce(TcpListener) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let (listener, bound) = bind_endpoint(name, paths, addr).await?;
-    Some((tokio::spawn(serve(listener)), bound))
+    let (listener, bound) = bind_endpoint(name, paths, addr, takeover).await?;
+    let serve = async move {
+        if let Some(listener) = listener.await {
+            serve(listener).await;
+        }
+    };
+    Some((tokio::spawn(serve), bound))
 }
 
 /// Stops accepting (in-pod listeners close, HBONE servers send GOAWAY),

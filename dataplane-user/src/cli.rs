@@ -303,6 +303,13 @@ pub struct RunArgs {
     /// $KUBECONFIG or ~/.kube/config].
     #[arg(long, env = "DATAPLANE_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// If an agent of this instance is running, take its pods over: it
+    /// passes its lock and its in-pod listening sockets to this agent,
+    /// which serves them before the old one stops accepting, so an
+    /// upgrade refuses no connection; the old one then drains and exits.
+    /// Without a running agent this starts as usual.
+    #[arg(long, env = "DATAPLANE_TAKEOVER")]
+    pub takeover: bool,
 }
 
 /// How pod traffic is steered into the engine.

@@ -91,6 +91,9 @@ pub struct KernelPrograms {
 pub struct StatusReport {
     /// The instance name.
     pub instance: String,
+    /// The agent's process id (after a `--takeover`, the new agent's).
+    #[serde(default)]
+    pub pid: u32,
     /// The agent's version.
     pub version: String,
     /// Seconds since start.
@@ -268,6 +271,7 @@ impl AgentView {
         let state = self.mesh.state();
         let config_error = self.mesh.config_error();
         StatusReport {
+            pid: std::process::id(),
             instance: self.instance.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             uptime_secs: self.started.elapsed().as_secs(),

@@ -16,7 +16,9 @@
 //! certificate) from one actor thread that owns the pods and the kernel
 //! programs; [`control`] (the local socket), `reload` (config changes),
 //! [`kube`] (the Kubernetes reconciler) and start-up send it commands;
-//! `instance` keeps one agent per instance; [`agent`] runs it all.
+//! `instance` keeps one agent per instance; [`handover`] passes an
+//! instance's pods and listening sockets to a new agent without refusing a
+//! connection; [`agent`] runs it all.
 #![deny(missing_docs)]
 
 pub(crate) mod addr;
@@ -31,6 +33,7 @@ pub mod enroll;
 pub mod features;
 #[cfg(test)]
 mod fuzz_seeds;
+pub mod handover;
 pub mod hbone;
 pub(crate) mod httpd;
 pub mod identity;

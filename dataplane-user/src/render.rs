@@ -188,6 +188,7 @@ mod tests {
 
     fn report() -> StatusReport {
         StatusReport {
+            pid: 4242,
             instance: "node1".into(),
             version: "0.1.0".into(),
             uptime_secs: 75,

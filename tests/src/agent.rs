@@ -23,6 +23,17 @@ use crate::{BpffsDir, TempDir, agent_binary, topology::Node};
 /// guard against hangs, not a timing assertion).
 const LIMIT: Duration = Duration::from_secs(30);
 
+/// What [`Agent::take_over`] saw.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeOver {
+    /// The agent taken over from.
+    pub old_pid: u32,
+    /// The agent now running.
+    pub new_pid: u32,
+    /// The old agent's exit code.
+    pub old_exit: Option<i32>,
+}
+
 /// A running agent.
 #[derive(Debug)]
 pub struct Agent {
@@ -110,6 +121,14 @@ impl Agent {
     }
 
     fn spawn(&mut self) -> anyhow::Result<()> {
+        self.child = Some(self.spawn_child()?);
+        self.wait_ready()?;
+        self.endpoints = self.status()?.endpoints;
+        Ok(())
+    }
+
+    /// Starts the agent process (its log appended to the agent's log).
+    fn spawn_child(&self) -> anyhow::Result<Child> {
         let log = File::options().create(true).append(true).open(&self.log)?;
         let mut cmd = Command::new(agent_binary()?);
         cmd.arg("run")
@@ -150,10 +169,7 @@ impl Agent {
                 });
             }
         }
-        self.child = Some(cmd.spawn()?);
-        self.wait_ready()?;
-        self.endpoints = self.status()?.endpoints;
-        Ok(())
+        Ok(cmd.spawn()?)
     }
 
     /// The agent's status report (`dataplane status --json`).
@@ -269,6 +285,67 @@ impl Agent {
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.kill_hard()?;
         self.spawn()
+    }
+
+    /// Upgrades in place: starts a new agent of the same instance with
+    /// `--takeover`, waits until the control socket answers from it, then
+    /// until the old one has drained and exited. The new one is this
+    /// agent from then on.
+    pub fn take_over(&mut self) -> anyhow::Result<TakeOver> {
+        let mut old = self
+            .child
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no agent is running to take over from"))?;
+        let old_pid = old.id();
+        self.extra.push("--takeover".to_owned());
+        let spawned = self.spawn_child();
+        self.extra.pop();
+        self.child = Some(spawned?);
+        let new_pid = self.pid().unwrap_or_default();
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Ok(status) = self.status()
+                && status.pid == new_pid
+            {
+                break;
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                let _ = old.kill();
+                let _ = old.wait();
+                anyhow::bail!(
+                    "the new agent exited while taking over ({status}):\n{}",
+                    self.log_text()
+                );
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the new agent did not take over:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let old_exit = loop {
+            if let Some(status) = old.try_wait()? {
+                break status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = old.kill();
+                let _ = old.wait();
+                anyhow::bail!(
+                    "the old agent did not exit after the hand-over:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        self.endpoints = self.status()?.endpoints;
+        Ok(TakeOver {
+            old_pid,
+            new_pid,
+            old_exit,
+        })
     }
 
     /// SIGTERMs the agent and returns its exit code.

@@ -3,7 +3,8 @@
 //!
 //! A Unix stream socket at `<state dir>/<instance>/agent.sock` (mode 0600,
 //! so only root reaches it), one JSON request per connection answered by one
-//! JSON response. The CNI plugin and `dataplane pod ...` use it.
+//! JSON response. The CNI plugin and `dataplane pod ...` use it, and a new
+//! agent taking over (`handOver`, the one request answered differently).
 
 mod server;
 
@@ -16,7 +17,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-pub use server::{MAX_CLIENTS, REQUEST_TIMEOUT, bind, serve};
+pub use server::{MAX_CLIENTS, REQUEST_TIMEOUT, StagedSocket, bind, serve};
 
 use crate::enroll::{PodSpec, PodStatus};
 
@@ -49,6 +50,13 @@ pub enum Request {
     ConfigDump,
     /// Workload certificates (`report`: a list of `inspect::CertInfo`).
     Certs,
+    /// A new agent of this instance asks to take the pods over
+    /// (`dataplane run --takeover`). Answered with `ok` and one end of the
+    /// hand-over channel attached (`SCM_RIGHTS`); see [`crate::handover`].
+    HandOver {
+        /// The new agent's pid.
+        pid: u32,
+    },
 }
 
 /// The agent's answer.
@@ -216,6 +224,7 @@ mod tests {
             Request::Status,
             Request::ConfigDump,
             Request::Certs,
+            Request::HandOver { pid: 42 },
         ] {
             assert_eq!(round_trip(&request), request);
         }

@@ -1,6 +1,12 @@
 //! Serving the control socket.
 
-use std::{io, os::unix::fs::PermissionsExt, path::Path, sync::Arc, time::Duration};
+use std::{
+    io,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -9,7 +15,7 @@ use tokio::{
 use tracing::{debug, warn};
 
 use super::{MAX_MESSAGE, Request, Response};
-use crate::{inspect::AgentView, logging::Chain};
+use crate::{handover::Giver, inspect::AgentView, logging::Chain};
 
 /// How long a client may take to send its whole request; one that
 /// connects and stays silent is closed after this.
@@ -19,25 +25,61 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// holds a descriptor, and an enrollment waits its turn at the actor).
 pub const MAX_CLIENTS: usize = 128;
 
-/// Binds the control socket at `path` (replacing a stale one left by a dead
-/// agent) with mode 0600.
-pub fn bind(path: &Path) -> io::Result<UnixListener> {
+/// A control socket bound beside its path, not yet reachable there.
+#[derive(Debug)]
+pub struct StagedSocket {
+    /// The bound socket; taken by `publish`.
+    listener: Option<UnixListener>,
+    staged: PathBuf,
+    path: PathBuf,
+}
+
+impl StagedSocket {
+    /// Moves the socket onto its path in one step (`rename`): clients see
+    /// the previous socket (a dead agent's, or the one this agent takes
+    /// over from) until then, and this one from then on, never no socket.
+    pub fn publish(mut self) -> io::Result<UnixListener> {
+        std::fs::rename(&self.staged, &self.path)?;
+        self.listener
+            .take()
+            .ok_or_else(|| io::Error::other("the control socket was published already"))
+    }
+}
+
+impl Drop for StagedSocket {
+    fn drop(&mut self) {
+        // Not published (start-up failed): the staged name is ours alone.
+        if self.listener.is_some() {
+            let _ = std::fs::remove_file(&self.staged);
+        }
+    }
+}
+
+/// Binds the control socket for `path` (mode 0600) under a name of this
+/// process beside it; [`StagedSocket::publish`] moves it onto `path`.
+pub fn bind(path: &Path) -> io::Result<StagedSocket> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-        Err(err) => return Err(err),
-    }
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
+    let mut staged = path.as_os_str().to_owned();
+    staged.push(format!(".{}", std::process::id()));
+    let staged = PathBuf::from(staged);
+    // Left by an earlier process of this pid (pids are reused).
+    let _ = std::fs::remove_file(&staged);
+    let listener = UnixListener::bind(&staged)?;
+    let socket = StagedSocket {
+        listener: Some(listener),
+        staged,
+        path: path.to_path_buf(),
+    };
+    std::fs::set_permissions(&socket.staged, std::fs::Permissions::from_mode(0o600))?;
+    Ok(socket)
 }
 
-/// Answers requests until the task is dropped.
-pub async fn serve(listener: UnixListener, view: Arc<AgentView>) {
+/// Answers requests until the task is dropped; `handOver` requests go to
+/// `giver`.
+pub async fn serve(listener: UnixListener, view: Arc<AgentView>, giver: Arc<Giver>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
     loop {
         match listener.accept().await {
@@ -58,8 +100,9 @@ pub async fn serve(listener: UnixListener, view: Arc<AgentView>) {
                     continue;
                 };
                 let view = Arc::clone(&view);
+                let giver = Arc::clone(&giver);
                 tokio::spawn(async move {
-                    if let Err(err) = answer(stream, &view).await {
+                    if let Err(err) = answer(stream, &view, giver).await {
                         debug!(error = %err, "control connection failed");
                     }
                     drop(slot);
@@ -70,7 +113,7 @@ pub async fn serve(listener: UnixListener, view: Arc<AgentView>) {
     }
 }
 
-async fn answer(mut stream: UnixStream, view: &AgentView) -> io::Result<()> {
+async fn answer(mut stream: UnixStream, view: &AgentView, giver: Arc<Giver>) -> io::Result<()> {
     let mut body = Vec::new();
     let mut limited = (&mut stream).take(MAX_MESSAGE + 1);
     match tokio::time::timeout(REQUEST_TIMEOUT, limited.read_to_end(&mut body)).await {
@@ -83,6 +126,10 @@ async fn answer(mut stream: UnixStream, view: &AgentView) -> io::Result<()> {
         }
     }
     let response = match super::read_request(&body) {
+        Ok(Request::HandOver { pid }) => {
+            giver.give(stream, pid).await;
+            return Ok(());
+        }
         Ok(request) => handle(request, view).await,
         Err(refusal) => refused(refusal),
     };
@@ -133,6 +180,8 @@ async fn handle(request: Request, view: &AgentView) -> Response {
                 Err(err) => refused(Chain(&err).to_string()),
             }
         }
+        // Answered in `answer`, with the stream.
+        Request::HandOver { .. } => refused("hand-over is answered on its own".into()),
         Request::List => Response {
             ok: true,
             pods: view.enroller.view().snapshot().pods.clone(),

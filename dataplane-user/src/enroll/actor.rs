@@ -23,7 +23,9 @@ use std::{
 use tokio::sync::{oneshot, watch};
 use tracing::{info, warn};
 
-use super::{DepartedPod, EnrollError, Enrollments, PodSpec, PodStatus, Standalone};
+use super::{
+    DepartedPod, EnrollError, Enrollments, HandedPod, OfferedPod, PodSpec, PodStatus, Standalone,
+};
 use crate::{config::LocalConfig, logging::Chain, redirect::ExitMode};
 
 /// How often enrolled pods' network namespaces are checked for removal.
@@ -53,6 +55,10 @@ type Reply<T> = oneshot::Sender<Result<T, EnrollError>>;
 
 enum Command {
     Readopt(Reply<usize>),
+    ReadoptHanded(Vec<HandedPod>, Reply<usize>),
+    Freeze(Reply<Vec<OfferedPod>>),
+    Thaw(Reply<()>),
+    Release(Reply<()>),
     Add(Box<PodSpec>, Reply<PodStatus>),
     Remove(String, Reply<bool>),
     RemoveByNetns(PathBuf, Reply<Option<String>>),
@@ -79,6 +85,7 @@ impl Enroller {
         let runtime = tokio::runtime::Handle::current();
         let mut actor = Actor {
             enrollments: Some(enrollments),
+            frozen: false,
             standalone,
             publish,
         };
@@ -104,6 +111,33 @@ impl Enroller {
     /// returns how many.
     pub async fn readopt(&self) -> Result<usize, EnrollError> {
         self.ask(Command::Readopt).await
+    }
+
+    /// Re-adopts the pods a previous agent handed over, on the sockets it
+    /// passed (see [`Enrollments::readopt_handed`]); returns how many.
+    pub async fn readopt_handed(&self, pods: Vec<HandedPod>) -> Result<usize, EnrollError> {
+        self.ask(|reply| Command::ReadoptHanded(pods, reply)).await
+    }
+
+    /// Freezes the pod set for a hand-over and returns every pod with
+    /// duplicates of its listening sockets. Until [`Enroller::thaw`] (the
+    /// hand-over failed) or [`Enroller::release`] (it succeeded),
+    /// enrollment changes are refused ([`EnrollError::HandingOver`]) and
+    /// vanished namespaces are not reaped: the new agent re-adopts exactly
+    /// what was offered.
+    pub async fn freeze(&self) -> Result<Vec<OfferedPod>, EnrollError> {
+        self.ask(Command::Freeze).await
+    }
+
+    /// Ends a freeze: the hand-over failed, this agent goes on.
+    pub async fn thaw(&self) -> Result<(), EnrollError> {
+        self.ask(Command::Thaw).await
+    }
+
+    /// After a hand-over: stops every pod's engine and leaves kernel state
+    /// and the state file to the new agent; the actor then exits.
+    pub async fn release(&self) -> Result<(), EnrollError> {
+        self.ask(Command::Release).await
     }
 
     /// Enrolls a pod (see [`Enrollments::add`]).
@@ -172,6 +206,8 @@ impl Enroller {
 struct Actor {
     /// `None` once shut down.
     enrollments: Option<Enrollments>,
+    /// Set while a hand-over is under way: no enrollment changes.
+    frozen: bool,
     standalone: Standalone,
     publish: watch::Sender<Arc<EnrolledSnapshot>>,
 }
@@ -189,7 +225,8 @@ impl Actor {
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
             if Instant::now() >= next_reap {
-                if let Some(enrollments) = self.enrollments.as_mut()
+                if !self.frozen
+                    && let Some(enrollments) = self.enrollments.as_mut()
                     && !enrollments.reap_vanished().is_empty()
                 {
                     self.publish();
@@ -203,26 +240,68 @@ impl Actor {
         let Some(enrollments) = self.enrollments.as_mut() else {
             return;
         };
+        // While frozen for a hand-over, nothing changes the pod set.
+        let frozen = self.frozen;
         // The pod list is published before the reply goes out: a client
         // that enrolled a pod and then asks for status must see it.
         match command {
+            Command::ReadoptHanded(pods, reply) => {
+                let result = match frozen {
+                    true => Err(EnrollError::HandingOver),
+                    false => enrollments.readopt_handed(pods),
+                };
+                self.reply(reply, result);
+            }
+            Command::Freeze(reply) => {
+                let result = enrollments.offer();
+                self.frozen = result.is_ok();
+                let _ = reply.send(result);
+            }
+            Command::Thaw(reply) => {
+                self.frozen = false;
+                let _ = reply.send(Ok(()));
+            }
+            Command::Release(reply) => {
+                if let Some(enrollments) = self.enrollments.take() {
+                    enrollments.release();
+                }
+                info!("enrollment actor stopped; pods handed over");
+                self.publish.send_replace(Arc::default());
+                let _ = reply.send(Ok(()));
+            }
             Command::Readopt(reply) => {
-                let result = enrollments.readopt();
+                let result = match frozen {
+                    true => Err(EnrollError::HandingOver),
+                    false => enrollments.readopt(),
+                };
                 self.reply(reply, result);
             }
             Command::Add(spec, reply) => {
-                let result = enrollments.add(*spec);
+                let result = match frozen {
+                    true => Err(EnrollError::HandingOver),
+                    false => enrollments.add(*spec),
+                };
                 self.reply(reply, result);
             }
             Command::Remove(uid, reply) => {
-                let result = enrollments.remove(&uid);
+                let result = match frozen {
+                    true => Err(EnrollError::HandingOver),
+                    false => enrollments.remove(&uid),
+                };
                 self.reply(reply, result);
             }
             Command::RemoveByNetns(netns, reply) => {
-                let result = enrollments.remove_by_netns(&netns);
+                let result = match frozen {
+                    true => Err(EnrollError::HandingOver),
+                    false => enrollments.remove_by_netns(&netns),
+                };
                 self.reply(reply, result);
             }
             Command::ApplyConfig(config, reply) => {
+                if frozen {
+                    self.reply(reply, Err(EnrollError::HandingOver));
+                    return;
+                }
                 self.standalone.apply(enrollments, &config);
                 self.reply(reply, Ok(()));
             }

@@ -21,7 +21,7 @@ mod state;
 use std::path::PathBuf;
 
 pub use actor::{EnrolledSnapshot, Enroller, PodsView, REAP_INTERVAL};
-pub use pods::{EngineSettings, Enrollments};
+pub use pods::{EngineSettings, Enrollments, HandedPod, OfferedPod};
 pub use spec::{DepartedPod, PodSpec, PodStatus};
 pub use standalone::Standalone;
 pub use state::{StateFile, StateFileError};
@@ -104,6 +104,12 @@ pub enum EnrollError {
     /// The enrollment actor's thread could not be started.
     #[error("cannot start the enrollment thread")]
     Actor(#[source] std::io::Error),
+    /// The agent is handing its pods over to a new agent: enrollment
+    /// changes wait for the new one.
+    #[error(
+        "the agent is handing its pods over to a new agent; retry in a moment (the new agent answers then)"
+    )]
+    HandingOver,
     /// The enrollment actor has stopped (the agent is shutting down).
     #[error("the agent is shutting down; enrollment is no longer possible")]
     ActorGone,

@@ -60,6 +60,31 @@ pub struct Enrollments {
     pods: HashMap<String, EnrolledPod>,
     /// Pods recently unenrolled or refused, newest last, for `status`.
     departed: VecDeque<DepartedPod>,
+    /// Listening sockets a previous agent handed over, by pod uid, with
+    /// the cookie of the namespace they live in: used (instead of new
+    /// ones) when that pod is re-adopted.
+    handed: HashMap<String, (u64, PodListeners)>,
+}
+
+/// A pod's listening sockets, offered to a new agent taking over.
+#[derive(Debug)]
+pub struct OfferedPod {
+    /// The pod as enrolled.
+    pub status: PodStatus,
+    /// `(device, inode)` of its network namespace.
+    pub netns_identity: (u64, u64),
+    /// Duplicates of the sockets its engine serves.
+    pub listeners: PodListeners,
+}
+
+/// A pod received from the agent this one takes over from.
+#[derive(Debug)]
+pub struct HandedPod {
+    /// The pod as the previous agent enrolled it.
+    pub status: PodStatus,
+    /// Its listening sockets, when every one passed the checks; `None`
+    /// makes re-adoption create new ones.
+    pub listeners: Option<PodListeners>,
 }
 
 impl std::fmt::Debug for Enrollments {
@@ -97,6 +122,57 @@ impl Enrollments {
             state,
             pods: HashMap::new(),
             departed: VecDeque::new(),
+            handed: HashMap::new(),
+        }
+    }
+
+    /// Re-adopts the pods a previous agent handed over, serving the
+    /// listening sockets it passed (the same sockets: the kernel's entries
+    /// keep pointing at them, no connection is refused). Returns how many
+    /// pods were re-adopted.
+    pub fn readopt_handed(&mut self, pods: Vec<HandedPod>) -> Result<usize, EnrollError> {
+        let mut recorded = Vec::with_capacity(pods.len());
+        for pod in pods {
+            if let Some(listeners) = pod.listeners {
+                self.handed.insert(
+                    pod.status.spec.uid.clone(),
+                    (pod.status.netns_cookie, listeners),
+                );
+            }
+            recorded.push(pod.status);
+        }
+        let result = self.readopt_from(recorded);
+        // Sockets of pods that could not be adopted are not ours to keep.
+        self.handed.clear();
+        result
+    }
+
+    /// Duplicates of every enrolled pod's listening sockets, for a new
+    /// agent taking over.
+    pub fn offer(&self) -> Result<Vec<OfferedPod>, EnrollError> {
+        self.pods
+            .values()
+            .map(|pod| {
+                let netns_err = |source| EnrollError::Netns {
+                    uid: pod.spec.uid.clone(),
+                    path: pod.spec.netns.clone(),
+                    source,
+                };
+                Ok(OfferedPod {
+                    status: status_of(pod),
+                    netns_identity: pod.netns.identity().map_err(netns_err)?,
+                    listeners: pod.listeners.try_clone().map_err(netns_err)?,
+                })
+            })
+            .collect()
+    }
+
+    /// This agent handed its pods over: every engine stops (connections
+    /// still open close) and the kernel state and state file, now the new
+    /// agent's, are left exactly as they are.
+    pub fn release(mut self) {
+        for (_, pod) in self.pods.drain() {
+            pod.engine.stop();
         }
     }
 
@@ -105,6 +181,10 @@ impl Enrollments {
     /// the others is removed. Returns how many pods were re-adopted.
     pub fn readopt(&mut self) -> Result<usize, EnrollError> {
         let recorded = self.state.load()?;
+        self.readopt_from(recorded)
+    }
+
+    fn readopt_from(&mut self, recorded: Vec<PodStatus>) -> Result<usize, EnrollError> {
         let mut adopted = 0;
         for status in recorded {
             let uid = status.spec.uid.clone();
@@ -212,8 +292,15 @@ impl Enrollments {
         }
         // The same namespace keeps its listening sockets: the new engine
         // serves duplicates of them, so the ports never close.
-        let listeners = match previous {
-            Some(old) if old.cookie == cookie => old.listeners.try_clone().map_err(netns_err)?,
+        let handed = self
+            .handed
+            .remove(&spec.uid)
+            .filter(|(handed_cookie, _)| *handed_cookie == cookie);
+        let listeners = match (previous, handed) {
+            (Some(old), _) if old.cookie == cookie => {
+                old.listeners.try_clone().map_err(netns_err)?
+            }
+            (_, Some((_, listeners))) => listeners,
             _ => PodListeners::create(&netns)?,
         };
         let prepared = self.prepare(&spec, netns, cookie, listeners)?;

@@ -152,6 +152,22 @@ impl<D: Dialer> std::fmt::Debug for HbonePool<D> {
     }
 }
 
+/// Sends the CONNECT request on `conn` and waits for the response head.
+async fn open_stream(
+    conn: &Pooled,
+    request: http::Request<()>,
+) -> Result<(http::Response<h2::RecvStream>, h2::SendStream<Bytes>), h2::Error> {
+    let mut send_request = conn.send.clone().ready().await?;
+    let (response, send) = send_request.send_request(request, false)?;
+    Ok((response.await?, send))
+}
+
+/// Whether the peer refused the stream without processing it: a GOAWAY
+/// (the peer drains) or `REFUSED_STREAM` before any response.
+fn unprocessed(err: &h2::Error) -> bool {
+    err.is_go_away() || err.reason() == Some(h2::Reason::REFUSED_STREAM)
+}
+
 impl<D: Dialer> HbonePool<D> {
     /// A pool dialing with `dialer`, dropping connections idle for
     /// `idle_timeout`.
@@ -181,15 +197,31 @@ impl<D: Dialer> HbonePool<D> {
     ) -> Result<Tunnel, PoolError> {
         let addr = key.dst_addr;
         let h2_err = |source| PoolError::Http2 { addr, source };
+        let request = || {
+            wire::connect_request(authority, source, baggage, &wire::new_traceparent()).map_err(
+                |source| PoolError::Request {
+                    authority: authority.to_owned(),
+                    source,
+                },
+            )
+        };
         let (conn, slot) = self.checkout(key).await?;
-        let request = wire::connect_request(authority, source, baggage, &wire::new_traceparent())
-            .map_err(|source| PoolError::Request {
-            authority: authority.to_owned(),
-            source,
-        })?;
-        let mut send_request = conn.send.clone().ready().await.map_err(h2_err)?;
-        let (response, send) = send_request.send_request(request, false).map_err(h2_err)?;
-        let response = response.await.map_err(h2_err)?;
+        let (response, send, slot) = match open_stream(&conn, request()?).await {
+            Ok((response, send)) => (response, send, slot),
+            // The peer is draining (GOAWAY) and never processed this
+            // stream: no byte reached the destination, so a fresh
+            // connection may carry it (the peer's replacement, after an
+            // upgrade, accepts it). Once only.
+            Err(err) if unprocessed(&err) => {
+                debug!(%addr, error = %err, "stream refused by a draining HBONE peer; retrying on a new connection");
+                conn.alive.store(false, Ordering::Release);
+                drop(slot);
+                let (conn, slot) = self.checkout(key).await?;
+                let (response, send) = open_stream(&conn, request()?).await.map_err(h2_err)?;
+                (response, send, slot)
+            }
+            Err(err) => return Err(h2_err(err)),
+        };
         if response.status() != StatusCode::OK {
             return Err(PoolError::Refused {
                 addr,

@@ -30,11 +30,23 @@ impl Dialer for TcpDialer {
 /// An HBONE server on loopback whose tunnels reach `127.0.0.1:<port>`.
 /// Policy denies destination port 9.
 async fn hbone_server() -> std::io::Result<(SocketAddr, watch::Sender<bool>)> {
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let addr = hbone_server_with(move |_| shutdown.clone()).await?;
+    Ok((addr, shutdown_tx))
+}
+
+/// [`hbone_server`] whose `n`th connection (from 0) drains when
+/// `shutdown_of(n)` says so: two agents serving one listening socket.
+async fn hbone_server_with(
+    shutdown_of: impl Fn(usize) -> watch::Receiver<bool> + Send + 'static,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let (shutdown_tx, shutdown) = watch::channel(false);
     tokio::spawn(async move {
+        let mut accepted = 0;
         while let Ok((stream, peer)) = listener.accept().await {
+            let shutdown = shutdown_of(accepted);
+            accepted += 1;
             let Ok(local) = stream.local_addr() else {
                 continue;
             };
@@ -56,7 +68,7 @@ async fn hbone_server() -> std::io::Result<(SocketAddr, watch::Sender<bool>)> {
                     Some(SocketAddr::new(local.ip(), port))
                 }),
                 live: None,
-                shutdown: shutdown.clone(),
+                shutdown,
                 metrics: Arc::new(crate::telemetry::Metrics::new()),
                 source: Arc::default(),
                 destination: Arc::default(),
@@ -67,7 +79,7 @@ async fn hbone_server() -> std::io::Result<(SocketAddr, watch::Sender<bool>)> {
             });
         }
     });
-    Ok((addr, shutdown_tx))
+    Ok(addr)
 }
 
 /// An app that echoes everything until the client half-closes.
@@ -190,6 +202,39 @@ async fn fifty_tunnels_share_one_connection() -> anyhow::Result<()> {
     assert_eq!(tunnels.len(), 50);
     assert_eq!(pool.dials(), 1, "one dial in flight per key");
     assert_eq!(pool.connections(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_stream_a_draining_peer_refuses_goes_to_a_new_connection() -> anyhow::Result<()> {
+    // The first connection's server drains (as an agent that handed its
+    // pods over does); later ones are served by its successor.
+    let (drain_first, first) = watch::channel(false);
+    let (_successor, later) = watch::channel(false);
+    let server =
+        hbone_server_with(move |n| if n == 0 { first.clone() } else { later.clone() }).await?;
+    let app = echo_app().await?;
+    let pool = HbonePool::new(TcpDialer, Duration::from_secs(30));
+    let held = open(&pool, server, &app.to_string()).await?;
+    drain_first.send(true)?;
+    // Opened one after another while GOAWAY reaches the client: every one
+    // must succeed, on the draining connection before GOAWAY arrives and
+    // on a new one after.
+    for _ in 0..20 {
+        let tunnel = open(&pool, server, &app.to_string()).await?;
+        drop(tunnel);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(pool.dials(), 2, "one new connection after the GOAWAY");
+    // The stream the draining peer had accepted still works.
+    let (mut app_end, engine) = tcp_pair().await?;
+    let relay = tokio::spawn(relay(engine, held.send, held.recv, Default::default()));
+    app_end.write_all(b"still here").await?;
+    app_end.shutdown().await?;
+    let mut reply = Vec::new();
+    app_end.read_to_end(&mut reply).await?;
+    assert_eq!(reply, b"still here");
+    let _ = relay.await;
     Ok(())
 }
 

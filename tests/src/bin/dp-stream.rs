@@ -16,6 +16,12 @@
 //!   microseconds after each 64 KiB; `after-eof`: only once the server's
 //!   stream ended), half-closes, reads the server's stream to its end and
 //!   prints how each direction ended (`read clean N`, `write reset N`, ...).
+//! - `dp-stream loop ADDR BYTES DIR`: echo exchanges of BYTES (a new seed
+//!   each) one after another, as fast as they go, until the file
+//!   `DIR/stop` exists; every connection that fails is counted by how
+//!   (`refused` at connect, `reset`, `corrupt`: a short or wrong echo,
+//!   `other`), never retried. Writes the count of good exchanges to
+//!   `DIR/progress` as it goes; prints the counts as JSON at the end.
 //!
 //! Exit code 0 on success, 1 with a message on stderr otherwise.
 
@@ -35,6 +41,7 @@ fn main() -> ExitCode {
         [cmd, addr, text] if cmd == "echo-text" => echo_text(addr, text),
         [cmd, addr, secs] if cmd == "hold" => hold(addr, secs),
         [cmd, addr, bytes, pace, when] if cmd == "transfer" => transfer(addr, bytes, pace, when),
+        [cmd, addr, bytes, dir] if cmd == "loop" => run_loop(addr, bytes, dir),
         _ => Err("usage: dp-stream echo ADDR BYTES SEED | dp-stream expect-reset ADDR".into()),
     };
     match result {
@@ -176,4 +183,93 @@ fn expect_reset(addr: &str) -> Result<String, String> {
             Err(e) => return Err(format!("read: {e}")),
         }
     }
+}
+
+/// How one exchange of `dp-stream loop` failed.
+enum Failure {
+    Refused,
+    Reset,
+    Corrupt,
+    Other,
+}
+
+fn classify(e: &std::io::Error) -> Failure {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        ConnectionRefused => Failure::Refused,
+        ConnectionReset | ConnectionAborted | BrokenPipe => Failure::Reset,
+        _ => Failure::Other,
+    }
+}
+
+/// One connection: send `data`, half-close, read the echo to its end.
+fn exchange(addr: SocketAddr, data: &[u8]) -> Result<(), (Failure, String)> {
+    let mut stream =
+        TcpStream::connect(addr).map_err(|e| (classify(&e), format!("connect: {e}")))?;
+    let io = |what: &'static str| move |e: std::io::Error| (classify(&e), format!("{what}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(io("timeout"))?;
+    stream.write_all(data).map_err(io("write"))?;
+    stream.shutdown(Shutdown::Write).map_err(io("shutdown"))?;
+    let mut received = Vec::with_capacity(data.len());
+    stream.read_to_end(&mut received).map_err(io("read"))?;
+    if received != data {
+        return Err((
+            Failure::Corrupt,
+            format!(
+                "echo of {} bytes came back as {} bytes or differs",
+                data.len(),
+                received.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn run_loop(addr: &str, bytes: &str, dir: &str) -> Result<String, String> {
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| format!("bad address {addr}: {e}"))?;
+    let len: usize = bytes.parse().map_err(|e| format!("bad byte count: {e}"))?;
+    let dir = std::path::Path::new(dir);
+    let started = std::time::Instant::now();
+    let (mut ok, mut refused, mut reset, mut corrupt, mut other) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut errors = Vec::new();
+    let mut seed = 0u64;
+    while !dir.join("stop").exists() {
+        seed += 1;
+        match exchange(addr, &payload(len, seed)) {
+            Ok(()) => ok += 1,
+            Err((failure, message)) => {
+                match failure {
+                    Failure::Refused => refused += 1,
+                    Failure::Reset => reset += 1,
+                    Failure::Corrupt => corrupt += 1,
+                    Failure::Other => other += 1,
+                }
+                if errors.len() < 10 {
+                    errors.push(format!(
+                        "{:.3}s: {message}",
+                        started.elapsed().as_secs_f64()
+                    ));
+                }
+            }
+        }
+        if seed.is_multiple_of(20) {
+            let tmp = dir.join("progress.tmp");
+            std::fs::write(&tmp, ok.to_string())
+                .and_then(|()| std::fs::rename(&tmp, dir.join("progress")))
+                .map_err(|e| format!("progress file: {e}"))?;
+        }
+    }
+    Ok(serde_json::json!({
+        "ok": ok,
+        "refused": refused,
+        "reset": reset,
+        "corrupt": corrupt,
+        "other": other,
+        "errors": errors,
+    })
+    .to_string())
 }
