@@ -101,19 +101,8 @@ fn ensure_cargo_fuzz() -> Result<()> {
         .is_ok_and(|status| status.success());
     if !has_cxx {
         println!("installing g++ (libFuzzer is C++)...");
-        cmd::run(
-            Command::new("apt-get")
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .args([
-                    "install",
-                    "-y",
-                    "-q",
-                    "--no-install-recommends",
-                    "--no-remove",
-                    "g++",
-                ]),
-        )
-        .context("cargo fuzz needs a C++ compiler: install g++")?;
+        setup::apt::install_packages(&["g++"])
+            .context("cargo fuzz needs a C++ compiler: install g++")?;
     }
     let present = Command::new("cargo")
         .args(["fuzz", "--version"])

@@ -4,7 +4,7 @@
 //! Every step checks first and prints `ok: <thing> already present` or
 //! `installing <thing>...`, so a second run only checks and takes seconds.
 
-mod apt;
+pub mod apt;
 mod bpf_linker;
 mod mounts;
 mod rust;

@@ -114,6 +114,12 @@ pub fn ensure_packages(progress: &mut Progress) -> Result<()> {
         return Ok(());
     }
     progress.installing(&format!("Debian packages {}", install.join(" ")));
+    install_packages(&install)
+}
+
+/// `apt-get install` of `names`, never prompting, without recommends, and
+/// refusing (`--no-remove`) to remove any installed package to do it.
+pub fn install_packages(names: &[impl AsRef<std::ffi::OsStr>]) -> Result<()> {
     cmd::run(
         apt("apt-get")
             .args([
@@ -123,7 +129,7 @@ pub fn ensure_packages(progress: &mut Progress) -> Result<()> {
                 "--no-install-recommends",
                 "--no-remove",
             ])
-            .args(&install),
+            .args(names),
     )
 }
 
