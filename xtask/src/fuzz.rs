@@ -188,13 +188,15 @@ fn run_target(
         eprintln!("{log}");
     }
     let executions = final_stat(&log, "stat::number_of_executed_units:");
+    // libFuzzer's own run time, without cargo's build before it.
+    let fuzzing_seconds = fuzz_seconds(&log);
     let corpus_files = std::fs::read_dir(corpus)
         .map(|entries| entries.count())
         .unwrap_or(0);
     let outcome = Outcome {
         target: target.to_owned(),
         executions,
-        seconds: started.elapsed().as_secs_f64(),
+        seconds: fuzzing_seconds.unwrap_or_else(|| started.elapsed().as_secs_f64()),
         corpus: corpus_files,
         crashed,
     };
@@ -213,6 +215,21 @@ fn final_stat(log: &str, key: &str) -> Option<u64> {
         .find_map(|value| value.trim().parse().ok())
 }
 
+/// The run time from libFuzzer's `Done N runs in S second(s)` line.
+fn fuzz_seconds(log: &str) -> Option<f64> {
+    log.lines()
+        .filter_map(|line| line.strip_prefix("Done "))
+        .find_map(|rest| {
+            rest.split(" in ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .map(|seconds: u64| seconds.max(1) as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,5 +243,7 @@ mod tests {
             Some(1_234_567)
         );
         assert_eq!(final_stat("", "stat::number_of_executed_units:"), None);
+        assert_eq!(fuzz_seconds(log), Some(61.0));
+        assert_eq!(fuzz_seconds(""), None);
     }
 }
