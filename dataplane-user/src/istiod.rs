@@ -22,7 +22,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Largest service-account token read (projected tokens are ~1 KiB).
-const MAX_TOKEN: u64 = 64 * 1024;
+const MAX_TOKEN: usize = 64 * 1024;
 
 /// Where istiod is and how to trust and authenticate to it.
 #[derive(Debug, Clone)]
@@ -81,7 +81,12 @@ impl IstiodEndpoint {
             path: path.clone(),
             reason,
         };
-        let text = read_bounded(path, MAX_TOKEN).map_err(|err| token_error(err.to_string()))?;
+        let (bytes, more) = crate::config::limits::read_at_most(path, MAX_TOKEN)
+            .map_err(|err| token_error(err.to_string()))?;
+        if more {
+            return Err(token_error(format!("longer than {MAX_TOKEN} bytes")));
+        }
+        let text = String::from_utf8(bytes).map_err(|_| token_error("not UTF-8".into()))?;
         let token = text.trim();
         if token.is_empty() {
             return Err(token_error("the file is empty".into()));
@@ -151,15 +156,44 @@ impl IstiodEndpoint {
     }
 }
 
-/// Reads at most `limit` bytes of a text file; more is an error.
-fn read_bounded(path: &std::path::Path, limit: u64) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(limit + 1)
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > limit {
-        return Err(std::io::Error::other(format!("longer than {limit} bytes")));
+#[cfg(test)]
+#[expect(
+    clippy::unwrap_used,
+    reason = "a bad fixture should fail the test loudly"
+)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_is_read_bounded_and_refused_when_unusable() {
+        let dir = std::env::temp_dir().join(format!("dp-istiod-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let endpoint = |file: &str| IstiodEndpoint {
+            address: "istiod.istio-system.svc:15012".into(),
+            server_name: "istiod.istio-system.svc".into(),
+            roots: Arc::new(RootCertStore::empty()),
+            token_file: Some(dir.join(file)),
+        };
+        std::fs::write(dir.join("good"), "abc.def\n").unwrap();
+        std::fs::write(dir.join("empty"), " \n").unwrap();
+        std::fs::write(dir.join("huge"), vec![b'a'; MAX_TOKEN + 1]).unwrap();
+        let good = endpoint("good").bearer_token().unwrap().unwrap();
+        let errors: Vec<String> = ["empty", "huge", "missing"]
+            .map(|f| endpoint(f).bearer_token().unwrap_err().to_string())
+            .to_vec();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(good, "Bearer abc.def");
+        assert!(errors[0].contains("empty"), "{}", errors[0]);
+        assert!(errors[1].contains("longer than"), "{}", errors[1]);
+        assert!(
+            errors[2].contains("missing") && errors[2].contains("projected token"),
+            "{}",
+            errors[2]
+        );
+        let none = IstiodEndpoint {
+            token_file: None,
+            ..endpoint("good")
+        };
+        assert!(none.bearer_token().unwrap().is_none());
     }
-    Ok(text)
 }

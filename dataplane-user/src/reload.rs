@@ -116,14 +116,9 @@ fn stamp(path: &Path) -> Option<Stamp> {
 /// Reads the file, refusing one larger than [`MAX_CONFIG_BYTES`] without
 /// reading it all.
 fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
-    use std::io::Read as _;
-    let cannot = |err: std::io::Error| format!("cannot read config file {}: {err}", path.display());
-    let file = std::fs::File::open(path).map_err(cannot)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_CONFIG_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(cannot)?;
-    if bytes.len() > MAX_CONFIG_BYTES {
+    let (bytes, more) = crate::config::limits::read_at_most(path, MAX_CONFIG_BYTES)
+        .map_err(|err| format!("cannot read config file {}: {err}", path.display()))?;
+    if more {
         return Err(format!(
             "config file {} is larger than the {MAX_CONFIG_BYTES} bytes accepted",
             path.display()

@@ -197,22 +197,32 @@ impl Agent {
 
     /// Waits until the control socket answers.
     fn wait_ready(&mut self) -> anyhow::Result<()> {
+        self.wait_answering("start-up", |agent| agent.call(&Request::List).is_ok())
+    }
+
+    /// Waits until `answered` holds, failing at once if the agent process
+    /// exits, or after [`LIMIT`]; `during` names the wait in the error.
+    fn wait_answering(
+        &mut self,
+        during: &str,
+        answered: impl Fn(&Self) -> bool,
+    ) -> anyhow::Result<()> {
         let deadline = Instant::now() + LIMIT;
         loop {
-            if self.call(&Request::List).is_ok() {
+            if answered(self) {
                 return Ok(());
             }
             if let Some(child) = self.child.as_mut()
                 && let Some(status) = child.try_wait()?
             {
                 anyhow::bail!(
-                    "agent exited during start-up ({status}):\n{}",
+                    "agent exited during {during} ({status}):\n{}",
                     self.log_text()
                 );
             }
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "agent not ready:\n{}",
+                "agent not done with {during} in time:\n{}",
                 self.log_text()
             );
             std::thread::sleep(Duration::from_millis(20));
@@ -302,30 +312,15 @@ impl Agent {
         self.extra.pop();
         self.child = Some(spawned?);
         let new_pid = self.pid().unwrap_or_default();
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            if let Ok(status) = self.status()
-                && status.pid == new_pid
-            {
-                break;
-            }
-            if let Some(child) = self.child.as_mut()
-                && let Some(status) = child.try_wait()?
-            {
-                let _ = old.kill();
-                let _ = old.wait();
-                anyhow::bail!(
-                    "the new agent exited while taking over ({status}):\n{}",
-                    self.log_text()
-                );
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "the new agent did not take over:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        let taken = self.wait_answering("the takeover", |agent| {
+            agent.status().is_ok_and(|status| status.pid == new_pid)
+        });
+        if let Err(err) = taken {
+            let _ = old.kill();
+            let _ = old.wait();
+            return Err(err);
         }
+        let deadline = Instant::now() + LIMIT;
         let old_exit = loop {
             if let Some(status) = old.try_wait()? {
                 break status.code();

@@ -12,6 +12,10 @@
 //!
 //! Topology: [`TwoNodes`]: `client` and `local` on node1, `remote` and the
 //! out-of-mesh `plain` on node2, one agent per node.
+//!
+//! The one log-text match, `drain deadline passed`, is one of the drain's
+//! documented progress lines (see `drain.rs`): it proves the deadline, not
+//! the transfer's end, cut the connection, and no typed source says so.
 
 use std::{net::SocketAddr, time::Duration};
 

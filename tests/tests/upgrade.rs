@@ -245,12 +245,6 @@ fn takeover_refuses_resets_and_corrupts_no_connection_across_restarts() -> anyho
             "{counts}"
         );
     }
-    assert!(log.contains("took over from the running agent"), "{log}");
-    assert!(log.contains("handed over; no longer accepting"), "{log}");
-    assert!(
-        log.contains("readiness endpoint listening (released by the agent taken over from)"),
-        "{log}"
-    );
     Ok(())
 }
 
@@ -297,13 +291,16 @@ fn a_takeover_that_fails_leaves_the_running_agent_in_charge() -> anyhow::Result<
 
     // The running agent goes on: it answers, holds the lock under its own
     // pid again, enrolls again, and its pod's traffic flows.
+    // Until it resumes, its pod set is frozen and an enrollment is refused
+    // with "retry"; once it has resumed, the enrollment succeeds.
+    let server_spec = Agent::spec_for(&server, "server");
     wait_until("the running agent to resume", || {
-        Ok(log_of(&agent).contains("hand-over failed; this agent goes on serving its pods"))
+        Ok(agent
+            .enroll(server_spec.clone())
+            .is_ok_and(|added| added.ok))
     })?;
     assert_eq!(agent.status()?.pid, old_pid);
     assert_eq!(lock_pid(&agent)?, old_pid);
-    let added = agent.enroll(Agent::spec_for(&server, "server"))?;
-    assert!(added.ok, "{added:?}");
     dataplane_tests::traffic::echo(&client, addr(&server, 9000), 64 * 1024, 7)?;
     assert!(agent.status()?.pods.iter().all(|p| p.captured));
     Ok(())
@@ -319,6 +316,5 @@ fn takeover_with_no_agent_running_starts_as_usual() -> anyhow::Result<()> {
     assert_eq!(Some(status.pid), agent.pid());
     assert_eq!(lock_pid(&agent)?, status.pid);
     assert!(agent.enroll(Agent::spec_for(&pod, "pod"))?.ok);
-    assert!(!log_of(&agent).contains("taking over"));
     Ok(())
 }

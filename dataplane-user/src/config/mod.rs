@@ -6,7 +6,7 @@
 //! IP or service VIP, or a reference to a service or policy that does not
 //! exist. Nothing is silently ignored.
 
-mod limits;
+pub(crate) mod limits;
 mod schema;
 mod validate;
 
@@ -171,12 +171,23 @@ impl LocalConfig {
         Self::parse(EMBEDDED_DEFAULT, "<embedded default>")
     }
 
-    /// Reads and parses `path`.
+    /// Reads and parses `path`; a file over [`MAX_CONFIG_BYTES`] is refused
+    /// without being read whole.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let read_error = |source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let invalid =
+            |what: String| read_error(std::io::Error::new(std::io::ErrorKind::InvalidData, what));
+        let (bytes, more) = limits::read_at_most(path, MAX_CONFIG_BYTES).map_err(read_error)?;
+        if more {
+            return Err(invalid(format!(
+                "larger than the {MAX_CONFIG_BYTES} bytes accepted"
+            )));
+        }
+        let text =
+            String::from_utf8(bytes).map_err(|err| invalid(format!("not UTF-8 text: {err}")))?;
         Self::parse(&text, &path.display().to_string())
     }
 
@@ -412,6 +423,30 @@ policies:
         assert_eq!(m["notSourceIps"][0], "10.1.2.3/32");
         assert_eq!(m["notDestinationPorts"][0], 9090);
         assert!(policy["rules"][0][0][1].get("namespaces").is_none());
+    }
+
+    #[test]
+    fn from_file_refuses_an_oversized_or_non_utf8_file_without_reading_it_whole() {
+        let dir = std::env::temp_dir().join(format!("dp-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big.yaml");
+        std::fs::write(&big, vec![b'#'; MAX_CONFIG_BYTES + 1]).unwrap();
+        let binary = dir.join("binary.yaml");
+        std::fs::write(&binary, [0xff, 0xfe, b'\n']).unwrap();
+        let big_err = LocalConfig::from_file(&big).map(drop);
+        let binary_err = LocalConfig::from_file(&binary).map(drop);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let text = |r: Result<(), ConfigError>| crate::logging::Chain(&r.unwrap_err()).to_string();
+        let big_err = text(big_err);
+        assert!(
+            big_err.contains("big.yaml") && big_err.contains("larger than"),
+            "{big_err}"
+        );
+        let binary_err = text(binary_err);
+        assert!(
+            binary_err.contains("binary.yaml") && binary_err.contains("UTF-8"),
+            "{binary_err}"
+        );
     }
 
     #[test]

@@ -295,7 +295,7 @@ async fn accept(
             },
             _ = shutdown.wait_for(|draining| *draining) => return None,
         };
-        log_accept_error(&failed, name);
+        warn!(listener = name, error = %failed, "accept failed");
         if matches!(
             failed.raw_os_error(),
             Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
@@ -303,10 +303,6 @@ async fn accept(
             tokio::time::sleep(ACCEPT_BACKOFF).await;
         }
     }
-}
-
-fn log_accept_error(err: &io::Error, listener: &str) {
-    warn!(listener, error = %err, "accept failed");
 }
 
 /// Connects to `dst` from inside the pod (plain TCP, proxy mark) and

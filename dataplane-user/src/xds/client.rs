@@ -76,7 +76,9 @@ pub struct XdsStatus {
 #[derive(Debug)]
 pub struct XdsClient {
     config: XdsConfig,
-    resources: XdsResources,
+    /// Shared with the published snapshot (copied once per response, when
+    /// it changes, never per reader).
+    resources: Arc<XdsResources>,
     synced: [bool; TYPES.len()],
     snapshot: watch::Sender<XdsSnapshot>,
     status: Arc<Mutex<XdsStatus>>,
@@ -100,7 +102,7 @@ impl XdsClient {
         }));
         let client = Self {
             config,
-            resources: XdsResources::default(),
+            resources: Arc::default(),
             synced: [false; TYPES.len()],
             snapshot,
             status: Arc::clone(&status),
@@ -185,10 +187,10 @@ impl XdsClient {
                 }
             };
             debug!(type_url = %response.type_url, resources = response.resources.len(), removed = response.removed_resources.len(), nonce = %response.nonce, "xDS response");
-            let verdict = self.resources.apply(&response);
+            let verdict = Arc::make_mut(&mut self.resources).apply(&response);
             let index = TYPES.iter().position(|t| *t == response.type_url);
             let now = SystemTime::now();
-            let held = self.resources.versions(&response.type_url).len();
+            let held = self.resources.held(&response.type_url);
             self.update_status(|s| {
                 if let Some(t) = index.and_then(|i| s.types.get_mut(i)) {
                     t.held = held;
@@ -229,7 +231,7 @@ impl XdsClient {
 
     fn publish(&self) {
         let snapshot = XdsSnapshot {
-            resources: Arc::new(self.resources.clone()),
+            resources: Arc::clone(&self.resources),
             synced: self.synced.iter().all(|s| *s),
         };
         self.snapshot.send_replace(snapshot);

@@ -63,6 +63,15 @@ impl XdsResources {
         }
     }
 
+    /// How many resources of `type_url` are held.
+    pub fn held(&self, type_url: &str) -> usize {
+        match type_url {
+            ADDRESS_TYPE => self.addresses.len(),
+            AUTHORIZATION_TYPE => self.authorizations.len(),
+            _ => 0,
+        }
+    }
+
     /// Applies one delta response; says whether to ACK or NACK it.
     pub fn apply(&mut self, response: &DeltaDiscoveryResponse) -> Verdict {
         let rejects = match response.type_url.as_str() {
