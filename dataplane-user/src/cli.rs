@@ -6,6 +6,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::redirect::ExitMode;
 
+pub mod istio;
+
 /// eBPF-accelerated transparent redirection data plane for a service mesh.
 ///
 /// Kernel programs steer every enrolled pod's TCP traffic into in-pod
@@ -310,6 +312,9 @@ pub struct RunArgs {
     /// Without a running agent this starts as usual.
     #[arg(long, env = "DATAPLANE_TAKEOVER")]
     pub takeover: bool,
+    /// Istio mesh membership: istiod, xDS, certificate source.
+    #[command(flatten)]
+    pub istio: istio::IstioArgs,
 }
 
 /// How pod traffic is steered into the engine.

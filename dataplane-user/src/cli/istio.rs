@@ -1,0 +1,253 @@
+//! Flags that make the agent a member of an Istio mesh: where istiod is,
+//! how to trust and authenticate to it, who the agent is to it, and which
+//! of its services to use (workloads over xDS, certificates from its CA).
+//!
+//! The environment names mirror the downward-API variables Istio's node
+//! proxy DaemonSet sets (`POD_NAME`, `POD_NAMESPACE`, `INSTANCE_IP`,
+//! `CLUSTER_ID`) under the agent's `DATAPLANE_` prefix.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use rustls::RootCertStore;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use crate::istiod::IstiodEndpoint;
+use crate::xds::{NodeIdentity, XdsConfig, node::META_PREFIX};
+
+/// Largest root bundle file read.
+const MAX_ROOT_FILE: usize = 1024 * 1024;
+
+/// Where workload certificates come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum CertSourceKind {
+    /// The agent's own CA (`--ca-dir` or `--ca-cert`/`--ca-key`).
+    #[default]
+    Builtin,
+    /// Istio's CA (`CreateCertificate` on `--istiod-address`).
+    Istio,
+    /// Certificates mounted as files (`--cert-dir`), e.g. by cert-manager.
+    Files,
+}
+
+/// How to reach istiod and what to ask it for.
+#[derive(Debug, Clone, Args)]
+pub struct IstioArgs {
+    /// istiod's address (`host:port`), e.g. `istiod.istio-system.svc:15012`.
+    /// Needed by `--xds` and `--cert-source istio`.
+    #[arg(long, env = "DATAPLANE_ISTIOD_ADDRESS")]
+    pub istiod_address: Option<String>,
+    /// The name istiod's certificate must carry [default: the host of
+    /// --istiod-address].
+    #[arg(long, env = "DATAPLANE_ISTIOD_SERVER_NAME")]
+    pub istiod_server_name: Option<String>,
+    /// The mesh root(s) istiod's certificate chains to (PEM; the
+    /// `istio-ca-root-cert` ConfigMap's `root-cert.pem`).
+    #[arg(
+        long,
+        env = "DATAPLANE_ISTIOD_ROOT_CERT",
+        default_value = "/var/run/secrets/istio/root-cert.pem"
+    )]
+    pub istiod_root_cert: PathBuf,
+    /// The agent's projected service-account token (audience `istio-ca`),
+    /// sent as the bearer credential. `none` sends no token.
+    #[arg(
+        long,
+        env = "DATAPLANE_ISTIOD_TOKEN",
+        default_value = "/var/run/secrets/tokens/istio-token"
+    )]
+    pub istiod_token: PathBuf,
+    /// Take workloads, services and authorization policies from istiod
+    /// (delta xDS). With --config as well, the file's entries win.
+    #[arg(long, env = "DATAPLANE_XDS", requires = "istiod_address")]
+    pub xds: bool,
+    /// Where workload certificates come from.
+    #[arg(
+        long,
+        env = "DATAPLANE_CERT_SOURCE",
+        value_enum,
+        default_value = "builtin"
+    )]
+    pub cert_source: CertSourceKind,
+    /// With `--cert-source files`: the directory of mounted certificates.
+    #[arg(long, env = "DATAPLANE_CERT_DIR")]
+    pub cert_dir: Option<PathBuf>,
+    /// This agent's pod name, as istiod knows it.
+    #[arg(long, env = "DATAPLANE_POD_NAME")]
+    pub pod_name: Option<String>,
+    /// This agent's pod namespace.
+    #[arg(long, env = "DATAPLANE_POD_NAMESPACE", default_value = "istio-system")]
+    pub pod_namespace: String,
+    /// This agent's pod IP.
+    #[arg(long, env = "DATAPLANE_INSTANCE_IP")]
+    pub instance_ip: Option<IpAddr>,
+    /// The cluster id istiod knows this cluster by.
+    #[arg(long, env = "DATAPLANE_CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+}
+
+/// Flags that do not fit together, or a file they name that is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum IstioArgsError {
+    /// A flag another one needs is missing.
+    #[error("{what} needs {needed}")]
+    Missing {
+        /// The flag or mode that needs it.
+        what: &'static str,
+        /// What to set.
+        needed: &'static str,
+    },
+    /// The root file cannot be used.
+    #[error("cannot use istiod's root certificate file {path}: {reason}")]
+    Roots {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The address has no host.
+    #[error("--istiod-address `{0}` is not host:port")]
+    Address(String),
+}
+
+impl IstioArgs {
+    /// Whether anything asks istiod.
+    pub fn uses_istiod(&self) -> bool {
+        self.xds || self.cert_source == CertSourceKind::Istio
+    }
+
+    /// istiod's endpoint, when anything asks it; the root file is read now.
+    pub fn endpoint(&self) -> Result<Option<IstiodEndpoint>, IstioArgsError> {
+        if !self.uses_istiod() {
+            return Ok(None);
+        }
+        let address = self.istiod_address.clone().ok_or(IstioArgsError::Missing {
+            what: "--xds or --cert-source istio",
+            needed: "--istiod-address",
+        })?;
+        let server_name = match &self.istiod_server_name {
+            Some(name) => name.clone(),
+            None => host_of(&address)
+                .ok_or_else(|| IstioArgsError::Address(address.clone()))?
+                .to_owned(),
+        };
+        let token_file =
+            (self.istiod_token.as_os_str() != "none").then(|| self.istiod_token.clone());
+        Ok(Some(IstiodEndpoint {
+            address,
+            server_name,
+            roots: Arc::new(read_roots(&self.istiod_root_cert)?),
+            token_file,
+        }))
+    }
+
+    /// Who the agent is to istiod (`node_name`: this node).
+    pub fn node_identity(&self, node_name: Option<&str>) -> Result<NodeIdentity, IstioArgsError> {
+        let missing = |needed| IstioArgsError::Missing {
+            what: "--xds",
+            needed,
+        };
+        Ok(NodeIdentity {
+            ip: self.instance_ip.ok_or(missing("--instance-ip"))?,
+            pod: self.pod_name.clone().ok_or(missing("--pod-name"))?,
+            namespace: self.pod_namespace.clone(),
+            node_name: node_name.ok_or(missing("--node"))?.to_owned(),
+            cluster_id: Some(self.cluster_id.clone()),
+            extra: std::env::vars()
+                .filter_map(|(key, value)| {
+                    key.strip_prefix(META_PREFIX).map(|k| (k.to_owned(), value))
+                })
+                .collect(),
+        })
+    }
+
+    /// The xDS client's configuration, when `--xds` is on.
+    pub fn xds_config(&self, node_name: Option<&str>) -> Result<Option<XdsConfig>, IstioArgsError> {
+        if !self.xds {
+            return Ok(None);
+        }
+        let Some(istiod) = self.endpoint()? else {
+            return Ok(None);
+        };
+        Ok(Some(XdsConfig {
+            istiod,
+            node: self.node_identity(node_name)?,
+        }))
+    }
+}
+
+/// The host of `host:port` or `[v6]:port`.
+fn host_of(address: &str) -> Option<&str> {
+    let (host, _port) = address.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (!host.is_empty()).then_some(host)
+}
+
+/// Every certificate of a PEM bundle as a root store; a file with none, or
+/// with one that is not a usable root, is refused.
+pub fn read_roots(path: &std::path::Path) -> Result<RootCertStore, IstioArgsError> {
+    let error = |reason: String| IstioArgsError::Roots {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let (bytes, more) = crate::config::limits::read_at_most(path, MAX_ROOT_FILE)
+        .map_err(|e| error(e.to_string()))?;
+    if more {
+        return Err(error(format!("larger than {MAX_ROOT_FILE} bytes")));
+    }
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<_, _>>()
+        .map_err(|e| error(format!("not PEM certificates: {e}")))?;
+    if certs.is_empty() {
+        return Err(error("no certificate in it".into()));
+    }
+    let mut roots = RootCertStore::empty();
+    for cert in certs {
+        roots
+            .add(cert)
+            .map_err(|e| error(format!("a certificate is not a usable root: {e}")))?;
+    }
+    Ok(roots)
+}
+
+#[cfg(test)]
+#[expect(
+    clippy::unwrap_used,
+    reason = "a bad fixture should fail the test loudly"
+)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_taken_from_addresses() {
+        assert_eq!(
+            host_of("istiod.istio-system.svc:15012"),
+            Some("istiod.istio-system.svc")
+        );
+        assert_eq!(host_of("[fd00::1]:15012"), Some("fd00::1"));
+        assert_eq!(host_of(":15012"), None);
+        assert_eq!(host_of("istiod"), None);
+    }
+
+    #[test]
+    fn unusable_root_files_are_refused_with_the_reason() {
+        let dir = std::env::temp_dir().join(format!("dp-roots-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("empty.pem"), "").unwrap();
+        std::fs::write(
+            dir.join("junk.pem"),
+            "-----BEGIN CERTIFICATE-----\n!!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let errors: Vec<String> = ["empty.pem", "junk.pem", "missing.pem"]
+            .map(|f| read_roots(&dir.join(f)).unwrap_err().to_string())
+            .to_vec();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(errors[0].contains("no certificate"), "{}", errors[0]);
+        assert!(errors[1].contains("not PEM"), "{}", errors[1]);
+        assert!(errors[2].contains("missing.pem"), "{}", errors[2]);
+    }
+}
