@@ -82,8 +82,14 @@ impl WorkloadIndex {
                 uid: workload.uid.clone(),
                 source,
             })?;
+            // Istio names the owning workload (a Deployment) in telemetry
+            // when it knows it, the pod otherwise.
+            let name = match workload.workload_name.as_str() {
+                "" => &workload.name,
+                owner => owner,
+            };
             let peer = Arc::new(crate::telemetry::Peer {
-                workload: Some(workload.name.clone()),
+                workload: Some(name.to_owned()),
                 namespace: Some(workload.namespace.clone()),
                 principal: Some(identity.to_uri()),
             });

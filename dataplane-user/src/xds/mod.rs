@@ -11,10 +11,12 @@
 pub mod client;
 pub mod node;
 pub mod resources;
+pub mod translate;
 
 pub use client::{XdsClient, XdsSnapshot, XdsStatus};
 pub use node::NodeIdentity;
 pub use resources::{Verdict, XdsResources};
+pub use translate::{Translated, translate};
 
 use crate::istiod::{IstiodEndpoint, IstiodError};
 
