@@ -234,10 +234,43 @@ fn two_agents_serve_the_mesh_istiod_describes_and_follow_it_live() -> Result<()>
         reaches(&w.client, addr(&w.remote, 9000))
     })?;
 
-    // An invalid resource is NACKed with its name; the valid one beside it
+    // A workload istiod marks unhealthy leaves the service's endpoints
+    // (the direct address still works); healthy again, it is back.
+    let remote_index = world
+        .mesh
+        .workloads
+        .iter()
+        .position(|w| w.name == "remote")
+        .context("remote in the mesh")?;
+    let mut sick = world.mesh.workloads[remote_index].clone();
+    sick.status = dataplane_user::config::WorkloadStatus::Unhealthy;
+    world.publish(ADDRESS_TYPE, vec![workload_resource(&sick, "v3")], &[])?;
+    wait_until("the unhealthy endpoint to leave the service", || {
+        let dump = config_dump(&a1)?;
+        Ok(dump["config"]["workloads"]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|w| w["status"] == "Unhealthy")))
+    })?;
+    remote.drain();
+    for seed in 0..6 {
+        echo(&w.client, SocketAddr::new(ECHO_VIP, 80), 100, seed)?;
+    }
+    ensure!(
+        remote.drain().is_empty(),
+        "an unhealthy endpoint was chosen"
+    );
+    echo(&w.client, addr(&w.remote, 9000), 100, 7)?;
+    let healthy = &world.mesh.workloads[remote_index];
+    world.publish(ADDRESS_TYPE, vec![workload_resource(healthy, "v4")], &[])?;
+    wait_until("the endpoint to come back", || {
+        echo(&w.client, SocketAddr::new(ECHO_VIP, 80), 100, 8)?;
+        Ok(!remote.drain().is_empty())
+    })?;
+
+    // A resource that does not decode is NACKed by name and the good
+    // version held under that name stays; the valid removal beside it
     // applies (the local workload leaves the mesh).
-    let mut bad = workload_resource(&world.mesh.workloads[0], "v3");
-    bad.name = "broken-uid".into();
+    let mut bad = workload_resource(healthy, "v5");
     if let Some(any) = bad.resource.as_mut() {
         any.value = vec![0xff, 0xff, 0xff];
     }
@@ -248,7 +281,7 @@ fn two_agents_serve_the_mesh_istiod_describes_and_follow_it_live() -> Result<()>
             x.types.iter().any(|t| {
                 t.last_nack_reason
                     .as_deref()
-                    .is_some_and(|r| r.contains("broken-uid"))
+                    .is_some_and(|r| r.contains("uid-remote"))
             })
         });
         Ok(nacked && !workload_names(&config_dump(&a1)?).contains(&"local".to_owned()))
