@@ -100,7 +100,8 @@ impl WorkloadIndex {
             });
             all.push(Arc::clone(&entry));
             for ip in &workload.workload_ips {
-                if let Some(first) = by_ip.insert(*ip, Arc::clone(&entry)) {
+                // Keyed as looked up: an IPv4-mapped address is its IPv4.
+                if let Some(first) = by_ip.insert(ip.to_canonical(), Arc::clone(&entry)) {
                     return Err(StateError::DuplicateIp {
                         ip: *ip,
                         first: first.workload.uid.clone(),

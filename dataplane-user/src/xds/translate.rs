@@ -84,6 +84,7 @@ fn workload_of(w: &workload::Workload, dropped: &mut Vec<String>) -> Option<conf
             .addresses
             .iter()
             .filter_map(|a| ip_from_bytes(a).ok())
+            .map(|ip| ip.to_canonical())
             .collect(),
         protocol: match TunnelProtocol::try_from(w.tunnel_protocol) {
             Ok(TunnelProtocol::Hbone) => Protocol::Hbone,
@@ -167,6 +168,7 @@ fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> config::Servi
             .addresses
             .iter()
             .filter_map(|a| ip_from_bytes(&a.address).ok())
+            .map(|ip| ip.to_canonical())
             .collect(),
         ports: s
             .ports

@@ -147,6 +147,7 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
         }),
     );
 
+    seed_responses(&r);
     let out = translate(&r, "xds://istiod");
     let c = &out.config;
     let web = c.workloads.iter().find(|w| w.uid == "web-1").unwrap();
@@ -209,9 +210,12 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
 #[test]
 fn address_conflicts_resolve_the_same_way_every_time() {
     let mut r = XdsResources::default();
-    // A pod replaced under the same IP: both are held for a moment.
+    // A pod replaced under the same IP: both are held for a moment (the
+    // second spells it as an IPv4-mapped IPv6 address).
     put_workload(&mut r, workload("a-old", [10, 0, 0, 5]));
-    put_workload(&mut r, workload("b-new", [10, 0, 0, 5]));
+    let mut mapped = workload("b-new", [0; 4]);
+    mapped.addresses = vec![[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 5].to_vec()];
+    put_workload(&mut r, mapped);
     put_service(
         &mut r,
         workload::Service {
@@ -236,4 +240,42 @@ fn address_conflicts_resolve_the_same_way_every_time() {
     assert!(out.config.services[0].vips.is_empty());
     assert_eq!(out.dropped.len(), 2, "{:?}", out.dropped);
     assert!(MeshState::from_config(&out.config).is_ok());
+}
+
+/// What `r` holds as the two responses that would have brought it: seeds
+/// of the `xds_response` fuzz target.
+fn seed_responses(r: &XdsResources) {
+    use crate::istio_api::{
+        ADDRESS_TYPE, AUTHORIZATION_TYPE,
+        discovery::{DeltaDiscoveryResponse, Resource},
+    };
+    use prost::Message as _;
+    fn response<T: prost::Message>(
+        type_url: &str,
+        held: &std::collections::BTreeMap<String, Versioned<T>>,
+    ) -> Vec<u8> {
+        DeltaDiscoveryResponse {
+            type_url: type_url.into(),
+            nonce: "n".into(),
+            resources: held
+                .iter()
+                .map(|(name, v)| Resource {
+                    name: name.clone(),
+                    version: v.version.clone(),
+                    resource: Some(prost_types::Any {
+                        type_url: type_url.into(),
+                        value: v.resource.encode_to_vec(),
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+    crate::fuzz_seeds::seed("xds_response", response(ADDRESS_TYPE, &r.addresses));
+    crate::fuzz_seeds::seed(
+        "xds_response",
+        response(AUTHORIZATION_TYPE, &r.authorizations),
+    );
 }
