@@ -42,7 +42,7 @@ use dataplane_user::{
     identity::Identity,
     policy::Request,
     state::{MeshState, WorkloadIndex},
-    telemetry::{Direction, Flow, Metrics, Peer, Protocol},
+    telemetry::{Direction, Flow, Metrics, Peer, Protocol, ServiceRef},
 };
 use tokio::net::{TcpListener, TcpStream};
 
@@ -139,6 +139,7 @@ fn connect_request(c: &mut Criterion) {
             let request = wire::connect_request(
                 black_box("10.2.0.12:9000"),
                 source,
+                Some("web.shop.svc.cluster.local"),
                 &baggage,
                 &wire::new_traceparent(),
             )
@@ -215,7 +216,7 @@ fn pool_connect(c: &mut Criterion) {
         let key = key.clone();
         let baggage = baggage.clone();
         async move {
-            pool.connect(&key, "10.2.0.12:9000", source, &baggage)
+            pool.connect(&key, "10.2.0.12:9000", (source, None), &baggage)
                 .await
                 .expect("tunnel")
         }
@@ -245,6 +246,11 @@ fn flow_open_close(c: &mut Criterion) {
             workload: Some(name.to_owned()),
             namespace: Some("shop".to_owned()),
             principal: Some(format!("spiffe://cluster.local/ns/shop/sa/{name}")),
+            canonical_service: Some(name.to_owned()),
+            canonical_revision: Some("v1".to_owned()),
+            cluster: Some("Kubernetes".to_owned()),
+            region: Some("eu".to_owned()),
+            zone: Some("eu-1".to_owned()),
         })
     };
     let flow = Flow {
@@ -254,7 +260,11 @@ fn flow_open_close(c: &mut Criterion) {
         dst: Some("10.2.0.12:9000".parse().expect("address")),
         source: peer("client"),
         destination: peer("server"),
-        service: Some("web.shop.svc.cluster.local".to_owned()),
+        service: Some(Arc::new(ServiceRef {
+            hostname: "web.shop.svc.cluster.local".to_owned(),
+            name: "web".to_owned(),
+            namespace: "shop".to_owned(),
+        })),
     };
     let mut group = c.benchmark_group("hot_paths");
     group.bench_function("flow_open_close", |b| {

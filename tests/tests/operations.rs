@@ -33,18 +33,34 @@ const CLIENT_ID: &str = "spiffe://cluster.local/ns/test/sa/client";
 /// The identity `Agent::spec_for` pods get.
 const DEFAULT_ID: &str = "spiffe://cluster.local/ns/test/sa/default";
 /// The Istio labels, in the order the exposition must list them.
-const TCP_LABELS: [&str; 11] = [
+const TCP_LABELS: [&str; 27] = [
     "reporter",
     "source_workload",
+    "source_canonical_service",
+    "source_canonical_revision",
     "source_workload_namespace",
     "source_principal",
+    "source_app",
+    "source_version",
+    "source_cluster",
+    "destination_service",
+    "destination_service_namespace",
+    "destination_service_name",
     "destination_workload",
+    "destination_canonical_service",
+    "destination_canonical_revision",
     "destination_workload_namespace",
     "destination_principal",
-    "destination_service",
+    "destination_app",
+    "destination_version",
+    "destination_cluster",
     "request_protocol",
     "response_flags",
     "connection_security_policy",
+    "source_region",
+    "source_zone",
+    "destination_region",
+    "destination_zone",
 ];
 
 /// A server in `pod` answering each request with the request twice.
@@ -72,18 +88,37 @@ fn exchange(from: &Pod, dst: SocketAddr, len: usize) -> anyhow::Result<()> {
 fn tcp_labels(reporter: &str, src: &str, dst: Option<&str>, mtls: bool) -> Vec<(String, String)> {
     let principal = |name: &str| format!("spiffe://cluster.local/ns/test/sa/{name}");
     let unknown = || "unknown".to_owned();
+    let of_dst = |f: &dyn Fn(&str) -> String| dst.map_or_else(unknown, f);
+    // The config names no owner workload, canonical service or revision:
+    // the pod's name and `latest` stand in, as Istio defaults them.
     let values = [
         reporter.to_owned(),
         src.to_owned(),
+        src.to_owned(),
+        "latest".to_owned(),
         "test".to_owned(),
         principal(src),
-        dst.map_or_else(unknown, str::to_owned),
-        dst.map_or_else(unknown, |_| "test".to_owned()),
-        dst.map_or_else(unknown, principal),
+        src.to_owned(),
+        "latest".to_owned(),
+        unknown(),
+        unknown(),
+        unknown(),
+        unknown(),
+        of_dst(&str::to_owned),
+        of_dst(&str::to_owned),
+        of_dst(&|_| "latest".to_owned()),
+        of_dst(&|_| "test".to_owned()),
+        of_dst(&principal),
+        of_dst(&str::to_owned),
+        of_dst(&|_| "latest".to_owned()),
         unknown(),
         "tcp".to_owned(),
         "-".to_owned(),
         if mtls { "mutual_tls" } else { "none" }.to_owned(),
+        unknown(),
+        unknown(),
+        unknown(),
+        unknown(),
     ];
     TCP_LABELS
         .iter()
@@ -415,6 +450,24 @@ fn refused_connections_are_counted_with_a_reason() -> anyhow::Result<()> {
         1.0,
         "{s2:#?}"
     );
+    // Istio's family counts them with its response flags: DENY where the
+    // policy refused, CONNECT where the client's tunnel was refused.
+    let istio_failed = "istio_tcp_connections_failed_total";
+    let flagged = |samples: &[Sample], flags: &str, security: &str| -> f64 {
+        family(samples, istio_failed)
+            .iter()
+            .filter(|s| {
+                s.labels.contains(&("response_flags".into(), flags.into()))
+                    && s.labels
+                        .contains(&("connection_security_policy".into(), security.into()))
+            })
+            .map(|s| s.value)
+            .sum()
+    };
+    assert_eq!(flagged(&s2, "DENY", "mutual_tls"), 3.0, "{s2:#?}");
+    assert_eq!(flagged(&s2, "DENY", "none"), 2.0, "{s2:#?}");
+    assert_eq!(sum(&s2, istio_failed), 5.0, "{s2:#?}");
+    assert_eq!(flagged(&s1, "CONNECT", "mutual_tls"), 3.0, "{s1:#?}");
     Ok(())
 }
 

@@ -414,6 +414,7 @@ impl Enrollments {
                 workload: Some(spec.name.clone()),
                 namespace: Some(spec.namespace.clone()),
                 principal: Some(spiffe.to_uri()),
+                ..Default::default()
             }),
             spiffe: spiffe.clone(),
             ips: spec.ips.clone(),

@@ -81,6 +81,9 @@ pub struct RequestHead {
     /// The original client's address from `forwarded: for=` (the first
     /// element, the one nearest the client), when present and an address.
     pub forwarded_for: Option<IpAddr>,
+    /// The service the client dialled, from `forwarded: host=` (the first
+    /// element), when present and a valid hostname.
+    pub forwarded_host: Option<String>,
     /// The client workload's facts from `baggage`, when present and valid.
     pub baggage: Option<Baggage>,
     /// The trace context from `traceparent`, when present and valid.
@@ -100,6 +103,7 @@ impl RequestHead {
         Ok(Self {
             authority: parse_authority(authority.as_str())?,
             forwarded_for: header("forwarded").and_then(parse_forwarded_for),
+            forwarded_host: header("forwarded").and_then(parse_forwarded_host),
             baggage: header("baggage").and_then(parse_baggage),
             trace: header("traceparent").and_then(parse_traceparent),
         })
@@ -174,6 +178,29 @@ pub fn parse_forwarded_for(value: &str) -> Option<IpAddr> {
         return Some(addr.ip());
     }
     node.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
+}
+
+/// The hostname in the first element's `host=` of a `forwarded` header,
+/// quoted or not; `None` when absent, empty, longer than a DNS name or not
+/// made of hostname characters.
+pub fn parse_forwarded_host(value: &str) -> Option<String> {
+    let first = value.split(',').next()?;
+    let host = first.split(';').find_map(|pair| {
+        let (key, value) = pair.trim().split_once('=')?;
+        key.trim()
+            .eq_ignore_ascii_case("host")
+            .then_some(value.trim())
+    })?;
+    let host = match host.strip_prefix('"') {
+        Some(quoted) => quoted.strip_suffix('"')?,
+        None => host,
+    };
+    let valid = !host.is_empty()
+        && host.len() <= MAX_HOSTNAME
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    valid.then(|| host.to_owned())
 }
 
 fn is_port(s: &str) -> bool {

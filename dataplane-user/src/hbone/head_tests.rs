@@ -46,8 +46,14 @@ fn reads_what_the_client_side_sends() {
     for source in ["10.1.0.11:40000", "[fd00::11]:40000"] {
         let source: SocketAddr = source.parse().unwrap();
         let traceparent = new_traceparent();
-        let request =
-            connect_request("10.1.0.12:8080", source, &shop_baggage(), &traceparent).unwrap();
+        let request = connect_request(
+            "10.1.0.12:8080",
+            source,
+            Some("web.shop.svc.cluster.local"),
+            &shop_baggage(),
+            &traceparent,
+        )
+        .unwrap();
         let header = |name| request.headers()[name].to_str().unwrap();
         let fields = [
             "CONNECT",
@@ -63,6 +69,10 @@ fn reads_what_the_client_side_sends() {
             Authority::Addr("10.1.0.12:8080".parse().unwrap())
         );
         assert_eq!(head.forwarded_for, Some(source.ip()));
+        assert_eq!(
+            head.forwarded_host.as_deref(),
+            Some("web.shop.svc.cluster.local")
+        );
         assert_eq!(head.baggage, Some(shop_baggage()));
         let trace = head.trace.unwrap();
         assert_eq!(format!("{:032x}", trace.trace_id), traceparent[3..35]);
@@ -113,6 +123,25 @@ fn refuses_bad_methods_and_authorities() {
     let long = format!("{}:80", "a.".repeat(130));
     let err = parse_authority(&long).unwrap_err();
     assert!(matches!(err, HeadError::BadAuthority { .. }), "{err}");
+}
+
+#[test]
+fn reads_forwarded_host_bounded_and_checked() {
+    let long = format!("for=a;host={}", "a".repeat(254));
+    for (value, expected) in [
+        (
+            "for=\"10.0.0.1:1\";host=web.shop.svc.cluster.local",
+            Some("web.shop.svc.cluster.local"),
+        ),
+        ("host=\"web\";for=x", Some("web")),
+        ("for=x, host=second", None),
+        ("host=", None),
+        ("host=\"a b\"", None),
+        ("host=evil\u{7f}", None),
+        (long.as_str(), None),
+    ] {
+        assert_eq!(parse_forwarded_host(value).as_deref(), expected, "{value}");
+    }
 }
 
 #[test]

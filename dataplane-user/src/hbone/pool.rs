@@ -187,23 +187,30 @@ impl<D: Dialer> HbonePool<D> {
         self.dials.load(Ordering::Relaxed)
     }
 
-    /// Opens a tunnel to `authority` over a pooled connection for `key`.
+    /// Opens a tunnel to `authority` over a pooled connection for `key`,
+    /// for the client at `source` that dialled the service `service` (its
+    /// hostname), if it dialled one.
     pub async fn connect(
         self: &Arc<Self>,
         key: &PoolKey,
         authority: &str,
-        source: SocketAddr,
+        (source, service): (SocketAddr, Option<&str>),
         baggage: &wire::Baggage,
     ) -> Result<Tunnel, PoolError> {
         let addr = key.dst_addr;
         let h2_err = |source| PoolError::Http2 { addr, source };
         let request = || {
-            wire::connect_request(authority, source, baggage, &wire::new_traceparent()).map_err(
-                |source| PoolError::Request {
-                    authority: authority.to_owned(),
-                    source,
-                },
+            wire::connect_request(
+                authority,
+                source,
+                service,
+                baggage,
+                &wire::new_traceparent(),
             )
+            .map_err(|source| PoolError::Request {
+                authority: authority.to_owned(),
+                source,
+            })
         };
         let (conn, slot) = self.checkout(key).await?;
         let (response, send, slot) = match open_stream(&conn, request()?).await {

@@ -33,7 +33,7 @@ use crate::{
     logging::Chain,
     policy::{self, LiveConnections},
     relay::relay_tunnel,
-    telemetry::{Direction, FailReason, Flow, Metrics, Peer, Protocol},
+    telemetry::{Direction, FailReason, Flow, Metrics, Peer, Protocol, ServiceRef},
 };
 
 /// Dials the app for an accepted tunnel.
@@ -49,6 +49,12 @@ const IDLE_GOAWAY_GRACE: Duration = Duration::from_secs(5);
 
 /// Maps a hostname authority to the app's address.
 pub type AuthorityResolver = Arc<dyn Fn(&str, SocketAddr) -> Option<SocketAddr> + Send + Sync>;
+
+/// The service an inbound connection is attributed to: from the hostname
+/// the client named (`forwarded: host=`, or a hostname authority) and the
+/// app's address.
+pub type ServiceAttributor =
+    Arc<dyn Fn(Option<&str>, SocketAddr) -> Option<Arc<ServiceRef>> + Send + Sync>;
 
 /// Decides whether a connection may proceed; `Err` carries the reason.
 pub type Authorizer = Arc<dyn Fn(&policy::Request<'_>) -> Result<(), String> + Send + Sync>;
@@ -70,6 +76,8 @@ pub struct ServerContext {
     /// Resolves a `hostname:port` authority (a service) arriving on the
     /// given local address to the app's address; `None` = unknown.
     pub resolve_authority: AuthorityResolver,
+    /// Attributes each stream to a service, for telemetry.
+    pub attribute: ServiceAttributor,
     /// Where open tunnels are registered so a policy change can close them.
     pub live: Option<Arc<LiveConnections>>,
     /// Flips to `true` when the agent drains: the server sends GOAWAY and
@@ -202,6 +210,11 @@ async fn handle_stream(
     };
     record_head(&head);
     flow.dst = Some(dst);
+    let named = match &head.authority {
+        Authority::Host { name, .. } => Some(name.as_str()),
+        Authority::Addr(_) => head.forwarded_host.as_deref(),
+    };
+    flow.service = (ctx.attribute)(named, dst);
     let authz = policy::Request {
         peer: ctx.peer_identity.as_ref(),
         src: canonical(ctx.peer),

@@ -67,6 +67,7 @@ async fn hbone_server_with(
                     let port = authority.strip_prefix("echo.local:")?.parse().ok()?;
                     Some(SocketAddr::new(local.ip(), port))
                 }),
+                attribute: Arc::new(|_, _| None),
                 live: None,
                 shutdown,
                 metrics: Arc::new(crate::telemetry::Metrics::new()),
@@ -131,8 +132,13 @@ async fn open(
         authority: authority.into(),
         status: StatusCode::BAD_REQUEST,
     })?;
-    pool.connect(&key(server), authority, src, &wire::Baggage::default())
-        .await
+    pool.connect(
+        &key(server),
+        authority,
+        (src, None),
+        &wire::Baggage::default(),
+    )
+    .await
 }
 
 #[tokio::test]

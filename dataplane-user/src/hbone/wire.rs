@@ -47,18 +47,26 @@ impl Baggage {
 }
 
 /// Builds the CONNECT request for a tunnel to `authority` on behalf of the
-/// client at `source`.
+/// client at `source`; `service` is the hostname of the service the client
+/// dialled, when it dialled one (`forwarded: for="<source>";host=<service>`,
+/// as Istio's node proxy sends it, so the far side attributes the
+/// connection to that service).
 pub fn connect_request(
     authority: &str,
     source: SocketAddr,
+    service: Option<&str>,
     baggage: &Baggage,
     traceparent: &str,
 ) -> Result<Request<()>, http::Error> {
+    let forwarded = match service {
+        Some(host) => format!("for=\"{source}\";host={host}"),
+        None => format!("for=\"{source}\""),
+    };
     Request::builder()
         .method(Method::CONNECT)
         .uri(authority)
         .version(Version::HTTP_2)
-        .header("forwarded", format!("for=\"{source}\""))
+        .header("forwarded", HeaderValue::from_str(&forwarded)?)
         .header("baggage", baggage.header())
         .header("traceparent", HeaderValue::from_str(traceparent)?)
         .body(())
@@ -115,6 +123,7 @@ mod tests {
         let req = connect_request(
             "10.1.0.12:8080",
             "10.1.0.11:40000".parse().unwrap(),
+            None,
             &baggage,
             &new_traceparent(),
         )
@@ -122,6 +131,18 @@ mod tests {
         assert_eq!(req.method(), Method::CONNECT);
         assert_eq!(req.uri().authority().unwrap().as_str(), "10.1.0.12:8080");
         assert_eq!(req.headers()["forwarded"], "for=\"10.1.0.11:40000\"");
+        let to_service = connect_request(
+            "10.1.0.12:8080",
+            "[fd00::11]:40000".parse().unwrap(),
+            Some("web.shop.svc.cluster.local"),
+            &baggage,
+            &new_traceparent(),
+        )
+        .unwrap();
+        assert_eq!(
+            to_service.headers()["forwarded"],
+            "for=\"[fd00::11]:40000\";host=web.shop.svc.cluster.local"
+        );
         assert!(
             req.headers()["baggage"]
                 .to_str()

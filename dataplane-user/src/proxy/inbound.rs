@@ -44,7 +44,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                         principal: None,
                         ..(*ctx.mesh.peer_at(src.ip())).clone()
                     }),
-                    destination: Arc::clone(&ctx.peer),
+                    destination: ctx.own_peer(),
                     service: None,
                 };
                 let local = match local {
@@ -54,6 +54,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                     }
                 };
                 flow.dst = Some(local);
+                flow.service = ctx.mesh.state().attribute_service(None, local);
                 if is_engine_port(local.port()) {
                     return refuse(
                         stream,

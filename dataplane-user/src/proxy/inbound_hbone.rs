@@ -112,11 +112,15 @@ async fn serve_connection(
             let mesh = Arc::clone(&ctx.mesh);
             Arc::new(move |authority, local| mesh.state().resolve_hostname(authority, local.ip()))
         },
+        attribute: {
+            let mesh = Arc::clone(&ctx.mesh);
+            Arc::new(move |named, dst| mesh.state().attribute_service(named, dst))
+        },
         live: Some(Arc::clone(&ctx.mesh.live)),
         shutdown: ctx.mesh.shutdown.clone(),
         metrics: Arc::clone(&ctx.mesh.metrics),
         source,
-        destination: Arc::clone(&ctx.peer),
+        destination: ctx.own_peer(),
         idle_timeout: ctx.mesh.hbone_idle_timeout,
     };
     // The handshake is complete once the client's preface and SETTINGS are

@@ -111,6 +111,19 @@ pub struct PodContext {
 }
 
 impl PodContext {
+    /// The pod as a connection end: the mesh's description of it (owner
+    /// workload, canonical service and revision, cluster, locality) when
+    /// the mesh lists it under its address and identity, else what
+    /// enrollment said (name, namespace, identity).
+    pub fn own_peer(&self) -> Arc<crate::telemetry::Peer> {
+        let state = self.mesh.state();
+        self.ips
+            .iter()
+            .find_map(|ip| state.workloads.by_ip(*ip))
+            .filter(|w| w.identity == self.spiffe)
+            .map_or_else(|| Arc::clone(&self.peer), |w| Arc::clone(&w.peer))
+    }
+
     /// Where a captured outbound connection really comes from: the capture
     /// listener sees the client on loopback (the kernel redirected its
     /// connect to 127.0.0.1 / ::1), so the pod's own IP of the same family

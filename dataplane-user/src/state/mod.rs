@@ -60,6 +60,27 @@ impl MeshWorkload {
     }
 }
 
+/// A workload as a connection end in telemetry, named as Istio names it:
+/// the owning workload (a Deployment) when known, else the pod; the
+/// canonical service defaulting to that name and the revision to `latest`,
+/// as Istio defaults them.
+fn workload_peer(workload: &Workload, identity: &Identity) -> crate::telemetry::Peer {
+    let known = |value: &str| (!value.is_empty()).then(|| value.to_owned());
+    let name = known(&workload.workload_name).unwrap_or_else(|| workload.name.clone());
+    crate::telemetry::Peer {
+        canonical_service: Some(known(&workload.canonical_name).unwrap_or_else(|| name.clone())),
+        canonical_revision: Some(
+            known(&workload.canonical_revision).unwrap_or_else(|| "latest".to_owned()),
+        ),
+        workload: Some(name),
+        namespace: Some(workload.namespace.clone()),
+        principal: Some(identity.to_uri()),
+        cluster: known(&workload.cluster_id),
+        region: known(&workload.locality.region),
+        zone: known(&workload.locality.zone),
+    }
+}
+
 /// Workloads by IP.
 #[derive(Debug, Clone, Default)]
 pub struct WorkloadIndex {
@@ -82,17 +103,7 @@ impl WorkloadIndex {
                 uid: workload.uid.clone(),
                 source,
             })?;
-            // Istio names the owning workload (a Deployment) in telemetry
-            // when it knows it, the pod otherwise.
-            let name = match workload.workload_name.as_str() {
-                "" => &workload.name,
-                owner => owner,
-            };
-            let peer = Arc::new(crate::telemetry::Peer {
-                workload: Some(name.to_owned()),
-                namespace: Some(workload.namespace.clone()),
-                principal: Some(identity.to_uri()),
-            });
+            let peer = Arc::new(workload_peer(workload, &identity));
             let entry = Arc::new(MeshWorkload {
                 workload: workload.clone(),
                 identity,

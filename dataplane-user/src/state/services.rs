@@ -15,6 +15,7 @@ use super::MeshWorkload;
 use crate::{
     config::{HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, WorkloadStatus},
     identity::Identity,
+    telemetry::ServiceRef,
 };
 
 /// How long an endpoint whose node did not answer is skipped.
@@ -28,6 +29,8 @@ pub struct ServiceEntry {
     /// Identities its servers may present besides the endpoint's own
     /// (shared by every connection's pool key).
     pub alt_identities: Arc<[Identity]>,
+    /// It in telemetry (shared by every connection attributed to it).
+    pub label: Arc<ServiceRef>,
     endpoints: Vec<Arc<MeshWorkload>>,
     next: AtomicUsize,
 }
@@ -151,6 +154,11 @@ impl ServiceIndex {
                 })
                 .collect();
             let entry = Arc::new(ServiceEntry {
+                label: Arc::new(ServiceRef {
+                    hostname: service.hostname.clone(),
+                    name: service.name.clone(),
+                    namespace: service.namespace.clone(),
+                }),
                 service: service.clone(),
                 alt_identities,
                 endpoints,

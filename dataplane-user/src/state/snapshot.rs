@@ -1,11 +1,13 @@
 //! One consistent view of the mesh, built from one version of the config.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use super::{ServiceIndex, StateError, WorkloadIndex};
 use crate::{
     config::LocalConfig,
     policy::{PolicySet, Request, Target},
+    telemetry::ServiceRef,
 };
 
 /// Workloads, services and policies of one config version.
@@ -57,6 +59,46 @@ impl MeshState {
             .or_else(|| entry.service.ports.get(&port).copied().filter(|p| *p != 0))
             .unwrap_or(port);
         Some(SocketAddr::new(local, target))
+    }
+
+    /// The service an inbound connection to `dst` (a workload's address and
+    /// the app's port) is attributed to: among the services the workload
+    /// is an endpoint of, the one the client named (`named`, a hostname),
+    /// else the first whose port maps to `dst`'s port. Only services that
+    /// select the workload count, so a client cannot attribute its
+    /// connection to any service it likes.
+    pub fn attribute_service(
+        &self,
+        named: Option<&str>,
+        dst: SocketAddr,
+    ) -> Option<Arc<ServiceRef>> {
+        let workload = self.workloads.by_ip(dst.ip())?;
+        let selecting = || {
+            workload
+                .workload
+                .services
+                .iter()
+                .filter_map(|(key, ports)| {
+                    let hostname = key.split_once('/').map_or(key.as_str(), |(_, h)| h);
+                    let entry = self.services.by_hostname(hostname)?;
+                    (entry.service.key() == *key).then_some((entry, ports))
+                })
+        };
+        if let Some(named) = named
+            && let Some((entry, _)) = selecting().find(|(e, _)| e.service.hostname == named)
+        {
+            return Some(Arc::clone(&entry.label));
+        }
+        selecting()
+            .find(|(entry, ports)| {
+                ports.values().any(|target| *target == dst.port())
+                    || entry
+                        .service
+                        .ports
+                        .values()
+                        .any(|target| *target == dst.port())
+            })
+            .map(|(entry, _)| Arc::clone(&entry.label))
     }
 
     /// Decides a connection under the policies of its destination

@@ -104,6 +104,23 @@ pub enum FailReason {
 }
 
 impl FailReason {
+    /// Istio's `response_flags` for it: `DENY` (a policy), `CONNECT` (the
+    /// destination or its node could not be reached), `TLS_FAILURE`,
+    /// `H2_HANDSHAKE_FAILURE`, or `-` where Istio has no flag.
+    pub fn response_flags(self) -> &'static str {
+        match self {
+            Self::Denied => "DENY",
+            Self::ConnectFailed
+            | Self::ConnectTimeout
+            | Self::NoEndpoints
+            | Self::Tunnel
+            | Self::AppUnreachable => "CONNECT",
+            Self::TlsHandshake => "TLS_FAILURE",
+            Self::HandshakeTimeout | Self::BadRequest => "H2_HANDSHAKE_FAILURE",
+            Self::NoOriginalDestination | Self::EnginePort | Self::Internal => "-",
+        }
+    }
+
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -126,12 +143,34 @@ impl FailReason {
 /// One end of a connection, as far as the agent knows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Peer {
-    /// Workload (pod) name.
+    /// Workload name (the owner, e.g. a Deployment, when known; else the
+    /// pod).
     pub workload: Option<String>,
     /// Kubernetes namespace.
     pub namespace: Option<String>,
     /// SPIFFE identity URI.
     pub principal: Option<String>,
+    /// Canonical service (also Istio's `app` label).
+    pub canonical_service: Option<String>,
+    /// Canonical revision (also Istio's `version` label).
+    pub canonical_revision: Option<String>,
+    /// Cluster id.
+    pub cluster: Option<String>,
+    /// Region.
+    pub region: Option<String>,
+    /// Zone.
+    pub zone: Option<String>,
+}
+
+/// The service a connection is attributed to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceRef {
+    /// Its hostname (`web.shop.svc.cluster.local`).
+    pub hostname: String,
+    /// Its name.
+    pub name: String,
+    /// Its namespace.
+    pub namespace: String,
 }
 
 /// A connection the engine is handling.
@@ -150,8 +189,10 @@ pub struct Flow {
     pub source: Arc<Peer>,
     /// The server.
     pub destination: Arc<Peer>,
-    /// The service hostname, when the client addressed a service VIP.
-    pub service: Option<String>,
+    /// The service the connection is attributed to: the one whose VIP the
+    /// client dialled (outbound), or the one the client named or whose
+    /// port it reached (inbound).
+    pub service: Option<Arc<ServiceRef>>,
 }
 
 fn label(value: Option<&String>) -> String {
@@ -163,20 +204,43 @@ fn field(value: Option<&String>) -> &str {
 }
 
 impl Flow {
-    fn labels(&self) -> TcpLabels {
+    fn labels(&self, response_flags: &'static str) -> TcpLabels {
+        let (src, dst) = (&*self.source, &*self.destination);
+        let service = self.service.as_deref();
+        let of_service = |f: fn(&ServiceRef) -> &String| label(service.map(f));
         TcpLabels {
             reporter: self.direction.reporter(),
-            source_workload: label(self.source.workload.as_ref()),
-            source_workload_namespace: label(self.source.namespace.as_ref()),
-            source_principal: label(self.source.principal.as_ref()),
-            destination_workload: label(self.destination.workload.as_ref()),
-            destination_workload_namespace: label(self.destination.namespace.as_ref()),
-            destination_principal: label(self.destination.principal.as_ref()),
-            destination_service: label(self.service.as_ref()),
+            source_workload: label(src.workload.as_ref()),
+            source_canonical_service: label(src.canonical_service.as_ref()),
+            source_canonical_revision: label(src.canonical_revision.as_ref()),
+            source_workload_namespace: label(src.namespace.as_ref()),
+            source_principal: label(src.principal.as_ref()),
+            source_app: label(src.canonical_service.as_ref()),
+            source_version: label(src.canonical_revision.as_ref()),
+            source_cluster: label(src.cluster.as_ref()),
+            destination_service: of_service(|s| &s.hostname),
+            destination_service_namespace: of_service(|s| &s.namespace),
+            destination_service_name: of_service(|s| &s.name),
+            destination_workload: label(dst.workload.as_ref()),
+            destination_canonical_service: label(dst.canonical_service.as_ref()),
+            destination_canonical_revision: label(dst.canonical_revision.as_ref()),
+            destination_workload_namespace: label(dst.namespace.as_ref()),
+            destination_principal: label(dst.principal.as_ref()),
+            destination_app: label(dst.canonical_service.as_ref()),
+            destination_version: label(dst.canonical_revision.as_ref()),
+            destination_cluster: label(dst.cluster.as_ref()),
             request_protocol: "tcp",
-            response_flags: "-",
+            response_flags,
             connection_security_policy: self.protocol.security(),
+            source_region: label(src.region.as_ref()),
+            source_zone: label(src.zone.as_ref()),
+            destination_region: label(dst.region.as_ref()),
+            destination_zone: label(dst.zone.as_ref()),
         }
+    }
+
+    fn service_field(&self) -> &str {
+        self.service.as_deref().map_or("-", |s| s.hostname.as_str())
     }
 
     fn dst_field(&self) -> String {
@@ -186,7 +250,7 @@ impl Flow {
     /// The connection is established end to end: counts it as opened and
     /// open until the returned handle is closed or dropped.
     pub fn open(self, metrics: &Arc<Metrics>) -> OpenFlow {
-        let counters = metrics.opened(self.direction.as_str(), &self.labels());
+        let counters = metrics.opened(self.direction.as_str(), &self.labels("-"));
         OpenFlow {
             flow: self,
             started: Instant::now(),
@@ -200,6 +264,7 @@ impl Flow {
     /// writes its access record.
     pub fn refuse(&self, metrics: &Metrics, reason: FailReason, detail: &str) {
         metrics.failed(self.direction.as_str(), reason.as_str());
+        metrics.istio_failed(&self.labels(reason.response_flags()));
         warn!(
             target: "access",
             direction = self.direction.as_str(),
@@ -212,7 +277,7 @@ impl Flow {
             dst_workload = field(self.destination.workload.as_ref()),
             dst_namespace = field(self.destination.namespace.as_ref()),
             dst_identity = field(self.destination.principal.as_ref()),
-            service = field(self.service.as_ref()),
+            service = self.service_field(),
             reason = reason.as_str(),
             error = detail,
             "connection refused"
@@ -287,7 +352,7 @@ impl OpenFlow {
             dst_workload = field(flow.destination.workload.as_ref()),
             dst_namespace = field(flow.destination.namespace.as_ref()),
             dst_identity = field(flow.destination.principal.as_ref()),
-            service = field(flow.service.as_ref()),
+            service = flow.service_field(),
             bytes_sent = sent,
             bytes_received = received,
             duration_ms,

@@ -25,26 +25,59 @@ use super::process::ProcessCollector;
 pub struct TcpLabels {
     /// `source` (the client's node reported) or `destination`.
     pub reporter: &'static str,
-    /// The client's workload (pod) name.
+    /// The client's workload (its owner's name when known, else the pod).
     pub source_workload: String,
+    /// The client's canonical service.
+    pub source_canonical_service: String,
+    /// The client's canonical revision.
+    pub source_canonical_revision: String,
     /// The client's namespace.
     pub source_workload_namespace: String,
     /// The client's SPIFFE identity.
     pub source_principal: String,
-    /// The server's workload (pod) name.
+    /// The client's app (its canonical service).
+    pub source_app: String,
+    /// The client's version (its canonical revision).
+    pub source_version: String,
+    /// The client's cluster.
+    pub source_cluster: String,
+    /// The service's hostname.
+    pub destination_service: String,
+    /// The service's namespace.
+    pub destination_service_namespace: String,
+    /// The service's name.
+    pub destination_service_name: String,
+    /// The server's workload.
     pub destination_workload: String,
+    /// The server's canonical service.
+    pub destination_canonical_service: String,
+    /// The server's canonical revision.
+    pub destination_canonical_revision: String,
     /// The server's namespace.
     pub destination_workload_namespace: String,
     /// The server's SPIFFE identity.
     pub destination_principal: String,
-    /// The service hostname the client addressed, when it used a VIP.
-    pub destination_service: String,
+    /// The server's app.
+    pub destination_app: String,
+    /// The server's version.
+    pub destination_version: String,
+    /// The server's cluster.
+    pub destination_cluster: String,
     /// Always `tcp`: the engine does not parse application protocols.
     pub request_protocol: &'static str,
-    /// `-` for a connection that closed normally.
+    /// `-` for a connection that was set up; Istio's flag (`DENY`,
+    /// `CONNECT`, `TLS_FAILURE`, ...) for one that was not.
     pub response_flags: &'static str,
     /// `mutual_tls` for HBONE, `none` for plaintext.
     pub connection_security_policy: &'static str,
+    /// The client's region.
+    pub source_region: String,
+    /// The client's zone.
+    pub source_zone: String,
+    /// The server's region.
+    pub destination_region: String,
+    /// The server's zone.
+    pub destination_zone: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -92,6 +125,7 @@ pub struct Metrics {
     received: Family<TcpLabels, Counter>,
     sent: Family<TcpLabels, Counter>,
     failed: Family<FailedLabels, Counter>,
+    istio_failed: Family<TcpLabels, Counter>,
     open: Family<DirectionLabels, Gauge>,
     open_total: AtomicI64,
     reloads: Family<ResultLabels, Counter>,
@@ -139,6 +173,12 @@ impl Metrics {
             "dataplane_tcp_connections_failed",
             "Connections refused or that could not be set up, by direction and reason",
             failed.clone(),
+        );
+        let istio_failed = Family::<TcpLabels, Counter>::default();
+        registry.register(
+            "istio_tcp_connections_failed",
+            "TCP connections that could not be set up, with Istio's response flags",
+            istio_failed.clone(),
         );
         let open = Family::<DirectionLabels, Gauge>::default();
         registry.register(
@@ -190,6 +230,7 @@ impl Metrics {
             received,
             sent,
             failed,
+            istio_failed,
             open,
             open_total: AtomicI64::new(0),
             reloads,
@@ -247,6 +288,11 @@ impl Metrics {
         self.failed
             .get_or_create(&FailedLabels { direction, reason })
             .inc();
+    }
+
+    /// Counts a connection that could not be set up, in Istio's family.
+    pub(super) fn istio_failed(&self, labels: &TcpLabels) {
+        self.istio_failed.get_or_create(labels).inc();
     }
 
     /// Counts an inbound handshake shed because of the bound `reason`.

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use http::{Method, StatusCode};
 
-pub use flow::{Direction, FailReason, Flow, OpenFlow, Peer, Protocol};
+pub use flow::{Direction, FailReason, Flow, OpenFlow, Peer, Protocol, ServiceRef};
 pub use metrics::{Metrics, TcpLabels};
 pub use recent::{RecentError, RecentLayer};
 pub use state::StateCollector;

@@ -49,7 +49,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                     protocol: Protocol::Tcp,
                     src,
                     dst: None,
-                    source: Arc::clone(&ctx.peer),
+                    source: ctx.own_peer(),
                     destination: Arc::default(),
                     service: None,
                 };
@@ -98,11 +98,7 @@ impl EndpointChoice for Live<'_> {
 /// Carries out `plan` for the client connection `stream`.
 async fn execute(stream: TcpStream, mut flow: Flow, plan: OutboundPlan, ctx: &PodContext) {
     flow.dst = Some(plan.dst);
-    // Istio labels the service by hostname.
-    flow.service = plan
-        .service
-        .as_deref()
-        .map(|key| key.rsplit('/').next().unwrap_or(key).to_owned());
+    flow.service = plan.service.clone();
     let hops = match plan.action {
         Action::Refuse { reason, detail } => return refuse(stream, &flow, ctx, reason, &detail),
         Action::Hop(Hop::Direct { dst, workload }) => {
@@ -112,7 +108,7 @@ async fn execute(stream: TcpStream, mut flow: Flow, plan: OutboundPlan, ctx: &Po
         Action::Hop(Hop::Tunnel(hop)) => {
             flow.destination = Arc::clone(&hop.workload.peer);
             flow.protocol = Protocol::Hbone;
-            return match open_tunnel(ctx, &hop, flow.src).await {
+            return match open_tunnel(ctx, &hop, &flow).await {
                 Ok(tunnel) => tunnel_relay(stream, flow, tunnel, ctx).await,
                 Err(err) => {
                     let reason = Chain(&err).to_string();
@@ -122,7 +118,11 @@ async fn execute(stream: TcpStream, mut flow: Flow, plan: OutboundPlan, ctx: &Po
         }
         Action::Failover(hops) => hops,
     };
-    let service = plan.service.unwrap_or_default();
+    let service = plan
+        .service
+        .as_deref()
+        .map_or("-", |s| s.hostname.as_str())
+        .to_owned();
     for hop in hops {
         flow.dst = Some(hop.dst());
         let hop = match hop {
@@ -134,7 +134,7 @@ async fn execute(stream: TcpStream, mut flow: Flow, plan: OutboundPlan, ctx: &Po
         };
         flow.destination = Arc::clone(&hop.workload.peer);
         flow.protocol = Protocol::Hbone;
-        match open_tunnel(ctx, &hop, flow.src).await {
+        match open_tunnel(ctx, &hop, &flow).await {
             Ok(tunnel) => return tunnel_relay(stream, flow, tunnel, ctx).await,
             // The endpoint's node did not answer: skip it for a while and
             // try the next one.
@@ -158,28 +158,42 @@ fn destination(peer: Option<&Arc<Peer>>) -> Arc<Peer> {
     peer.map(Arc::clone).unwrap_or_default()
 }
 
-/// Opens (or reuses a pooled connection for) the tunnel of `hop`.
-async fn open_tunnel(
-    ctx: &PodContext,
-    hop: &TunnelHop,
-    src: std::net::SocketAddr,
-) -> Result<Tunnel, PoolError> {
+/// Opens (or reuses a pooled connection for) the tunnel of `hop` for
+/// `flow`'s client (and the service it dialled, if it dialled one).
+async fn open_tunnel(ctx: &PodContext, hop: &TunnelHop, flow: &Flow) -> Result<Tunnel, PoolError> {
+    let forwarded = (
+        flow.src,
+        flow.service.as_deref().map(|s| s.hostname.as_str()),
+    );
     let key = PoolKey {
         src_identity: hop.src_identity.clone(),
         dst_identity: hop.dst_identity.clone(),
         alt_identities: Arc::clone(&hop.alt_identities),
         dst_addr: hop.via,
     };
+    // What the mesh says of the pod (canonical service and revision, its
+    // cluster), as Istio's node proxy fills it in.
+    let me = &flow.source;
     let baggage = Baggage {
-        cluster: "Kubernetes".into(),
+        cluster: me.cluster.clone().unwrap_or_else(|| "Kubernetes".into()),
         namespace: ctx.identity.namespace.clone(),
         workload: ("pod".into(), ctx.identity.name.clone()),
-        service: ctx.identity.name.clone(),
-        version: "latest".into(),
+        service: me
+            .canonical_service
+            .clone()
+            .unwrap_or_else(|| ctx.identity.name.clone()),
+        version: me
+            .canonical_revision
+            .clone()
+            .unwrap_or_else(|| "latest".into()),
     };
     // Boxed: the dial and handshake state is large and only lives while
     // the tunnel opens, not for the connection's whole life.
-    Box::pin(ctx.pool.connect(&key, &hop.dst.to_string(), src, &baggage)).await
+    Box::pin(
+        ctx.pool
+            .connect(&key, &hop.dst.to_string(), forwarded, &baggage),
+    )
+    .await
 }
 
 /// Relays through an open tunnel; the flow's record is written as it ends.

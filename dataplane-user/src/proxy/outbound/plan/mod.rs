@@ -31,7 +31,7 @@ use crate::{
     config::RoutingMode,
     identity::Identity,
     state::{MeshState, MeshWorkload, ServiceEntry},
-    telemetry::FailReason,
+    telemetry::{FailReason, ServiceRef},
 };
 
 /// What the plan may consult besides the configuration: both change from
@@ -48,8 +48,8 @@ pub trait EndpointChoice {
 /// What to do with one outbound connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboundPlan {
-    /// The service (`namespace/hostname`) when the destination is a VIP.
-    pub service: Option<String>,
+    /// The service, when the destination is a VIP.
+    pub service: Option<Arc<ServiceRef>>,
     /// The destination as the application asked for it (canonical).
     pub dst: SocketAddr,
     /// What happens.
@@ -143,6 +143,7 @@ pub fn plan(
     }
     if let Some(entry) = state.services.by_vip(dst.ip()) {
         let key = entry.service.key();
+        let service = Some(Arc::clone(&entry.label));
         if entry.service.routing.mode == RoutingMode::Passthrough {
             // The service asks for no endpoint choice: the address dialled
             // is the destination (e.g. a ServiceEntry with resolution NONE).
@@ -150,7 +151,7 @@ pub fn plan(
                 dst,
                 workload: None,
             });
-            return outcome(Some(key), action);
+            return outcome(service, action);
         }
         let client = state.workloads.by_ip(src).map(Arc::as_ref);
         let endpoints = entry.candidates(dst.port(), choice.start(entry), client, |ip| {
@@ -161,13 +162,13 @@ pub fn plan(
                 reason: FailReason::NoEndpoints,
                 detail: format!("service {key} has no endpoints"),
             };
-            return outcome(Some(key), action);
+            return outcome(service, action);
         }
         let hops = endpoints
             .into_iter()
             .map(|e| hop(source, &e.workload, e.addr, &entry.alt_identities))
             .collect();
-        return outcome(Some(key), Action::Failover(hops));
+        return outcome(service, Action::Failover(hops));
     }
     let action = match state.workloads.by_ip(dst.ip()) {
         Some(workload) => Action::Hop(hop(source, workload, dst, &Arc::default())),

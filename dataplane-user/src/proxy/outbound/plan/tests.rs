@@ -103,7 +103,7 @@ fn describe(plan: &OutboundPlan) -> String {
         Action::Refuse { reason, detail } => format!("refuse {}: {detail}", reason.as_str()),
     };
     match &plan.service {
-        Some(service) => format!("[{service}] {action}"),
+        Some(service) => format!("[{}/{}] {action}", service.namespace, service.hostname),
         None => action,
     }
 }
