@@ -29,6 +29,7 @@ pub mod stranger;
 pub mod topology;
 pub mod traffic;
 pub mod transfer;
+pub mod waypoint;
 
 use std::{
     path::{Path, PathBuf},

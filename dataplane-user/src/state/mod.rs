@@ -6,11 +6,13 @@
 
 mod services;
 mod snapshot;
+mod waypoints;
 
 use std::{collections::HashMap, net::IpAddr, sync::Arc};
 
 pub use services::{DEAD_ENDPOINT_HOLD, DeadEndpoints, Endpoint, ServiceEntry, ServiceIndex};
 pub use snapshot::MeshState;
+pub use waypoints::WaypointTarget;
 
 use crate::{
     config::{LocalConfig, Protocol, Workload},

@@ -113,6 +113,11 @@ impl ServiceEntry {
         ordered.into_iter().map(|(_, e)| e).collect()
     }
 
+    /// Its endpoints (healthy ones, unless its health policy allows all).
+    pub fn endpoints(&self) -> &[Arc<MeshWorkload>] {
+        &self.endpoints
+    }
+
     /// Number of endpoints.
     pub fn endpoint_count(&self) -> usize {
         self.endpoints.len()

@@ -140,7 +140,9 @@ async fn execute(stream: TcpStream, mut flow: Flow, plan: OutboundPlan, ctx: &Po
             // try the next one.
             Err(PoolError::Dial { addr, .. }) => {
                 warn!(%service, endpoint = %addr, "endpoint unreachable; trying the next one");
-                ctx.mesh.dead.mark(hop.dst.ip());
+                // The node that did not answer: the endpoint's, or a
+                // waypoint instance's.
+                ctx.mesh.dead.mark(hop.via.ip());
             }
             Err(err) => {
                 let reason = Chain(&err).to_string();

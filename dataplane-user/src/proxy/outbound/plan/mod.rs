@@ -28,7 +28,7 @@ use dataplane_common::HBONE_PORT;
 
 use crate::{
     addr::{canonical, is_capture_port},
-    config::RoutingMode,
+    config::{RoutingMode, Waypoint},
     identity::Identity,
     state::{MeshState, MeshWorkload, ServiceEntry},
     telemetry::{FailReason, ServiceRef},
@@ -153,6 +153,15 @@ pub fn plan(
             });
             return outcome(service, action);
         }
+        if let Some(waypoint) = &entry.service.waypoint
+            && !state.is_waypoint_peer(waypoint, source)
+        {
+            let what = format!("service {key}");
+            return outcome(
+                service,
+                via_waypoint(state, source, waypoint, dst, choice, &what),
+            );
+        }
         let client = state.workloads.by_ip(src).map(Arc::as_ref);
         let endpoints = entry.candidates(dst.port(), choice.start(entry), client, |ip| {
             choice.is_dead(ip)
@@ -171,13 +180,64 @@ pub fn plan(
         return outcome(service, Action::Failover(hops));
     }
     let action = match state.workloads.by_ip(dst.ip()) {
-        Some(workload) => Action::Hop(hop(source, workload, dst, &Arc::default())),
+        Some(workload) => match &workload.workload.waypoint {
+            Some(waypoint) if !state.is_waypoint_peer(waypoint, source) => {
+                let what = format!("workload {}", workload.workload.uid);
+                via_waypoint(state, source, waypoint, dst, choice, &what)
+            }
+            _ => Action::Hop(hop(source, workload, dst, &Arc::default())),
+        },
         None => Action::Hop(Hop::Direct {
             dst,
             workload: None,
         }),
     };
     outcome(None, action)
+}
+
+/// Tunnels to `waypoint`'s instances (live ones first, in load-balancing
+/// order) carrying the connection to `dst`; refused when the waypoint has
+/// no instance (`what` names whose waypoint it is).
+fn via_waypoint(
+    state: &MeshState,
+    source: &Identity,
+    waypoint: &Waypoint,
+    dst: SocketAddr,
+    choice: &impl EndpointChoice,
+    what: &str,
+) -> Action {
+    let start = state
+        .waypoint_service(waypoint)
+        .map_or(0, |entry| choice.start(entry));
+    let mut hops: Vec<(bool, Hop)> = state
+        .waypoint(waypoint, start)
+        .map(|target| {
+            target
+                .instances
+                .into_iter()
+                .map(|(workload, via)| {
+                    let hop = Hop::Tunnel(TunnelHop {
+                        dst,
+                        via,
+                        src_identity: source.clone(),
+                        dst_identity: workload.identity.clone(),
+                        alt_identities: Arc::clone(&target.alt_identities),
+                        workload,
+                    });
+                    (choice.is_dead(via.ip()), hop)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if hops.is_empty() {
+        return Action::Refuse {
+            reason: FailReason::NoEndpoints,
+            detail: format!("the waypoint of {what} has no instance the mesh knows"),
+        };
+    }
+    // Stable: live instances first, keeping the balancing order.
+    hops.sort_by_key(|(dead, _)| *dead);
+    Action::Failover(hops.into_iter().map(|(_, hop)| hop).collect())
 }
 
 /// The hop to `workload` at `dst`.

@@ -264,3 +264,90 @@ fn locality_routing_and_health_policy_choose_endpoints() {
     // Passthrough: the VIP itself, no endpoint chosen.
     assert_eq!(order("10.1.0.1", "10.96.1.4:80"), ["direct 10.96.1.4:80"]);
 }
+
+/// `api` sits behind the waypoint service `waypoint` (two instances); the
+/// `shop` service names the same waypoint by hostname; `db` names one by
+/// an address nobody has.
+const WAYPOINTS: &str = r#"
+workloads:
+- {uid: api, name: api, namespace: shop, serviceAccount: api, workloadIps: [10.1.0.20],
+   waypoint: {hostname: shop/waypoint.shop.svc.cluster.local},
+   services: {'shop/shop.shop.svc.cluster.local': {80: 8080}}}
+- {uid: wp-1, name: wp-1, namespace: shop, serviceAccount: waypoint, workloadIps: [10.1.0.31],
+   services: {'shop/waypoint.shop.svc.cluster.local': {15008: 15008}}}
+- {uid: wp-2, name: wp-2, namespace: shop, serviceAccount: waypoint, workloadIps: [10.2.0.32],
+   services: {'shop/waypoint.shop.svc.cluster.local': {15008: 15008}}}
+- {uid: db, name: db, namespace: shop, serviceAccount: db, workloadIps: [10.1.0.40],
+   waypoint: {address: 10.9.9.9}}
+services:
+- {name: shop, namespace: shop, hostname: shop.shop.svc.cluster.local, vips: ['/10.96.0.20'], ports: {80: 8080},
+   waypoint: {hostname: shop/waypoint.shop.svc.cluster.local, hbonePort: 15008}}
+- {name: waypoint, namespace: shop, hostname: waypoint.shop.svc.cluster.local, vips: ['/10.96.0.30'], ports: {15008: 15008}}
+"#;
+
+#[test]
+fn waypoints_are_gone_through_and_never_bypassed() {
+    let state = MeshState::from_config(&LocalConfig::parse(WAYPOINTS, "wp").unwrap()).unwrap();
+    let client = Identity::new("cluster.local", "front", "web").unwrap();
+    let waypoint = Identity::new("cluster.local", "shop", "waypoint").unwrap();
+    let choice = |dead: &[&str], start| Fixed {
+        dead: dead.iter().map(|ip| ip.parse().unwrap()).collect(),
+        start,
+    };
+    let wp = "spiffe://cluster.local/ns/shop/sa/waypoint";
+    let api = "spiffe://cluster.local/ns/shop/sa/api";
+    let describe_from = |source: &Identity, dst: &str, dead: &[&str], start| {
+        describe(&plan(
+            &state,
+            source,
+            CLIENT,
+            dst.parse().unwrap(),
+            &choice(dead, start),
+        ))
+    };
+    // To the workload: through its waypoint, the authority unchanged.
+    assert_eq!(
+        describe_from(&client, "10.1.0.20:8080", &[], 0),
+        format!(
+            "tunnel 10.1.0.20:8080 via 10.1.0.31:15008 expecting {wp} then tunnel 10.1.0.20:8080 via 10.2.0.32:15008 expecting {wp}"
+        )
+    );
+    // Balanced over the instances; a dead one is tried last.
+    assert_eq!(
+        describe_from(&client, "10.1.0.20:8080", &["10.2.0.32"], 1),
+        format!(
+            "tunnel 10.1.0.20:8080 via 10.1.0.31:15008 expecting {wp} then tunnel 10.1.0.20:8080 via 10.2.0.32:15008 expecting {wp}"
+        )
+    );
+    // To the service: through the service's waypoint, to the VIP.
+    assert_eq!(
+        describe_from(&client, "10.96.0.20:80", &[], 1),
+        format!(
+            "[shop/shop.shop.svc.cluster.local] tunnel 10.96.0.20:80 via 10.2.0.32:15008 expecting {wp} then tunnel 10.96.0.20:80 via 10.1.0.31:15008 expecting {wp}"
+        )
+    );
+    // The waypoint itself goes straight to the workload (no loop).
+    assert_eq!(
+        describe_from(&waypoint, "10.1.0.20:8080", &[], 0),
+        format!("tunnel 10.1.0.20:8080 via 10.1.0.20:15008 expecting {api}")
+    );
+    // A waypoint the mesh does not know: refused, not bypassed.
+    assert_eq!(
+        describe_from(&client, "10.1.0.40:5432", &[], 0),
+        "refuse no_endpoints: the waypoint of workload db has no instance the mesh knows"
+    );
+
+    // The destination side takes connections to `api` only from the
+    // waypoint; plaintext is refused too.
+    let decide = |peer: Option<&Identity>| {
+        state.authorize(&crate::policy::Request {
+            peer,
+            src: "10.1.0.31:40000".parse().unwrap(),
+            dst: "10.1.0.20:8080".parse().unwrap(),
+        })
+    };
+    assert_eq!(decide(Some(&waypoint)), Ok(()));
+    let bypass = decide(Some(&client)).unwrap_err();
+    assert!(bypass.contains("behind waypoint shop/waypoint"), "{bypass}");
+    assert!(decide(None).is_err());
+}

@@ -1,0 +1,97 @@
+//! Waypoints: the L7 proxies of Istio ambient that a service or workload
+//! may name (`waypoint: {address | hostname, hbonePort}`). A client's node
+//! sends such traffic to the waypoint (an HBONE tunnel to the waypoint,
+//! whose `:authority` is still the original destination), and a workload
+//! behind a waypoint accepts connections only from the waypoint, so that
+//! nothing bypasses it.
+//!
+//! A waypoint named by address is the workload at that address, or the
+//! endpoints of the service whose VIP it is; named by hostname
+//! (`namespace/hostname`), the endpoints of that service.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use super::{MeshState, MeshWorkload, ServiceEntry};
+use crate::config::Waypoint;
+use crate::identity::Identity;
+
+/// A waypoint's instances, in the order to try, and who they may be.
+#[derive(Debug, Clone)]
+pub struct WaypointTarget {
+    /// The waypoint's workloads, each with its HBONE address.
+    pub instances: Vec<(Arc<MeshWorkload>, SocketAddr)>,
+    /// Identities its service lets it present besides each instance's own.
+    pub alt_identities: Arc<[Identity]>,
+}
+
+impl MeshState {
+    /// The service `waypoint` names (by VIP or hostname), if it names one.
+    pub fn waypoint_service(&self, waypoint: &Waypoint) -> Option<&Arc<ServiceEntry>> {
+        if let Some(ip) = waypoint.address {
+            return self.services.by_vip(ip);
+        }
+        let (namespace, hostname) = waypoint.hostname.as_deref()?.split_once('/')?;
+        let entry = self.services.by_hostname(hostname)?;
+        (entry.service.namespace == namespace).then_some(entry)
+    }
+
+    /// The instances of `waypoint`, rotated to begin at `start` (the
+    /// load-balancing choice); `None` when it names nothing the mesh
+    /// knows.
+    pub fn waypoint(&self, waypoint: &Waypoint, start: usize) -> Option<WaypointTarget> {
+        let port = waypoint.hbone_port;
+        let of_service = |entry: &ServiceEntry| {
+            let endpoints = entry.endpoints();
+            let n = endpoints.len();
+            let instances = (0..n)
+                .filter_map(|i| {
+                    let w = &endpoints[(start + i) % n];
+                    let ip = *w.workload.workload_ips.first()?;
+                    Some((Arc::clone(w), SocketAddr::new(ip, port)))
+                })
+                .collect();
+            WaypointTarget {
+                instances,
+                alt_identities: Arc::clone(&entry.alt_identities),
+            }
+        };
+        if let Some(entry) = self.waypoint_service(waypoint) {
+            return Some(of_service(entry));
+        }
+        let ip = waypoint.address?;
+        let workload = self.workloads.by_ip(ip)?;
+        Some(WaypointTarget {
+            instances: vec![(Arc::clone(workload), SocketAddr::new(ip, port))],
+            alt_identities: Arc::default(),
+        })
+    }
+
+    /// Whether `peer` is one of `waypoint`'s instances (by identity).
+    pub fn is_waypoint_peer(&self, waypoint: &Waypoint, peer: &Identity) -> bool {
+        self.waypoint(waypoint, 0).is_some_and(|target| {
+            target.instances.iter().any(|(w, _)| w.identity == *peer)
+                || target.alt_identities.contains(peer)
+        })
+    }
+
+    /// Why a connection from `peer` (none for plaintext) to the workload at
+    /// `dst` must be refused because it bypasses the workload's waypoint;
+    /// `None` when it may go on.
+    pub fn waypoint_bypass(&self, peer: Option<&Identity>, dst: IpAddr) -> Option<String> {
+        let workload = self.workloads.by_ip(dst)?;
+        let waypoint = workload.workload.waypoint.as_ref()?;
+        if peer.is_some_and(|peer| self.is_waypoint_peer(waypoint, peer)) {
+            return None;
+        }
+        let named = waypoint
+            .hostname
+            .clone()
+            .or_else(|| waypoint.address.map(|a| a.to_string()))
+            .unwrap_or_default();
+        Some(format!(
+            "workload {} is behind waypoint {named}; connections must come through it",
+            workload.workload.uid
+        ))
+    }
+}
