@@ -236,6 +236,42 @@ fn reap_closed(
     Ok(())
 }
 
+/// A certificate for a test identity from the mesh's own CA (the one the
+/// agents created in `ca_dir`), as a stranger or a waypoint presents it.
+pub struct MeshCredentials {
+    /// `spiffe://cluster.local/ns/<namespace>/sa/<account>`.
+    pub identity: Identity,
+    /// The mesh root.
+    pub roots: Arc<rustls::RootCertStore>,
+    store: Arc<CertStore>,
+}
+
+impl MeshCredentials {
+    /// Issues the identity's certificate (valid for an hour).
+    pub fn issue(ca_dir: &std::path::Path, namespace: &str, account: &str) -> anyhow::Result<Self> {
+        tls::install_provider();
+        let ca = Arc::new(Ca::load_or_generate(ca_dir)?);
+        let roots = Arc::new(ca.root_cert_store()?);
+        let store = Arc::new(CertStore::new(
+            ca,
+            tls::provider(),
+            Duration::from_secs(3600),
+        ));
+        let identity = Identity::new("cluster.local", namespace, account)?;
+        store.get_or_issue(&identity)?;
+        Ok(Self {
+            identity,
+            roots,
+            store,
+        })
+    }
+
+    /// What presents the certificate in handshakes.
+    pub fn resolver(&self) -> Arc<dataplane_user::identity::IdentityCertResolver> {
+        self.store.resolver(self.identity.clone())
+    }
+}
+
 /// A TLS client that holds a valid mesh certificate for a stranger's
 /// identity (issued by the mesh's own CA) and verifies the server.
 #[derive(Debug, Clone)]
@@ -258,18 +294,9 @@ impl StrangerTls {
     /// a certificate from the CA in `ca_dir` (the mesh's, which the agents
     /// created), that accepts a server presenting `server`.
     pub fn new(ca_dir: &std::path::Path, account: &str, server: &str) -> anyhow::Result<Self> {
-        tls::install_provider();
-        let ca = Arc::new(Ca::load_or_generate(ca_dir)?);
-        let roots = Arc::new(ca.root_cert_store()?);
-        let store = Arc::new(CertStore::new(
-            ca,
-            tls::provider(),
-            Duration::from_secs(3600),
-        ));
-        let me = Identity::new("cluster.local", crate::mesh::NAMESPACE, account)?;
-        store.get_or_issue(&me)?;
+        let me = MeshCredentials::issue(ca_dir, crate::mesh::NAMESPACE, account)?;
         let server = Identity::parse(server)?;
-        let config = tls::client_config(store.resolver(me), roots, vec![server])?;
+        let config = tls::client_config(me.resolver(), Arc::clone(&me.roots), vec![server])?;
         Ok(Self { config })
     }
 

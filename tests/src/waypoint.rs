@@ -17,12 +17,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use bytes::Bytes;
-use dataplane_user::identity::{Ca, CertStore, Identity};
+use dataplane_user::identity::Identity;
 use dataplane_user::tls;
 use h2::{RecvStream, SendStream};
 use http::{Method, Request, Response, StatusCode};
 use tokio::runtime::Runtime;
 
+use crate::stranger::MeshCredentials;
 use crate::topology::Pod;
 
 /// How long any one step may take before the stand-in gives up on it.
@@ -64,28 +65,12 @@ impl WaypointStandIn {
         account: &str,
         destinations: &[(IpAddr, Identity)],
     ) -> anyhow::Result<Self> {
-        tls::install_provider();
-        let ca = Arc::new(Ca::load_or_generate(ca_dir)?);
-        let roots = Arc::new(ca.root_cert_store()?);
-        let store = Arc::new(CertStore::new(
-            ca,
-            tls::provider(),
-            Duration::from_secs(3600),
-        ));
-        let me = Identity::new("cluster.local", namespace, account)?;
-        store.get_or_issue(&me)?;
-        let server = tls::server_config(
-            store.resolver(me.clone()),
-            Arc::clone(&roots),
-            "cluster.local",
-        )?;
+        let me = MeshCredentials::issue(ca_dir, namespace, account)?;
+        let server = tls::server_config(me.resolver(), Arc::clone(&me.roots), "cluster.local")?;
         let mut clients = HashMap::new();
         for (ip, identity) in destinations {
-            let config = tls::client_config(
-                store.resolver(me.clone()),
-                Arc::clone(&roots),
-                vec![identity.clone()],
-            )?;
+            let config =
+                tls::client_config(me.resolver(), Arc::clone(&me.roots), vec![identity.clone()])?;
             clients.insert(*ip, config);
         }
         let forwarded = Arc::new(AtomicUsize::new(0));
@@ -117,7 +102,7 @@ impl WaypointStandIn {
         });
         Ok(Self {
             forwarded,
-            identity: me,
+            identity: me.identity,
             runtime: Some(runtime),
         })
     }

@@ -308,35 +308,26 @@ fn port(value: u32) -> Option<u16> {
 /// workload or an earlier service is left off the later service.
 fn resolve_address_conflicts(out: &mut Translated) {
     let mut owners: HashMap<IpAddr, String> = HashMap::new();
+    let mut claim = |ip: &IpAddr, owner: &str, dropped: &mut Vec<String>| match owners.get(ip) {
+        Some(first) => {
+            dropped.push(format!(
+                "{owner}: address {ip} is already {first}'s; left off until that one goes"
+            ));
+            false
+        }
+        None => {
+            owners.insert(*ip, owner.to_owned());
+            true
+        }
+    };
     for w in &mut out.config.workloads {
-        let uid = w.uid.clone();
-        w.workload_ips.retain(|ip| match owners.get(ip) {
-            Some(first) => {
-                out.dropped.push(format!(
-                    "workload {uid}: IP {ip} is already workload {first}'s; left off until that one goes"
-                ));
-                false
-            }
-            None => {
-                owners.insert(*ip, uid.clone());
-                true
-            }
-        });
+        let owner = format!("workload {}", w.uid);
+        w.workload_ips
+            .retain(|ip| claim(ip, &owner, &mut out.dropped));
     }
     for s in &mut out.config.services {
-        let key = s.key();
-        s.vips.retain(|vip| match owners.get(vip) {
-            Some(first) => {
-                out.dropped.push(format!(
-                    "service {key}: VIP {vip} is already {first}'s; left off"
-                ));
-                false
-            }
-            None => {
-                owners.insert(*vip, format!("service {key}"));
-                true
-            }
-        });
+        let owner = format!("service {}", s.key());
+        s.vips.retain(|vip| claim(vip, &owner, &mut out.dropped));
     }
 }
 
