@@ -536,6 +536,12 @@ impl Enrollments {
     /// kernel state is kept (engine marked not ready, so the fail-open or
     /// fail-closed setting decides pods' traffic) or removed as `mode` says.
     pub fn shutdown(mut self, mode: ExitMode) -> Result<(), EnrollError> {
+        // Every pool first: a pod stopped before its peer on this node cuts
+        // the peer's tunnels, and the peer's records must already know that
+        // the agent, not the network, closed them.
+        for pod in self.pods.values() {
+            pod.engine.close_pool();
+        }
         for (_, pod) in self.pods.drain() {
             pod.engine.stop();
         }

@@ -275,6 +275,13 @@ impl PodEngine {
     pub fn stop(self) {
         // Drop does it.
     }
+
+    /// Closes the pod's pooled outbound HBONE connections and marks the
+    /// pool closed (its tunnels' records then say the agent closed them);
+    /// listeners keep running until [`PodEngine::stop`].
+    pub fn close_pool(&self) -> usize {
+        self.pool.close()
+    }
 }
 
 impl Drop for PodEngine {
