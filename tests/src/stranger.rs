@@ -18,7 +18,7 @@ use std::{
 };
 
 use dataplane_user::{
-    identity::{Ca, CertStore, Identity},
+    identity::{Ca, CertSource, CertStore, Identity, TrustBundle},
     tls,
 };
 use socket2::{Domain, Socket, Type};
@@ -260,9 +260,10 @@ impl StrangerTls {
     pub fn new(ca_dir: &std::path::Path, account: &str, server: &str) -> anyhow::Result<Self> {
         tls::install_provider();
         let ca = Arc::new(Ca::load_or_generate(ca_dir)?);
-        let roots = Arc::new(ca.root_cert_store()?);
+        let roots = Arc::new(TrustBundle::new(vec![ca.root_der().clone()])?);
         let store = Arc::new(CertStore::new(
-            ca,
+            CertSource::Builtin(ca),
+            roots.clone(),
             tls::provider(),
             Duration::from_secs(3600),
         ));
