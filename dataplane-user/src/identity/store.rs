@@ -478,13 +478,16 @@ impl CertStore {
                 .unwrap_or(self.validity)
                 .max(self.validity);
             match self.bundle.update(roots, overlap, now) {
-                Ok(true) => tracing::info!(
-                    source = self.source.kind(),
-                    roots = self.bundle.current_roots().len(),
-                    trusted = self.bundle.roots().len(),
-                    overlap_secs = overlap.as_secs(),
-                    "trust bundle changed; previous roots stay trusted for the overlap, local certificates are re-issued"
-                ),
+                Ok(true) => {
+                    self.wake.notify_one();
+                    tracing::info!(
+                        source = self.source.kind(),
+                        roots = self.bundle.current_roots().len(),
+                        trusted = self.bundle.roots().len(),
+                        overlap_secs = overlap.as_secs(),
+                        "trust bundle changed; previous roots stay trusted for the overlap, local certificates are re-issued"
+                    );
+                }
                 Ok(false) => {}
                 Err(e) => {
                     let error = CertSourceError::Files {
