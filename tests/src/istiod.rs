@@ -178,6 +178,13 @@ struct CaSigner {
     bundle_pem: String,
 }
 
+/// A root the test CA can sign with or send.
+struct NamedRoot {
+    name: String,
+    pem: String,
+    issuer: Arc<rcgen::Issuer<'static, rcgen::KeyPair>>,
+}
+
 /// A new self-signed root named `name`.
 fn new_root(name: &str) -> Result<(rcgen::Issuer<'static, rcgen::KeyPair>, rcgen::Certificate)> {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
@@ -305,8 +312,8 @@ pub struct TestIstiod {
     /// the mode (a peer that has not refreshed yet).
     pub ca_refused: Arc<Mutex<Vec<String>>>,
     signer: Arc<Mutex<CaSigner>>,
-    /// The roots made by [`TestIstiod::new_root`], PEM, by name.
-    roots: Arc<Mutex<Vec<(String, String, Arc<rcgen::Issuer<'static, rcgen::KeyPair>>)>>>,
+    /// The roots made by [`TestIstiod::new_root`], and the first.
+    roots: Arc<Mutex<Vec<NamedRoot>>>,
     shared: Arc<Mutex<Shared>>,
     seen: mpsc::UnboundedReceiver<SeenRequest>,
     stop: Option<oneshot::Sender<()>>,
@@ -353,11 +360,11 @@ impl TestIstiod {
             seen: Arc::clone(&csrs),
             refused: Arc::clone(&ca_refused),
         };
-        let roots = Arc::new(Mutex::new(vec![(
-            "mesh".to_owned(),
-            pki.root_pem.clone(),
-            Arc::clone(&pki.issuer),
-        )]));
+        let roots = Arc::new(Mutex::new(vec![NamedRoot {
+            name: "mesh".to_owned(),
+            pem: pki.root_pem.clone(),
+            issuer: Arc::clone(&pki.issuer),
+        }]));
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
@@ -391,7 +398,11 @@ impl TestIstiod {
         self.roots
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push((name.to_owned(), pem.clone(), Arc::new(issuer)));
+            .push(NamedRoot {
+                name: name.to_owned(),
+                pem: pem.clone(),
+                issuer: Arc::new(issuer),
+            });
         Ok(pem)
     }
 
@@ -403,13 +414,13 @@ impl TestIstiod {
         let find = |name: &str| {
             roots
                 .iter()
-                .find(|(n, _, _)| n == name)
+                .find(|root| root.name == name)
                 .with_context(|| format!("no test root named {name}"))
         };
-        let issuer = Arc::clone(&find(sign_with)?.2);
+        let issuer = Arc::clone(&find(sign_with)?.issuer);
         let bundle_pem = bundle
             .iter()
-            .map(|name| Ok(find(name)?.1.clone()))
+            .map(|name| Ok(find(name)?.pem.clone()))
             .collect::<Result<Vec<_>>>()?
             .concat();
         *self.signer.lock().unwrap_or_else(PoisonError::into_inner) =

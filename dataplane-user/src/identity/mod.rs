@@ -16,6 +16,7 @@ mod ca;
 mod ca_files;
 mod cert_dir;
 mod istio_ca;
+mod resolver;
 mod source;
 mod spiffe;
 mod store;
@@ -27,11 +28,10 @@ pub use cert_dir::{
     parse_certs,
 };
 pub use istio_ca::{IstioCa, IstioCaError, IstioIssued, checked_chain};
-pub use source::{CertSource, CertSourceError, Fetched};
+pub use resolver::IdentityCertResolver;
+pub use source::{CertSource, CertSourceError, CertSourceStatus, Fetched};
 pub use spiffe::{Identity, IdentityError, IdentityParts};
-pub use store::{
-    CertSourceStatus, CertStore, CertStoreError, DEFAULT_VALIDITY, FILES_POLL, IdentityCertResolver,
-};
+pub use store::{CertStore, CertStoreError, DEFAULT_VALIDITY, FILES_POLL};
 
 /// `at` as RFC 3339 (UTC), for status and dumps.
 pub(crate) fn rfc3339(at: std::time::SystemTime) -> String {

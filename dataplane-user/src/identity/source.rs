@@ -38,6 +38,15 @@ pub enum CertSourceError {
     /// Istio's CA was unreachable, refused, or answered something unusable.
     #[error(transparent)]
     Istio(#[from] IstioCaError),
+    /// The roots the source sent cannot be trusted.
+    #[error("the roots from {source_name} cannot form the trust bundle: {source}")]
+    Roots {
+        /// The source.
+        source_name: String,
+        /// Why.
+        #[source]
+        source: super::bundle::TrustBundleError,
+    },
     /// The mounted files are missing or unusable.
     #[error("{source}")]
     Files {
@@ -164,4 +173,31 @@ impl CertSourceError {
             _ => None,
         }
     }
+}
+
+/// What the store's source has done, for `dataplane status` and the admin
+/// API.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CertSourceStatus {
+    /// `builtin`, `istio` or `files`.
+    pub source: String,
+    /// What the source is ("Istio's CA at ...").
+    pub description: String,
+    /// Certificates held / identities wanted.
+    pub held: usize,
+    /// Identities wanted.
+    pub wanted: usize,
+    /// The last certificate received: when (RFC 3339) and for whom.
+    pub last_issued: Option<String>,
+    /// The next refresh due (RFC 3339), if any certificate is held.
+    pub next_refresh: Option<String>,
+    /// The last failure: when (RFC 3339) and why.
+    pub last_failure: Option<String>,
+    /// Requests that failed since start.
+    pub failures: u64,
+    /// Requests that gave a certificate since start.
+    pub successes: u64,
+    /// The trust bundle.
+    pub roots: Vec<super::bundle::RootInfo>,
 }

@@ -42,17 +42,15 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt as _;
-use rustls::SignatureScheme;
-use rustls::client::ResolvesClientCert;
 use rustls::crypto::CryptoProvider;
-use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::bundle::TrustBundle;
 use super::ca::{CaError, IssuedCert};
-use super::source::{CertSource, CertSourceError, Fetched};
+use super::resolver::IdentityCertResolver;
+use super::source::{CertSource, CertSourceError, CertSourceStatus, Fetched};
 use super::spiffe::Identity;
 
 /// Validity of issued certificates unless configured otherwise (Istio's
@@ -108,10 +106,10 @@ pub enum CertStoreError {
 
 /// One identity's current certificate, in both forms consumers want.
 #[derive(Debug)]
-struct Current {
+pub(super) struct Current {
     issued: Arc<IssuedCert>,
     /// What rustls presents; built once per issuance, not per handshake.
-    certified: Arc<CertifiedKey>,
+    pub(super) certified: Arc<CertifiedKey>,
     /// The bundle generation it was issued under.
     generation: u64,
     /// Files only: a digest of the files it was read from.
@@ -139,33 +137,6 @@ struct Slot {
 struct Stats {
     last_issued: Option<(SystemTime, String)>,
     last_failure: Option<(SystemTime, String)>,
-}
-
-/// What the store's source has done, for `dataplane status` and the admin
-/// API.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CertSourceStatus {
-    /// `builtin`, `istio` or `files`.
-    pub source: String,
-    /// What the source is ("Istio's CA at ...").
-    pub description: String,
-    /// Certificates held / identities wanted.
-    pub held: usize,
-    /// Identities wanted.
-    pub wanted: usize,
-    /// The last certificate received: when (RFC 3339) and for whom.
-    pub last_issued: Option<String>,
-    /// The next refresh due (RFC 3339), if any certificate is held.
-    pub next_refresh: Option<String>,
-    /// The last failure: when (RFC 3339) and why.
-    pub last_failure: Option<String>,
-    /// Requests that failed since start.
-    pub failures: u64,
-    /// Requests that gave a certificate since start.
-    pub successes: u64,
-    /// The trust bundle.
-    pub roots: Vec<super::bundle::RootInfo>,
 }
 
 /// Per-identity certificates from a [`CertSource`], kept fresh by
@@ -490,12 +461,9 @@ impl CertStore {
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    let error = CertSourceError::Files {
-                        source: super::cert_dir::CertDirError::Invalid {
-                            path: self.source.describe().into(),
-                            reason: e.to_string(),
-                        },
-                        fingerprint,
+                    let error = CertSourceError::Roots {
+                        source_name: self.source.describe(),
+                        source: e,
                     };
                     self.refuse(identity, &error, now);
                     return false;
@@ -591,7 +559,10 @@ impl CertStore {
             .and_then(|s| s.current.clone())
     }
 
-    fn current_or_issue(&self, identity: &Identity) -> Result<Arc<Current>, CertStoreError> {
+    pub(super) fn current_or_issue(
+        &self,
+        identity: &Identity,
+    ) -> Result<Arc<Current>, CertStoreError> {
         if let Some(current) = self.lookup(identity) {
             return Ok(current);
         }
@@ -660,56 +631,5 @@ impl CertStore {
             generation: self.bundle.generation(),
             fingerprint,
         }))
-    }
-}
-
-/// Presents one identity's current certificate from a [`CertStore`]; a
-/// rustls [`ResolvesServerCert`] and [`ResolvesClientCert`].
-///
-/// With the built-in CA, the first handshake for an identity issues its
-/// certificate; call [`CertStore::want`] when a workload is enrolled to
-/// move that off the connection path. With a remote source, a handshake
-/// for an identity whose certificate has not arrived fails at once.
-#[derive(Debug)]
-pub struct IdentityCertResolver {
-    store: Arc<CertStore>,
-    identity: Identity,
-}
-
-impl IdentityCertResolver {
-    /// The identity this resolver presents.
-    pub fn identity(&self) -> &Identity {
-        &self.identity
-    }
-
-    fn current(&self) -> Option<Arc<CertifiedKey>> {
-        match self.store.current_or_issue(&self.identity) {
-            Ok(current) => Some(current.certified.clone()),
-            Err(e) => {
-                // rustls turns `None` into a handshake failure; say why here.
-                tracing::warn!(error = %e, "no certificate to present in TLS handshake");
-                None
-            }
-        }
-    }
-}
-
-impl ResolvesServerCert for IdentityCertResolver {
-    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current()
-    }
-}
-
-impl ResolvesClientCert for IdentityCertResolver {
-    fn resolve(
-        &self,
-        _root_hint_subjects: &[&[u8]],
-        _sigschemes: &[SignatureScheme],
-    ) -> Option<Arc<CertifiedKey>> {
-        self.current()
-    }
-
-    fn has_certs(&self) -> bool {
-        true
     }
 }
