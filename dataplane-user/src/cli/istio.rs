@@ -245,6 +245,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn files_need_a_cert_dir() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            istio: IstioArgs,
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from([&["t"], args].concat()).unwrap().istio;
+        let error = parse(&["--cert-source", "files"]).cert_dir().unwrap_err();
+        assert!(error.to_string().contains("--cert-dir"), "{error}");
+        let dir = parse(&["--cert-source", "files", "--cert-dir", "/certs"]).cert_dir();
+        assert_eq!(dir.unwrap(), Some(PathBuf::from("/certs")));
+        assert_eq!(parse(&["--cert-dir", "/certs"]).cert_dir().unwrap(), None);
+    }
+
+    #[test]
     fn hosts_are_taken_from_addresses() {
         assert_eq!(
             host_of("istiod.istio-system.svc:15012"),

@@ -33,8 +33,14 @@ impl IdentityCertResolver {
     fn current(&self) -> Option<Arc<CertifiedKey>> {
         match self.store.current_or_issue(&self.identity) {
             Ok(current) => Some(current.certified.clone()),
+            // rustls turns `None` into a handshake failure; say why here.
+            // Not yet from a remote source: the store already reports it
+            // (status, readiness, its own warning), so not once a handshake.
+            Err(e @ super::store::CertStoreError::NotYet { .. }) => {
+                tracing::debug!(error = %e, "no certificate to present in TLS handshake");
+                None
+            }
             Err(e) => {
-                // rustls turns `None` into a handshake failure; say why here.
                 tracing::warn!(error = %e, "no certificate to present in TLS handshake");
                 None
             }

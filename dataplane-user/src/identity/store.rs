@@ -256,6 +256,14 @@ impl CertStore {
             .is_some()
     }
 
+    /// How many wanted identities hold a certificate, and how many are
+    /// wanted.
+    pub fn counts(&self) -> (usize, usize) {
+        let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
+        let held = slots.values().filter(|s| s.current.is_some()).count();
+        (held, slots.len())
+    }
+
     /// What keeps readiness back: wanted identities without a certificate,
     /// with the source and its last error; `None` when every one has one.
     pub fn missing(&self) -> Option<String> {

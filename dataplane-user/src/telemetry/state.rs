@@ -86,12 +86,12 @@ impl Collector for StateCollector {
             let labels = CaRequestLabels { source, result };
             ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
         }
-        let missing = self.certs.status();
+        let (held, wanted) = self.certs.counts();
         gauge(
             &mut encoder,
             "dataplane_certificates_missing",
             "Workload identities enrolled on this node that have no certificate yet",
-            (missing.wanted - missing.held.min(missing.wanted)) as u64,
+            wanted.saturating_sub(held) as u64,
         )?;
         let issued = self.certs.issued();
         let mut family = encoder.encode_descriptor(
