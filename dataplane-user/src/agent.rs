@@ -35,9 +35,11 @@ use crate::{
     readiness::{Readiness, Step},
     redirect::{PinLayout, RedirectError, Redirector, RedirectorOptions},
     reload,
+    sources::{self, ConfigSources},
     state::MeshState,
     telemetry::{self, Metrics, StateCollector},
     tls::{self, ClientConfigCache},
+    xds::{XdsClient, XdsMetrics},
 };
 
 /// How long GOAWAY frames get to leave before connections are closed.
@@ -91,10 +93,9 @@ pub enum AgentError {
     /// The Kubernetes client for --kube could not be set up.
     #[error(transparent)]
     Kube(#[from] crate::kube::KubeError),
-    /// The certificate source's flags are incomplete or its root file is
-    /// unusable.
+    /// The Istio flags do not fit together, or a file they name is unusable.
     #[error(transparent)]
-    CertSourceArgs(#[from] crate::cli::istio::IstioArgsError),
+    Istio(#[from] crate::cli::istio::IstioArgsError),
     /// The certificate source's roots cannot form a trust bundle.
     #[error("cannot trust the roots of {source_name}: {source}")]
     TrustBundle {
@@ -132,6 +133,10 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         )
         .await
     };
+    let xds_config = args.istio.xds_config(args.node.as_deref())?;
+    if xds_config.is_none() {
+        readiness.done(Step::Xds);
+    }
     let config = match &args.config {
         Some(path) => LocalConfig::from_file(path)?,
         None => LocalConfig::embedded()?,
@@ -253,6 +258,24 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         None
     };
 
+    let sources = Arc::new(ConfigSources::new(
+        Arc::clone(&mesh),
+        enroller.clone(),
+        Arc::clone(&config),
+    ));
+    let (xds, xds_status) = match xds_config {
+        Some(xds_config) => {
+            let origin = format!("xds://{}", xds_config.istiod.address);
+            let metrics = XdsMetrics::registered(&mesh.metrics);
+            let (client, snapshots, status) = XdsClient::new(xds_config);
+            (
+                Some((client.with_metrics(metrics), snapshots, origin)),
+                Some(status),
+            )
+        }
+        None => (None, None),
+    };
+
     let socket = control::socket_path(&args.state.state_dir, &args.state.instance);
     let control_err = |source| AgentError::Control {
         path: socket.clone(),
@@ -294,6 +317,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         kernel,
         pins: PinLayout::new(&args.state.bpffs, &args.state.instance),
         started,
+        xds: xds_status,
     });
     let giver = handover::Giver::new(instance_lock, enroller.clone());
     let control_task = tokio::spawn(control::serve(
@@ -315,7 +339,16 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     let reload_task = args
         .config
         .clone()
-        .map(|path| tokio::spawn(reload::watch(path, Arc::clone(&mesh), enroller.clone())));
+        .map(|path| tokio::spawn(reload::watch(path, Arc::clone(&mesh), Arc::clone(&sources))));
+    let xds_tasks = xds.map(|(client, snapshots, origin)| {
+        let follow = sources::follow_xds(
+            snapshots,
+            Arc::clone(&sources),
+            origin,
+            Arc::clone(&readiness),
+        );
+        [tokio::spawn(client.run()), tokio::spawn(follow)]
+    });
 
     release_startup_memory();
     info!(instance = %args.state.instance, control = %socket.display(), on_exit = ?args.on_exit, fail_open = args.fail_open, "agent ready");
@@ -344,7 +377,10 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         task.abort();
         let _ = task.await;
     }
-    if let Some(task) = reload_task {
+    for task in reload_task
+        .into_iter()
+        .chain(xds_tasks.into_iter().flatten())
+    {
         task.abort();
         let _ = task.await;
     }

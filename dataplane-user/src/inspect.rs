@@ -46,6 +46,8 @@ pub struct AgentView {
     pub pins: PinLayout,
     /// When the agent started.
     pub started: Instant,
+    /// The stream to istiod, with `--xds`.
+    pub xds: Option<Arc<std::sync::Mutex<crate::xds::XdsStatus>>>,
 }
 
 impl std::fmt::Debug for AgentView {
@@ -129,6 +131,64 @@ pub struct StatusReport {
     /// Where workload certificates come from and how that goes.
     #[serde(default)]
     pub certificates: Option<CertSourceStatus>,
+    /// The stream to istiod, with `--xds`.
+    #[serde(default)]
+    pub xds: Option<XdsView>,
+}
+
+/// The stream to istiod as `status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct XdsView {
+    /// istiod's address.
+    pub address: String,
+    /// Since when the current stream is up (RFC 3339); none while
+    /// disconnected.
+    pub connected_since: Option<String>,
+    /// Why the last stream ended or could not start.
+    pub last_error: Option<String>,
+    /// Streams opened since start (1 + reconnects).
+    pub streams: u64,
+    /// Per resource type.
+    pub types: Vec<XdsTypeView>,
+}
+
+/// One resource type's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct XdsTypeView {
+    /// The type URL.
+    pub type_url: String,
+    /// Resources held.
+    pub held: usize,
+    /// When the last response was ACKed (RFC 3339).
+    pub last_ack: Option<String>,
+    /// When the last response was NACKed (RFC 3339).
+    pub last_nack: Option<String>,
+    /// Why it was NACKed.
+    pub last_nack_reason: Option<String>,
+}
+
+impl XdsView {
+    fn of(status: &crate::xds::XdsStatus) -> Self {
+        Self {
+            address: status.address.clone(),
+            connected_since: status.connected_since.map(rfc3339),
+            last_error: status.last_error.clone(),
+            streams: status.streams,
+            types: status
+                .types
+                .iter()
+                .map(|t| XdsTypeView {
+                    type_url: t.type_url.clone(),
+                    held: t.held,
+                    last_ack: t.last_ack.map(rfc3339),
+                    last_nack: t.last_nack.as_ref().map(|(at, _)| rfc3339(*at)),
+                    last_nack_reason: t.last_nack.as_ref().map(|(_, why)| why.clone()),
+                })
+                .collect(),
+        }
+    }
 }
 
 impl StatusReport {
@@ -137,6 +197,10 @@ impl StatusReport {
     pub fn healthy(&self) -> bool {
         self.ready
             && self.config_error.is_none()
+            && self
+                .xds
+                .as_ref()
+                .is_none_or(|x| x.connected_since.is_some())
             && self.pods.iter().all(|p| p.captured)
             && self.programs.iter().all(|p| p.attached)
     }
@@ -295,6 +359,7 @@ impl AgentView {
                 .cloned()
                 .collect(),
             certificates: Some(self.mesh.certs.status()),
+            xds: self.xds_view(),
         }
     }
 
@@ -370,6 +435,14 @@ impl AgentView {
             .collect()
     }
 
+    fn xds_view(&self) -> Option<XdsView> {
+        let status = self.xds.as_ref()?;
+        let status = status
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Some(XdsView::of(&status))
+    }
+
     /// The configuration dump: configuration in force, enrolled pods,
     /// certificates (no keys), kernel programs and pinned maps.
     pub fn config_dump(&self) -> serde_json::Value {
@@ -394,8 +467,9 @@ impl AgentView {
             "instance": self.instance,
             "version": env!("CARGO_PKG_VERSION"),
             "generatedAt": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-            "config": state.config.to_json(),
+            "config": state.provenance.annotate(state.config.to_json()),
             "configError": config_error,
+            "xds": self.xds_view(),
             "pods": pods,
             "departedPods": departed,
             "certificates": self.certs(),

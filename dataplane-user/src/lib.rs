@@ -54,6 +54,7 @@ pub mod redirect;
 pub(crate) mod relay;
 pub(crate) mod reload;
 pub mod render;
+pub mod sources;
 pub mod state;
 pub mod telemetry;
 pub mod tls;

@@ -72,18 +72,22 @@ impl MeshContext {
         }
     }
 
-    /// Installs a new snapshot (a configuration file read after start-up:
-    /// counted as applied) and closes open connections its policies deny.
-    /// Returns how many were closed.
+    /// Installs a new snapshot and closes open connections its policies
+    /// deny. Returns how many were closed.
     pub fn install(&self, state: MeshState) -> usize {
         let state = Arc::new(state);
         match self.state.write() {
             Ok(mut guard) => *guard = Arc::clone(&state),
             Err(poisoned) => *poisoned.into_inner() = Arc::clone(&state),
         }
+        self.live.enforce(|request| state.authorize(request))
+    }
+
+    /// A configuration file read after start-up is in force: status and
+    /// metrics say so.
+    pub fn accept_config(&self) {
         self.set_config_error(None);
         self.metrics.config_reloaded(true);
-        self.live.enforce(|request| state.authorize(request))
     }
 
     /// Why the last configuration file read was rejected, while the

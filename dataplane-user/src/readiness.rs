@@ -27,6 +27,7 @@ pub struct Readiness {
     programs: AtomicBool,
     config: AtomicBool,
     certificates: AtomicBool,
+    xds: AtomicBool,
     draining: AtomicBool,
     checks: RwLock<Vec<(&'static str, Check)>>,
 }
@@ -49,6 +50,9 @@ pub enum Step {
     Config,
     /// Certificates of local workloads issued.
     Certificates,
+    /// The first complete state from istiod installed (done at once
+    /// without `--xds`).
+    Xds,
 }
 
 impl Readiness {
@@ -62,6 +66,7 @@ impl Readiness {
             Step::Programs => &self.programs,
             Step::Config => &self.config,
             Step::Certificates => &self.certificates,
+            Step::Xds => &self.xds,
         }
     }
 
@@ -99,6 +104,7 @@ impl Readiness {
             (Step::Config, "configuration"),
             (Step::Programs, "kernel programs"),
             (Step::Certificates, "workload certificates"),
+            (Step::Xds, "workloads and policies from istiod (xDS)"),
         ]
         .into_iter()
         .filter(|(step, _)| !self.flag(*step).load(Ordering::Acquire))
@@ -160,9 +166,10 @@ mod tests {
         let reply = get(addr, "/healthz/ready").await?;
         assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
         assert!(
-            reply.contains("waiting for configuration, kernel programs, workload certificates"),
+            reply.contains("waiting for configuration, kernel programs, workload certificates, workloads and policies from istiod"),
             "{reply}"
         );
+        readiness.done(Step::Xds);
 
         readiness.done(Step::Config);
         readiness.done(Step::Programs);

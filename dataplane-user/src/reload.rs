@@ -19,13 +19,13 @@ use std::{
     time::Duration,
 };
 
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::{
     config::{LocalConfig, MAX_CONFIG_BYTES},
-    enroll::Enroller,
     logging::Chain,
     mesh::MeshContext,
+    sources::ConfigSources,
     state::MeshState,
 };
 
@@ -34,7 +34,7 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Polls `path` and applies every new good version once two consecutive
 /// reads agree on it.
-pub async fn watch(path: PathBuf, mesh: Arc<MeshContext>, enroller: Enroller) {
+pub async fn watch(path: PathBuf, mesh: Arc<MeshContext>, sources: Arc<ConfigSources>) {
     // The content last decided on (applied or rejected), as read at start.
     let mut decided = read_bounded(&path).ok();
     let mut seen = stamp(&path);
@@ -78,26 +78,13 @@ pub async fn watch(path: PathBuf, mesh: Arc<MeshContext>, enroller: Enroller) {
         let result = tokio::task::spawn_blocking(move || parse(&current, &name))
             .await
             .unwrap_or_else(|e| Err(format!("configuration parser failed: {e}")));
-        match result {
-            Ok((config, state)) => {
-                let closed = mesh.install(state);
-                let config = Arc::new(config);
-                if let Err(err) = enroller.apply_config(Arc::clone(&config)).await {
-                    warn!(error = %Chain(&err), "cannot apply the configured workloads");
-                }
-                info!(
-                    origin = %config.origin,
-                    workloads = config.workloads.len(),
-                    services = config.services.len(),
-                    policies = config.policies.len(),
-                    connections_closed = closed,
-                    "configuration applied"
-                );
-            }
-            Err(message) => {
-                warn!(error = %message, "configuration rejected; keeping the last good one");
-                mesh.reject_config(message);
-            }
+        let applied = match result {
+            Ok(config) => sources.file_changed(config).await,
+            Err(message) => Err(message),
+        };
+        if let Err(message) = applied {
+            warn!(error = %message, "configuration rejected; keeping the last good one");
+            mesh.reject_config(message);
         }
     }
 }
@@ -127,10 +114,11 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-/// Parses and validates a config file's bytes.
-fn parse(bytes: &[u8], name: &str) -> Result<(LocalConfig, MeshState), String> {
+/// Parses and validates a config file's bytes (on its own: the merge
+/// with istiod's state is checked when it is installed).
+fn parse(bytes: &[u8], name: &str) -> Result<LocalConfig, String> {
     let text = String::from_utf8_lossy(bytes);
     let config = LocalConfig::parse(&text, name).map_err(|e| Chain(&e).to_string())?;
-    let state = MeshState::from_config(&config).map_err(|e| Chain(&e).to_string())?;
-    Ok((config, state))
+    MeshState::from_config(&config).map_err(|e| Chain(&e).to_string())?;
+    Ok(config)
 }

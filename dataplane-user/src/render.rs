@@ -142,6 +142,28 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
     if let Some(certs) = &report.certificates {
         cert_source(&mut out, certs, p);
     }
+    if let Some(xds) = &report.xds {
+        let state = match &xds.connected_since {
+            Some(since) => p.good(&format!("connected since {since}")),
+            None => p.bad(&format!(
+                "not connected ({}); serving the last state received",
+                xds.last_error.as_deref().unwrap_or("connecting")
+            )),
+        };
+        let _ = writeln!(
+            out,
+            "istiod    {} {state} · {} stream(s)",
+            xds.address, xds.streams
+        );
+        for t in &xds.types {
+            let kind = t.type_url.rsplit('/').next().unwrap_or(&t.type_url);
+            let ack = t.last_ack.as_deref().unwrap_or("never");
+            let _ = writeln!(out, "  {kind:32} {} held · last ACK {ack}", t.held);
+            if let (Some(at), Some(why)) = (&t.last_nack, &t.last_nack_reason) {
+                let _ = writeln!(out, "  {:32} {} {at}: {why}", "", p.bad("last NACK"));
+            }
+        }
+    }
     let errors = if report.errors_last_minute == 0 {
         p.good("none")
     } else {
@@ -254,6 +276,7 @@ mod tests {
             errors_last_minute: 0,
             recent_errors: vec![],
             certificates: None,
+            xds: None,
         }
     }
 

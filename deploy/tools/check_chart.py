@@ -49,6 +49,10 @@ VARIANTS = {
                 {"key": "mesh", "operator": "In", "values": ["yes"]}]}]}}},
         "serviceAccount": {"annotations": {"example.com/role": "mesh"}},
     },
+    "istio": {
+        "istio": {"enabled": True, "address": "istiod.istio-system.svc:15012",
+                  "certSource": "istio", "clusterId": "east"},
+    },
     "no-cni-no-rbac": {
         "cni": {"enabled": False},
         "rbac": {"create": False},
@@ -67,6 +71,8 @@ BAD_VALUES = [
     {"metrics": {"port": 0}},
     {"agent": {"drainTimeout": "soon"}},
     {"unknownKey": 1},
+    {"istio": {"certSource": "vault"}},
+    {"istio": {"address": "istiod"}},
 ]
 
 

@@ -4,6 +4,7 @@
 //! policies, see every request the agent sends (node, token, ACK/NACK,
 //! resume versions), and restart the server under a connected client.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,7 +16,7 @@ use dataplane_user::istio_api::ca::{
     istio_certificate_service_server::{IstioCertificateService, IstioCertificateServiceServer},
 };
 use dataplane_user::istio_api::discovery::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
     aggregated_discovery_service_server::{
         AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
     },
@@ -97,11 +98,56 @@ pub struct SeenRequest {
     pub request: DeltaDiscoveryRequest,
 }
 
+type Push = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
+
 #[derive(Default)]
 struct Shared {
     streams: usize,
     /// Where responses for the newest stream go.
-    push: Option<mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>>,
+    push: Option<Push>,
+    /// Every stream opened (closed ones are skipped when publishing).
+    all: Vec<Push>,
+    /// Once [`TestIstiod::publish`] was called: the resources served to
+    /// every stream, by type and name, as istiod serves its state.
+    served: Option<BTreeMap<String, BTreeMap<String, Resource>>>,
+    nonces: u64,
+}
+
+impl Shared {
+    fn nonce(&mut self) -> String {
+        self.nonces += 1;
+        format!("served-{}", self.nonces)
+    }
+
+    /// istiod's answer to a subscription: what the client lacks or holds
+    /// in another version, and the removal of what it holds that is gone.
+    fn initial_answer(
+        &mut self,
+        request: &DeltaDiscoveryRequest,
+    ) -> Option<DeltaDiscoveryResponse> {
+        let of_type = self
+            .served
+            .as_ref()?
+            .get(&request.type_url)
+            .cloned()
+            .unwrap_or_default();
+        let held = &request.initial_resource_versions;
+        Some(DeltaDiscoveryResponse {
+            type_url: request.type_url.clone(),
+            nonce: self.nonce(),
+            resources: of_type
+                .values()
+                .filter(|r| held.get(&r.name) != Some(&r.version))
+                .cloned()
+                .collect(),
+            removed_resources: held
+                .keys()
+                .filter(|name| !of_type.contains_key(*name))
+                .cloned()
+                .collect(),
+            ..Default::default()
+        })
+    }
 }
 
 #[derive(Clone)]
@@ -126,16 +172,33 @@ impl AggregatedDiscoveryService for Service {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let (push, responses) = mpsc::channel(64);
+        // Weak: stopping the test istiod drops the strong senders, which
+        // ends the response stream (and with it the agent's stream).
+        let weak = push.downgrade();
         let stream = {
             let mut shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
             shared.streams += 1;
-            shared.push = Some(push);
+            shared.push = Some(push.clone());
+            shared.all.push(push);
             shared.streams
         };
         let mut inbound = request.into_inner();
         let seen = self.seen.clone();
+        let shared = Arc::clone(&self.shared);
+        let push = weak;
         tokio::spawn(async move {
             while let Ok(Some(request)) = inbound.message().await {
+                let answer = if request.response_nonce.is_empty() {
+                    shared
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .initial_answer(&request)
+                } else {
+                    None
+                };
+                if let (Some(answer), Some(push)) = (answer, push.upgrade()) {
+                    let _ = push.send(Ok(answer)).await;
+                }
                 let _ = seen.send(SeenRequest {
                     stream,
                     authorization: authorization.clone(),
@@ -442,6 +505,42 @@ impl TestIstiod {
             .map_err(|_| anyhow::anyhow!("the stream is gone"))
     }
 
+    /// Serves `resources` of `type_url` (replacing those of the same name)
+    /// and removes `removed`, to every connected agent now and to every
+    /// agent that subscribes later, as istiod serves its state. From the
+    /// first call on, subscriptions are answered by the test istiod itself.
+    pub async fn publish(
+        &self,
+        type_url: &str,
+        resources: Vec<Resource>,
+        removed: &[&str],
+    ) -> Result<()> {
+        let (pushes, response) = {
+            let mut shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+            let served = shared.served.get_or_insert_with(BTreeMap::new);
+            let of_type = served.entry(type_url.to_owned()).or_default();
+            for resource in &resources {
+                of_type.insert(resource.name.clone(), resource.clone());
+            }
+            for name in removed {
+                of_type.remove(*name);
+            }
+            let response = DeltaDiscoveryResponse {
+                type_url: type_url.to_owned(),
+                nonce: shared.nonce(),
+                resources,
+                removed_resources: removed.iter().map(|s| (*s).to_owned()).collect(),
+                ..Default::default()
+            };
+            shared.all.retain(|push| !push.is_closed());
+            (shared.all.clone(), response)
+        };
+        for push in pushes {
+            let _ = push.send(Ok(response.clone())).await;
+        }
+        Ok(())
+    }
+
     /// The next request the agent sends (fails after `timeout`).
     pub async fn next_request(&mut self, timeout: Duration) -> Result<SeenRequest> {
         tokio::time::timeout(timeout, self.seen.recv())
@@ -455,10 +554,11 @@ impl TestIstiod {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        self.shared
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push = None;
+        {
+            let mut shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+            shared.push = None;
+            shared.all.clear();
+        }
         self.accept_loop.abort();
         let _ = (&mut self.accept_loop).await;
         self.server.abort();

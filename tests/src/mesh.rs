@@ -34,6 +34,7 @@ pub fn hbone_workload(pod: &Pod, name: &str, node: &str) -> Workload {
         netns: Some(pod.netns.path().to_path_buf()),
         services: BTreeMap::new(),
         authorization_policies: Vec::new(),
+        ..Workload::default()
     }
 }
 
@@ -48,6 +49,9 @@ pub fn service(name: &str, namespace: &str, vip: IpAddr, ports: &[(u16, u16)]) -
         ports: ports.iter().copied().collect(),
         subject_alt_names: Vec::new(),
         load_balancing: LoadBalancing::default(),
+        health_policy: Default::default(),
+        routing: Default::default(),
+        waypoint: None,
     }
 }
 

@@ -9,15 +9,17 @@
 pub(crate) mod limits;
 mod schema;
 mod validate;
+mod workload;
 
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 
-pub use schema::{Action, LoadBalancing, Match, Policy, Scope, Service};
-
-use std::{
-    net::IpAddr,
-    path::{Path, PathBuf},
+pub use schema::{
+    Action, HealthPolicy, LoadBalancing, Match, Policy, Routing, RoutingMode, RoutingScope, Scope,
+    Service,
 };
+pub use workload::{Locality, Protocol, Waypoint, Workload, WorkloadStatus};
+
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -78,63 +80,6 @@ pub enum ConfigError {
         /// What is wrong and how to fix it.
         reason: String,
     },
-}
-
-/// Whether a workload speaks HBONE or plain TCP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum Protocol {
-    /// Mutual-TLS HTTP/2 CONNECT tunnels on port 15008.
-    #[default]
-    Hbone,
-    /// Plain TCP (not in the mesh).
-    Tcp,
-}
-
-/// One workload (pod).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Workload {
-    /// Unique id, e.g. `cluster1//v1/Pod/default/web-0`.
-    pub uid: String,
-    /// Pod name.
-    pub name: String,
-    /// Kubernetes namespace.
-    pub namespace: String,
-    /// Service account (the identity's last component).
-    #[serde(default = "default_service_account")]
-    pub service_account: String,
-    /// SPIFFE trust domain.
-    #[serde(default = "default_trust_domain")]
-    pub trust_domain: String,
-    /// Pod IPs.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub workload_ips: Vec<IpAddr>,
-    /// Protocol the workload accepts.
-    #[serde(default)]
-    pub protocol: Protocol,
-    /// Node the workload runs on.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub node: String,
-    /// Network namespace path, for workloads this agent enrolls at start
-    /// (standalone mode).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub netns: Option<PathBuf>,
-    /// Services this workload is an endpoint of: `namespace/hostname` ->
-    /// service port -> target port.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub services: std::collections::BTreeMap<String, std::collections::BTreeMap<u16, u16>>,
-    /// `namespace/name` of WorkloadSelector-scoped policies that apply.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub authorization_policies: Vec<String>,
-}
-
-fn default_service_account() -> String {
-    "default".into()
-}
-
-fn default_trust_domain() -> String {
-    "cluster.local".into()
 }
 
 /// A parsed configuration.
@@ -210,6 +155,22 @@ impl LocalConfig {
         })
     }
 
+    /// The configuration as the file that reads back to it (without its
+    /// origin), e.g. to write what istiod sent as a local file.
+    pub fn to_yaml(&self) -> Result<String, serde_yaml_ng::Error> {
+        #[derive(Serialize)]
+        struct File<'a> {
+            workloads: &'a [Workload],
+            services: &'a [Service],
+            policies: &'a [Policy],
+        }
+        serde_yaml_ng::to_string(&File {
+            workloads: &self.workloads,
+            services: &self.services,
+            policies: &self.policies,
+        })
+    }
+
     /// Parses YAML text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
         limits::check(text, origin)?;
@@ -236,6 +197,7 @@ impl LocalConfig {
 )]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
 
     #[test]
     fn embedded_default_parses() {
@@ -286,10 +248,19 @@ workloads:
   services:
     shop/web.shop.svc.cluster.local: {80: 8080, 443: 8443}
   authorizationPolicies: [shop/only-frontend]
+  status: Unhealthy
+  waypoint: {hostname: shop/waypoint.shop.svc.cluster.local}
+  network: net1
+  canonicalName: web
+  canonicalRevision: v2
+  workloadName: web
+  clusterId: cluster1
+  locality: {region: eu, zone: eu-1, subzone: rack-4}
 - uid: cluster1//v1/Pod/shop/db-0
   name: db-0
   namespace: shop
   workloadIps: [10.0.0.6]
+  waypoint: {address: 10.0.0.9, hbonePort: 15009}
 services:
 - name: web
   namespace: shop
@@ -298,6 +269,9 @@ services:
   ports: {80: 8080, 443: 0}
   subjectAltNames: [spiffe://example.org/ns/shop/sa/web, cluster.local/ns/shop/sa/legacy]
   loadBalancing: random
+  healthPolicy: allowAll
+  routing: {mode: failover, preferences: [network, zone, node]}
+  waypoint: {address: "fd00::9"}
 - name: db
   namespace: shop
   hostname: db.shop.svc.cluster.local
@@ -337,18 +311,7 @@ policies:
     /// Writes `config` as a config file (workloads, services, policies)
     /// and parses it back with the real parser.
     fn reparse(config: &LocalConfig) -> (String, LocalConfig) {
-        #[derive(Serialize)]
-        struct File<'a> {
-            workloads: &'a [Workload],
-            services: &'a [Service],
-            policies: &'a [Policy],
-        }
-        let text = serde_yaml_ng::to_string(&File {
-            workloads: &config.workloads,
-            services: &config.services,
-            policies: &config.policies,
-        })
-        .unwrap();
+        let text = config.to_yaml().unwrap();
         crate::fuzz_seeds::seed("config", &text);
         let parsed = LocalConfig::parse(&text, &config.origin)
             .unwrap_or_else(|e| panic!("{}\n{text}", crate::logging::Chain(&e)));
@@ -369,6 +332,13 @@ policies:
         // The fixture really sets the non-default values.
         assert_eq!(config.workloads[0].protocol, Protocol::Tcp);
         assert_eq!(config.services[0].load_balancing, LoadBalancing::Random);
+        assert_eq!(config.workloads[0].status, WorkloadStatus::Unhealthy);
+        assert_eq!(config.workloads[0].locality.subzone, "rack-4");
+        assert_eq!(config.services[0].routing.mode, RoutingMode::Failover);
+        assert_eq!(
+            config.workloads[1].waypoint.as_ref().map(|w| w.hbone_port),
+            Some(15009)
+        );
         assert!(config.policies[0].dry_run);
         assert_eq!(
             config.policies[0].rules[0][0][0].not_destination_ports,
@@ -447,6 +417,24 @@ policies:
             binary_err.contains("binary.yaml") && binary_err.contains("UTF-8"),
             "{binary_err}"
         );
+    }
+
+    #[test]
+    fn a_waypoint_needs_one_destination() {
+        let base = "workloads:\n- uid: u1\n  name: web\n  namespace: shop\n  waypoint: ";
+        for (waypoint, expected) in [
+            ("{}", "exactly one of `address` and `hostname`"),
+            ("{address: 10.0.0.1, hostname: a/b}", "exactly one of"),
+            ("{hostname: waypoint}", "not namespace/hostname"),
+            ("{address: 10.0.0.1, hbonePort: 0}", "0 is not a port"),
+        ] {
+            let err = LocalConfig::parse(&format!("{base}{waypoint}\n"), "w.yaml").unwrap_err();
+            let err = crate::logging::Chain(&err).to_string();
+            assert!(
+                err.contains(expected) && err.contains("workloads[0].waypoint"),
+                "{waypoint}: {err}"
+            );
+        }
     }
 
     #[test]

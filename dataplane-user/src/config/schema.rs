@@ -35,6 +35,16 @@ pub struct Service {
     /// How endpoints are chosen.
     #[serde(default)]
     pub load_balancing: LoadBalancing,
+    /// Whether unhealthy endpoints may be chosen.
+    #[serde(default, skip_serializing_if = "HealthPolicy::is_default")]
+    pub health_policy: HealthPolicy,
+    /// Locality preferences (Istio's `trafficDistribution` and
+    /// `ServiceEntry` load-balancing modes).
+    #[serde(default, skip_serializing_if = "Routing::is_default")]
+    pub routing: Routing,
+    /// The waypoint in front of this service, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waypoint: Option<super::Waypoint>,
 }
 
 impl Service {
@@ -53,6 +63,76 @@ pub enum LoadBalancing {
     RoundRobin,
     /// Each new connection goes to a random endpoint.
     Random,
+}
+
+/// Which endpoints a service may choose by health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum HealthPolicy {
+    /// Only endpoints whose status is `Healthy`.
+    #[default]
+    OnlyHealthy,
+    /// Every endpoint, ready or not (e.g. `publishNotReadyAddresses`).
+    AllowAll,
+}
+
+impl HealthPolicy {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// How locality narrows or orders a service's endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RoutingMode {
+    /// Locality is not considered.
+    #[default]
+    Standard,
+    /// Only endpoints matching every preference, in order, with the client.
+    Strict,
+    /// Endpoints matching the most preferences (in order) first; the rest
+    /// only when those fail.
+    Failover,
+    /// No endpoint is chosen: the connection goes to the address the
+    /// client dialled, as is.
+    Passthrough,
+}
+
+/// A locality property compared between client and endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RoutingScope {
+    /// Same region.
+    Region,
+    /// Same zone.
+    Zone,
+    /// Same subzone.
+    Subzone,
+    /// Same node.
+    Node,
+    /// Same cluster.
+    Cluster,
+    /// Same network.
+    Network,
+}
+
+/// Locality-aware endpoint choice of a service.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Routing {
+    /// What the preferences do.
+    #[serde(default)]
+    pub mode: RoutingMode,
+    /// Properties compared, most important first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preferences: Vec<RoutingScope>,
+}
+
+impl Routing {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 fn vips<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpAddr>, D::Error> {

@@ -44,6 +44,14 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
                 ),
             ));
         }
+        if let Some(reason) = w.waypoint.as_ref().and_then(waypoint_problem) {
+            return Err(invalid(
+                format!("workloads[{i}].waypoint"),
+                &w.uid,
+                1,
+                reason,
+            ));
+        }
         for ip in &w.workload_ips {
             if let Some(first) = ips.insert(*ip, &w.uid) {
                 return Err(invalid(
@@ -79,6 +87,14 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
                     format!("VIP {vip} is already used by another service or a workload"),
                 ));
             }
+        }
+        if let Some(reason) = s.waypoint.as_ref().and_then(waypoint_problem) {
+            return Err(invalid(
+                format!("services[{i}].waypoint"),
+                &s.hostname,
+                1,
+                reason,
+            ));
         }
         for san in &s.subject_alt_names {
             let uri = if san.starts_with("spiffe://") {
@@ -149,6 +165,26 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
         }
     }
     Ok(())
+}
+
+/// Why a waypoint cannot be reached, if it cannot.
+pub(crate) fn waypoint_problem(waypoint: &super::Waypoint) -> Option<String> {
+    match (&waypoint.address, &waypoint.hostname) {
+        (Some(_), Some(_)) | (None, None) => {
+            Some("a waypoint needs exactly one of `address` and `hostname`".to_owned())
+        }
+        (None, Some(host))
+            if host
+                .split_once('/')
+                .is_none_or(|(ns, h)| ns.is_empty() || h.is_empty()) =>
+        {
+            Some(format!(
+                "waypoint hostname `{host}` is not namespace/hostname"
+            ))
+        }
+        _ if waypoint.hbone_port == 0 => Some("waypoint hbonePort 0 is not a port".to_owned()),
+        _ => None,
+    }
 }
 
 /// 1-based line and column of the `nth` (1-based) occurrence of `needle`,

@@ -198,7 +198,7 @@ fn match_matches(m: &Match, r: &Request<'_>) -> bool {
     let src = r.src.ip().to_canonical();
     let dst_ip = r.dst.ip().to_canonical();
     positive(&m.namespaces, |ns| {
-        r.peer.is_some_and(|p| &p.namespace == ns)
+        r.peer.is_some_and(|p| wildcard_matches(ns, &p.namespace))
     }) && positive(&m.service_accounts, |sa| {
         r.peer.is_some_and(|p| sa_matches(sa, p))
     }) && positive(&m.principals, |pr| {
@@ -209,7 +209,7 @@ fn match_matches(m: &Match, r: &Request<'_>) -> bool {
         && !m
             .not_namespaces
             .iter()
-            .any(|ns| r.peer.is_some_and(|p| &p.namespace == ns))
+            .any(|ns| r.peer.is_some_and(|p| wildcard_matches(ns, &p.namespace)))
         && !m
             .not_service_accounts
             .iter()
@@ -249,6 +249,13 @@ fn principal_matches(pattern: &str, peer: &Identity) -> bool {
     let uri = peer.as_uri();
     let id = uri.strip_prefix("spiffe://").unwrap_or(uri);
     let pattern = pattern.strip_prefix("spiffe://").unwrap_or(pattern);
+    wildcard_matches(pattern, id)
+}
+
+/// `*` alone matches anything present, `*x` a suffix, `x*` a prefix,
+/// anything else exactly (Istio's StringMatch; Kubernetes names and SPIFFE
+/// ids cannot contain `*` themselves).
+fn wildcard_matches(pattern: &str, id: &str) -> bool {
     if pattern == "*" {
         true
     } else if let Some(suffix) = pattern.strip_prefix('*') {

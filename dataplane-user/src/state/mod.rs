@@ -82,8 +82,14 @@ impl WorkloadIndex {
                 uid: workload.uid.clone(),
                 source,
             })?;
+            // Istio names the owning workload (a Deployment) in telemetry
+            // when it knows it, the pod otherwise.
+            let name = match workload.workload_name.as_str() {
+                "" => &workload.name,
+                owner => owner,
+            };
             let peer = Arc::new(crate::telemetry::Peer {
-                workload: Some(workload.name.clone()),
+                workload: Some(name.to_owned()),
                 namespace: Some(workload.namespace.clone()),
                 principal: Some(identity.to_uri()),
             });
@@ -94,7 +100,8 @@ impl WorkloadIndex {
             });
             all.push(Arc::clone(&entry));
             for ip in &workload.workload_ips {
-                if let Some(first) = by_ip.insert(*ip, Arc::clone(&entry)) {
+                // Keyed as looked up: an IPv4-mapped address is its IPv4.
+                if let Some(first) = by_ip.insert(ip.to_canonical(), Arc::clone(&entry)) {
                     return Err(StateError::DuplicateIp {
                         ip: *ip,
                         first: first.workload.uid.clone(),

@@ -13,7 +13,7 @@ use std::{
 
 use super::MeshWorkload;
 use crate::{
-    config::{LoadBalancing, Service},
+    config::{HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, WorkloadStatus},
     identity::Identity,
 };
 
@@ -53,14 +53,18 @@ impl ServiceEntry {
         }
     }
 
-    /// Endpoint candidates for a connection to `port`, in the order to try:
-    /// rotated to begin at `start` (the load-balancing choice), live
-    /// endpoints before the ones `is_dead` names, each group keeping the
+    /// Endpoint candidates for a connection from `source` (the client's
+    /// workload, when the mesh knows it) to `port`, in the order to try:
+    /// rotated to begin at `start` (the load-balancing choice), then
+    /// narrowed (`strict`) or ordered (`failover`) by how many of the
+    /// service's locality preferences each endpoint shares with the client,
+    /// live endpoints before the ones `is_dead` names; ties keep the
     /// rotation order. Pure: the same inputs give the same order.
     pub fn candidates(
         &self,
         port: u16,
         start: usize,
+        source: Option<&MeshWorkload>,
         is_dead: impl Fn(IpAddr) -> bool,
     ) -> Vec<Endpoint> {
         let n = self.endpoints.len();
@@ -68,9 +72,23 @@ impl ServiceEntry {
             return Vec::new();
         }
         let key = self.service.key();
-        let mut ordered: Vec<Endpoint> = (0..n)
+        let routing = &self.service.routing;
+        let wanted = routing.preferences.len();
+        let mut ordered: Vec<(usize, Endpoint)> = (0..n)
             .filter_map(|i| {
                 let workload = &self.endpoints[(start + i) % n];
+                let (matched, rank) = match (routing.mode, source) {
+                    (RoutingMode::Strict | RoutingMode::Failover, Some(source)) => {
+                        locality_rank(&routing.preferences, source, workload)
+                    }
+                    // Without a known client nothing can be compared:
+                    // strict keeps nothing, failover everything.
+                    (RoutingMode::Strict, None) => (0, 0),
+                    _ => (wanted, wanted),
+                };
+                if routing.mode == RoutingMode::Strict && matched < wanted {
+                    return None;
+                }
                 let target = workload
                     .workload
                     .services
@@ -79,15 +97,17 @@ impl ServiceEntry {
                     .or_else(|| self.service.ports.get(&port).copied().filter(|p| *p != 0))
                     .unwrap_or(port);
                 let ip = *workload.workload.workload_ips.first()?;
-                Some(Endpoint {
+                let endpoint = Endpoint {
                     workload: Arc::clone(workload),
                     addr: SocketAddr::new(ip, target),
-                })
+                };
+                Some((rank, endpoint))
             })
             .collect();
-        // Stable partition: live ones first, keeping the rotation order.
-        ordered.sort_by_key(|e| is_dead(e.addr.ip()));
-        ordered
+        // Stable: live ones first, then the best locality, keeping the
+        // rotation order among equals.
+        ordered.sort_by_key(|(rank, e)| (is_dead(e.addr.ip()), std::cmp::Reverse(*rank)));
+        ordered.into_iter().map(|(_, e)| e).collect()
     }
 
     /// Number of endpoints.
@@ -112,6 +132,10 @@ impl ServiceIndex {
             let endpoints = workloads
                 .iter()
                 .filter(|w| w.workload.services.contains_key(&key))
+                .filter(|w| {
+                    service.health_policy == HealthPolicy::AllowAll
+                        || w.workload.status == WorkloadStatus::Healthy
+                })
                 .cloned()
                 .collect();
             let alt_identities = service
@@ -173,6 +197,44 @@ impl DeadEndpoints {
             .map(|until| until.get(&ip).is_some_and(|t| *t > Instant::now()))
             .unwrap_or(false)
     }
+}
+
+/// How many of `preferences`, in order, `endpoint` shares with `source`
+/// (the count stops at the first difference), and its rank. A leading
+/// `network` preference is Istio's "same network first": a match ranks
+/// above any match of the others, a mismatch is skipped so the others
+/// still rank.
+fn locality_rank(
+    preferences: &[RoutingScope],
+    source: &MeshWorkload,
+    endpoint: &MeshWorkload,
+) -> (usize, usize) {
+    let (s, e) = (&source.workload, &endpoint.workload);
+    let network_first = preferences.first() == Some(&RoutingScope::Network);
+    let (mut matched, mut rank) = (0, 0);
+    for (i, scope) in preferences.iter().enumerate() {
+        let same = match scope {
+            RoutingScope::Region => s.locality.region == e.locality.region,
+            RoutingScope::Zone => s.locality.zone == e.locality.zone,
+            RoutingScope::Subzone => s.locality.subzone == e.locality.subzone,
+            RoutingScope::Node => s.node == e.node,
+            RoutingScope::Cluster => s.cluster_id == e.cluster_id,
+            RoutingScope::Network => s.network == e.network,
+        };
+        if i == 0 && network_first {
+            if same {
+                matched += 1;
+                rank += preferences.len();
+            }
+            continue;
+        }
+        if !same {
+            break;
+        }
+        matched += 1;
+        rank += 1;
+    }
+    (matched, rank)
 }
 
 /// A cheap random index (no `rand` dependency): the std hasher's random

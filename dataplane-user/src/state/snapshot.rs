@@ -21,6 +21,8 @@ pub struct MeshState {
     pub policies: PolicySet,
     /// The config it was built from.
     pub config: LocalConfig,
+    /// Which source each entry came from, when istiod is one.
+    pub provenance: crate::sources::Provenance,
 }
 
 impl MeshState {
@@ -34,6 +36,7 @@ impl MeshState {
             workloads,
             services,
             config: config.clone(),
+            provenance: Default::default(),
         })
     }
 

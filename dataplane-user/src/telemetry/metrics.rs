@@ -199,6 +199,21 @@ impl Metrics {
         }
     }
 
+    /// Adds a metric another module owns (it keeps a clone to update).
+    pub fn register(
+        &self,
+        name: &str,
+        help: &str,
+        unit: Option<prometheus_client::registry::Unit>,
+        metric: impl prometheus_client::registry::Metric,
+    ) {
+        let mut registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        match unit {
+            Some(unit) => registry.register_with_unit(name, help, unit, metric),
+            None => registry.register(name, help, metric),
+        }
+    }
+
     /// Adds a collector run on every scrape (kernel counters, pods, ...).
     pub fn register_collector(&self, collector: Box<dyn Collector>) {
         self.registry

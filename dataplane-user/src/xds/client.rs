@@ -11,6 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
+use super::metrics::{Termination, XdsMetrics};
 use super::resources::{Verdict, XdsResources};
 use super::{XdsConfig, XdsError};
 use crate::istio_api::{
@@ -82,6 +83,7 @@ pub struct XdsClient {
     synced: [bool; TYPES.len()],
     snapshot: watch::Sender<XdsSnapshot>,
     status: Arc<Mutex<XdsStatus>>,
+    metrics: XdsMetrics,
 }
 
 impl XdsClient {
@@ -106,8 +108,16 @@ impl XdsClient {
             synced: [false; TYPES.len()],
             snapshot,
             status: Arc::clone(&status),
+            metrics: XdsMetrics::default(),
         };
         (client, receiver, status)
+    }
+
+    /// Counts into `metrics` (registered on `/metrics`) instead of
+    /// counters nobody reads.
+    pub fn with_metrics(mut self, metrics: XdsMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Connects, serves the stream, reconnects on failure; returns only
@@ -116,10 +126,15 @@ impl XdsClient {
         let mut backoff = INITIAL_BACKOFF;
         loop {
             let started = tokio::time::Instant::now();
-            let error = match self.stream_once().await {
-                Ok(()) => "istiod closed the stream".to_owned(),
-                Err(err) => crate::logging::Chain(&err).to_string(),
+            let (why, error) = match self.stream_once().await {
+                Ok(()) => (Termination::Complete, "istiod closed the stream".to_owned()),
+                Err(err @ XdsError::Istiod(_)) => (
+                    Termination::ConnectionError,
+                    crate::logging::Chain(&err).to_string(),
+                ),
+                Err(err) => (Termination::Error, crate::logging::Chain(&err).to_string()),
             };
+            self.metrics.terminated(why);
             if self.snapshot.is_closed() {
                 return;
             }
@@ -187,6 +202,7 @@ impl XdsClient {
                 }
             };
             debug!(type_url = %response.type_url, resources = response.resources.len(), removed = response.removed_resources.len(), nonce = %response.nonce, "xDS response");
+            self.metrics.received(&response);
             let verdict = Arc::make_mut(&mut self.resources).apply(&response);
             let index = TYPES.iter().position(|t| *t == response.type_url);
             let now = SystemTime::now();
@@ -206,6 +222,7 @@ impl XdsClient {
             let error_detail = match verdict {
                 Verdict::Ack => None,
                 Verdict::Nack(reason) => {
+                    self.metrics.nacked(&response.type_url);
                     warn!(type_url = %response.type_url, %reason, "xDS response NACKed; the rest of it applied");
                     Some(Status {
                         code: INVALID_ARGUMENT,

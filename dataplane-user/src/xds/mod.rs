@@ -9,12 +9,16 @@
 //! response, [`client`] runs the stream and reconnects.
 
 pub mod client;
+pub mod metrics;
 pub mod node;
 pub mod resources;
+pub mod translate;
 
 pub use client::{XdsClient, XdsSnapshot, XdsStatus};
+pub use metrics::XdsMetrics;
 pub use node::NodeIdentity;
 pub use resources::{Verdict, XdsResources};
+pub use translate::{Translated, translate};
 
 use crate::istiod::{IstiodEndpoint, IstiodError};
 

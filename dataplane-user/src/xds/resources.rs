@@ -183,6 +183,14 @@ fn check_workload(workload: &Workload) -> Result<(), String> {
     if workload.namespace.is_empty() || workload.name.is_empty() {
         return Err("workload without name or namespace".to_owned());
     }
+    let or_default =
+        |value: &str, default| if value.is_empty() { default } else { value }.to_owned();
+    crate::identity::Identity::new(
+        or_default(&workload.trust_domain, "cluster.local"),
+        &workload.namespace,
+        or_default(&workload.service_account, "default"),
+    )
+    .map_err(|err| format!("no valid identity: {err}"))?;
     for address in &workload.addresses {
         ip_from_bytes(address)?;
     }
@@ -255,6 +263,17 @@ fn check_authorization(policy: &Authorization) -> Result<(), String> {
             let max = if ip.is_ipv4() { 32 } else { 128 };
             if cidr.length > max {
                 return Err(format!("prefix length {} for {ip}", cidr.length));
+            }
+        }
+        let strings = m
+            .namespaces
+            .iter()
+            .chain(&m.not_namespaces)
+            .chain(&m.principals)
+            .chain(&m.not_principals);
+        for string in strings {
+            if string.match_type.is_none() {
+                return Err("a string match without exact, prefix, suffix or presence".to_owned());
             }
         }
         for p in m.destination_ports.iter().chain(&m.not_destination_ports) {

@@ -55,7 +55,13 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                 };
                 match dst {
                     Ok(Some(dst)) => {
-                        let plan = plan(&ctx.mesh.state(), &ctx.spiffe, dst, &Live(&ctx.mesh.dead));
+                        let plan = plan(
+                            &ctx.mesh.state(),
+                            &ctx.spiffe,
+                            src.ip(),
+                            dst,
+                            &Live(&ctx.mesh.dead),
+                        );
                         execute(stream, flow, plan, &ctx).await;
                     }
                     Ok(None) => refuse(

@@ -28,6 +28,7 @@ use dataplane_common::HBONE_PORT;
 
 use crate::{
     addr::{canonical, is_capture_port},
+    config::RoutingMode,
     identity::Identity,
     state::{MeshState, MeshWorkload, ServiceEntry},
     telemetry::FailReason,
@@ -114,11 +115,12 @@ impl Hop {
     }
 }
 
-/// Decides what a connection from the pod with identity `source` to the
-/// original destination `dst` does under `state`.
+/// Decides what a connection from the pod with identity `source` and
+/// address `src` to the original destination `dst` does under `state`.
 pub fn plan(
     state: &MeshState,
     source: &Identity,
+    src: IpAddr,
     dst: SocketAddr,
     choice: &impl EndpointChoice,
 ) -> OutboundPlan {
@@ -141,7 +143,19 @@ pub fn plan(
     }
     if let Some(entry) = state.services.by_vip(dst.ip()) {
         let key = entry.service.key();
-        let endpoints = entry.candidates(dst.port(), choice.start(entry), |ip| choice.is_dead(ip));
+        if entry.service.routing.mode == RoutingMode::Passthrough {
+            // The service asks for no endpoint choice: the address dialled
+            // is the destination (e.g. a ServiceEntry with resolution NONE).
+            let action = Action::Hop(Hop::Direct {
+                dst,
+                workload: None,
+            });
+            return outcome(Some(key), action);
+        }
+        let client = state.workloads.by_ip(src).map(Arc::as_ref);
+        let endpoints = entry.candidates(dst.port(), choice.start(entry), client, |ip| {
+            choice.is_dead(ip)
+        });
         if endpoints.is_empty() {
             let action = Action::Refuse {
                 reason: FailReason::NoEndpoints,

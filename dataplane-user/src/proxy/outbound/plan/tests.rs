@@ -58,6 +58,9 @@ services:
   vips: ['/10.96.0.11']
 "#;
 
+/// A client address the mesh does not know.
+const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 9, 9, 9));
+
 /// Fixed inputs: endpoints found dead, and where balancing starts.
 struct Fixed {
     dead: HashSet<IpAddr>,
@@ -160,7 +163,13 @@ fn outbound_plans() {
             dead: dead.iter().map(|ip| ip.parse().unwrap()).collect(),
             start,
         };
-        let got = describe(&plan(&state, &source, dst.parse().unwrap(), &choice));
+        let got = describe(&plan(
+            &state,
+            &source,
+            CLIENT,
+            dst.parse().unwrap(),
+            &choice,
+        ));
         if got != expected {
             failures.push(format!(
                 "{name} ({dst}):\n  got      {got}\n  expected {expected}"
@@ -178,10 +187,80 @@ fn tunnels_present_the_source_pods_identity() {
         dead: HashSet::new(),
         start: 0,
     };
-    let plan = plan(&state, &source, "10.1.0.11:9000".parse().unwrap(), &choice);
+    let plan = plan(
+        &state,
+        &source,
+        CLIENT,
+        "10.1.0.11:9000".parse().unwrap(),
+        &choice,
+    );
     let Action::Hop(Hop::Tunnel(tunnel)) = plan.action else {
         panic!("expected a tunnel, got {plan:?}");
     };
     assert_eq!(tunnel.src_identity, source);
     assert_eq!(tunnel.workload.workload.uid, "a");
+}
+
+/// A client in zone-a on node-1 and endpoints spread over zones and nodes
+/// (one unhealthy), behind services that differ only in their routing and
+/// health policy.
+const LOCALITY: &str = r#"
+workloads:
+- {uid: client, name: client, namespace: shop, workloadIps: [10.1.0.1], node: node-1, locality: {region: r, zone: zone-a}}
+- {uid: near, name: near, namespace: shop, workloadIps: [10.1.0.2], node: node-1, locality: {region: r, zone: zone-a},
+   services: {'shop/strict': {80: 80}, 'shop/failover': {80: 80}, 'shop/all': {80: 80}, 'shop/through': {80: 80}}}
+- {uid: zone, name: zone, namespace: shop, workloadIps: [10.1.0.3], node: node-2, locality: {region: r, zone: zone-a},
+   services: {'shop/strict': {80: 80}, 'shop/failover': {80: 80}, 'shop/all': {80: 80}}}
+- {uid: far, name: far, namespace: shop, workloadIps: [10.1.0.4], node: node-3, locality: {region: r, zone: zone-b},
+   services: {'shop/strict': {80: 80}, 'shop/failover': {80: 80}, 'shop/all': {80: 80}}}
+- {uid: sick, name: sick, namespace: shop, workloadIps: [10.1.0.5], node: node-1, status: Unhealthy, locality: {region: r, zone: zone-a},
+   services: {'shop/strict': {80: 80}, 'shop/failover': {80: 80}, 'shop/all': {80: 80}}}
+services:
+- {name: s, namespace: shop, hostname: strict, vips: ['/10.96.1.1'], ports: {80: 80}, routing: {mode: strict, preferences: [region, zone]}}
+- {name: f, namespace: shop, hostname: failover, vips: ['/10.96.1.2'], ports: {80: 80}, routing: {mode: failover, preferences: [zone, node]}}
+- {name: a, namespace: shop, hostname: all, vips: ['/10.96.1.3'], ports: {80: 80}, healthPolicy: allowAll}
+- {name: t, namespace: shop, hostname: through, vips: ['/10.96.1.4'], ports: {80: 80}, routing: {mode: passthrough}}
+"#;
+
+#[test]
+fn locality_routing_and_health_policy_choose_endpoints() {
+    let state = MeshState::from_config(&LocalConfig::parse(LOCALITY, "locality").unwrap()).unwrap();
+    let source = Identity::new("cluster.local", "shop", "default").unwrap();
+    let choice = Fixed {
+        dead: HashSet::new(),
+        start: 0,
+    };
+    let order = |src: &str, dst: &str| -> Vec<String> {
+        let plan = plan(
+            &state,
+            &source,
+            src.parse().unwrap(),
+            dst.parse().unwrap(),
+            &choice,
+        );
+        match plan.action {
+            Action::Failover(hops) => hops.iter().map(|h| h.dst().ip().to_string()).collect(),
+            Action::Hop(h) => vec![format!("direct {}", h.dst())],
+            Action::Refuse { detail, .. } => vec![detail],
+        }
+    };
+    // Strict: only the client's zone; the unhealthy one never.
+    assert_eq!(order("10.1.0.1", "10.96.1.1:80"), ["10.1.0.2", "10.1.0.3"]);
+    // Failover: same zone and node first, same zone next, the rest last.
+    assert_eq!(
+        order("10.1.0.1", "10.96.1.2:80"),
+        ["10.1.0.2", "10.1.0.3", "10.1.0.4"]
+    );
+    // A client the mesh does not know: strict has nothing to compare.
+    assert_eq!(
+        order("10.9.9.9", "10.96.1.1:80"),
+        ["service shop/strict has no endpoints"]
+    );
+    // allowAll keeps the unhealthy endpoint.
+    assert_eq!(
+        order("10.1.0.1", "10.96.1.3:80"),
+        ["10.1.0.2", "10.1.0.3", "10.1.0.4", "10.1.0.5"]
+    );
+    // Passthrough: the VIP itself, no endpoint chosen.
+    assert_eq!(order("10.1.0.1", "10.96.1.4:80"), ["direct 10.96.1.4:80"]);
 }

@@ -1,0 +1,290 @@
+//! Where the mesh state comes from: the local file, istiod (xDS), or both.
+//!
+//! Both sources are the same model ([`crate::config::LocalConfig`]): the
+//! file as parsed, istiod's resources as [`crate::xds::translate`] writes
+//! them. With both, an entry of the file wins over istiod's entry of the
+//! same key (workload uid, service `namespace/hostname`, policy
+//! `namespace/name`), and an istiod workload or VIP that claims an address
+//! a file entry holds is left out: the file is the operator's override.
+//! `config-dump` marks every entry with its source and the file entries
+//! that shadow istiod's.
+//!
+//! A change of either source rebuilds the merged state and installs it
+//! whole (policies re-checked on open connections, configured pods
+//! enrolled), one change at a time.
+
+use std::collections::{BTreeSet, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::{Mutex, watch};
+use tracing::{info, warn};
+
+use crate::config::LocalConfig;
+use crate::enroll::Enroller;
+use crate::logging::Chain;
+use crate::mesh::MeshContext;
+use crate::readiness::{Readiness, Step};
+use crate::state::MeshState;
+use crate::xds::{Translated, XdsSnapshot, translate};
+
+/// Which source each entry of a merged configuration came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Provenance {
+    /// istiod's address, when xDS is a source.
+    pub xds_origin: Option<String>,
+    /// Keys (`workloads/<uid>`, `services/<ns>/<host>`, `policies/<ns>/<name>`)
+    /// of entries from istiod.
+    pub from_xds: HashSet<String>,
+    /// Keys of file entries that replaced one from istiod.
+    pub shadowing: HashSet<String>,
+    /// istiod entries (or addresses of them) left out, and why.
+    pub dropped: Vec<String>,
+}
+
+impl Provenance {
+    /// `config` (the JSON of [`LocalConfig::to_json`]) with `source` on
+    /// every entry (`file` or `xds`) and `shadows: "xds"` on file entries
+    /// that replaced one from istiod, plus `xdsDropped`. Unchanged when
+    /// istiod is not a source.
+    pub fn annotate(&self, mut config: Value) -> Value {
+        if self.xds_origin.is_none() {
+            return config;
+        }
+        for (list, key_of) in [
+            (
+                "workloads",
+                (|e: &Value| field(e, "uid")) as fn(&Value) -> String,
+            ),
+            ("services", |e| {
+                format!("{}/{}", field(e, "namespace"), field(e, "hostname"))
+            }),
+            ("policies", |e| {
+                format!("{}/{}", field(e, "namespace"), field(e, "name"))
+            }),
+        ] {
+            let Some(entries) = config.get_mut(list).and_then(Value::as_array_mut) else {
+                continue;
+            };
+            for entry in entries {
+                let key = format!("{list}/{}", key_of(entry));
+                let source = if self.from_xds.contains(&key) {
+                    "xds"
+                } else {
+                    "file"
+                };
+                if let Some(object) = entry.as_object_mut() {
+                    object.insert("source".into(), source.into());
+                    if self.shadowing.contains(&key) {
+                        object.insert("shadows".into(), "xds".into());
+                    }
+                }
+            }
+        }
+        if let Some(object) = config.as_object_mut() {
+            object.insert("xdsDropped".into(), self.dropped.clone().into());
+        }
+        config
+    }
+}
+
+fn field(entry: &Value, name: &str) -> String {
+    entry
+        .get(name)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The file's entries, then istiod's that the file does not replace; the
+/// provenance says which is which.
+pub fn merge(file: &LocalConfig, xds: Option<(&str, &Translated)>) -> (LocalConfig, Provenance) {
+    let Some((xds_origin, xds)) = xds else {
+        return (file.clone(), Provenance::default());
+    };
+    let mut provenance = Provenance {
+        xds_origin: Some(xds_origin.to_owned()),
+        dropped: xds.dropped.clone(),
+        ..Provenance::default()
+    };
+    let mut merged = file.clone();
+    merged.origin =
+        if file.workloads.is_empty() && file.services.is_empty() && file.policies.is_empty() {
+            xds.config.origin.clone()
+        } else {
+            format!("{} + {}", file.origin, xds.config.origin)
+        };
+    // Addresses the file holds: istiod may not claim them.
+    let mut taken: HashSet<IpAddr> = file
+        .workloads
+        .iter()
+        .flat_map(|w| w.workload_ips.iter().copied())
+        .chain(file.services.iter().flat_map(|s| s.vips.iter().copied()))
+        .collect();
+    let uids: BTreeSet<&str> = file.workloads.iter().map(|w| w.uid.as_str()).collect();
+    for w in &xds.config.workloads {
+        let key = format!("workloads/{}", w.uid);
+        if uids.contains(w.uid.as_str()) {
+            provenance.shadowing.insert(key);
+            continue;
+        }
+        if let Some(ip) = w.workload_ips.iter().find(|ip| taken.contains(ip)) {
+            provenance.dropped.push(format!(
+                "workload {}: IP {ip} belongs to a workload of the file",
+                w.uid
+            ));
+            continue;
+        }
+        taken.extend(w.workload_ips.iter().copied());
+        provenance.from_xds.insert(key);
+        merged.workloads.push(w.clone());
+    }
+    let services: BTreeSet<String> = file.services.iter().map(|s| s.key()).collect();
+    for s in &xds.config.services {
+        let key = format!("services/{}", s.key());
+        if services.contains(&s.key()) {
+            provenance.shadowing.insert(key);
+            continue;
+        }
+        let mut s = s.clone();
+        let service = s.key();
+        s.vips.retain(|vip| {
+            let free = !taken.contains(vip);
+            if !free {
+                provenance.dropped.push(format!(
+                    "service {service}: VIP {vip} belongs to an entry of the file"
+                ));
+            }
+            free
+        });
+        taken.extend(s.vips.iter().copied());
+        provenance.from_xds.insert(key);
+        merged.services.push(s);
+    }
+    let policies: BTreeSet<String> = file.policies.iter().map(|p| p.key()).collect();
+    for p in &xds.config.policies {
+        let key = format!("policies/{}", p.key());
+        if policies.contains(&p.key()) {
+            provenance.shadowing.insert(key);
+            continue;
+        }
+        provenance.from_xds.insert(key);
+        merged.policies.push(p.clone());
+    }
+    (merged, provenance)
+}
+
+/// The latest version of each source.
+#[derive(Debug, Default)]
+struct Held {
+    file: Arc<LocalConfig>,
+    xds: Option<(String, Arc<Translated>)>,
+}
+
+/// Combines the sources and installs every change.
+#[derive(Debug)]
+pub struct ConfigSources {
+    mesh: Arc<MeshContext>,
+    enroller: Enroller,
+    held: Mutex<Held>,
+}
+
+impl ConfigSources {
+    /// Sources starting from `file` (the file read at start, or the
+    /// embedded default), istiod's part empty until it arrives.
+    pub fn new(mesh: Arc<MeshContext>, enroller: Enroller, file: Arc<LocalConfig>) -> Self {
+        Self {
+            mesh,
+            enroller,
+            held: Mutex::new(Held { file, xds: None }),
+        }
+    }
+
+    /// A new file version (parsed and valid on its own).
+    pub async fn file_changed(&self, file: LocalConfig) -> Result<(), String> {
+        let mut held = self.held.lock().await;
+        let previous = std::mem::replace(&mut held.file, Arc::new(file));
+        let result = self.install(&held).await;
+        match &result {
+            Ok(()) => self.mesh.accept_config(),
+            Err(_) => held.file = previous,
+        }
+        result
+    }
+
+    /// A new state from istiod (`origin` names it).
+    pub async fn xds_changed(&self, origin: String, xds: Translated) -> Result<(), String> {
+        let mut held = self.held.lock().await;
+        let previous = held.xds.replace((origin, Arc::new(xds)));
+        let result = self.install(&held).await;
+        if result.is_err() {
+            held.xds = previous;
+        }
+        result
+    }
+
+    async fn install(&self, held: &Held) -> Result<(), String> {
+        let xds = held
+            .xds
+            .as_ref()
+            .map(|(origin, t)| (origin.as_str(), t.as_ref()));
+        let (merged, provenance) = merge(&held.file, xds);
+        let mut state = MeshState::from_config(&merged).map_err(|e| Chain(&e).to_string())?;
+        for dropped in &provenance.dropped {
+            warn!(reason = %dropped, "left out of the mesh state");
+        }
+        state.provenance = provenance;
+        let closed = self.mesh.install(state);
+        let merged = Arc::new(merged);
+        if let Err(err) = self.enroller.apply_config(Arc::clone(&merged)).await {
+            warn!(error = %Chain(&err), "cannot apply the configured workloads");
+        }
+        info!(
+            origin = %merged.origin,
+            workloads = merged.workloads.len(),
+            services = merged.services.len(),
+            policies = merged.policies.len(),
+            connections_closed = closed,
+            "configuration applied"
+        );
+        Ok(())
+    }
+}
+
+/// Installs every state istiod publishes, once the first response of
+/// every type has arrived (before that a state without its policies could
+/// let through what they deny); then marks readiness's xDS step done.
+/// Returns when the client is gone.
+pub async fn follow_xds(
+    mut snapshots: watch::Receiver<XdsSnapshot>,
+    sources: Arc<ConfigSources>,
+    origin: String,
+    readiness: Arc<Readiness>,
+) {
+    while snapshots.changed().await.is_ok() {
+        // The watch keeps only the newest: a burst of pushes is translated
+        // once.
+        let snapshot = snapshots.borrow_and_update().clone();
+        if !snapshot.synced {
+            continue;
+        }
+        let name = origin.clone();
+        let translated =
+            tokio::task::spawn_blocking(move || translate(&snapshot.resources, &name)).await;
+        let result = match translated {
+            Ok(translated) => sources.xds_changed(origin.clone(), translated).await,
+            Err(err) => Err(format!("translating istiod's resources failed: {err}")),
+        };
+        match result {
+            Ok(()) => readiness.done(Step::Xds),
+            Err(error) => {
+                warn!(%error, "istiod's state could not be installed; keeping the previous one")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "sources_tests.rs"]
+mod tests;

@@ -1,0 +1,345 @@
+//! istiod's resources in the agent's own mesh model: each `Workload`,
+//! `Service` and `Authorization` becomes the [`crate::config`] entry the
+//! local file would write for it, so both sources share one validated
+//! model and one meaning.
+//!
+//! Each resource was checked on its own when it arrived (and NACKed if
+//! unusable, see [`super::resources`]). What remains are conflicts between
+//! resources that istiod's eventual consistency makes normal for a moment
+//! (a pod replaced under the same IP, a service VIP reassigned): those are
+//! resolved the same way every time (the uid or key that sorts first
+//! keeps the address) and reported, never fatal.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use super::resources::{XdsResources, ip_from_bytes};
+use crate::config::{
+    self, Action, HealthPolicy, LocalConfig, Locality, Match, Policy, Protocol, Routing,
+    RoutingMode, RoutingScope, Scope, Waypoint, WorkloadStatus,
+};
+use crate::identity::Identity;
+use crate::istio_api::{
+    security::{self, StringMatch, string_match::MatchType},
+    workload::{
+        self, GatewayAddress, TunnelProtocol, address, gateway_address,
+        load_balancing::{HealthPolicy as XdsHealthPolicy, Mode, Scope as XdsScope},
+    },
+};
+
+/// The mesh model of what istiod sent, and what had to be left out.
+#[derive(Debug, Clone, Default)]
+pub struct Translated {
+    /// Workloads, services and policies.
+    pub config: LocalConfig,
+    /// One line per conflict resolved by leaving something out.
+    pub dropped: Vec<String>,
+}
+
+/// Translates everything held from istiod; `origin` names the source
+/// (e.g. `xds://istiod.istio-system.svc:15012`).
+pub fn translate(resources: &XdsResources, origin: &str) -> Translated {
+    let mut out = Translated {
+        config: LocalConfig {
+            origin: origin.to_owned(),
+            ..LocalConfig::default()
+        },
+        dropped: Vec::new(),
+    };
+    // BTreeMap order (by resource name) makes conflict resolution stable.
+    for held in resources.addresses.values() {
+        match &held.resource.r#type {
+            Some(address::Type::Workload(w)) => {
+                if let Some(workload) = workload_of(w, &mut out.dropped) {
+                    out.config.workloads.push(workload);
+                }
+            }
+            Some(address::Type::Service(s)) => {
+                out.config.services.push(service_of(s, &mut out.dropped))
+            }
+            None => {}
+        }
+    }
+    for held in resources.authorizations.values() {
+        out.config.policies.push(policy_of(&held.resource));
+    }
+    resolve_address_conflicts(&mut out);
+    out
+}
+
+fn workload_of(w: &workload::Workload, dropped: &mut Vec<String>) -> Option<config::Workload> {
+    let or = |value: &str, default: &str| match value {
+        "" => default.to_owned(),
+        v => v.to_owned(),
+    };
+    let workload = config::Workload {
+        uid: w.uid.clone(),
+        name: w.name.clone(),
+        namespace: w.namespace.clone(),
+        service_account: or(&w.service_account, "default"),
+        trust_domain: or(&w.trust_domain, "cluster.local"),
+        workload_ips: w
+            .addresses
+            .iter()
+            .filter_map(|a| ip_from_bytes(a).ok())
+            .map(|ip| ip.to_canonical())
+            .collect(),
+        protocol: match TunnelProtocol::try_from(w.tunnel_protocol) {
+            Ok(TunnelProtocol::Hbone) => Protocol::Hbone,
+            _ => Protocol::Tcp,
+        },
+        node: w.node.clone(),
+        netns: None,
+        services: w
+            .services
+            .iter()
+            .map(|(key, ports)| {
+                let ports = ports
+                    .ports
+                    .iter()
+                    .filter_map(|p| Some((port(p.service_port)?, port(p.target_port)?)))
+                    .collect();
+                (key.clone(), ports)
+            })
+            .collect(),
+        authorization_policies: w.authorization_policies.clone(),
+        status: match workload::WorkloadStatus::try_from(w.status) {
+            Ok(workload::WorkloadStatus::Unhealthy) => WorkloadStatus::Unhealthy,
+            _ => WorkloadStatus::Healthy,
+        },
+        waypoint: w.waypoint.as_ref().and_then(waypoint_of),
+        network: w.network.clone(),
+        canonical_name: w.canonical_name.clone(),
+        canonical_revision: w.canonical_revision.clone(),
+        workload_name: w.workload_name.clone(),
+        cluster_id: w.cluster_id.clone(),
+        locality: w
+            .locality
+            .as_ref()
+            .map(|l| Locality {
+                region: l.region.clone(),
+                zone: l.zone.clone(),
+                subzone: l.subzone.clone(),
+            })
+            .unwrap_or_default(),
+    };
+    // The check on arrival refuses these; an identity is what every
+    // certificate and policy hangs on, so never carry one that is not.
+    if let Err(err) = Identity::new(
+        &workload.trust_domain,
+        &workload.namespace,
+        &workload.service_account,
+    ) {
+        dropped.push(format!("workload {}: {err}", workload.uid));
+        return None;
+    }
+    Some(workload)
+}
+
+fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> config::Service {
+    let subject_alt_names = s
+        .subject_alt_names
+        .iter()
+        .filter(|san| {
+            let uri = if san.starts_with("spiffe://") {
+                (*san).clone()
+            } else {
+                format!("spiffe://{san}")
+            };
+            let ok = Identity::parse(&uri).is_ok();
+            if !ok {
+                dropped.push(format!(
+                    "service {}/{}: subject alt name `{san}` is not a SPIFFE identity",
+                    s.namespace, s.hostname
+                ));
+            }
+            ok
+        })
+        .cloned()
+        .collect();
+    let lb = s.load_balancing.as_ref();
+    config::Service {
+        name: s.name.clone(),
+        namespace: s.namespace.clone(),
+        hostname: s.hostname.clone(),
+        vips: s
+            .addresses
+            .iter()
+            .filter_map(|a| ip_from_bytes(&a.address).ok())
+            .map(|ip| ip.to_canonical())
+            .collect(),
+        ports: s
+            .ports
+            .iter()
+            .filter_map(|p| Some((port(p.service_port)?, port(p.target_port)?)))
+            .collect(),
+        subject_alt_names,
+        load_balancing: config::LoadBalancing::default(),
+        health_policy: match lb.map(|lb| XdsHealthPolicy::try_from(lb.health_policy)) {
+            Some(Ok(XdsHealthPolicy::AllowAll)) => HealthPolicy::AllowAll,
+            _ => HealthPolicy::OnlyHealthy,
+        },
+        routing: lb
+            .map(|lb| Routing {
+                mode: match Mode::try_from(lb.mode) {
+                    Ok(Mode::Strict) => RoutingMode::Strict,
+                    Ok(Mode::Failover) => RoutingMode::Failover,
+                    Ok(Mode::Passthrough) => RoutingMode::Passthrough,
+                    _ => RoutingMode::Standard,
+                },
+                preferences: lb
+                    .routing_preference
+                    .iter()
+                    .filter_map(|scope| match XdsScope::try_from(*scope) {
+                        Ok(XdsScope::Region) => Some(RoutingScope::Region),
+                        Ok(XdsScope::Zone) => Some(RoutingScope::Zone),
+                        Ok(XdsScope::Subzone) => Some(RoutingScope::Subzone),
+                        Ok(XdsScope::Node) => Some(RoutingScope::Node),
+                        Ok(XdsScope::Cluster) => Some(RoutingScope::Cluster),
+                        Ok(XdsScope::Network) => Some(RoutingScope::Network),
+                        _ => None,
+                    })
+                    .collect(),
+            })
+            .unwrap_or_default(),
+        waypoint: s.waypoint.as_ref().and_then(waypoint_of),
+    }
+}
+
+fn waypoint_of(gateway: &GatewayAddress) -> Option<Waypoint> {
+    let hbone_port = match port(gateway.hbone_mtls_port) {
+        Some(0) | None => dataplane_common::HBONE_PORT,
+        Some(p) => p,
+    };
+    let (address, hostname) = match gateway.destination.as_ref()? {
+        gateway_address::Destination::Address(a) => (Some(ip_from_bytes(&a.address).ok()?), None),
+        gateway_address::Destination::Hostname(h) => {
+            (None, Some(format!("{}/{}", h.namespace, h.hostname)))
+        }
+    };
+    Some(Waypoint {
+        address,
+        hostname,
+        hbone_port,
+    })
+}
+
+fn policy_of(a: &security::Authorization) -> Policy {
+    Policy {
+        name: a.name.clone(),
+        namespace: a.namespace.clone(),
+        scope: match security::Scope::try_from(a.scope) {
+            Ok(security::Scope::Namespace) => Scope::Namespace,
+            Ok(security::Scope::WorkloadSelector) => Scope::WorkloadSelector,
+            _ => Scope::Global,
+        },
+        action: match security::Action::try_from(a.action) {
+            Ok(security::Action::Deny) => Action::Deny,
+            _ => Action::Allow,
+        },
+        rules: a
+            .rules
+            .iter()
+            .map(|rule| {
+                rule.clauses
+                    .iter()
+                    .map(|clause| clause.matches.iter().map(match_of).collect())
+                    .collect()
+            })
+            .collect(),
+        dry_run: a.dry_run,
+    }
+}
+
+fn match_of(m: &security::Match) -> Match {
+    let strings = |list: &[StringMatch]| list.iter().filter_map(pattern).collect();
+    let accounts = |list: &[security::ServiceAccountMatch]| {
+        list.iter()
+            .map(|sa| match sa.namespace.as_str() {
+                "" => sa.service_account.clone(),
+                ns => format!("{ns}/{}", sa.service_account),
+            })
+            .collect()
+    };
+    let nets = |list: &[security::Address]| {
+        list.iter()
+            .filter_map(|a| {
+                let ip: IpAddr = ip_from_bytes(&a.address).ok()?;
+                IpNet::new(ip, u8::try_from(a.length).ok()?).ok()
+            })
+            .collect()
+    };
+    let ports = |list: &[u32]| list.iter().filter_map(|p| port(*p)).collect();
+    Match {
+        namespaces: strings(&m.namespaces),
+        not_namespaces: strings(&m.not_namespaces),
+        service_accounts: accounts(&m.service_accounts),
+        not_service_accounts: accounts(&m.not_service_accounts),
+        principals: strings(&m.principals),
+        not_principals: strings(&m.not_principals),
+        source_ips: nets(&m.source_ips),
+        not_source_ips: nets(&m.not_source_ips),
+        destination_ips: nets(&m.destination_ips),
+        not_destination_ips: nets(&m.not_destination_ips),
+        destination_ports: ports(&m.destination_ports),
+        not_destination_ports: ports(&m.not_destination_ports),
+    }
+}
+
+/// Istio's StringMatch in the file's wildcard form (`x`, `x*`, `*x`, `*`).
+/// A match without a type is refused on arrival.
+fn pattern(m: &StringMatch) -> Option<String> {
+    Some(match m.match_type.as_ref()? {
+        MatchType::Exact(v) => v.clone(),
+        MatchType::Prefix(v) => format!("{v}*"),
+        MatchType::Suffix(v) => format!("*{v}"),
+        MatchType::Presence(_) => "*".to_owned(),
+    })
+}
+
+fn port(value: u32) -> Option<u16> {
+    u16::try_from(value).ok()
+}
+
+/// Every workload IP and service VIP names one owner: the workload (by
+/// uid order) that claims an IP first keeps it; a VIP already taken by a
+/// workload or an earlier service is left off the later service.
+fn resolve_address_conflicts(out: &mut Translated) {
+    let mut owners: HashMap<IpAddr, String> = HashMap::new();
+    for w in &mut out.config.workloads {
+        let uid = w.uid.clone();
+        w.workload_ips.retain(|ip| match owners.get(ip) {
+            Some(first) => {
+                out.dropped.push(format!(
+                    "workload {uid}: IP {ip} is already workload {first}'s; left off until that one goes"
+                ));
+                false
+            }
+            None => {
+                owners.insert(*ip, uid.clone());
+                true
+            }
+        });
+    }
+    for s in &mut out.config.services {
+        let key = s.key();
+        s.vips.retain(|vip| match owners.get(vip) {
+            Some(first) => {
+                out.dropped.push(format!(
+                    "service {key}: VIP {vip} is already {first}'s; left off"
+                ));
+                false
+            }
+            None => {
+                owners.insert(*vip, format!("service {key}"));
+                true
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+#[path = "translate_tests.rs"]
+mod tests;

@@ -1,0 +1,281 @@
+#![expect(
+    clippy::unwrap_used,
+    reason = "a bad fixture should fail the test loudly"
+)]
+
+use super::*;
+use crate::istio_api::{
+    security::{Authorization, Clause, Rule, ServiceAccountMatch},
+    workload::{
+        Address, LoadBalancing, NamespacedHostname, NetworkAddress, Port, PortList,
+        WorkloadStatus as XdsStatus,
+    },
+};
+use crate::state::MeshState;
+use crate::xds::resources::Versioned;
+
+fn held<T>(resource: T) -> Versioned<T> {
+    Versioned {
+        version: "1".into(),
+        resource,
+    }
+}
+
+fn workload(uid: &str, ip: [u8; 4]) -> workload::Workload {
+    workload::Workload {
+        uid: uid.into(),
+        name: format!("{uid}-pod"),
+        namespace: "shop".into(),
+        addresses: vec![ip.to_vec()],
+        service_account: "web".into(),
+        tunnel_protocol: TunnelProtocol::Hbone as i32,
+        ..Default::default()
+    }
+}
+
+fn put_workload(r: &mut XdsResources, w: workload::Workload) {
+    let address = Address {
+        r#type: Some(address::Type::Workload(w.clone())),
+    };
+    r.addresses.insert(w.uid.clone(), held(address));
+}
+
+fn put_service(r: &mut XdsResources, s: workload::Service) {
+    let key = format!("{}/{}", s.namespace, s.hostname);
+    let address = Address {
+        r#type: Some(address::Type::Service(s)),
+    };
+    r.addresses.insert(key, held(address));
+}
+
+fn exact(v: &str) -> StringMatch {
+    StringMatch {
+        match_type: Some(MatchType::Exact(v.into())),
+    }
+}
+
+#[test]
+fn every_field_the_data_plane_acts_on_is_carried_over() {
+    let mut r = XdsResources::default();
+    let mut web = workload("web-1", [10, 0, 0, 5]);
+    web.trust_domain = "example.org".into();
+    web.node = "node-a".into();
+    web.network = "net1".into();
+    web.canonical_name = "web".into();
+    web.canonical_revision = "v2".into();
+    web.workload_name = "web-deploy".into();
+    web.cluster_id = "c1".into();
+    web.status = XdsStatus::Unhealthy as i32;
+    web.authorization_policies = vec!["shop/only-front".into()];
+    web.locality = Some(workload::Locality {
+        region: "eu".into(),
+        zone: "eu-1".into(),
+        subzone: String::new(),
+    });
+    web.waypoint = Some(GatewayAddress {
+        destination: Some(gateway_address::Destination::Hostname(NamespacedHostname {
+            namespace: "shop".into(),
+            hostname: "waypoint.shop.svc.cluster.local".into(),
+        })),
+        hbone_mtls_port: 15008,
+    });
+    web.services.insert(
+        "shop/web.shop.svc.cluster.local".into(),
+        PortList {
+            ports: vec![Port {
+                service_port: 80,
+                target_port: 8080,
+            }],
+        },
+    );
+    put_workload(&mut r, web);
+    let mut plain = workload("legacy", [10, 0, 0, 6]);
+    plain.tunnel_protocol = TunnelProtocol::None as i32;
+    plain.service_account = String::new();
+    put_workload(&mut r, plain);
+    put_service(
+        &mut r,
+        workload::Service {
+            name: "web".into(),
+            namespace: "shop".into(),
+            hostname: "web.shop.svc.cluster.local".into(),
+            addresses: vec![NetworkAddress {
+                network: String::new(),
+                address: vec![10, 96, 0, 10],
+            }],
+            ports: vec![Port {
+                service_port: 80,
+                target_port: 8080,
+            }],
+            subject_alt_names: vec!["spiffe://example.org/ns/shop/sa/web".into(), "junk".into()],
+            load_balancing: Some(LoadBalancing {
+                routing_preference: vec![XdsScope::Zone as i32, XdsScope::Node as i32],
+                mode: Mode::Failover as i32,
+                health_policy: XdsHealthPolicy::AllowAll as i32,
+            }),
+            ..Default::default()
+        },
+    );
+    r.authorizations.insert(
+        "shop/only-front".into(),
+        held(Authorization {
+            name: "only-front".into(),
+            namespace: "shop".into(),
+            scope: security::Scope::WorkloadSelector as i32,
+            action: security::Action::Deny as i32,
+            rules: vec![Rule {
+                clauses: vec![Clause {
+                    matches: vec![security::Match {
+                        namespaces: vec![StringMatch {
+                            match_type: Some(MatchType::Prefix("front".into())),
+                        }],
+                        service_accounts: vec![ServiceAccountMatch {
+                            namespace: "front".into(),
+                            service_account: "ui".into(),
+                        }],
+                        principals: vec![exact("cluster.local/ns/a/sa/b")],
+                        source_ips: vec![security::Address {
+                            address: vec![10, 1, 0, 0],
+                            length: 16,
+                        }],
+                        destination_ports: vec![8080],
+                        ..Default::default()
+                    }],
+                }],
+            }],
+            dry_run: true,
+        }),
+    );
+
+    seed_responses(&r);
+    let out = translate(&r, "xds://istiod");
+    let c = &out.config;
+    let web = c.workloads.iter().find(|w| w.uid == "web-1").unwrap();
+    assert_eq!(web.trust_domain, "example.org");
+    assert_eq!(web.protocol, Protocol::Hbone);
+    assert_eq!(web.status, WorkloadStatus::Unhealthy);
+    assert_eq!(web.locality.zone, "eu-1");
+    assert_eq!(
+        (web.network.as_str(), web.cluster_id.as_str()),
+        ("net1", "c1")
+    );
+    assert_eq!(web.workload_name, "web-deploy");
+    assert_eq!(web.canonical_revision, "v2");
+    assert_eq!(
+        web.waypoint.as_ref().and_then(|w| w.hostname.as_deref()),
+        Some("shop/waypoint.shop.svc.cluster.local")
+    );
+    assert_eq!(web.services["shop/web.shop.svc.cluster.local"][&80], 8080);
+    let legacy = c.workloads.iter().find(|w| w.uid == "legacy").unwrap();
+    assert_eq!(legacy.protocol, Protocol::Tcp);
+    assert_eq!(legacy.service_account, "default");
+    let svc = &c.services[0];
+    assert_eq!(svc.vips, ["10.96.0.10".parse::<IpAddr>().unwrap()]);
+    assert_eq!(svc.health_policy, HealthPolicy::AllowAll);
+    assert_eq!(svc.routing.mode, RoutingMode::Failover);
+    assert_eq!(
+        svc.routing.preferences,
+        [RoutingScope::Zone, RoutingScope::Node]
+    );
+    assert_eq!(
+        svc.subject_alt_names,
+        ["spiffe://example.org/ns/shop/sa/web"]
+    );
+    assert!(
+        out.dropped.iter().any(|d| d.contains("`junk`")),
+        "{:?}",
+        out.dropped
+    );
+    let p = &c.policies[0];
+    assert_eq!(
+        (p.scope, p.action, p.dry_run),
+        (Scope::WorkloadSelector, Action::Deny, true)
+    );
+    let m = &p.rules[0][0][0];
+    assert_eq!(m.namespaces, ["front*"]);
+    assert_eq!(m.service_accounts, ["front/ui"]);
+    assert_eq!(m.source_ips, ["10.1.0.0/16".parse::<IpNet>().unwrap()]);
+    assert_eq!(m.destination_ports, [8080]);
+
+    // The translation is a state the agent can run: it indexes, and it
+    // reads back as a local file would.
+    let state = MeshState::from_config(c).unwrap();
+    assert_eq!(state.workloads.len(), 2);
+    let text = c.to_yaml().unwrap();
+    let reread = LocalConfig::parse(&text, "reread").unwrap();
+    assert_eq!(reread.workloads, c.workloads, "{text}");
+    assert_eq!(reread.services, c.services, "{text}");
+}
+
+#[test]
+fn address_conflicts_resolve_the_same_way_every_time() {
+    let mut r = XdsResources::default();
+    // A pod replaced under the same IP: both are held for a moment (the
+    // second spells it as an IPv4-mapped IPv6 address).
+    put_workload(&mut r, workload("a-old", [10, 0, 0, 5]));
+    let mut mapped = workload("b-new", [0; 4]);
+    mapped.addresses = vec![[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 5].to_vec()];
+    put_workload(&mut r, mapped);
+    put_service(
+        &mut r,
+        workload::Service {
+            name: "clash".into(),
+            namespace: "shop".into(),
+            hostname: "clash".into(),
+            addresses: vec![NetworkAddress {
+                network: String::new(),
+                address: vec![10, 0, 0, 5],
+            }],
+            ..Default::default()
+        },
+    );
+    let out = translate(&r, "xds");
+    let ips: Vec<_> = out
+        .config
+        .workloads
+        .iter()
+        .map(|w| w.workload_ips.len())
+        .collect();
+    assert_eq!(ips, [1, 0]);
+    assert!(out.config.services[0].vips.is_empty());
+    assert_eq!(out.dropped.len(), 2, "{:?}", out.dropped);
+    assert!(MeshState::from_config(&out.config).is_ok());
+}
+
+/// What `r` holds as the two responses that would have brought it: seeds
+/// of the `xds_response` fuzz target.
+fn seed_responses(r: &XdsResources) {
+    use crate::istio_api::{
+        ADDRESS_TYPE, AUTHORIZATION_TYPE,
+        discovery::{DeltaDiscoveryResponse, Resource},
+    };
+    use prost::Message as _;
+    fn response<T: prost::Message>(
+        type_url: &str,
+        held: &std::collections::BTreeMap<String, Versioned<T>>,
+    ) -> Vec<u8> {
+        DeltaDiscoveryResponse {
+            type_url: type_url.into(),
+            nonce: "n".into(),
+            resources: held
+                .iter()
+                .map(|(name, v)| Resource {
+                    name: name.clone(),
+                    version: v.version.clone(),
+                    resource: Some(prost_types::Any {
+                        type_url: type_url.into(),
+                        value: v.resource.encode_to_vec(),
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+    crate::fuzz_seeds::seed("xds_response", response(ADDRESS_TYPE, &r.addresses));
+    crate::fuzz_seeds::seed(
+        "xds_response",
+        response(AUTHORIZATION_TYPE, &r.authorizations),
+    );
+}
