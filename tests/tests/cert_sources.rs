@@ -40,7 +40,7 @@ struct IstioCaWorld {
     root_file: PathBuf,
     token_file: PathBuf,
     /// Owns the control plane's tasks; dropped last.
-    _runtime: tokio::runtime::Runtime,
+    runtime: tokio::runtime::Runtime,
 }
 
 impl IstioCaWorld {
@@ -59,7 +59,7 @@ impl IstioCaWorld {
             istiod,
             root_file,
             token_file,
-            _runtime: runtime,
+            runtime,
         })
     }
 
@@ -181,6 +181,72 @@ fn istio_ca_certificates_carry_hbone_between_two_nodes() -> Result<()> {
         );
         ensure!(csr.validity_seconds == 3600, "{csr:?}");
     }
+    Ok(())
+}
+
+#[test]
+fn one_istiod_gives_two_agents_their_mesh_over_xds_and_their_certificates() -> Result<()> {
+    use dataplane_tests::istio_resources::{address_resources, authorization_resources};
+    use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+    let mesh = TwoNodes::new("csxds")?;
+    let world = IstioCaWorld::start(mesh.dir.path())?;
+    // istiod knows nothing of network namespaces: pods are enrolled over
+    // the control socket, each with its name as its service account.
+    let mut config = mesh.mesh_config();
+    for workload in &mut config.workloads {
+        workload.netns = None;
+    }
+    world.runtime.block_on(async {
+        let istiod = &world.istiod;
+        istiod
+            .publish(ADDRESS_TYPE, address_resources(&config, "v1"), &[])
+            .await?;
+        istiod
+            .publish(
+                AUTHORIZATION_TYPE,
+                authorization_resources(&config, "v1"),
+                &[],
+            )
+            .await
+    })?;
+    let empty = mesh.dir.path().join("empty.yaml");
+    std::fs::write(&empty, "workloads: []\n")?;
+    let mut flags = world.flags("1h");
+    flags.extend(["--xds", "--instance-ip", "127.0.0.1"].map(str::to_owned));
+    let agent = |n: u8| -> Result<Agent> {
+        let pod = format!("dataplane-node{n}");
+        let mut flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        flags.extend(["--pod-name", pod.as_str()]);
+        mesh.agent("csx", n, &empty, &flags)
+    };
+    let (a1, a2) = (agent(1)?, agent(2)?);
+    for (agent, pod, name) in [
+        (&a1, &mesh.client, "client"),
+        (&a1, &mesh.local, "local"),
+        (&a2, &mesh.remote, "remote"),
+    ] {
+        let mut spec = Agent::spec_for(pod, name);
+        spec.service_account = name.to_owned();
+        let response = agent.enroll(spec)?;
+        ensure!(response.ok, "enrolling {name}: {:?}", response.error);
+    }
+    wait_ready(&a1)?;
+    wait_ready(&a2)?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    echo(&mesh.client, addr(&mesh.remote, 9000), 64 * 1024, 1)?;
+    for (agent, sa) in [(&a1, "client"), (&a2, "remote")] {
+        let cert = agent
+            .certs()?
+            .into_iter()
+            .find(|c| c.identity == spiffe(sa))
+            .with_context(|| format!("no certificate for {sa}"))?;
+        ensure!(
+            cert.source == "istio" && cert.issuer.contains("test mesh root"),
+            "{cert:?}"
+        );
+    }
+    let xds = a1.status()?.xds.context("no xDS status")?;
+    ensure!(xds.connected_since.is_some(), "{xds:?}");
     Ok(())
 }
 
