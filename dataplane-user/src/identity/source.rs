@@ -38,6 +38,14 @@ pub enum CertSourceError {
     /// Istio's CA was unreachable, refused, or answered something unusable.
     #[error(transparent)]
     Istio(#[from] IstioCaError),
+    /// The source did not answer in time.
+    #[error("{source_name} did not answer within {after:?}; is it overloaded or unreachable?")]
+    Timeout {
+        /// The source.
+        source_name: String,
+        /// How long the agent waited.
+        after: Duration,
+    },
     /// The roots the source sent cannot be trusted.
     #[error("the roots from {source_name} cannot form the trust bundle: {source}")]
     Roots {

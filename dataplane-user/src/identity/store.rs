@@ -67,6 +67,8 @@ pub const FILES_POLL: Duration = Duration::from_secs(1);
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 /// Longest wait between two retries.
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Longest wait for one answer from the source.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// Requests to the source in flight at once.
 const CONCURRENT_FETCHES: usize = 8;
 
@@ -372,16 +374,24 @@ impl CertStore {
         if due.is_empty() {
             return 0;
         }
-        let results: Vec<_> = futures::stream::iter(due)
+        let mut results = futures::stream::iter(due)
             .map(|(identity, in_use)| async move {
-                let result = self.source.fetch(&identity, self.validity, in_use).await;
+                // A CA that accepts the request and never answers must not
+                // stall every other identity's refresh.
+                let fetch = self.source.fetch(&identity, self.validity, in_use);
+                let result = tokio::time::timeout(REQUEST_TIMEOUT, fetch)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(CertSourceError::Timeout {
+                            source_name: self.source.describe(),
+                            after: REQUEST_TIMEOUT,
+                        })
+                    });
                 (identity, result)
             })
-            .buffer_unordered(CONCURRENT_FETCHES)
-            .collect()
-            .await;
+            .buffer_unordered(CONCURRENT_FETCHES);
         let mut replaced = 0;
-        for (identity, result) in results {
+        while let Some((identity, result)) = results.next().await {
             match result {
                 Ok(fetched) => replaced += usize::from(self.accept(&identity, fetched, now)),
                 Err(error) => self.refuse(&identity, &error, now),
