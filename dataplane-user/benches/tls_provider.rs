@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use dataplane_user::identity::{Ca, CertStore, Identity};
+use dataplane_user::identity::{Ca, CertSource, CertStore, Identity, TrustBundle};
 use dataplane_user::tls;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::ServerName;
@@ -45,9 +45,10 @@ fn configs(base: CryptoProvider, only_suite: Option<CipherSuite>) -> Pair {
             .retain(|cs| cs.suite() == suite);
     }
     let ca = Arc::new(Ca::generate().expect("generate CA"));
-    let roots = Arc::new(ca.root_cert_store().expect("root store"));
+    let roots = Arc::new(TrustBundle::new(vec![ca.root_der().clone()]).expect("root bundle"));
     let store = Arc::new(CertStore::new(
-        ca,
+        CertSource::Builtin(ca),
+        roots.clone(),
         provider.clone(),
         Duration::from_secs(3600),
     ));

@@ -27,7 +27,7 @@ use crate::{
     control,
     enroll::{EngineSettings, EnrollError, Enroller, Enrollments, Standalone, StateFile},
     handover,
-    identity::{Ca, CertStore},
+    identity::{Ca, CertDir, CertSource, CertStore, IstioCa, TrustBundle},
     inspect::{AgentView, Endpoints, KernelPrograms},
     mesh::MeshContext,
     preflight::{self, PreflightError, PreflightInput},
@@ -96,6 +96,18 @@ pub enum AgentError {
     /// The Istio flags do not fit together, or a file they name is unusable.
     #[error(transparent)]
     Istio(#[from] crate::cli::istio::IstioArgsError),
+    /// The certificate source's roots cannot form a trust bundle.
+    #[error("cannot trust the roots of {source_name}: {source}")]
+    TrustBundle {
+        /// The certificate source.
+        source_name: String,
+        /// Why.
+        #[source]
+        source: crate::identity::TrustBundleError,
+    },
+    /// The mounted certificate directory has no usable root bundle.
+    #[error(transparent)]
+    CertDir(#[from] crate::identity::CertDirError),
 }
 
 /// Runs the agent until SIGINT, SIGTERM or the admin `/quitquitquit`,
@@ -212,7 +224,12 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         );
     }
     enroller.apply_config(Arc::clone(&config)).await?;
-    // Enrollment issues each pod's certificate before it returns.
+    // Enrollment asks for each pod's certificate; readiness holds back
+    // while one is missing (the CA down, the files not mounted yet).
+    {
+        let certs = Arc::clone(&mesh.certs);
+        readiness.add_check("certificates", Box::new(move || certs.missing()));
+    }
     readiness.done(Step::Certificates);
     mesh.metrics.register_collector(Box::new(StateCollector {
         pins: kernel.as_ref().map(|_| pins.clone()),
@@ -504,19 +521,18 @@ fn mesh_context(
     nofile: crate::nofile::NofileLimit,
 ) -> Result<MeshParts, AgentError> {
     tls::install_provider();
-    let ca = match (&args.ca_cert, &args.ca_key) {
-        (Some(cert), Some(key)) => Ca::from_files(cert, key)?,
-        _ => {
-            let dir = args
-                .ca_dir
-                .clone()
-                .unwrap_or_else(|| args.state.state_dir.join("ca"));
-            Ca::load_or_generate(&dir)?
-        }
-    };
-    let roots = Arc::new(ca.root_cert_store()?);
+    let (source, roots) = cert_source(args)?;
+    let roots =
+        Arc::new(
+            TrustBundle::new(roots).map_err(|source_err| AgentError::TrustBundle {
+                source_name: source.describe(),
+                source: source_err,
+            })?,
+        );
+    info!(source = source.kind(), from = %source.describe(), roots = roots.roots().len(), "workload certificate source");
     let certs = Arc::new(CertStore::new(
-        Arc::new(ca),
+        source,
+        Arc::clone(&roots),
         tls::provider(),
         args.cert_lifetime,
     ));
@@ -545,6 +561,51 @@ fn mesh_context(
         shutdown_tx,
         rotation,
     })
+}
+
+/// The certificate source `--cert-source` names, and the roots the trust
+/// bundle starts with (the CA's, istiod's root file, or the mounted
+/// `root-cert.pem`).
+fn cert_source(
+    args: &RunArgs,
+) -> Result<(CertSource, Vec<rustls::pki_types::CertificateDer<'static>>), AgentError> {
+    use crate::cli::istio::CertSourceKind;
+    match args.istio.cert_source {
+        CertSourceKind::Builtin => {
+            let ca = match (&args.ca_cert, &args.ca_key) {
+                (Some(cert), Some(key)) => Ca::from_files(cert, key)?,
+                _ => {
+                    let dir = args
+                        .ca_dir
+                        .clone()
+                        .unwrap_or_else(|| args.state.state_dir.join("ca"));
+                    Ca::load_or_generate(&dir)?
+                }
+            };
+            let root = ca.root_der().clone();
+            Ok((CertSource::Builtin(Arc::new(ca)), vec![root]))
+        }
+        CertSourceKind::Istio => {
+            let roots = crate::cli::istio::read_root_certs(&args.istio.istiod_root_cert)?;
+            let istiod =
+                args.istio
+                    .endpoint()?
+                    .ok_or(crate::cli::istio::IstioArgsError::Missing {
+                        what: "--cert-source istio",
+                        needed: "--istiod-address",
+                    })?;
+            let ca = IstioCa {
+                istiod,
+                impersonate: true,
+            };
+            Ok((CertSource::Istio(ca), roots))
+        }
+        CertSourceKind::Files => {
+            let dir = CertDir::new(args.istio.cert_dir()?.unwrap_or_default());
+            let roots = dir.read_roots()?;
+            Ok((CertSource::Files(dir), roots))
+        }
+    }
 }
 
 /// The bounds on inbound HBONE handshakes: the flags, the node-wide one

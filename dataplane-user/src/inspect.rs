@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::{
     enroll::{DepartedPod, Enroller, PodStatus},
+    identity::CertSourceStatus,
     mesh::MeshContext,
     readiness::Readiness,
     redirect::PinLayout,
@@ -127,6 +128,9 @@ pub struct StatusReport {
     pub errors_last_minute: usize,
     /// The latest of them (up to ten).
     pub recent_errors: Vec<RecentError>,
+    /// Where workload certificates come from and how that goes.
+    #[serde(default)]
+    pub certificates: Option<CertSourceStatus>,
     /// The stream to istiod, with `--xds`.
     #[serde(default)]
     pub xds: Option<XdsView>,
@@ -246,6 +250,9 @@ pub struct CertInfo {
     pub not_after: String,
     /// Seconds until notAfter (negative once expired).
     pub expires_in_secs: i64,
+    /// Where it came from: `builtin`, `istio` or `files`.
+    #[serde(default)]
+    pub source: String,
 }
 
 fn rfc3339(at: SystemTime) -> String {
@@ -262,12 +269,7 @@ impl AgentView {
 
     /// The `status` screen's data.
     pub fn status(&self) -> StatusReport {
-        let mut pending: Vec<String> = self
-            .readiness
-            .pending()
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+        let mut pending: Vec<String> = self.readiness.blocking();
         if self.readiness.is_draining() {
             pending.push("draining".to_owned());
         }
@@ -356,6 +358,7 @@ impl AgentView {
                 .skip(errors.len().saturating_sub(RECENT_SHOWN))
                 .cloned()
                 .collect(),
+            certificates: Some(self.mesh.certs.status()),
             xds: self.xds_view(),
         }
     }
@@ -406,7 +409,7 @@ impl AgentView {
 
     /// Every workload certificate held, without keys.
     pub fn certs(&self) -> Vec<CertInfo> {
-        let issuer = issuer_name(self.mesh.certs.ca().root_der());
+        let source = self.mesh.certs.source().kind();
         let now = SystemTime::now();
         self.mesh
             .certs
@@ -420,7 +423,10 @@ impl AgentView {
                 CertInfo {
                     identity: cert.identity.to_uri(),
                     serial: cert.serial(),
-                    issuer: issuer.clone(),
+                    issuer: cert
+                        .leaf()
+                        .map_or_else(|| "unknown".to_owned(), |leaf| issuer_name(leaf)),
+                    source: source.to_owned(),
                     not_before: rfc3339(cert.not_before),
                     not_after: rfc3339(cert.not_after),
                     expires_in_secs,
@@ -467,6 +473,7 @@ impl AgentView {
             "pods": pods,
             "departedPods": departed,
             "certificates": self.certs(),
+            "certificateSource": self.mesh.certs.status(),
             "trustDomain": self.mesh.trust_domain,
             "kernel": {
                 "capture": self.capture,
@@ -495,8 +502,9 @@ fn list_dir(dir: &Path) -> Vec<String> {
     names
 }
 
-fn issuer_name(root: &[u8]) -> String {
-    x509_parser::parse_x509_certificate(root)
-        .map(|(_, cert)| cert.subject().to_string())
+/// The issuer's name as the leaf states it.
+fn issuer_name(leaf: &[u8]) -> String {
+    x509_parser::parse_x509_certificate(leaf)
+        .map(|(_, cert)| cert.issuer().to_string())
         .unwrap_or_else(|_| "unknown".to_owned())
 }

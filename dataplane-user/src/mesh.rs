@@ -10,11 +10,10 @@ use std::{
     time::Duration,
 };
 
-use rustls::RootCertStore;
 use tokio::sync::watch;
 
 use crate::{
-    identity::CertStore,
+    identity::{CertStore, TrustBundle},
     policy::{LiveConnections, Request},
     proxy::handshakes::PendingHandshakes,
     state::{DeadEndpoints, MeshState, MeshWorkload},
@@ -35,8 +34,9 @@ pub struct MeshContext {
     pub config_error: RwLock<Option<String>>,
     /// Certificates of local identities.
     pub certs: Arc<CertStore>,
-    /// The mesh's root(s).
-    pub roots: Arc<RootCertStore>,
+    /// The mesh's roots (a bundle the certificate source updates; TLS
+    /// verifiers read it at each handshake).
+    pub roots: Arc<TrustBundle>,
     /// Client TLS configurations by (source, expected destination).
     pub client_configs: ClientConfigCache,
     /// Trust domain whose clients the HBONE servers accept.

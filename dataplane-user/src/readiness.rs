@@ -7,7 +7,7 @@
 //! than a refused connection.
 
 use std::sync::{
-    Arc,
+    Arc, PoisonError, RwLock,
     atomic::{AtomicBool, Ordering},
 };
 
@@ -16,14 +16,29 @@ use tokio::net::TcpListener;
 
 use crate::httpd::{self, Handler, Reply};
 
+/// A condition readiness also waits for, checked at each probe: `None`
+/// when met, else what is missing and why (e.g. the certificates of
+/// enrolled pods, with the CA's error).
+pub type Check = Box<dyn Fn() -> Option<String> + Send + Sync>;
+
 /// What start-up has completed.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Readiness {
     programs: AtomicBool,
     config: AtomicBool,
     certificates: AtomicBool,
     xds: AtomicBool,
     draining: AtomicBool,
+    checks: RwLock<Vec<(&'static str, Check)>>,
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readiness")
+            .field("pending", &self.pending())
+            .field("draining", &self.is_draining())
+            .finish_non_exhaustive()
+    }
 }
 
 /// A start-up step.
@@ -65,7 +80,25 @@ impl Readiness {
         self.draining.load(Ordering::Acquire)
     }
 
-    /// What is still pending, in start-up order.
+    /// Adds a condition checked at each probe from now on (`name` only
+    /// labels it).
+    pub fn add_check(&self, name: &'static str, check: Check) {
+        self.checks
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((name, check));
+    }
+
+    /// What is still pending: the start-up steps in order, then each
+    /// condition not met, with its reason.
+    pub fn blocking(&self) -> Vec<String> {
+        let mut pending: Vec<String> = self.pending().into_iter().map(str::to_owned).collect();
+        let checks = self.checks.read().unwrap_or_else(PoisonError::into_inner);
+        pending.extend(checks.iter().filter_map(|(_, check)| check()));
+        pending
+    }
+
+    /// The start-up steps still pending, in start-up order.
     pub fn pending(&self) -> Vec<&'static str> {
         [
             (Step::Config, "configuration"),
@@ -96,7 +129,7 @@ fn answer(request: &Parts, readiness: &Readiness) -> Reply {
             "not ready: draining (the agent is shutting down)\n",
         );
     }
-    match readiness.pending().as_slice() {
+    match readiness.blocking().as_slice() {
         [] => Reply::text(StatusCode::OK, "ready\n"),
         pending => Reply::text(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -147,6 +180,17 @@ mod tests {
         );
 
         readiness.done(Step::Certificates);
+        let missing = Arc::new(std::sync::Mutex::new(Some(
+            "certificates from the CA at x: down".to_owned(),
+        )));
+        let check = Arc::clone(&missing);
+        readiness.add_check("certs", Box::new(move || check.lock().ok()?.clone()));
+        let reply = get(addr, "/healthz/ready").await?;
+        assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+        assert!(reply.contains("the CA at x: down"), "{reply}");
+        *missing
+            .lock()
+            .map_err(|_| std::io::Error::other("poisoned"))? = None;
         let reply = get(addr, "/healthz/ready").await?;
         assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
         assert!(get(addr, "/other").await?.starts_with("HTTP/1.1 404"));

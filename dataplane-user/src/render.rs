@@ -139,6 +139,9 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
             let _ = writeln!(out, "config    {}", report.config_origin);
         }
     }
+    if let Some(certs) = &report.certificates {
+        cert_source(&mut out, certs, p);
+    }
     if let Some(xds) = &report.xds {
         let state = match &xds.connected_since {
             Some(since) => p.good(&format!("connected since {since}")),
@@ -178,6 +181,41 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
     out
 }
 
+/// The certificate source's lines of `status`.
+fn cert_source(out: &mut String, certs: &crate::identity::CertSourceStatus, p: Paint) {
+    let _ = writeln!(
+        out,
+        "certs     {} ({}): {} of {} held, {} issued, {} failed",
+        certs.source,
+        certs.description,
+        certs.held,
+        certs.wanted,
+        certs.successes,
+        if certs.failures == 0 {
+            "0".to_owned()
+        } else {
+            p.bad(&certs.failures.to_string())
+        },
+    );
+    let fields = [
+        ("last issued", &certs.last_issued),
+        ("next refresh", &certs.next_refresh),
+        ("last failure", &certs.last_failure),
+    ];
+    for (name, value) in fields {
+        if let Some(value) = value {
+            let _ = writeln!(out, "  {name:13} {value}");
+        }
+    }
+    for root in &certs.roots {
+        let state = match &root.retiring_at {
+            Some(at) => format!("retiring, trusted until {at}"),
+            None => "current".to_owned(),
+        };
+        let _ = writeln!(out, "  root          {} ({state})", root.subject);
+    }
+}
+
 /// The `certs` table.
 pub fn certs(certs: &[CertInfo], colour: bool) -> String {
     let p = Paint(colour);
@@ -185,8 +223,8 @@ pub fn certs(certs: &[CertInfo], colour: bool) -> String {
         return "no workload certificates held\n".to_owned();
     }
     let mut out = format!(
-        "{:50} {:22} {:10} ISSUER / SERIAL\n",
-        "IDENTITY", "EXPIRES (UTC)", "IN"
+        "{:50} {:22} {:10} {:8} ISSUER / SERIAL\n",
+        "IDENTITY", "EXPIRES (UTC)", "IN", "SOURCE"
     );
     for cert in certs {
         let left = if cert.expires_in_secs <= 0 {
@@ -196,8 +234,8 @@ pub fn certs(certs: &[CertInfo], colour: bool) -> String {
         };
         let _ = writeln!(
             out,
-            "{:50} {:22} {:10} {} / {}",
-            cert.identity, cert.not_after, left, cert.issuer, cert.serial
+            "{:50} {:22} {:10} {:8} {} / {}",
+            cert.identity, cert.not_after, left, cert.source, cert.issuer, cert.serial
         );
     }
     out
@@ -237,6 +275,7 @@ mod tests {
             config_error: None,
             errors_last_minute: 0,
             recent_errors: vec![],
+            certificates: None,
             xds: None,
         }
     }

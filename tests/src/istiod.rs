@@ -234,12 +234,40 @@ pub struct SeenCsr {
     pub validity_seconds: i64,
 }
 
+/// What the test CA signs with and the root bundle it sends.
+struct CaSigner {
+    issuer: Arc<rcgen::Issuer<'static, rcgen::KeyPair>>,
+    /// The last element of `cert_chain`: one or more PEM roots.
+    bundle_pem: String,
+}
+
+/// A root the test CA can sign with or send.
+struct NamedRoot {
+    name: String,
+    pem: String,
+    issuer: Arc<rcgen::Issuer<'static, rcgen::KeyPair>>,
+}
+
+/// A new self-signed root named `name`.
+fn new_root(name: &str) -> Result<(rcgen::Issuer<'static, rcgen::KeyPair>, rcgen::Certificate)> {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, name);
+    let root = params.self_signed(&key)?;
+    Ok((Issuer::new(params, key), root))
+}
+
 #[derive(Clone)]
 struct CaService {
-    issuer: Arc<rcgen::Issuer<'static, rcgen::KeyPair>>,
-    root_pem: String,
+    signer: Arc<Mutex<CaSigner>>,
     mode: Arc<Mutex<CaMode>>,
     seen: Arc<Mutex<Vec<SeenCsr>>>,
+    /// Identities (SPIFFE URIs) the CA answers UNAVAILABLE for.
+    refused: Arc<Mutex<Vec<String>>>,
 }
 
 #[tonic::async_trait]
@@ -271,16 +299,25 @@ impl IstioCertificateService for CaService {
                 impersonated,
                 validity_seconds: request.validity_duration,
             });
-        let mode = self
+        let mut mode = self
             .mode
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
+        let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        if impersonated_of(&request).is_some_and(|who| refused.contains(&who)) {
+            mode = CaMode::Unavailable;
+        }
+        drop(refused);
+        let (issuer, bundle_pem) = {
+            let signer = self.signer.lock().unwrap_or_else(PoisonError::into_inner);
+            (Arc::clone(&signer.issuer), signer.bundle_pem.clone())
+        };
         let mut csr = match mode {
             CaMode::Unavailable => return Err(Status::unavailable("the test CA is down")),
             CaMode::Garbage => {
                 return Ok(Response::new(IstioCertificateResponse {
-                    cert_chain: vec!["not a certificate".into(), self.root_pem.clone()],
+                    cert_chain: vec!["not a certificate".into(), bundle_pem],
                 }));
             }
             CaMode::Sign | CaMode::WrongIdentity(_) => {
@@ -304,12 +341,25 @@ impl IstioCertificateService for CaService {
             rcgen::ExtendedKeyUsagePurpose::ClientAuth,
         ];
         let leaf = csr
-            .signed_by(&self.issuer)
+            .signed_by(&issuer)
             .map_err(|err| Status::internal(format!("signing: {err}")))?;
         Ok(Response::new(IstioCertificateResponse {
-            cert_chain: vec![leaf.pem(), self.root_pem.clone()],
+            cert_chain: vec![leaf.pem(), bundle_pem],
         }))
     }
+}
+
+/// `ImpersonatedIdentity` of a request, if any.
+fn impersonated_of(request: &IstioCertificateRequest) -> Option<String> {
+    use prost_types::value::Kind;
+    request
+        .metadata
+        .as_ref()
+        .and_then(|m| m.fields.get("ImpersonatedIdentity"))
+        .and_then(|v| match &v.kind {
+            Some(Kind::StringValue(s)) => Some(s.clone()),
+            _ => None,
+        })
 }
 
 /// A running test istiod; dropping it stops the server and ends its
@@ -321,6 +371,12 @@ pub struct TestIstiod {
     pub ca_mode: Arc<Mutex<CaMode>>,
     /// The certificate requests its CA received.
     pub csrs: Arc<Mutex<Vec<SeenCsr>>>,
+    /// Identities (SPIFFE URIs) its CA answers UNAVAILABLE for, whatever
+    /// the mode (a peer that has not refreshed yet).
+    pub ca_refused: Arc<Mutex<Vec<String>>>,
+    signer: Arc<Mutex<CaSigner>>,
+    /// The roots made by [`TestIstiod::new_root`], and the first.
+    roots: Arc<Mutex<Vec<NamedRoot>>>,
     shared: Arc<Mutex<Shared>>,
     seen: mpsc::UnboundedReceiver<SeenRequest>,
     stop: Option<oneshot::Sender<()>>,
@@ -356,12 +412,22 @@ impl TestIstiod {
         };
         let ca_mode = Arc::new(Mutex::new(CaMode::Sign));
         let csrs = Arc::new(Mutex::new(Vec::new()));
-        let ca = CaService {
+        let signer = Arc::new(Mutex::new(CaSigner {
             issuer: Arc::clone(&pki.issuer),
-            root_pem: pki.root_pem.clone(),
+            bundle_pem: pki.root_pem.clone(),
+        }));
+        let ca_refused = Arc::new(Mutex::new(Vec::new()));
+        let ca = CaService {
+            signer: Arc::clone(&signer),
             mode: Arc::clone(&ca_mode),
             seen: Arc::clone(&csrs),
+            refused: Arc::clone(&ca_refused),
         };
+        let roots = Arc::new(Mutex::new(vec![NamedRoot {
+            name: "mesh".to_owned(),
+            pem: pki.root_pem.clone(),
+            issuer: Arc::clone(&pki.issuer),
+        }]));
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
@@ -376,12 +442,53 @@ impl TestIstiod {
             addr,
             ca_mode,
             csrs,
+            ca_refused,
+            signer,
+            roots,
             shared,
             seen,
             stop: Some(stop),
             server,
             accept_loop,
         })
+    }
+
+    /// Makes a new root called `name` (the CA keeps signing as before);
+    /// returns its PEM. The first root, the [`TestPki`]'s, is `mesh`.
+    pub fn new_root(&self, name: &str) -> Result<String> {
+        let (issuer, root) = new_root(name)?;
+        let pem = root.pem();
+        self.roots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(NamedRoot {
+                name: name.to_owned(),
+                pem: pem.clone(),
+                issuer: Arc::new(issuer),
+            });
+        Ok(pem)
+    }
+
+    /// From now on the CA signs with the root `sign_with` and sends the
+    /// roots `bundle` (names given to [`TestIstiod::new_root`], or `mesh`)
+    /// as the last element of every chain.
+    pub fn ca_roots(&self, sign_with: &str, bundle: &[&str]) -> Result<()> {
+        let roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
+        let find = |name: &str| {
+            roots
+                .iter()
+                .find(|root| root.name == name)
+                .with_context(|| format!("no test root named {name}"))
+        };
+        let issuer = Arc::clone(&find(sign_with)?.issuer);
+        let bundle_pem = bundle
+            .iter()
+            .map(|name| Ok(find(name)?.pem.clone()))
+            .collect::<Result<Vec<_>>>()?
+            .concat();
+        *self.signer.lock().unwrap_or_else(PoisonError::into_inner) =
+            CaSigner { issuer, bundle_pem };
+        Ok(())
     }
 
     /// Sends a response on the newest stream.

@@ -18,7 +18,7 @@ use std::{
 };
 
 use dataplane_user::{
-    identity::{Ca, CertStore, Identity},
+    identity::{Ca, CertSource, CertStore, Identity, TrustBundle},
     tls,
 };
 use socket2::{Domain, Socket, Type};
@@ -242,7 +242,7 @@ pub struct MeshCredentials {
     /// `spiffe://cluster.local/ns/<namespace>/sa/<account>`.
     pub identity: Identity,
     /// The mesh root.
-    pub roots: Arc<rustls::RootCertStore>,
+    pub roots: Arc<TrustBundle>,
     store: Arc<CertStore>,
 }
 
@@ -251,9 +251,10 @@ impl MeshCredentials {
     pub fn issue(ca_dir: &std::path::Path, namespace: &str, account: &str) -> anyhow::Result<Self> {
         tls::install_provider();
         let ca = Arc::new(Ca::load_or_generate(ca_dir)?);
-        let roots = Arc::new(ca.root_cert_store()?);
+        let roots = Arc::new(TrustBundle::new(vec![ca.root_der().clone()])?);
         let store = Arc::new(CertStore::new(
-            ca,
+            CertSource::Builtin(ca),
+            Arc::clone(&roots),
             tls::provider(),
             Duration::from_secs(3600),
         ));

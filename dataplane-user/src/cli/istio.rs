@@ -144,6 +144,18 @@ impl IstioArgs {
         }))
     }
 
+    /// The directory of mounted certificates, with `--cert-source files`.
+    pub fn cert_dir(&self) -> Result<Option<PathBuf>, IstioArgsError> {
+        match (self.cert_source, &self.cert_dir) {
+            (CertSourceKind::Files, Some(dir)) => Ok(Some(dir.clone())),
+            (CertSourceKind::Files, None) => Err(IstioArgsError::Missing {
+                what: "--cert-source files",
+                needed: "--cert-dir (the directory of mounted certificates)",
+            }),
+            _ => Ok(None),
+        }
+    }
+
     /// Who the agent is to istiod (`node_name`: this node).
     pub fn node_identity(&self, node_name: Option<&str>) -> Result<NodeIdentity, IstioArgsError> {
         let missing = |needed| IstioArgsError::Missing {
@@ -193,6 +205,23 @@ pub fn read_roots(path: &std::path::Path) -> Result<RootCertStore, IstioArgsErro
         path: path.to_path_buf(),
         reason,
     };
+    let mut roots = RootCertStore::empty();
+    for cert in read_root_certs(path)? {
+        roots
+            .add(cert)
+            .map_err(|e| error(format!("a certificate is not a usable root: {e}")))?;
+    }
+    Ok(roots)
+}
+
+/// Every certificate of a PEM bundle, DER; a file with none is refused.
+pub fn read_root_certs(
+    path: &std::path::Path,
+) -> Result<Vec<CertificateDer<'static>>, IstioArgsError> {
+    let error = |reason: String| IstioArgsError::Roots {
+        path: path.to_path_buf(),
+        reason,
+    };
     let (bytes, more) = crate::config::limits::read_at_most(path, MAX_ROOT_FILE)
         .map_err(|e| error(e.to_string()))?;
     if more {
@@ -204,13 +233,7 @@ pub fn read_roots(path: &std::path::Path) -> Result<RootCertStore, IstioArgsErro
     if certs.is_empty() {
         return Err(error("no certificate in it".into()));
     }
-    let mut roots = RootCertStore::empty();
-    for cert in certs {
-        roots
-            .add(cert)
-            .map_err(|e| error(format!("a certificate is not a usable root: {e}")))?;
-    }
-    Ok(roots)
+    Ok(certs)
 }
 
 #[cfg(test)]
@@ -220,6 +243,22 @@ pub fn read_roots(path: &std::path::Path) -> Result<RootCertStore, IstioArgsErro
 )]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_need_a_cert_dir() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            istio: IstioArgs,
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from([&["t"], args].concat()).unwrap().istio;
+        let error = parse(&["--cert-source", "files"]).cert_dir().unwrap_err();
+        assert!(error.to_string().contains("--cert-dir"), "{error}");
+        let dir = parse(&["--cert-source", "files", "--cert-dir", "/certs"]).cert_dir();
+        assert_eq!(dir.unwrap(), Some(PathBuf::from("/certs")));
+        assert_eq!(parse(&["--cert-dir", "/certs"]).cert_dir().unwrap(), None);
+    }
 
     #[test]
     fn hosts_are_taken_from_addresses() {

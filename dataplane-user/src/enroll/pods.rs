@@ -382,9 +382,11 @@ impl Enrollments {
             };
         let spiffe = spec.identity().map_err(|e| identity_err(Box::new(e)))?;
         let mesh = Arc::clone(&self.settings.mesh);
-        // Issue now: a pod is only enrolled once it can prove who it is.
+        // The built-in CA issues now; a remote source is asked by the
+        // certificate store's task (readiness waits for it), so a CA that
+        // is down or slow never holds the enrollment actor.
         mesh.certs
-            .get_or_issue(&spiffe)
+            .want(&spiffe)
             .map_err(|e| identity_err(Box::new(e)))?;
         let server_tls = tls::server_config(
             mesh.certs.resolver(spiffe.clone()),

@@ -1,22 +1,46 @@
-//! Workload identities (SPIFFE) and the built-in certificate authority.
+//! Workload identities (SPIFFE), where their certificates come from, and
+//! the roots peers are verified against.
 //!
-//! Without an Istio control plane the agent is its own CA: [`Ca`] holds a
-//! root (loaded from, or generated into, a directory) and issues one
-//! short-lived certificate per [`Identity`]; [`CertStore`] keeps the current
-//! certificate of each identity in use, rotates it at half-life and hands it
-//! to rustls through [`IdentityCertResolver`]. The [`crate::tls`] module
-//! builds the HBONE client and server configurations on top.
+//! A [`CertStore`] holds the current certificate of each identity a local
+//! workload uses, from one [`CertSource`]: the built-in [`Ca`] (a root
+//! loaded from, or generated into, a directory), Istio's CA ([`IstioCa`]),
+//! or mounted files ([`CertDir`]). It keeps them fresh from a task of its
+//! own and hands them to rustls through [`IdentityCertResolver`]. The roots
+//! live in a [`TrustBundle`] every verifier reads per handshake, so a root
+//! rotation swaps them without rebuilding any TLS configuration. The
+//! [`crate::tls`] module builds the HBONE client and server configurations
+//! on top.
 
+mod bundle;
 mod ca;
 mod ca_files;
+mod cert_dir;
 mod istio_ca;
+mod resolver;
+mod source;
 mod spiffe;
 mod store;
 
+pub use bundle::{MAX_ROOTS, RootInfo, TrustBundle, TrustBundleError};
 pub use ca::{Ca, CaError, GENERATED_ROOT_NAME, IssuedCert, ROOT_CERT_FILE, ROOT_KEY_FILE};
+pub use cert_dir::{
+    CHAIN_FILE, CertDir, CertDirError, FileCert, KEY_FILE, ROOT_BUNDLE_FILE, RawFiles, check_files,
+    parse_certs,
+};
 pub use istio_ca::{IstioCa, IstioCaError, IstioIssued, checked_chain};
+pub use resolver::IdentityCertResolver;
+pub use source::{CertSource, CertSourceError, CertSourceStatus, Fetched};
 pub use spiffe::{Identity, IdentityError, IdentityParts};
-pub use store::{CertStore, CertStoreError, DEFAULT_VALIDITY, IdentityCertResolver};
+pub use store::{CertStore, CertStoreError, DEFAULT_VALIDITY, FILES_POLL};
+
+/// `at` as RFC 3339 (UTC), for status and dumps.
+pub(crate) fn rfc3339(at: std::time::SystemTime) -> String {
+    time::OffsetDateTime::from(at)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "-".to_owned())
+}
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_sources;

@@ -1,49 +1,76 @@
-//! Current certificates per workload identity, issued on first use by the
-//! built-in [`Ca`] and replaced at half-life.
+//! Current certificates per workload identity, from a [`CertSource`], kept
+//! fresh by a task of the store's own.
 //!
-//! Handshakes never wait on rotation: a rustls resolver
-//! ([`IdentityCertResolver`]) reads the identity's current certificate under
-//! a read lock each time a handshake asks for one, and rotation swaps in a
-//! new certificate under a short write lock. Connections already established
-//! keep the keys they negotiated; only new handshakes see the new
-//! certificate.
+//! Enrollment only says an identity is wanted ([`CertStore::want`]); the
+//! store's task ([`CertStore::spawn_rotation`]) fetches what is missing,
+//! re-fetches at half-life and when the trust bundle's roots change, and
+//! re-reads mounted files on every poll. A failure keeps the current
+//! certificate (still valid for the other half of its life), is recorded
+//! for status, readiness and metrics, and is retried with exponential
+//! backoff. The built-in CA signs locally, so for it `want` issues at once,
+//! as before.
+//!
+//! Handshakes never wait: a rustls resolver ([`IdentityCertResolver`])
+//! reads the identity's current certificate each time a handshake asks for
+//! one. An identity without one yet (its CA is down) makes the handshake
+//! fail at once, which the peer sees as a handshake failure, never a hang.
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use dataplane_user::identity::{Ca, CertStore, Identity};
+//! use dataplane_user::identity::{Ca, CertSource, CertStore, Identity, TrustBundle};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let ca = Arc::new(Ca::generate()?);
-//! let store = Arc::new(CertStore::new(ca, dataplane_user::tls::provider(), Duration::from_secs(24 * 3600)));
-//! let _rotation = store.clone().spawn_rotation();
+//! let bundle = Arc::new(TrustBundle::new(vec![ca.root_der().clone()])?);
+//! let store = Arc::new(CertStore::new(
+//!     CertSource::Builtin(ca),
+//!     bundle,
+//!     dataplane_user::tls::provider(),
+//!     Duration::from_secs(24 * 3600),
+//! ));
+//! let _task = store.clone().spawn_rotation();
 //! let id = Identity::new("cluster.local", "default", "web")?;
+//! store.want(&id)?;
 //! let resolver = store.resolver(id); // give to tls::server_config / tls::client_config
 //! # Ok(()) }
 //! ```
 
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError, RwLock};
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant, SystemTime};
 
-use rustls::SignatureScheme;
-use rustls::client::ResolvesClientCert;
+use futures::StreamExt as _;
 use rustls::crypto::CryptoProvider;
-use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::ca::{Ca, CaError, IssuedCert};
+use super::bundle::TrustBundle;
+use super::ca::{CaError, IssuedCert};
+use super::resolver::IdentityCertResolver;
+use super::source::{CertSource, CertSourceError, CertSourceStatus, Fetched};
 use super::spiffe::Identity;
 
 /// Validity of issued certificates unless configured otherwise (Istio's
 /// default workload certificate lifetime).
 pub const DEFAULT_VALIDITY: Duration = Duration::from_secs(24 * 3600);
-/// Longest pause between two rotation checks.
+/// Longest pause between two checks.
 const MAX_CHECK_INTERVAL: Duration = Duration::from_secs(1);
-/// Shortest pause between two rotation checks, so a tiny validity cannot
-/// make the task spin.
+/// Shortest pause between two checks, so a tiny validity cannot make the
+/// task spin.
 const MIN_CHECK_INTERVAL: Duration = Duration::from_millis(10);
+/// How often mounted files are read again.
+pub const FILES_POLL: Duration = Duration::from_secs(1);
+/// First retry after a failed request to a CA; doubled on each failure.
+const BACKOFF_FIRST: Duration = Duration::from_millis(500);
+/// Longest wait between two retries.
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Longest wait for one answer from the source.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// Requests to the source in flight at once.
+const CONCURRENT_FETCHES: usize = 8;
 
 /// Why the store could not give a certificate for an identity.
 #[derive(Debug, thiserror::Error)]
@@ -67,55 +94,142 @@ pub enum CertStoreError {
         #[source]
         source: rustls::Error,
     },
+    /// The source is remote and has not given one yet.
+    #[error("no certificate for {identity} yet from {source_name}{}", last_error.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    NotYet {
+        /// The identity's SPIFFE URI.
+        identity: String,
+        /// The source.
+        source_name: String,
+        /// The source's last error for it.
+        last_error: Option<String>,
+    },
 }
 
 /// One identity's current certificate, in both forms consumers want.
 #[derive(Debug)]
-struct Current {
+pub(super) struct Current {
     issued: Arc<IssuedCert>,
     /// What rustls presents; built once per issuance, not per handshake.
-    certified: Arc<CertifiedKey>,
+    pub(super) certified: Arc<CertifiedKey>,
+    /// The bundle generation it was issued under.
+    generation: u64,
+    /// Files only: a digest of the files it was read from.
+    fingerprint: Option<u64>,
 }
 
-/// Per-identity certificates from a [`Ca`], rotated at half-life by
+/// A wanted identity.
+#[derive(Debug, Default)]
+struct Slot {
+    current: Option<Arc<Current>>,
+    /// Failures since the last success.
+    failures: u32,
+    /// No new request before this.
+    retry_at: Option<Instant>,
+    /// Why the last request failed, until one succeeds.
+    last_error: Option<String>,
+    /// Files only: the digest of files refused, not checked again.
+    refused: Option<u64>,
+    /// Files only: when the files were last read.
+    checked_at: Option<Instant>,
+}
+
+/// Requests to the source and their outcome, for status and metrics.
+#[derive(Debug, Default)]
+struct Stats {
+    last_issued: Option<(SystemTime, String)>,
+    last_failure: Option<(SystemTime, String)>,
+}
+
+/// Per-identity certificates from a [`CertSource`], kept fresh by
 /// [`CertStore::spawn_rotation`].
 #[derive(Debug)]
 pub struct CertStore {
-    ca: Arc<Ca>,
+    source: CertSource,
+    bundle: Arc<TrustBundle>,
     provider: Arc<CryptoProvider>,
     validity: Duration,
-    current: RwLock<HashMap<Identity, Arc<Current>>>,
+    slots: RwLock<HashMap<Identity, Slot>>,
+    stats: Mutex<Stats>,
+    successes: AtomicU64,
+    failures: AtomicU64,
+    wake: Notify,
 }
 
 impl CertStore {
-    /// A store issuing certificates valid for `validity` (see
-    /// [`DEFAULT_VALIDITY`]) from `ca`; `provider` loads their keys for
+    /// A store of certificates from `source`, valid for `validity` (see
+    /// [`DEFAULT_VALIDITY`]; what CAs are asked for), updating `bundle`
+    /// with the roots the source sends; `provider` loads their keys for
     /// signing handshakes (normally [`crate::tls::provider`]).
-    pub fn new(ca: Arc<Ca>, provider: Arc<CryptoProvider>, validity: Duration) -> Self {
+    pub fn new(
+        source: CertSource,
+        bundle: Arc<TrustBundle>,
+        provider: Arc<CryptoProvider>,
+        validity: Duration,
+    ) -> Self {
         Self {
-            ca,
+            source,
+            bundle,
             provider,
             validity,
-            current: RwLock::new(HashMap::new()),
+            slots: RwLock::new(HashMap::new()),
+            stats: Mutex::new(Stats::default()),
+            successes: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            wake: Notify::new(),
         }
     }
 
-    /// The CA this store issues from.
-    pub fn ca(&self) -> &Arc<Ca> {
-        &self.ca
+    /// Where the certificates come from.
+    pub fn source(&self) -> &CertSource {
+        &self.source
     }
 
-    /// The validity of the certificates this store issues.
+    /// The trust bundle the source's roots go into.
+    pub fn bundle(&self) -> &Arc<TrustBundle> {
+        &self.bundle
+    }
+
+    /// The validity of the certificates this store asks for.
     pub fn validity(&self) -> Duration {
         self.validity
     }
 
-    /// The current certificate for `identity`, issuing one if there is none.
+    /// Requests to the source that gave a certificate, and that failed.
+    pub fn request_counts(&self) -> (u64, u64) {
+        (
+            self.successes.load(Ordering::Relaxed),
+            self.failures.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Marks `identity` as needed by a workload of this node. A local
+    /// source issues now (its error returned); a remote one is asked by the
+    /// store's task, and this returns at once.
+    pub fn want(&self, identity: &Identity) -> Result<(), CertStoreError> {
+        if self.source.is_local() {
+            return self.current_or_issue(identity).map(drop);
+        }
+        let added = {
+            let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
+            let before = slots.len();
+            slots.entry(identity.clone()).or_default();
+            slots.len() != before
+        };
+        if added {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The current certificate for `identity`: issued now by a local
+    /// source if there is none; from a remote source, only if it has
+    /// arrived.
     pub fn get_or_issue(&self, identity: &Identity) -> Result<Arc<IssuedCert>, CertStoreError> {
         Ok(self.current_or_issue(identity)?.issued.clone())
     }
 
-    /// The current certificate for `identity`, if one was issued.
+    /// The current certificate for `identity`, if there is one.
     pub fn get(&self, identity: &Identity) -> Option<Arc<IssuedCert>> {
         self.lookup(identity).map(|c| c.issued.clone())
     }
@@ -123,24 +237,92 @@ impl CertStore {
     /// Every certificate held now, sorted by identity.
     pub fn issued(&self) -> Vec<Arc<IssuedCert>> {
         let mut all: Vec<Arc<IssuedCert>> = self
-            .current
+            .slots
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .values()
-            .map(|c| c.issued.clone())
+            .filter_map(|s| s.current.as_ref().map(|c| c.issued.clone()))
             .collect();
         all.sort_by_key(|c| c.identity.to_uri());
         all
     }
 
-    /// Stops holding (and rotating) a certificate for `identity`, e.g. when
-    /// its last workload leaves the node. Returns whether one was held.
+    /// Stops holding (and refreshing) a certificate for `identity`, e.g.
+    /// when its last workload leaves the node. Returns whether it was
+    /// wanted.
     pub fn forget(&self, identity: &Identity) -> bool {
-        self.current
+        self.slots
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(identity)
             .is_some()
+    }
+
+    /// How many wanted identities hold a certificate, and how many are
+    /// wanted.
+    pub fn counts(&self) -> (usize, usize) {
+        let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
+        let held = slots.values().filter(|s| s.current.is_some()).count();
+        (held, slots.len())
+    }
+
+    /// What keeps readiness back: wanted identities without a certificate,
+    /// with the source and its last error; `None` when every one has one.
+    pub fn missing(&self) -> Option<String> {
+        let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
+        let mut missing: Vec<String> = slots
+            .iter()
+            .filter(|(_, s)| s.current.is_none())
+            .map(|(id, s)| match &s.last_error {
+                Some(e) => format!("{id}: {e}"),
+                None => format!("{id}: requested"),
+            })
+            .collect();
+        if missing.is_empty() {
+            return None;
+        }
+        missing.sort();
+        Some(format!(
+            "workload certificates ({} of {} missing) from {}: {}",
+            missing.len(),
+            slots.len(),
+            self.source.describe(),
+            missing.join("; ")
+        ))
+    }
+
+    /// The source's status.
+    pub fn status(&self) -> CertSourceStatus {
+        let (held, wanted, next_refresh) = {
+            let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
+            let held: Vec<&Arc<Current>> =
+                slots.values().filter_map(|s| s.current.as_ref()).collect();
+            let next = match self.source {
+                CertSource::Files(_) => None,
+                _ => held.iter().map(|c| c.issued.refresh_at()).min(),
+            };
+            (held.len(), slots.len(), next)
+        };
+        let stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        let (successes, failures) = self.request_counts();
+        CertSourceStatus {
+            source: self.source.kind().to_owned(),
+            description: self.source.describe(),
+            held,
+            wanted,
+            last_issued: stats
+                .last_issued
+                .as_ref()
+                .map(|(at, id)| format!("{} for {id}", super::rfc3339(*at))),
+            next_refresh: next_refresh.map(super::rfc3339),
+            last_failure: stats
+                .last_failure
+                .as_ref()
+                .map(|(at, why)| format!("{}: {why}", super::rfc3339(*at))),
+            failures,
+            successes,
+            roots: self.bundle.describe(),
+        }
     }
 
     /// A rustls certificate resolver, for servers and clients, that presents
@@ -152,9 +334,11 @@ impl CertStore {
         })
     }
 
-    /// Starts a task that, every `min(1s, validity/20)`, re-issues each
-    /// certificate past half its lifetime. It stops by itself when the store
-    /// is dropped; abort the handle to stop it sooner.
+    /// Starts the task that fetches missing certificates, refreshes them
+    /// at half-life and on root changes, re-reads mounted files, and
+    /// prunes retiring roots: every `min(1s, validity/20)` and whenever an
+    /// identity is wanted. It stops by itself when the store is dropped;
+    /// abort the handle to stop it sooner.
     ///
     /// # Panics
     ///
@@ -167,39 +351,64 @@ impl CertStore {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                ticker.tick().await;
-                let Some(store) = store.upgrade() else { break };
-                store.rotate_due(SystemTime::now());
+                let Some(strong) = store.upgrade() else { break };
+                let woken = async {
+                    tokio::select! {
+                        _ = ticker.tick() => {}
+                        () = strong.wake.notified() => {}
+                    }
+                };
+                woken.await;
+                strong.refresh_due(SystemTime::now()).await;
             }
         })
     }
 
-    /// Re-issues every certificate whose refresh time (half-life) is at or
-    /// before `now`; returns how many were replaced. A failure keeps the old
-    /// certificate (still valid for the other half of its life) and is
-    /// retried on the next call.
+    /// One pass of the task: fetches every certificate missing, past its
+    /// refresh time (half-life, at or before `now`), issued under older
+    /// roots, or (files) not read for [`FILES_POLL`]; returns how many were
+    /// replaced. Identities backing off after a failure wait their turn.
+    pub async fn refresh_due(&self, now: SystemTime) -> usize {
+        self.bundle.prune(now);
+        let due = self.due(now, Instant::now());
+        if due.is_empty() {
+            return 0;
+        }
+        let mut results = futures::stream::iter(due)
+            .map(|(identity, in_use)| async move {
+                // A CA that accepts the request and never answers must not
+                // stall every other identity's refresh.
+                let fetch = self.source.fetch(&identity, self.validity, in_use);
+                let result = tokio::time::timeout(REQUEST_TIMEOUT, fetch)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(CertSourceError::Timeout {
+                            source_name: self.source.describe(),
+                            after: REQUEST_TIMEOUT,
+                        })
+                    });
+                (identity, result)
+            })
+            .buffer_unordered(CONCURRENT_FETCHES);
+        let mut replaced = 0;
+        while let Some((identity, result)) = results.next().await {
+            match result {
+                Ok(fetched) => replaced += usize::from(self.accept(&identity, fetched, now)),
+                Err(error) => self.refuse(&identity, &error, now),
+            }
+        }
+        replaced
+    }
+
+    /// Re-issues every certificate past half-life at `now` (the built-in
+    /// CA signs inline); returns how many were replaced.
     pub fn rotate_due(&self, now: SystemTime) -> usize {
-        let due: Vec<Identity> = self
-            .current
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .filter(|(_, c)| c.issued.refresh_at() <= now)
-            .map(|(id, _)| id.clone())
-            .collect();
+        let due = self.due(now, Instant::now());
         let mut rotated = 0;
-        for identity in due {
-            match self.issue(&identity) {
+        for (identity, _) in due {
+            match self.issue_local(&identity) {
                 Ok(fresh) => {
-                    let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
-                    // Forgotten meanwhile: do not bring it back.
-                    if let Some(slot) = current.get_mut(&identity) {
-                        tracing::info!(
-                            identity = %identity,
-                            serial = %fresh.issued.serial(),
-                            "rotated workload certificate"
-                        );
-                        *slot = fresh;
+                    if self.install(&identity, fresh, now) {
                         rotated += 1;
                     }
                 }
@@ -213,96 +422,232 @@ impl CertStore {
         rotated
     }
 
+    /// Identities due for a request, with the digest of the files in use.
+    fn due(&self, now: SystemTime, instant: Instant) -> Vec<(Identity, Option<u64>)> {
+        let generation = self.bundle.generation();
+        let files = matches!(self.source, CertSource::Files(_));
+        let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
+        slots
+            .iter()
+            .filter(|(_, s)| s.retry_at.is_none_or(|at| at <= instant))
+            .filter(|(_, s)| match (&s.current, files) {
+                (_, true) => s.checked_at.is_none_or(|at| at + FILES_POLL <= instant),
+                (None, false) => true,
+                (Some(c), false) => c.issued.refresh_at() <= now || c.generation < generation,
+            })
+            .map(|(id, s)| {
+                let in_use = s.current.as_ref().and_then(|c| c.fingerprint);
+                // Refused files are not checked (nor counted) again until
+                // they change.
+                (id.clone(), in_use.or(s.refused))
+            })
+            .collect()
+    }
+
+    /// Takes what the source answered; returns whether a certificate was
+    /// replaced.
+    fn accept(&self, identity: &Identity, fetched: Fetched, now: SystemTime) -> bool {
+        let (cert, roots, fingerprint) = match fetched {
+            Fetched::Unchanged => {
+                self.with_slot(identity, |slot| slot.checked_at = Some(Instant::now()));
+                return false;
+            }
+            Fetched::Issued {
+                cert,
+                roots,
+                fingerprint,
+            } => (cert, roots, fingerprint),
+        };
+        if let Some(roots) = roots {
+            // Peers' certificates from a root leaving the set stay
+            // verifiable until they have rotated: one certificate lifetime.
+            let overlap = cert
+                .not_after
+                .duration_since(cert.not_before)
+                .unwrap_or(self.validity)
+                .max(self.validity);
+            match self.bundle.update(roots, overlap, now) {
+                Ok(true) => {
+                    self.wake.notify_one();
+                    tracing::info!(
+                        source = self.source.kind(),
+                        roots = self.bundle.current_roots().len(),
+                        trusted = self.bundle.roots().len(),
+                        overlap_secs = overlap.as_secs(),
+                        "trust bundle changed; previous roots stay trusted for the overlap, local certificates are re-issued"
+                    );
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    let error = CertSourceError::Roots {
+                        source_name: self.source.describe(),
+                        source: e,
+                    };
+                    self.refuse(identity, &error, now);
+                    return false;
+                }
+            }
+        }
+        let current = match self.load(cert, fingerprint) {
+            Ok(current) => current,
+            Err(e) => {
+                tracing::warn!(identity = %identity, error = %e, "certificate refused");
+                return false;
+            }
+        };
+        self.successes.fetch_add(1, Ordering::Relaxed);
+        self.install(identity, current, now)
+    }
+
+    /// Records a failure; the current certificate stays.
+    fn refuse(&self, identity: &Identity, error: &CertSourceError, now: SystemTime) {
+        let message = error.to_string();
+        let files = matches!(self.source, CertSource::Files(_));
+        let mut repeated = false;
+        let mut held = false;
+        self.with_slot(identity, |slot| {
+            repeated = slot.last_error.as_deref() == Some(message.as_str());
+            held = slot.current.is_some();
+            slot.failures = slot.failures.saturating_add(1);
+            if files {
+                slot.refused = error.fingerprint();
+                slot.checked_at = Some(Instant::now());
+            } else {
+                let backoff = BACKOFF_FIRST
+                    .saturating_mul(1 << slot.failures.saturating_sub(1).min(8))
+                    .min(BACKOFF_MAX);
+                slot.retry_at = Some(Instant::now() + backoff);
+            }
+            slot.last_error = Some(message.clone());
+        });
+        // Files that stay missing or bad are one failure, not one a poll.
+        if files && repeated {
+            return;
+        }
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .last_failure = Some((now, format!("{identity}: {message}")));
+        if held {
+            tracing::warn!(identity = %identity, source = self.source.kind(), error = %message, "certificate refresh failed; keeping the current certificate and retrying");
+        } else {
+            tracing::warn!(identity = %identity, source = self.source.kind(), error = %message, "no certificate yet; retrying");
+        }
+    }
+
+    /// Puts `fresh` in `identity`'s slot, if it is still wanted.
+    fn install(&self, identity: &Identity, fresh: Arc<Current>, now: SystemTime) -> bool {
+        let serial = fresh.issued.serial();
+        let mut installed = false;
+        {
+            let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
+            // Forgotten meanwhile: do not bring it back.
+            if let Some(slot) = slots.get_mut(identity) {
+                *slot = Slot {
+                    current: Some(fresh),
+                    checked_at: Some(Instant::now()),
+                    ..Slot::default()
+                };
+                installed = true;
+            }
+        }
+        if installed {
+            tracing::info!(identity = %identity, serial = %serial, source = self.source.kind(), "workload certificate in use");
+            self.stats
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .last_issued = Some((now, identity.to_uri()));
+        }
+        installed
+    }
+
+    fn with_slot(&self, identity: &Identity, f: impl FnOnce(&mut Slot)) {
+        let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = slots.get_mut(identity) {
+            f(slot);
+        }
+    }
+
     fn lookup(&self, identity: &Identity) -> Option<Arc<Current>> {
-        self.current
+        self.slots
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(identity)
-            .cloned()
+            .and_then(|s| s.current.clone())
     }
 
-    fn current_or_issue(&self, identity: &Identity) -> Result<Arc<Current>, CertStoreError> {
+    pub(super) fn current_or_issue(
+        &self,
+        identity: &Identity,
+    ) -> Result<Arc<Current>, CertStoreError> {
         if let Some(current) = self.lookup(identity) {
             return Ok(current);
+        }
+        if !self.source.is_local() {
+            let last_error = {
+                let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
+                slots
+                    .entry(identity.clone())
+                    .or_default()
+                    .last_error
+                    .clone()
+            };
+            self.wake.notify_one();
+            return Err(CertStoreError::NotYet {
+                identity: identity.to_uri(),
+                source_name: self.source.describe(),
+                last_error,
+            });
         }
         // Issue outside the lock (key generation and signing take a while);
         // if another caller won the race, keep theirs so every handshake
         // agrees on one certificate.
-        let fresh = self.issue(identity)?;
-        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
-        Ok(current.entry(identity.clone()).or_insert(fresh).clone())
+        let fresh = self.issue_local(identity)?;
+        let mut slots = self.slots.write().unwrap_or_else(PoisonError::into_inner);
+        let slot = slots.entry(identity.clone()).or_default();
+        let current = slot.current.get_or_insert(fresh).clone();
+        drop(slots);
+        Ok(current)
     }
 
-    fn issue(&self, identity: &Identity) -> Result<Arc<Current>, CertStoreError> {
-        let issued =
-            self.ca
-                .issue(identity, self.validity)
-                .map_err(|source| CertStoreError::Issue {
+    fn issue_local(&self, identity: &Identity) -> Result<Arc<Current>, CertStoreError> {
+        let issue_error = |source| CertStoreError::Issue {
+            identity: identity.to_uri(),
+            source: Box::new(source),
+        };
+        let issued = match self.source.issue_local(identity, self.validity) {
+            Some(result) => result.map_err(issue_error)?,
+            None => {
+                return Err(CertStoreError::NotYet {
                     identity: identity.to_uri(),
-                    source: Box::new(source),
-                })?;
+                    source_name: self.source.describe(),
+                    last_error: None,
+                });
+            }
+        };
+        self.load(issued, None)
+    }
+
+    fn load(
+        &self,
+        issued: IssuedCert,
+        fingerprint: Option<u64>,
+    ) -> Result<Arc<Current>, CertStoreError> {
         let key = self
             .provider
             .key_provider
             .load_private_key(issued.key.clone_key())
             .map_err(|source| CertStoreError::LoadKey {
-                identity: identity.to_uri(),
+                identity: issued.identity.to_uri(),
                 source,
             })?;
         let certified = CertifiedKey::new(issued.chain.clone(), key);
         Ok(Arc::new(Current {
             issued: Arc::new(issued),
             certified: Arc::new(certified),
+            generation: self.bundle.generation(),
+            fingerprint,
         }))
-    }
-}
-
-/// Presents one identity's current certificate from a [`CertStore`]; a
-/// rustls [`ResolvesServerCert`] and [`ResolvesClientCert`].
-///
-/// The first handshake for an identity issues its certificate (a key
-/// generation and a signature); call [`CertStore::get_or_issue`] when a
-/// workload is enrolled to move that off the connection path.
-#[derive(Debug)]
-pub struct IdentityCertResolver {
-    store: Arc<CertStore>,
-    identity: Identity,
-}
-
-impl IdentityCertResolver {
-    /// The identity this resolver presents.
-    pub fn identity(&self) -> &Identity {
-        &self.identity
-    }
-
-    fn current(&self) -> Option<Arc<CertifiedKey>> {
-        match self.store.current_or_issue(&self.identity) {
-            Ok(current) => Some(current.certified.clone()),
-            Err(e) => {
-                // rustls turns `None` into a handshake failure; say why here.
-                tracing::warn!(error = %e, "no certificate to present in TLS handshake");
-                None
-            }
-        }
-    }
-}
-
-impl ResolvesServerCert for IdentityCertResolver {
-    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current()
-    }
-}
-
-impl ResolvesClientCert for IdentityCertResolver {
-    fn resolve(
-        &self,
-        _root_hint_subjects: &[&[u8]],
-        _sigschemes: &[SignatureScheme],
-    ) -> Option<Arc<CertifiedKey>> {
-        self.current()
-    }
-
-    fn has_certs(&self) -> bool {
-        true
     }
 }

@@ -14,10 +14,10 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 use super::*;
 
 /// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
+pub(super) struct TempDir(pub(super) PathBuf);
 
 impl TempDir {
-    fn new(test: &str) -> Self {
+    pub(super) fn new(test: &str) -> Self {
         static N: AtomicUsize = AtomicUsize::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("dpt-{test}-{}-{n}", std::process::id()));
@@ -214,7 +214,13 @@ fn issue_refuses_invalid_identity_and_validity() {
 #[test]
 fn store_issues_once_and_rotates_at_half_life() {
     let ca = Arc::new(Ca::generate().unwrap());
-    let store = CertStore::new(ca, crate::tls::provider(), Duration::from_secs(3600));
+    let roots = Arc::new(TrustBundle::new(vec![ca.root_der().clone()]).unwrap());
+    let store = CertStore::new(
+        CertSource::Builtin(ca),
+        roots,
+        crate::tls::provider(),
+        Duration::from_secs(3600),
+    );
     let first = store.get_or_issue(&web()).unwrap();
     assert!(Arc::ptr_eq(&first, &store.get_or_issue(&web()).unwrap()));
 

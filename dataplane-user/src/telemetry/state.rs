@@ -18,6 +18,12 @@ struct EventLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CaRequestLabels {
+    source: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct IdentityLabels {
     identity: String,
 }
@@ -64,6 +70,28 @@ impl Collector for StateCollector {
             "dataplane_enrolled_pods",
             "Pods enrolled in the mesh on this node",
             pods as u64,
+        )?;
+        // Istio's node proxy has no metric for its CA requests; this one
+        // follows our own naming.
+        let (successes, failures) = self.certs.request_counts();
+        let source = self.certs.source().kind();
+        let mut family = encoder.encode_descriptor(
+            "dataplane_ca_requests",
+            "Certificate requests to the workload certificate source (the CA, or reads of \
+             changed mounted files), by source and result; a refused answer counts as an error",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, count) in [("success", successes), ("error", failures)] {
+            let labels = CaRequestLabels { source, result };
+            ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
+        }
+        let (held, wanted) = self.certs.counts();
+        gauge(
+            &mut encoder,
+            "dataplane_certificates_missing",
+            "Workload identities enrolled on this node that have no certificate yet",
+            wanted.saturating_sub(held) as u64,
         )?;
         let issued = self.certs.issued();
         let mut family = encoder.encode_descriptor(

@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use rustls::client::{ResolvesClientCert, Resumption};
 use rustls::crypto::CryptoProvider;
-use rustls::server::{NoServerSessionStorage, ResolvesServerCert, WebPkiClientVerifier};
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::server::{NoServerSessionStorage, ResolvesServerCert};
+use rustls::{ClientConfig, ServerConfig};
 
 use super::verify::{ServerIdentityVerifier, TrustDomainClientVerifier};
 use super::{ALPN_H2, TlsError, provider};
-use crate::identity::{CertStore, Identity};
+use crate::identity::{CertStore, Identity, TrustBundle};
 
 static TLS13_ONLY: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
 
@@ -30,7 +30,7 @@ static TLS13_ONLY: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TL
 /// no ALPN at all is let through (HTTP/2 with prior knowledge still works).
 pub fn server_config(
     resolver: Arc<dyn ResolvesServerCert>,
-    roots: Arc<RootCertStore>,
+    roots: Arc<TrustBundle>,
     trust_domain: &str,
 ) -> Result<Arc<ServerConfig>, TlsError> {
     server_config_with(provider(), resolver, roots, trust_domain)
@@ -42,13 +42,16 @@ pub fn server_config(
 pub fn server_config_with(
     provider: Arc<CryptoProvider>,
     resolver: Arc<dyn ResolvesServerCert>,
-    roots: Arc<RootCertStore>,
+    roots: Arc<TrustBundle>,
     trust_domain: &str,
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    let chain = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
-        .build()
-        .map_err(|source| TlsError::ClientVerifier { source })?;
-    let verifier = Arc::new(TrustDomainClientVerifier::new(chain, trust_domain));
+    // The verifier reads the bundle's roots at each handshake: a root
+    // change needs no new configuration.
+    let verifier = Arc::new(TrustDomainClientVerifier::new(
+        roots,
+        trust_domain,
+        provider.signature_verification_algorithms,
+    ));
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(TLS13_ONLY)
         .map_err(|source| TlsError::Provider { source })?
@@ -71,7 +74,7 @@ pub fn server_config_with(
 /// [`ClientConfigCache`].
 pub fn client_config(
     resolver: Arc<dyn ResolvesClientCert>,
-    roots: Arc<RootCertStore>,
+    roots: Arc<TrustBundle>,
     expected: Vec<Identity>,
 ) -> Result<Arc<ClientConfig>, TlsError> {
     client_config_with(provider(), resolver, roots, expected)
@@ -83,7 +86,7 @@ pub fn client_config(
 pub fn client_config_with(
     provider: Arc<CryptoProvider>,
     resolver: Arc<dyn ResolvesClientCert>,
-    roots: Arc<RootCertStore>,
+    roots: Arc<TrustBundle>,
     expected: Vec<Identity>,
 ) -> Result<Arc<ClientConfig>, TlsError> {
     if expected.is_empty() {
@@ -110,14 +113,14 @@ pub fn client_config_with(
 /// Client configurations by (source identity, expected server identities),
 /// built on first use and shared afterwards.
 ///
-/// A cached configuration stays correct across certificate rotation: its
-/// resolver reads the store's current certificate at every handshake. Build
-/// a new cache when the trusted roots change. Holds at most `capacity`
+/// A cached configuration stays correct across certificate rotation and
+/// root changes: its resolver reads the store's current certificate, and
+/// its verifier the bundle's roots, at every handshake. Holds at most `capacity`
 /// configurations and drops the least recently used beyond that.
 #[derive(Debug)]
 pub struct ClientConfigCache {
     store: Arc<CertStore>,
-    roots: Arc<RootCertStore>,
+    roots: Arc<TrustBundle>,
     capacity: usize,
     entries: Mutex<Entries>,
 }
@@ -133,7 +136,7 @@ struct Entries {
 impl ClientConfigCache {
     /// A cache of configurations presenting certificates from `store` and
     /// trusting `roots`, holding at most `capacity` (at least 1) of them.
-    pub fn new(store: Arc<CertStore>, roots: Arc<RootCertStore>, capacity: usize) -> Self {
+    pub fn new(store: Arc<CertStore>, roots: Arc<TrustBundle>, capacity: usize) -> Self {
         Self {
             store,
             roots,

@@ -6,7 +6,9 @@
 //! `h2`, ECDSA P-256 certificates whose only name is a SPIFFE URI SAN, and
 //! a client certificate on every connection. The client checks the server is
 //! the identity it dialled ([`client_config`]); the server checks the client
-//! is in its trust domain ([`server_config`]); both read the other's identity
+//! is in its trust domain ([`server_config`]); both verify chains against the
+//! roots of a [`crate::identity::TrustBundle`] as they are at the handshake,
+//! so a root change needs no new configuration; both read the other's identity
 //! with [`peer_identity`].
 //!
 //! The crypto provider is aws-lc-rs: on this project's reference machine it
@@ -16,14 +18,19 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use dataplane_user::identity::{Ca, CertStore, Identity};
+//! use dataplane_user::identity::{Ca, CertSource, CertStore, Identity, TrustBundle};
 //! use dataplane_user::tls;
 //!
 //! # fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! tls::install_provider();
 //! let ca = Arc::new(Ca::generate()?);
-//! let roots = Arc::new(ca.root_cert_store()?);
-//! let store = Arc::new(CertStore::new(ca, tls::provider(), Duration::from_secs(24 * 3600)));
+//! let roots = Arc::new(TrustBundle::new(vec![ca.root_der().clone()])?);
+//! let store = Arc::new(CertStore::new(
+//!     CertSource::Builtin(ca),
+//!     roots.clone(),
+//!     tls::provider(),
+//!     Duration::from_secs(24 * 3600),
+//! ));
 //! let server = Identity::new("cluster.local", "ns1", "server")?;
 //! let client = Identity::new("cluster.local", "ns1", "client")?;
 //! let server_config = tls::server_config(store.resolver(server.clone()), roots.clone(), "cluster.local")?;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::ServerName;
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::{ClientConfig, ServerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -18,20 +18,25 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use super::verify::ServerIdentityVerifier;
 use super::*;
-use crate::identity::{Ca, CertStore, Identity};
+use crate::identity::{Ca, CertSource, CertStore, Identity, TrustBundle};
 
 const TD: &str = "cluster.local";
 
 /// One CA and the certificates it issues.
 struct Mesh {
-    roots: Arc<RootCertStore>,
+    roots: Arc<TrustBundle>,
     store: Arc<CertStore>,
 }
 
 fn mesh(validity: Duration) -> Mesh {
     let ca = Arc::new(Ca::generate().unwrap());
-    let roots = Arc::new(ca.root_cert_store().unwrap());
-    let store = Arc::new(CertStore::new(ca, provider(), validity));
+    let roots = Arc::new(TrustBundle::new(vec![ca.root_der().clone()]).unwrap());
+    let store = Arc::new(CertStore::new(
+        CertSource::Builtin(ca),
+        roots.clone(),
+        provider(),
+        validity,
+    ));
     Mesh { roots, store }
 }
 
@@ -253,7 +258,7 @@ async fn tls12_only_client_is_rejected() {
     ))
     .with_protocol_versions(&[&rustls::version::TLS12])
     .unwrap()
-    .with_root_certificates(mesh.roots.clone())
+    .with_root_certificates(mesh.roots.store())
     .with_client_auth_cert(issued.chain.clone(), issued.key.clone_key())
     .unwrap();
     let err = connect(Arc::new(config), addr)

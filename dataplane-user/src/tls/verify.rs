@@ -19,10 +19,10 @@ use rustls::server::ParsedCertificate;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{
     CertificateError, CommonState, DigitallySignedStruct, DistinguishedName, OtherError,
-    RootCertStore, SignatureScheme,
+    SignatureScheme,
 };
 
-use crate::identity::{Identity, IdentityError};
+use crate::identity::{Identity, IdentityError, TrustBundle};
 
 /// Why a peer's certificate was refused after its chain verified.
 ///
@@ -95,18 +95,19 @@ pub fn peer_identity(conn: &CommonState) -> Option<Identity> {
     Identity::from_certificate(leaf).ok()
 }
 
-/// Client side: the server's chain must lead to one of `roots` and its SPIFFE
-/// ID must be one of `expected`. The `ServerName` is ignored.
+/// Client side: the server's chain must lead to one of the bundle's roots
+/// (as they are at the handshake) and its SPIFFE ID must be one of
+/// `expected`. The `ServerName` is ignored.
 #[derive(Debug)]
 pub(super) struct ServerIdentityVerifier {
-    roots: Arc<RootCertStore>,
+    roots: Arc<TrustBundle>,
     expected: Vec<Identity>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
 impl ServerIdentityVerifier {
     pub(super) fn new(
-        roots: Arc<RootCertStore>,
+        roots: Arc<TrustBundle>,
         expected: Vec<Identity>,
         algorithms: WebPkiSupportedAlgorithms,
     ) -> Self {
@@ -132,7 +133,7 @@ impl ServerCertVerifier for ServerIdentityVerifier {
         // stock verifier's checks, minus the host name.
         verify_server_cert_signed_by_trust_anchor(
             &cert,
-            &self.roots,
+            &self.roots.store(),
             intermediates,
             now,
             self.algorithms.all,
@@ -178,19 +179,26 @@ impl ServerCertVerifier for ServerIdentityVerifier {
     }
 }
 
-/// Server side: rustls' webpki client verifier (chain to the roots, validity,
-/// clientAuth EKU, certificate required), then the trust-domain check.
+/// Server side: rustls' webpki client verifier over the bundle's roots as
+/// they are at the handshake (chain, validity, clientAuth EKU, certificate
+/// required), then the trust-domain check.
 #[derive(Debug)]
 pub(super) struct TrustDomainClientVerifier {
-    chain: Arc<dyn ClientCertVerifier>,
+    roots: Arc<TrustBundle>,
     trust_domain: String,
+    algorithms: WebPkiSupportedAlgorithms,
 }
 
 impl TrustDomainClientVerifier {
-    pub(super) fn new(chain: Arc<dyn ClientCertVerifier>, trust_domain: &str) -> Self {
+    pub(super) fn new(
+        roots: Arc<TrustBundle>,
+        trust_domain: &str,
+        algorithms: WebPkiSupportedAlgorithms,
+    ) -> Self {
         Self {
-            chain,
+            roots,
             trust_domain: trust_domain.to_owned(),
+            algorithms,
         }
     }
 }
@@ -205,7 +213,9 @@ impl ClientCertVerifier for TrustDomainClientVerifier {
     }
 
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.chain.root_hint_subjects()
+        // Hints are optional, and the roots may change under us; mesh
+        // clients hold one certificate and present it regardless.
+        &[]
     }
 
     fn verify_client_cert(
@@ -214,7 +224,8 @@ impl ClientCertVerifier for TrustDomainClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.chain
+        self.roots
+            .client_verifier()
             .verify_client_cert(end_entity, intermediates, now)?;
         let presented = Identity::from_certificate(end_entity).map_err(|source| {
             PeerIdentityError::NoIdentity {
@@ -239,7 +250,7 @@ impl ClientCertVerifier for TrustDomainClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.verify_tls12_signature(message, cert, dss)
+        verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -248,10 +259,10 @@ impl ClientCertVerifier for TrustDomainClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.chain.verify_tls13_signature(message, cert, dss)
+        verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.chain.supported_verify_schemes()
+        self.algorithms.supported_schemes()
     }
 }
