@@ -12,6 +12,7 @@
 //! capture (`crate::proxy` does).
 
 pub mod head;
+pub mod linger;
 pub mod pool;
 pub mod preface;
 pub mod server;

@@ -28,6 +28,7 @@ use super::{
 };
 use crate::{
     addr::canonical,
+    hbone::linger::LingerOnClose,
     hbone::{self, PrefaceWatch, ServerContext},
     identity::Identity,
     logging::Chain,
@@ -126,10 +127,15 @@ async fn serve_connection(
     // The handshake is complete once the client's preface and SETTINGS are
     // in: from then on the connection ends as HTTP/2 ends it (GOAWAY, a
     // clean close), and its place among pending handshakes is free.
-    let io = PrefaceWatch::new(tls, move |tls: &TlsStream<TcpStream>| {
-        let _ = SockRef::from(tls.get_ref().0).set_linger(None);
-        drop(slot);
-    });
+    // When HTTP/2 closes the connection, the peer's last frames are read
+    // before the socket goes, so the close reaches it as a FIN.
+    let io = PrefaceWatch::new(
+        LingerOnClose::new(tls),
+        move |tls: &LingerOnClose<TlsStream<TcpStream>>| {
+            let _ = SockRef::from(tls.get_ref().get_ref().0).set_linger(None);
+            drop(slot);
+        },
+    );
     let serve = hbone::serve_connection(io, server);
     tokio::pin!(serve);
     let mut handshaking = true;
