@@ -143,22 +143,23 @@ mod tests {
         }
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
+        let (closed, written) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.unwrap();
-            if lingering {
-                write_and_close(LingerOnClose::new(tcp)).await
+            // The socket is dropped (closed) before the client is told.
+            let n = if lingering {
+                write_and_close(LingerOnClose::with_linger(tcp, Duration::from_millis(300))).await
             } else {
                 write_and_close(tcp).await
-            }
+            };
+            let _ = closed.send(n);
         });
         let mut client = TcpStream::connect(addr).await.unwrap();
         client.write_all(b"unread frames").await.unwrap();
         // Read only once the server has given up writing and closed.
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        let written = written.await.unwrap();
         let mut got = Vec::new();
         let read = client.read_to_end(&mut got).await;
-        drop(client);
-        let written = server.await.unwrap();
         (written, got.len(), read)
     }
 
