@@ -276,21 +276,13 @@ impl IstioCertificateService for CaService {
         &self,
         request: Request<IstioCertificateRequest>,
     ) -> Result<Response<IstioCertificateResponse>, Status> {
-        use prost_types::value::Kind;
         let authorization = request
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let request = request.into_inner();
-        let impersonated = request
-            .metadata
-            .as_ref()
-            .and_then(|m| m.fields.get("ImpersonatedIdentity"))
-            .and_then(|v| match &v.kind {
-                Some(Kind::StringValue(s)) => Some(s.clone()),
-                _ => None,
-            });
+        let impersonated = impersonated_of(&request);
         self.seen
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

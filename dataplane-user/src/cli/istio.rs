@@ -181,13 +181,12 @@ impl IstioArgs {
         if !self.xds {
             return Ok(None);
         }
+        // Missing flags first: they are cheaper to fix than a file.
+        let node = self.node_identity(node_name)?;
         let Some(istiod) = self.endpoint()? else {
             return Ok(None);
         };
-        Ok(Some(XdsConfig {
-            istiod,
-            node: self.node_identity(node_name)?,
-        }))
+        Ok(Some(XdsConfig { istiod, node }))
     }
 }
 
@@ -258,6 +257,56 @@ mod tests {
         let dir = parse(&["--cert-source", "files", "--cert-dir", "/certs"]).cert_dir();
         assert_eq!(dir.unwrap(), Some(PathBuf::from("/certs")));
         assert_eq!(parse(&["--cert-dir", "/certs"]).cert_dir().unwrap(), None);
+    }
+
+    #[test]
+    fn what_istiod_needs_is_asked_for_by_name() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            istio: IstioArgs,
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from([&["t"], args].concat());
+        // clap refuses --xds without an address...
+        let refused = parse(&["--xds"]).map(|_| ()).unwrap_err().to_string();
+        assert!(refused.contains("--istiod-address"), "{refused}");
+        // ...and the istio source without one is refused when read.
+        let istio = parse(&["--cert-source", "istio"]).unwrap().istio;
+        let error = istio.endpoint().unwrap_err().to_string();
+        assert!(error.contains("needs --istiod-address"), "{error}");
+        let bare = parse(&["--xds", "--istiod-address", "istiod:15012"])
+            .unwrap()
+            .istio;
+        let error = bare.xds_config(Some("node-a")).unwrap_err().to_string();
+        assert!(error.contains("--xds needs"), "{error}");
+        // Who the agent is, once it is all given.
+        let full = parse(&[
+            "--xds",
+            "--istiod-address",
+            "istiod.istio-system.svc:15012",
+            "--istiod-root-cert",
+            "/nonexistent/root-cert.pem",
+            "--pod-name",
+            "dataplane-abc",
+            "--instance-ip",
+            "10.0.0.7",
+        ])
+        .unwrap()
+        .istio;
+        let error = full.xds_config(Some("node-a")).unwrap_err().to_string();
+        assert!(error.contains("/nonexistent/root-cert.pem"), "{error}");
+        let node = full.node_identity(Some("node-a")).unwrap();
+        assert_eq!(
+            node.id(),
+            "ztunnel~10.0.0.7~dataplane-abc.istio-system~istio-system.svc.cluster.local"
+        );
+        assert!(
+            full.node_identity(None)
+                .unwrap_err()
+                .to_string()
+                .contains("--node")
+        );
     }
 
     #[test]
