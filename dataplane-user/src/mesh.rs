@@ -16,7 +16,7 @@ use crate::{
     identity::{CertStore, TrustBundle},
     policy::{LiveConnections, Request},
     proxy::handshakes::PendingHandshakes,
-    state::{DeadEndpoints, MeshState, MeshWorkload},
+    state::{DeadEndpoints, MeshState},
     telemetry::{Metrics, Peer},
     tls::ClientConfigCache,
 };
@@ -117,20 +117,11 @@ impl MeshContext {
     /// Who is at `ip`, as far as the configuration says (an unknown
     /// address gives an empty peer).
     pub fn peer_at(&self, ip: std::net::IpAddr) -> Arc<Peer> {
-        self.state()
-            .workloads
-            .by_ip(ip)
-            .map(|w| workload_peer(w))
-            .unwrap_or_default()
+        self.state().peer_at(ip)
     }
 
     /// Decides a connection under the current policies.
     pub fn authorize(&self, request: &Request<'_>) -> Result<(), String> {
         self.state().authorize(request)
     }
-}
-
-/// A configured workload as a connection end.
-pub fn workload_peer(workload: &MeshWorkload) -> Arc<Peer> {
-    Arc::clone(&workload.peer)
 }

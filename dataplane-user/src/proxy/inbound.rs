@@ -21,7 +21,9 @@ use crate::{
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst: Arc<OrigDst>) {
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = ctx.mesh.shutdown.clone();
-    while let Some((stream, peer)) = accept(&listener, &mut shutdown, "inbound").await {
+    while let Some((stream, peer)) =
+        accept(&listener, &mut shutdown, "inbound", &ctx.mesh.metrics).await
+    {
         // Until its relay finishes cleanly, the client's connection may
         // only end in a reset.
         reset_on_close(&stream);
@@ -35,6 +37,9 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                 let local = stream
                     .local_addr()
                     .map(|local| orig_dst.inbound(&stream, local));
+                // One snapshot decides the connection (and is let go before
+                // it is relayed).
+                let state = ctx.mesh.state();
                 let mut flow = Flow {
                     direction: Direction::Inbound,
                     protocol: Protocol::Tcp,
@@ -42,9 +47,9 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                     dst: None,
                     source: Arc::new(Peer {
                         principal: None,
-                        ..(*ctx.mesh.peer_at(src.ip())).clone()
+                        ..(*state.peer_at(src.ip())).clone()
                     }),
-                    destination: ctx.own_peer(),
+                    destination: ctx.own_peer(&state),
                     service: None,
                 };
                 let local = match local {
@@ -54,7 +59,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                     }
                 };
                 flow.dst = Some(local);
-                flow.service = ctx.mesh.state().attribute_service(None, local);
+                flow.service = state.attribute_service(None, local);
                 if is_engine_port(local.port()) {
                     return refuse(
                         stream,
@@ -69,9 +74,10 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                     src,
                     dst: local,
                 };
-                if let Err(reason) = ctx.mesh.authorize(&request) {
+                if let Err(reason) = state.authorize(&request) {
                     return refuse(stream, &flow, &ctx, FailReason::Denied, &reason);
                 }
+                drop(state);
                 let (_live, kill) = ctx.mesh.live.register(None, src, local);
                 tokio::select! {
                     () = connect_and_relay(stream, flow, local, &ctx) => {}

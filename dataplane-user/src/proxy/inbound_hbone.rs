@@ -43,7 +43,9 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
     // Owned here, not detached: stopping the pod ends them. Open HBONE
     // connections drain on their own (GOAWAY).
     let mut connections = JoinSet::new();
-    while let Some((stream, peer)) = accept(&listener, &mut shutdown, "hbone").await {
+    while let Some((stream, peer)) =
+        accept(&listener, &mut shutdown, "hbone", &ctx.mesh.metrics).await
+    {
         // Admitted here, in accept order, before the connection gets a task;
         // while too many shed connections are still open this waits, and
         // new ones wait in the kernel's backlog.
@@ -121,7 +123,7 @@ async fn serve_connection(
         shutdown: ctx.mesh.shutdown.clone(),
         metrics: Arc::clone(&ctx.mesh.metrics),
         source,
-        destination: ctx.own_peer(),
+        destination: ctx.own_peer(&ctx.mesh.state()),
         idle_timeout: ctx.mesh.hbone_idle_timeout,
     };
     // The handshake is complete once the client's preface and SETTINGS are

@@ -115,8 +115,7 @@ impl PodContext {
     /// workload, canonical service and revision, cluster, locality) when
     /// the mesh lists it under its address and identity, else what
     /// enrollment said (name, namespace, identity).
-    pub fn own_peer(&self) -> Arc<crate::telemetry::Peer> {
-        let state = self.mesh.state();
+    pub fn own_peer(&self, state: &crate::state::MeshState) -> Arc<crate::telemetry::Peer> {
         self.ips
             .iter()
             .find_map(|ip| state.workloads.by_ip(*ip))
@@ -305,7 +304,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 async fn accept(
     listener: &TcpListener,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
-    name: &str,
+    name: &'static str,
+    metrics: &crate::telemetry::Metrics,
 ) -> Option<(TcpStream, SocketAddr)> {
     loop {
         let failed = tokio::select! {
@@ -316,10 +316,13 @@ async fn accept(
             _ = shutdown.wait_for(|draining| *draining) => return None,
         };
         warn!(listener = name, error = %failed, "accept failed");
-        if matches!(
-            failed.raw_os_error(),
-            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-        ) {
+        let reason = match failed.raw_os_error() {
+            Some(libc::EMFILE | libc::ENFILE) => "descriptors",
+            Some(libc::ENOBUFS | libc::ENOMEM) => "memory",
+            _ => "other",
+        };
+        metrics.accept_failed(name, reason);
+        if reason != "other" {
             tokio::time::sleep(ACCEPT_BACKOFF).await;
         }
     }

@@ -61,6 +61,15 @@ impl MeshState {
         Some(SocketAddr::new(local, target))
     }
 
+    /// Who is at `ip`, as far as this state says (an unknown address gives
+    /// an empty peer).
+    pub fn peer_at(&self, ip: IpAddr) -> Arc<crate::telemetry::Peer> {
+        self.workloads
+            .by_ip(ip)
+            .map(|w| Arc::clone(&w.peer))
+            .unwrap_or_default()
+    }
+
     /// The service an inbound connection to `dst` (a workload's address and
     /// the app's port) is attributed to: among the services the workload
     /// is an endpoint of, the one the client named (`named`, a hostname),

@@ -102,6 +102,12 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AcceptLabels {
+    listener: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     component: &'static str,
     tag: &'static str,
@@ -131,6 +137,7 @@ pub struct Metrics {
     reloads: Family<ResultLabels, Counter>,
     config_valid: Gauge,
     handshakes_shed: Family<ReasonLabels, Counter>,
+    accept_failures: Family<AcceptLabels, Counter>,
     handshakes_pending: Gauge,
 }
 
@@ -200,6 +207,13 @@ impl Metrics {
              (the previous one stays in force)",
             config_valid.clone(),
         );
+        let accept_failures = Family::<AcceptLabels, Counter>::default();
+        registry.register(
+            "dataplane_accept_failures",
+            "Failed accepts on the in-pod listeners, by listener and reason \
+             (descriptors: out of file descriptors; memory; other)",
+            accept_failures.clone(),
+        );
         let handshakes_shed = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "dataplane_hbone_handshakes_shed",
@@ -236,6 +250,7 @@ impl Metrics {
             reloads,
             config_valid,
             handshakes_shed,
+            accept_failures,
             handshakes_pending,
         }
     }
@@ -293,6 +308,14 @@ impl Metrics {
     /// Counts a connection that could not be set up, in Istio's family.
     pub(super) fn istio_failed(&self, labels: &TcpLabels) {
         self.istio_failed.get_or_create(labels).inc();
+    }
+
+    /// Counts a failed accept on `listener`; `reason` is `descriptors`,
+    /// `memory` or `other`.
+    pub fn accept_failed(&self, listener: &'static str, reason: &'static str) {
+        self.accept_failures
+            .get_or_create(&AcceptLabels { listener, reason })
+            .inc();
     }
 
     /// Counts an inbound handshake shed because of the bound `reason`.

@@ -27,7 +27,9 @@ use crate::{
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst: Arc<OrigDst>) {
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = ctx.mesh.shutdown.clone();
-    while let Some((stream, peer)) = super::accept(&listener, &mut shutdown, "outbound").await {
+    while let Some((stream, peer)) =
+        super::accept(&listener, &mut shutdown, "outbound", &ctx.mesh.metrics).await
+    {
         // Until its relay finishes cleanly, the client's connection may
         // only end in a reset (the agent could be killed while the
         // tunnel opens).
@@ -44,24 +46,22 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
             info_span!("outbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, %src);
         connections.spawn(
             async move {
+                // One snapshot decides the connection (and is let go before
+                // it is relayed).
+                let state = ctx.mesh.state();
                 let flow = Flow {
                     direction: Direction::Outbound,
                     protocol: Protocol::Tcp,
                     src,
                     dst: None,
-                    source: ctx.own_peer(),
+                    source: ctx.own_peer(&state),
                     destination: Arc::default(),
                     service: None,
                 };
                 match dst {
                     Ok(Some(dst)) => {
-                        let plan = plan(
-                            &ctx.mesh.state(),
-                            &ctx.spiffe,
-                            src.ip(),
-                            dst,
-                            &Live(&ctx.mesh.dead),
-                        );
+                        let plan = plan(&state, &ctx.spiffe, src.ip(), dst, &Live(&ctx.mesh.dead));
+                        drop(state);
                         execute(stream, flow, plan, &ctx).await;
                     }
                     Ok(None) => refuse(
