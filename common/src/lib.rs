@@ -29,6 +29,14 @@ pub const HBONE_PORT: u16 = 15008;
 /// them through (the same value Istio uses, 0x539).
 pub const DEFAULT_PROXY_MARK: u32 = 0x539;
 
+/// Default mark of the engine's sockets that connect to an app from the
+/// client's address (IP_TRANSPARENT): next to the proxy mark, and distinct
+/// from it so in-pod routing can send only their replies back to the engine.
+pub const DEFAULT_TRANSPARENT_MARK: u32 = 0x53a;
+
+/// In-pod port of the DNS proxy (Istio's node proxy uses the same).
+pub const DNS_PROXY_PORT: u16 = 15053;
+
 /// `AF_INET`, as the kernel reports a socket family.
 pub const AF_INET: u16 = 2;
 /// `AF_INET6`, as the kernel reports a socket family.
@@ -155,10 +163,16 @@ pub struct AgentConfig {
     pub inbound_port: u16,
     /// In-pod port of the HBONE listener.
     pub hbone_port: u16,
-    /// Explicit padding; always zero.
-    pub _pad: u16,
+    /// In-pod port of the DNS proxy; 0 = no DNS capture.
+    pub dns_port: u16,
     /// Bit set of `AGENT_*` flags.
     pub flags: u32,
+    /// Sockets carrying this mark belong to the engine too: its connections
+    /// to an app from the client's own address. Never captured; 0 = none.
+    /// A separate mark because the pod routes replies to such connections
+    /// back into the engine by mark, which must not catch the engine's other
+    /// connections.
+    pub transparent_mark: u32,
 }
 
 /// [`AgentConfig::flags`] bit: when an enrolled pod's engine listener is
@@ -282,7 +296,7 @@ const _: () = {
     assert!(core::mem::size_of::<IpAddr16>() == 16);
     assert!(core::mem::size_of::<SockTuple>() == 36);
     assert!(core::mem::size_of::<OrigDst>() == 20);
-    assert!(core::mem::size_of::<AgentConfig>() == 16);
+    assert!(core::mem::size_of::<AgentConfig>() == 20);
     assert!(core::mem::size_of::<EnrolledNetns>() == 8);
     assert!(core::mem::size_of::<NetnsPort>() == 16);
     assert!(core::mem::size_of::<NetnsAddr>() == 24);

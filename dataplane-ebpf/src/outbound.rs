@@ -68,9 +68,11 @@ pub fn decide(ctx: &SockAddrContext, dst: IpAddr16, port: u16, family: u16) -> O
     }
     // SAFETY: `sk` of a sock_addr context is a non-null full socket.
     let mark = unsafe { (*(*sa).__bindgen_anon_1.sk).mark };
-    // A zero proxy mark would exempt every unmarked socket: treat it as "no
-    // proxy mark configured".
-    if cfg.proxy_mark != 0 && mark == cfg.proxy_mark {
+    // A zero mark would exempt every unmarked socket: treat it as "no such
+    // mark configured".
+    if (cfg.proxy_mark != 0 && mark == cfg.proxy_mark)
+        || (cfg.transparent_mark != 0 && mark == cfg.transparent_mark)
+    {
         count(Counter::ExemptProxyMark);
         return Outbound::Pass;
     }

@@ -53,7 +53,7 @@ use std::{collections::HashMap, fs::File, io, net::IpAddr, path::PathBuf};
 
 use aya::{Ebpf, EbpfLoader, programs::links::PinnedLink};
 use dataplane_common::{
-    AGENT_FAIL_OPEN, AgentConfig, DEFAULT_PROXY_MARK, HBONE_PORT, INBOUND_PLAINTEXT_PORT, IpAddr16,
+    AGENT_FAIL_OPEN, AgentConfig, DEFAULT_PROXY_MARK, DEFAULT_TRANSPARENT_MARK, HBONE_PORT, INBOUND_PLAINTEXT_PORT, IpAddr16,
     OUTBOUND_PORT,
     maps::{
         PROBE_SOURCES, PROG_CONNECT4, PROG_CONNECT6, PROG_GETPEERNAME4, PROG_GETPEERNAME6,
@@ -136,8 +136,9 @@ impl RedirectorOptions {
                 outbound_port: OUTBOUND_PORT,
                 inbound_port: INBOUND_PLAINTEXT_PORT,
                 hbone_port: HBONE_PORT,
-                _pad: 0,
+                dns_port: 0,
                 flags: 0,
+                transparent_mark: DEFAULT_TRANSPARENT_MARK,
             },
             fail_open: false,
             probe_sources: Vec::new(),
