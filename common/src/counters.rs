@@ -83,6 +83,9 @@ counters! {
     PeerRewritten = 16 => "peer_rewritten",
     /// A map update failed (map full or kernel error).
     MapUpdateFailed = 17 => "map_update_failed",
+    /// The engine's connection to an app from a client's address (its
+    /// tuple recorded by the engine) reached the app uncaptured.
+    TransparentPassed = 18 => "transparent_passed",
 }
 
 /// Number of slots in the `REDIRECT_STATS` array: room for counters added

@@ -35,6 +35,16 @@ pub const PROBE_SOURCES: &str = "PROBE_SOURCES";
 /// (15008) listeners, by pod IP and role port.
 pub const LISTENERS: &str = "LISTENERS";
 
+/// `LruHashMap<SockTuple, u8>`: connections the engine is opening to an
+/// app from the client's own address (transparent sockets, original
+/// source), recorded by the engine between `bind()` and `connect()` and
+/// consumed by `sk_lookup`, which lets exactly those SYNs reach the app
+/// instead of capturing them.
+pub const TPROXY_TUPLES: &str = "TPROXY_TUPLES";
+
+/// Capacity of [`TPROXY_TUPLES`]: transparent connections being opened at
+/// once; an entry lives from `connect()` to the SYN's arrival.
+pub const TPROXY_CAPACITY: u32 = 16_384;
 /// Capacity of [`ORIG_DST`] and [`ORIG_DST_COOKIE`]: concurrent captured
 /// connections the node tracks before the oldest records are evicted.
 pub const ORIG_DST_CAPACITY: u32 = 65_536;

@@ -232,6 +232,14 @@ pub struct PodCaptureState {
     pub captured: bool,
     /// What was checked, or why it is not captured.
     pub reason: String,
+    /// Whether its apps see their clients' own addresses: `None` for a pod
+    /// no longer enrolled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_source: Option<bool>,
+    /// Why original source is off for this pod although the agent has it
+    /// on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_source_error: Option<String>,
 }
 
 /// A workload certificate, without its key.
@@ -323,6 +331,8 @@ impl AgentView {
                     namespace: pod.spec.namespace.clone(),
                     captured,
                     reason,
+                    original_source: Some(pod.original_source),
+                    original_source_error: pod.original_source_error.clone(),
                 }
             })
             .collect();
@@ -332,6 +342,8 @@ impl AgentView {
             namespace: d.namespace,
             captured: false,
             reason: d.reason,
+            original_source: None,
+            original_source_error: None,
         }));
         let errors = recent::global().last_minute();
         let state = self.mesh.state();

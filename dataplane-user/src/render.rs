@@ -124,6 +124,14 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
             format!("{}/{}", pod.namespace, pod.name),
             pod.reason
         );
+        if let Some(on) = pod.original_source {
+            let state = match (on, &pod.original_source_error) {
+                (true, _) => p.good("on"),
+                (false, Some(err)) => format!("{} ({err})", p.bad("off")),
+                (false, None) => "off".to_owned(),
+            };
+            let _ = writeln!(out, "    original source: {state}");
+        }
     }
     let _ = writeln!(out, "conns     {} open", report.connections_open);
     match &report.config_error {
@@ -269,6 +277,8 @@ mod tests {
                 namespace: "shop".into(),
                 captured: false,
                 reason: "unenrolled on request".into(),
+                original_source: None,
+                original_source_error: None,
             }],
             connections_open: 3,
             config_origin: "/etc/mesh.yaml".into(),

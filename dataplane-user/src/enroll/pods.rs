@@ -15,13 +15,17 @@ use tracing::{info, warn};
 
 use super::{
     DepartedPod, EnrollError, PodSpec, PodStatus, StateFile,
+    netns_checks::{netns_still_there, refuse_host_netns},
     spec::{DEPARTED_KEPT, validate},
 };
 use crate::{
     hbone::HbonePool,
     identity::Identity,
     mesh::MeshContext,
-    proxy::{PodContext, PodEngine, PodIdentity, PodListeners, PodNetns, PodTlsDialer},
+    proxy::{
+        PodContext, PodEngine, PodIdentity, PodListeners, PodNetns, PodTlsDialer,
+        original_source::{OriginalSource, PodOriginalSource},
+    },
     redirect::{ExitMode, OrigDstTable, PinLayout, PodCapture, RedirectError, Redirector},
     tls,
 };
@@ -37,6 +41,7 @@ struct EnrolledPod {
     /// new engine: the ports never close, no connection is refused.
     listeners: PodListeners,
     engine: PodEngine,
+    original: PodOriginalSource,
 }
 
 /// Engine settings every enrolled pod shares.
@@ -44,6 +49,8 @@ struct EnrolledPod {
 pub struct EngineSettings {
     /// Socket mark of the engine's own sockets.
     pub proxy_mark: u32,
+    /// Connect to apps from their clients' addresses; `None` = off.
+    pub original_source: Option<OriginalSource>,
     /// Mesh-wide state (workloads, certificates, TLS).
     pub mesh: Arc<MeshContext>,
 }
@@ -103,6 +110,7 @@ struct Prepared {
     netns: PodNetns,
     listeners: PodListeners,
     engine: PodEngine,
+    original: PodOriginalSource,
 }
 
 impl Enrollments {
@@ -303,7 +311,15 @@ impl Enrollments {
             (_, Some((_, listeners))) => listeners,
             _ => PodListeners::create(&netns)?,
         };
-        let prepared = self.prepare(&spec, netns, cookie, listeners)?;
+        let mut prepared = self.prepare(&spec, netns, cookie, listeners)?;
+        if let Some(old) = previous
+            && old.cookie == cookie
+        {
+            // Only the first installation in a namespace saw the setting
+            // as it was before us.
+            prepared.original.installed.set_fwmark_accept |=
+                old.original.installed.set_fwmark_accept;
+        }
         let old = self.pods.remove(&spec.uid);
         if let Some(old) = &old
             && old.cookie != cookie
@@ -321,11 +337,13 @@ impl Enrollments {
                     self.pods.insert(old.spec.uid.clone(), old);
                 }
                 Some(old) => {
+                    prepared.original.tear_down(&prepared.netns);
                     old.engine.stop();
+                    old.original.tear_down(&old.netns);
                     self.forget_identity_if_unused(&old.identity, None);
                     self.persist()?;
                 }
-                None => {}
+                None => prepared.original.tear_down(&prepared.netns),
             }
             return Err(err);
         }
@@ -333,6 +351,9 @@ impl Enrollments {
             info!(pod = %spec.name, namespace = %spec.namespace, uid = %spec.uid, "pod re-enrolled; previous engine stopped");
             let old_identity = old.identity.clone();
             old.engine.stop();
+            if old.cookie != cookie {
+                old.original.tear_down(&old.netns);
+            }
             self.forget_identity_if_unused(&old_identity, Some(&prepared.identity));
         }
         info!(pod = %spec.name, namespace = %spec.namespace, uid = %spec.uid, netns_cookie = cookie, ips = ?spec.ips, "pod enrolled");
@@ -343,6 +364,7 @@ impl Enrollments {
             netns: prepared.netns,
             listeners: prepared.listeners,
             engine: prepared.engine,
+            original: prepared.original,
         };
         let status = status_of(&pod);
         self.pods.insert(pod.spec.uid.clone(), pod);
@@ -398,6 +420,11 @@ impl Enrollments {
             Some(_) => Some(OrigDstTable::open(&self.pins)?),
             None => None,
         };
+        let original = PodOriginalSource::set_up(self.settings.original_source.as_ref(), &netns)
+            .map_err(|source| EnrollError::OriginalSource {
+                uid: spec.uid.clone(),
+                source,
+            })?;
         let pool = HbonePool::new(
             PodTlsDialer {
                 netns: netns.clone(),
@@ -422,6 +449,7 @@ impl Enrollments {
             ips: spec.ips.clone(),
             netns: netns.clone(),
             mark: self.settings.proxy_mark,
+            original_source: original.transparent(self.redirector.as_ref().map(|_| &self.pins))?,
             mesh,
             pool,
             server_tls,
@@ -440,6 +468,7 @@ impl Enrollments {
             netns,
             listeners,
             engine,
+            original,
         })
     }
 
@@ -477,6 +506,7 @@ impl Enrollments {
         );
         self.note_departed(who, reason.to_owned());
         pod.engine.stop();
+        pod.original.tear_down(&pod.netns);
         self.with_redirector(|r| r.unenroll_pod(pod.cookie))?;
         self.forget_identity_if_unused(&pod.identity, None);
         info!(pod = %pod.spec.name, namespace = %pod.spec.namespace, uid, "pod unenrolled");
@@ -546,6 +576,9 @@ impl Enrollments {
         }
         for (_, pod) in self.pods.drain() {
             pod.engine.stop();
+            if mode == ExitMode::Detach {
+                pod.original.tear_down(&pod.netns);
+            }
         }
         if mode == ExitMode::Detach {
             self.state.remove()?;
@@ -581,43 +614,7 @@ fn status_of(pod: &EnrolledPod) -> PodStatus {
     PodStatus {
         spec: pod.spec.clone(),
         netns_cookie: pod.cookie,
+        original_source: pod.original.routing.is_some(),
+        original_source_error: pod.original.error.clone(),
     }
-}
-
-/// Refuses the agent's own network namespace and the init process's: on a
-/// host-network agent they are the node's, and enrolling them would bind
-/// the engine's ports on the node and capture the node's traffic.
-/// Namespaces are compared by identity (device and inode), not by path.
-fn refuse_host_netns(spec: &PodSpec, netns: &PodNetns) -> Result<(), EnrollError> {
-    use std::os::unix::fs::MetadataExt as _;
-    let netns_err = |source| EnrollError::Netns {
-        uid: spec.uid.clone(),
-        path: spec.netns.clone(),
-        source,
-    };
-    let held = netns.identity().map_err(netns_err)?;
-    for (path, whose) in [
-        ("/proc/self/ns/net", "agent's own"),
-        ("/proc/1/ns/net", "node's (init process)"),
-    ] {
-        // An unreadable reference (no /proc/1 in a restricted pid
-        // namespace) cannot be compared; the other one still is.
-        if std::fs::metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == held) {
-            return Err(EnrollError::HostNetns {
-                uid: spec.uid.clone(),
-                path: spec.netns.clone(),
-                whose,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Whether the path still names the namespace we hold open.
-fn netns_still_there(netns: &PodNetns) -> bool {
-    use std::os::unix::fs::MetadataExt as _;
-    let Ok(held) = netns.identity() else {
-        return false;
-    };
-    std::fs::metadata(netns.path()).is_ok_and(|m| (m.dev(), m.ino()) == held)
 }

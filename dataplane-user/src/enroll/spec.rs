@@ -65,6 +65,13 @@ pub struct PodStatus {
     pub spec: PodSpec,
     /// Cookie of its network namespace.
     pub netns_cookie: u64,
+    /// Its apps see their clients' own addresses (original source).
+    #[serde(default)]
+    pub original_source: bool,
+    /// Why original source is off for this pod although the agent has it
+    /// on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_source_error: Option<String>,
 }
 
 /// A pod this agent no longer captures, or could not enroll, and why.

@@ -92,6 +92,10 @@ fn expected() -> BTreeMap<String, MapDefinition> {
             m::LISTENERS,
             def::<ListenerKey, u32>(BPF_MAP_TYPE_SOCKHASH, m::LISTENERS_CAPACITY, 0),
         ),
+        (
+            m::TPROXY_TUPLES,
+            def::<SockTuple, u8>(BPF_MAP_TYPE_LRU_HASH, m::TPROXY_CAPACITY, 0),
+        ),
     ]
     .into_iter()
     .map(|(name, definition)| (name.to_owned(), definition))

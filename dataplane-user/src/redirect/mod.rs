@@ -48,13 +48,14 @@ mod pins;
 mod pods;
 mod raw_link;
 mod stats;
+mod tproxy;
 
 use std::{collections::HashMap, fs::File, io, net::IpAddr, path::PathBuf};
 
 use aya::{Ebpf, EbpfLoader, programs::links::PinnedLink};
 use dataplane_common::{
-    AGENT_FAIL_OPEN, AgentConfig, DEFAULT_PROXY_MARK, DEFAULT_TRANSPARENT_MARK, HBONE_PORT, INBOUND_PLAINTEXT_PORT, IpAddr16,
-    OUTBOUND_PORT,
+    AGENT_FAIL_OPEN, AgentConfig, DEFAULT_PROXY_MARK, DEFAULT_TRANSPARENT_MARK, HBONE_PORT,
+    INBOUND_PLAINTEXT_PORT, IpAddr16, OUTBOUND_PORT,
     maps::{
         PROBE_SOURCES, PROG_CONNECT4, PROG_CONNECT6, PROG_GETPEERNAME4, PROG_GETPEERNAME6,
         PROG_GETSOCKOPT, PROG_SOCKOPS,
@@ -70,6 +71,7 @@ pub use orig_dst::{OrigDstTable, tuple_of};
 pub use pins::{LAYOUT_VERSION, PinLayout};
 pub use pods::{Exclusions, PodCapture};
 pub use stats::{CounterValue, read_counters, read_enrolled_cookies, read_pod_inbound};
+pub use tproxy::TproxyTable;
 
 use kernel_maps::{KernelMaps, collect_keys, ignore_missing};
 use pods::Registration;
@@ -266,6 +268,12 @@ impl Redirector {
             maps,
             registry: HashMap::new(),
         })
+    }
+
+    /// Whether the kernel programs let the engine connect to apps from
+    /// their clients' own addresses: a transparent mark is configured.
+    pub fn original_source_supported(&self) -> bool {
+        self.config.transparent_mark != 0
     }
 
     /// Names of the attached cgroup programs (`dp_connect4`, ...), and
