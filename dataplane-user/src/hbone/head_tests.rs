@@ -38,6 +38,7 @@ fn shop_baggage() -> Baggage {
         workload: ("deployment".into(), "web".into()),
         service: "web".into(),
         version: "v1".into(),
+        ..Baggage::default()
     }
 }
 

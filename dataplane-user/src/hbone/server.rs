@@ -255,7 +255,7 @@ async fn handle_stream(
             );
         }
     };
-    let send = match respond.send_response(status_only(StatusCode::OK), false) {
+    let send = match respond.send_response(ok_with_baggage(&ctx.destination), false) {
         Ok(send) => send,
         Err(err) => {
             let reason = format!("cannot send 200: {err}");
@@ -346,6 +346,17 @@ fn reject(
     let _ = respond.send_response(status_only(status), true);
     let detail = format!("{} {detail}", status.as_u16());
     flow.refuse(&ctx.metrics, reason, &detail);
+}
+
+/// The 200 that opens a tunnel, carrying what the destination is in
+/// `baggage`, as Istio's node proxy answers.
+fn ok_with_baggage(destination: &Peer) -> Response<()> {
+    let mut response = status_only(StatusCode::OK);
+    let baggage = wire::Baggage::of(destination, "", "");
+    if let Ok(value) = http::HeaderValue::from_str(&baggage.header()) {
+        response.headers_mut().insert("baggage", value);
+    }
+    response
 }
 
 fn status_only(status: StatusCode) -> Response<()> {

@@ -72,7 +72,15 @@ async fn hbone_server_with(
                 shutdown,
                 metrics: Arc::new(crate::telemetry::Metrics::new()),
                 source: Arc::default(),
-                destination: Arc::default(),
+                destination: Arc::new(crate::telemetry::Peer {
+                    workload: Some("web-0".into()),
+                    namespace: Some("shop".into()),
+                    canonical_service: Some("web".into()),
+                    canonical_revision: Some("v2".into()),
+                    cluster: Some("east".into()),
+                    region: Some("eu".into()),
+                    ..crate::telemetry::Peer::default()
+                }),
                 idle_timeout: std::time::Duration::from_secs(60),
             };
             tokio::spawn(async move {
@@ -277,6 +285,29 @@ async fn refusals_carry_the_right_status() -> anyhow::Result<()> {
     assert_eq!(
         status(open(&pool, server, &closed.to_string()).await),
         Some(StatusCode::SERVICE_UNAVAILABLE)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_200_says_what_the_destination_is_in_baggage() -> anyhow::Result<()> {
+    let (server, _stop) = hbone_server().await?;
+    let app = echo_app().await?;
+    let io = TcpStream::connect(server).await?;
+    let (send, conn) = h2::client::handshake(io).await?;
+    tokio::spawn(conn);
+    let mut send = send.ready().await?;
+    let request = http::Request::builder()
+        .method("CONNECT")
+        .uri(app.to_string())
+        .body(())?;
+    let (response, _stream) = send.send_request(request, false)?;
+    let response = response.await?;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["baggage"],
+        "k8s.cluster.name=east,k8s.namespace.name=shop,k8s.pod.name=web-0,service.name=web,\
+         service.version=v2,cloud.region=eu"
     );
     Ok(())
 }

@@ -29,12 +29,16 @@ pub struct Baggage {
     pub service: String,
     /// `service.version`.
     pub version: String,
+    /// `cloud.region`, left out when empty.
+    pub region: String,
+    /// `cloud.availability_zone`, left out when empty.
+    pub zone: String,
 }
 
 impl Baggage {
     /// The W3C baggage header value.
     pub fn header(&self) -> String {
-        format!(
+        let mut value = format!(
             "k8s.cluster.name={},k8s.namespace.name={},k8s.{}.name={},service.name={},service.version={}",
             self.cluster,
             self.namespace,
@@ -42,7 +46,39 @@ impl Baggage {
             self.workload.1,
             self.service,
             self.version
-        )
+        );
+        for (key, field) in [
+            ("cloud.region", &self.region),
+            ("cloud.availability_zone", &self.zone),
+        ] {
+            if !field.is_empty() {
+                value.push_str(&format!(",{key}={field}"));
+            }
+        }
+        value
+    }
+
+    /// What Istio's node proxy says of a workload: its pod's namespace
+    /// and name (from enrollment; empty takes the mesh's), and the mesh's
+    /// facts about it (`peer`), with `Kubernetes` and `latest` as defaults.
+    pub fn of(peer: &crate::telemetry::Peer, namespace: &str, pod: &str) -> Self {
+        let or = |value: &Option<String>, default: &str| {
+            value.clone().unwrap_or_else(|| default.to_owned())
+        };
+        let given = |value: &str, fallback: &Option<String>| match value {
+            "" => fallback.clone().unwrap_or_default(),
+            value => value.to_owned(),
+        };
+        let pod = given(pod, &peer.workload);
+        Self {
+            cluster: or(&peer.cluster, "Kubernetes"),
+            namespace: given(namespace, &peer.namespace),
+            service: or(&peer.canonical_service, &pod),
+            workload: ("pod".into(), pod),
+            version: or(&peer.canonical_revision, "latest"),
+            region: peer.region.clone().unwrap_or_default(),
+            zone: peer.zone.clone().unwrap_or_default(),
+        }
     }
 }
 
@@ -119,6 +155,7 @@ mod tests {
             workload: ("pod".into(), "web-0".into()),
             service: "web".into(),
             version: "v1".into(),
+            ..Baggage::default()
         };
         let req = connect_request(
             "10.1.0.12:8080",

@@ -175,20 +175,7 @@ async fn open_tunnel(ctx: &PodContext, hop: &TunnelHop, flow: &Flow) -> Result<T
     };
     // What the mesh says of the pod (canonical service and revision, its
     // cluster), as Istio's node proxy fills it in.
-    let me = &flow.source;
-    let baggage = Baggage {
-        cluster: me.cluster.clone().unwrap_or_else(|| "Kubernetes".into()),
-        namespace: ctx.identity.namespace.clone(),
-        workload: ("pod".into(), ctx.identity.name.clone()),
-        service: me
-            .canonical_service
-            .clone()
-            .unwrap_or_else(|| ctx.identity.name.clone()),
-        version: me
-            .canonical_revision
-            .clone()
-            .unwrap_or_else(|| "latest".into()),
-    };
+    let baggage = Baggage::of(&flow.source, &ctx.identity.namespace, &ctx.identity.name);
     // Boxed: the dial and handshake state is large and only lives while
     // the tunnel opens, not for the connection's whole life.
     Box::pin(
