@@ -127,6 +127,7 @@ fn baggage() -> wire::Baggage {
         workload: ("pod".into(), "web-0".into()),
         service: "web".into(),
         version: "latest".into(),
+        ..wire::Baggage::default()
     }
 }
 
