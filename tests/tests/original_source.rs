@@ -6,7 +6,7 @@
 //! Each case asks the app itself: the echo server records the peer address
 //! of every connection it accepts (`getpeername`). A capture on the server
 //! pod's interface shows that no packet with a client's address ever
-//! leaves the pod.
+//! leaves the pod, also when the app is down and the kernel answers.
 
 use std::{
     io::{Read as _, Write as _},
@@ -18,7 +18,7 @@ use dataplane_tests::{
     capture::PacketCapture,
     mesh::{TwoNodes, addr},
     responder::Responder,
-    traffic::{echo, echo_server},
+    traffic::{echo, echo_server, try_stream},
 };
 
 /// The client address the app saw for the next connection it served.
@@ -106,6 +106,17 @@ fn apps_see_their_clients_own_addresses() -> anyhow::Result<()> {
     let node_local = IpAddr::V4(Ipv4Addr::new(192, 168, 255, 2));
     echo_from_node(&w.n2, node_local, addr(&w.remote, 9000))?;
     assert_eq!(seen_by(&remote)?, node_local, "a node-local client");
+
+    // An app that is down answers the engine's SYN with a kernel RST,
+    // which must come back to the engine (not go out to the client) so
+    // the client is reset at once, plaintext and through a tunnel.
+    for client in [&w.plain, &w.client] {
+        let out = try_stream(
+            client,
+            &["expect-reset", &addr(&w.remote, 9999).to_string()],
+        )?;
+        assert_eq!(out.stdout, "reset", "{out:?}");
+    }
 
     let captured = capture.finish();
     anyhow::ensure!(

@@ -317,8 +317,7 @@ impl Enrollments {
         {
             // Only the first installation in a namespace saw the setting
             // as it was before us.
-            prepared.original.installed.set_fwmark_accept |=
-                old.original.installed.set_fwmark_accept;
+            prepared.original.installed.set_sysctls |= old.original.installed.set_sysctls;
         }
         let old = self.pods.remove(&spec.uid);
         if let Some(old) = &old

@@ -104,8 +104,8 @@ async fn serve_connection(
         dial: {
             let ctx = Arc::clone(&ctx);
             Arc::new(move |client, dst| {
-                let socket = ctx.app_connector(Some(client), dst);
-                Box::pin(async move { socket?.connect(dst).await })
+                let ctx = Arc::clone(&ctx);
+                Box::pin(async move { ctx.connect_app(Some(client), dst).await })
             })
         },
         authorize: {

@@ -144,19 +144,19 @@ impl PodContext {
             .map_or(peer, |ip| SocketAddr::new(*ip, peer.port()))
     }
 
-    /// A socket in the pod ready to connect to the app at `dst`, from the
-    /// address of `client` when original source is on for this pod and
-    /// applies to it, else from the pod's own.
-    pub fn app_connector(
+    /// Connects to the app at `dst` from inside the pod: from the address
+    /// of `client` when original source is on for this pod and applies to
+    /// it, else from the pod's own.
+    pub async fn connect_app(
         &self,
         client: Option<IpAddr>,
         dst: SocketAddr,
-    ) -> std::io::Result<tokio::net::TcpSocket> {
+    ) -> std::io::Result<TcpStream> {
         match (&self.original_source, client) {
             (Some(transparent), Some(client)) if original_source::applies(client, dst.ip()) => {
-                transparent.connector(&self.netns, client, dst)
+                transparent.connect(&self.netns, client, dst).await
             }
-            _ => self.netns.connector(dst, self.mark),
+            _ => self.netns.connector(dst, self.mark)?.connect(dst).await,
         }
     }
 }
@@ -349,33 +349,26 @@ async fn accept(
     }
 }
 
-/// Connects to `dst` from inside the pod (plain TCP, proxy mark) and
-/// relays: outbound direct hops and inbound plaintext.
-/// Connects to `dst` (from the client's own address when `client` is given
-/// and original source is on, see [`PodContext::app_connector`]) and relays.
+/// Connects to `dst` from inside the pod and relays: outbound direct hops
+/// (`client` is `None`: the pod's own address) and inbound plaintext (from
+/// the client's address when original source is on, see
+/// [`PodContext::connect_app`]).
 async fn connect_and_relay(
     downstream: TcpStream,
     flow: Flow,
     (client, dst): (Option<IpAddr>, SocketAddr),
     ctx: &PodContext,
 ) {
-    let upstream = match ctx.app_connector(client, dst) {
-        Ok(socket) => {
-            match Box::pin(tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(dst))).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(err)) => {
-                    let reason = format!("connect failed: {err}");
-                    return refuse(downstream, &flow, ctx, FailReason::ConnectFailed, &reason);
-                }
-                Err(_) => {
-                    let reason = "connect timed out";
-                    return refuse(downstream, &flow, ctx, FailReason::ConnectTimeout, reason);
-                }
-            }
+    let connect = tokio::time::timeout(CONNECT_TIMEOUT, ctx.connect_app(client, dst));
+    let upstream = match Box::pin(connect).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(err)) => {
+            let reason = format!("connect failed: {err}");
+            return refuse(downstream, &flow, ctx, FailReason::ConnectFailed, &reason);
         }
-        Err(err) => {
-            let reason = format!("cannot create socket in pod: {err}");
-            return refuse(downstream, &flow, ctx, FailReason::Internal, &reason);
+        Err(_) => {
+            let reason = "connect timed out";
+            return refuse(downstream, &flow, ctx, FailReason::ConnectTimeout, reason);
         }
     };
     let open = flow.open(&ctx.mesh.metrics);

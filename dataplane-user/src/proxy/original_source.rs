@@ -20,6 +20,10 @@
 //! - `net.ipv4.tcp_fwmark_accept = 1` (IPv4 and IPv6): a socket accepted
 //!   from a marked SYN takes the mark, and so does everything it sends, the
 //!   SYN-ACK included;
+//! - `net.ipv4.fwmark_reflect = 1` and `net.ipv6.fwmark_reflect = 1`: a
+//!   reply the kernel makes without a socket (the RST of a port nobody
+//!   listens on) takes the mark of what it answers, so the engine learns
+//!   the app is down at once instead of its SYN timing out;
 //! - `ip rule add fwmark <mark> lookup <table>` and `ip route add local
 //!   default dev lo table <table>`, for both families: marked packets are
 //!   delivered locally, to the engine's transparent socket.
@@ -51,8 +55,14 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
 use super::PodNetns;
 
-/// The pod's setting that makes accepted sockets take the SYN's mark.
-const FWMARK_ACCEPT: &str = "/proc/sys/net/ipv4/tcp_fwmark_accept";
+/// The pod's settings that carry a marked SYN's mark into everything
+/// answering it: the accepted socket's packets, and the kernel's own
+/// replies (RSTs). The IPv6 one is absent where the pod has no IPv6.
+const SYSCTLS: [&str; 3] = [
+    "/proc/sys/net/ipv4/tcp_fwmark_accept",
+    "/proc/sys/net/ipv4/fwmark_reflect",
+    "/proc/sys/net/ipv6/fwmark_reflect",
+];
 
 /// Every namespace's loopback device has this index: it is registered first.
 const LOOPBACK_IFINDEX: u32 = 1;
@@ -80,9 +90,11 @@ pub enum OriginalSourceError {
         /// The kernel's answer.
         source: io::Error,
     },
-    /// `tcp_fwmark_accept` could not be read or set in the pod.
-    #[error("cannot set {FWMARK_ACCEPT} in the pod's network namespace: {source}")]
+    /// A setting could not be read or set in the pod.
+    #[error("cannot set {path} in the pod's network namespace: {source}")]
     Sysctl {
+        /// The setting's file.
+        path: &'static str,
         /// Underlying error.
         source: io::Error,
     },
@@ -103,24 +115,26 @@ pub struct SourceRouting {
 /// What [`SourceRouting::install`] changed, so that removal undoes only that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Installed {
-    /// `tcp_fwmark_accept` was 0 and is now 1.
-    pub set_fwmark_accept: bool,
+    /// Bit `i` set: [`SYSCTLS`]`[i]` was 0 and the agent set it to 1.
+    pub set_sysctls: u8,
 }
 
 impl SourceRouting {
     /// Installs the rules and routes in the pod (idempotent: what is
     /// already there is kept). IPv6 is skipped where the pod has none.
     pub fn install(&self, netns: &PodNetns) -> Result<Installed, OriginalSourceError> {
-        let set_fwmark_accept = netns
-            .within(|| {
-                let current = std::fs::read_to_string(FWMARK_ACCEPT)?;
-                if current.trim() == "1" {
-                    return Ok(false);
-                }
-                std::fs::write(FWMARK_ACCEPT, "1")?;
-                Ok(true)
-            })
-            .map_err(|source| OriginalSourceError::Sysctl { source })?;
+        let mut set_sysctls = 0;
+        for (bit, path) in SYSCTLS.into_iter().enumerate() {
+            let set = netns
+                .within(|| match std::fs::read_to_string(path) {
+                    Ok(current) if current.trim() == "1" => Ok(false),
+                    Ok(_) => std::fs::write(path, "1").map(|()| true),
+                    Err(err) if err.kind() == io::ErrorKind::NotFound && bit > 0 => Ok(false),
+                    Err(err) => Err(err),
+                })
+                .map_err(|source| OriginalSourceError::Sysctl { path, source })?;
+            set_sysctls |= u8::from(set) << bit;
+        }
         let socket = route_socket(netns)?;
         for family in [AddressFamily::Inet, AddressFamily::Inet6] {
             let rule = self.rule(family);
@@ -147,7 +161,7 @@ impl SourceRouting {
                 }
             }
         }
-        Ok(Installed { set_fwmark_accept })
+        Ok(Installed { set_sysctls })
     }
 
     /// Removes what [`SourceRouting::install`] added. Missing state is not
@@ -174,10 +188,12 @@ impl SourceRouting {
                 }
             }
         }
-        if installed.set_fwmark_accept {
-            netns
-                .within(|| std::fs::write(FWMARK_ACCEPT, "0"))
-                .map_err(|source| OriginalSourceError::Sysctl { source })?;
+        for (bit, path) in SYSCTLS.into_iter().enumerate() {
+            if installed.set_sysctls & (1 << bit) != 0 {
+                netns
+                    .within(|| std::fs::write(path, "0"))
+                    .map_err(|source| OriginalSourceError::Sysctl { path, source })?;
+            }
         }
         Ok(())
     }
@@ -374,24 +390,50 @@ pub struct Transparent {
 }
 
 impl Transparent {
-    /// A socket in the pod bound to `client`'s address, its tuple toward
-    /// `app` recorded, ready to connect.
-    pub fn connector(
+    /// Connects to the app at `app` from a socket in the pod bound to
+    /// `client`'s address, its tuple recorded for `sk_lookup` first.
+    pub async fn connect(
         &self,
         netns: &PodNetns,
         client: IpAddr,
         app: std::net::SocketAddr,
-    ) -> io::Result<tokio::net::TcpSocket> {
+    ) -> io::Result<tokio::net::TcpStream> {
         let socket = netns.transparent_connector(client, app, self.mark)?;
-        if let Some(tuples) = &self.tuples {
-            let bound = socket.local_addr()?;
-            tuples
-                .lock()
-                .map_err(|_| io::Error::other("transparent tuple table poisoned"))?
-                .record(bound, app)
-                .map_err(|e| io::Error::other(crate::logging::Chain(&e).to_string()))?;
+        let Some(tuples) = &self.tuples else {
+            return socket.connect(app).await;
+        };
+        let bound = socket.local_addr()?;
+        tuples
+            .lock()
+            .map_err(|_| io::Error::other("transparent tuple table poisoned"))?
+            .record(bound, app)
+            .map_err(|e| io::Error::other(crate::logging::Chain(&e).to_string()))?;
+        // A SYN that reached the app consumed the entry; one that never
+        // got there (a local failure, a cancelled connect) must not leave
+        // it behind, or a later outside SYN with this tuple would pass.
+        let mut pending = PendingTuple {
+            tuples,
+            tuple: Some((bound, app)),
+        };
+        let stream = socket.connect(app).await?;
+        pending.tuple = None;
+        Ok(stream)
+    }
+}
+
+/// A recorded tuple whose connect has not succeeded; forgotten on drop.
+struct PendingTuple<'a> {
+    tuples: &'a std::sync::Mutex<crate::redirect::TproxyTable>,
+    tuple: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
+}
+
+impl Drop for PendingTuple<'_> {
+    fn drop(&mut self) {
+        if let Some((client, app)) = self.tuple
+            && let Ok(mut table) = self.tuples.lock()
+        {
+            table.forget(client, app);
         }
-        Ok(socket)
     }
 }
 

@@ -47,4 +47,10 @@ impl TproxyTable {
                 source,
             })
     }
+
+    /// Removes the record of a connection whose SYN never reached the app
+    /// (`sk_lookup` removes the others). Absent is fine.
+    pub fn forget(&mut self, client: SocketAddr, app: SocketAddr) {
+        let _ = self.map.remove(&tuple_of(client, app));
+    }
 }
