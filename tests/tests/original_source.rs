@@ -54,6 +54,19 @@ fn echo_from_node(
     })?
 }
 
+/// What `status` says of the pod `name`.
+fn pod_status(
+    agent: &dataplane_tests::Agent,
+    name: &str,
+) -> anyhow::Result<dataplane_user::inspect::PodCaptureState> {
+    agent
+        .status()?
+        .pods
+        .into_iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| anyhow::anyhow!("status lists no pod `{name}`"))
+}
+
 #[test]
 fn apps_see_their_clients_own_addresses() -> anyhow::Result<()> {
     let w = TwoNodes::new("osrc")?;
@@ -62,44 +75,58 @@ fn apps_see_their_clients_own_addresses() -> anyhow::Result<()> {
     let remote = echo_server(&w.remote, 9000)?;
     let capture = PacketCapture::start(&w.remote.netns, "eth0")?;
 
-    echo(&w.client, addr(&w.local, 9000), 64, 1)?;
-    assert_eq!(
-        seen_by(&local)?,
-        IpAddr::from(w.client.ip4),
-        "HBONE, same node"
-    );
-    echo(&w.client, addr(&w.remote, 9000), 64, 2)?;
-    assert_eq!(
-        seen_by(&remote)?,
-        IpAddr::from(w.client.ip4),
-        "HBONE, across nodes"
-    );
-    echo(&w.client, SocketAddr::new(w.remote.ip6.into(), 9000), 64, 3)?;
-    assert_eq!(
-        seen_by(&remote)?,
-        IpAddr::from(w.client.ip6),
-        "HBONE over IPv6"
-    );
-
-    // Plaintext inbound from a pod outside the mesh, same node and across.
-    echo(&w.plain, addr(&w.remote, 9000), 64, 4)?;
-    assert_eq!(
-        seen_by(&remote)?,
-        IpAddr::from(w.plain.ip4),
-        "plaintext, same node"
-    );
-    echo(&w.plain, addr(&w.local, 9000), 64, 5)?;
-    assert_eq!(
-        seen_by(&local)?,
-        IpAddr::from(w.plain.ip4),
-        "plaintext, across nodes"
-    );
-    echo(&w.plain, SocketAddr::new(w.remote.ip6.into(), 9000), 64, 6)?;
-    assert_eq!(
-        seen_by(&remote)?,
-        IpAddr::from(w.plain.ip6),
-        "plaintext over IPv6"
-    );
+    // HBONE from a mesh pod, plaintext from a pod outside the mesh; same
+    // node and across nodes; IPv4 and IPv6.
+    let v6 = |pod: &dataplane_tests::topology::Pod| SocketAddr::new(pod.ip6.into(), 9000);
+    let cases: [(&str, _, _, _, IpAddr); 6] = [
+        (
+            "HBONE, same node",
+            &w.client,
+            addr(&w.local, 9000),
+            &local,
+            w.client.ip4.into(),
+        ),
+        (
+            "HBONE, across nodes",
+            &w.client,
+            addr(&w.remote, 9000),
+            &remote,
+            w.client.ip4.into(),
+        ),
+        (
+            "HBONE over IPv6",
+            &w.client,
+            v6(&w.remote),
+            &remote,
+            w.client.ip6.into(),
+        ),
+        (
+            "plaintext, same node",
+            &w.plain,
+            addr(&w.remote, 9000),
+            &remote,
+            w.plain.ip4.into(),
+        ),
+        (
+            "plaintext, across nodes",
+            &w.plain,
+            addr(&w.local, 9000),
+            &local,
+            w.plain.ip4.into(),
+        ),
+        (
+            "plaintext over IPv6",
+            &w.plain,
+            v6(&w.remote),
+            &remote,
+            w.plain.ip6.into(),
+        ),
+    ];
+    for (seed, (case, client, dst, app, expected)) in cases.into_iter().enumerate() {
+        echo(client, dst, 64, seed as u64)?;
+        let seen: IpAddr = seen_by(app)?;
+        assert_eq!(seen, expected, "{case}");
+    }
 
     // A client on the node itself, from an address local to the node (not
     // the pod-facing one, which is exempt from capture like kubelet's).
@@ -137,12 +164,7 @@ fn apps_see_their_clients_own_addresses() -> anyhow::Result<()> {
         );
     }
 
-    let status = a2.status()?;
-    let pod = status
-        .pods
-        .iter()
-        .find(|p| p.name == "remote")
-        .ok_or_else(|| anyhow::anyhow!("status lists no pod `remote`"))?;
+    let pod = pod_status(&a2, "remote")?;
     assert_eq!(pod.original_source, Some(true), "status: {pod:?}");
     Ok(())
 }
@@ -161,12 +183,7 @@ fn the_opt_out_keeps_the_pods_own_address() -> anyhow::Result<()> {
     echo(&w.plain, addr(&w.remote, 9000), 64, 2)?;
     assert_eq!(seen_by(&remote)?, IpAddr::from(w.remote.ip4), "plaintext");
 
-    let status = a2.status()?;
-    let pod = status
-        .pods
-        .iter()
-        .find(|p| p.name == "remote")
-        .ok_or_else(|| anyhow::anyhow!("status lists no pod `remote`"))?;
+    let pod = pod_status(&a2, "remote")?;
     assert_eq!(pod.original_source, Some(false), "status: {pod:?}");
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use aya::maps::{HashMap, Map, MapData};
+use aya::maps::{HashMap, MapData};
 use dataplane_common::{AF_INET, OrigDst, SockTuple, maps::ORIG_DST};
 
 use super::{PinLayout, RedirectError, keys::addr16};
@@ -23,13 +23,9 @@ impl std::fmt::Debug for OrigDstTable {
 impl OrigDstTable {
     /// Opens the pinned map of the instance laid out by `pins`.
     pub fn open(pins: &PinLayout) -> Result<Self, RedirectError> {
-        let err = |source| RedirectError::Map {
-            name: ORIG_DST,
-            source,
-        };
-        let data = MapData::from_pin(pins.map(ORIG_DST)).map_err(err)?;
-        let map = HashMap::try_from(Map::from_map_data(data).map_err(err)?).map_err(err)?;
-        Ok(Self { map })
+        Ok(Self {
+            map: super::stats::open_pinned(pins, ORIG_DST)?,
+        })
     }
 
     /// The original destination of the connection whose accepted socket has

@@ -21,13 +21,8 @@ pub struct CounterValue {
 
 /// Reads every counter of the instance laid out by `pins`.
 pub fn read_counters(pins: &PinLayout) -> Result<Vec<CounterValue>, RedirectError> {
-    let err = |source| RedirectError::Map {
-        name: REDIRECT_STATS,
-        source,
-    };
-    let data = MapData::from_pin(pins.map(REDIRECT_STATS)).map_err(err)?;
-    let array: PerCpuArray<MapData, u64> =
-        PerCpuArray::try_from(Map::from_map_data(data).map_err(err)?).map_err(err)?;
+    let err = map_error(REDIRECT_STATS);
+    let array: PerCpuArray<MapData, u64> = open_pinned(pins, REDIRECT_STATS)?;
     Counter::ALL
         .iter()
         .map(|counter| {
@@ -62,7 +57,7 @@ pub fn read_pod_inbound(
 }
 
 /// The pinned map `name` of the instance, as a typed aya map.
-fn open_pinned<T>(pins: &PinLayout, name: &'static str) -> Result<T, RedirectError>
+pub(super) fn open_pinned<T>(pins: &PinLayout, name: &'static str) -> Result<T, RedirectError>
 where
     T: TryFrom<Map, Error = MapError>,
 {

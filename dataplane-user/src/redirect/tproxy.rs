@@ -9,10 +9,10 @@
 
 use std::net::SocketAddr;
 
-use aya::maps::{HashMap, Map, MapData};
+use aya::maps::{HashMap, MapData};
 use dataplane_common::{SockTuple, maps::TPROXY_TUPLES};
 
-use super::{PinLayout, RedirectError, orig_dst::tuple_of};
+use super::{PinLayout, RedirectError, orig_dst::tuple_of, stats::open_pinned};
 
 /// The pinned `TPROXY_TUPLES` map, opened by the engine.
 pub struct TproxyTable {
@@ -28,13 +28,9 @@ impl std::fmt::Debug for TproxyTable {
 impl TproxyTable {
     /// Opens the instance's pinned map.
     pub fn open(pins: &PinLayout) -> Result<Self, RedirectError> {
-        let err = |source| RedirectError::Map {
-            name: TPROXY_TUPLES,
-            source,
-        };
-        let data = MapData::from_pin(pins.map(TPROXY_TUPLES)).map_err(err)?;
-        let map = HashMap::try_from(Map::from_map_data(data).map_err(err)?).map_err(err)?;
-        Ok(Self { map })
+        Ok(Self {
+            map: open_pinned(pins, TPROXY_TUPLES)?,
+        })
     }
 
     /// Records the connection about to be made from `client` (the bound
