@@ -232,6 +232,9 @@ pub struct PodCaptureState {
     pub captured: bool,
     /// What was checked, or why it is not captured.
     pub reason: String,
+    /// Whether its DNS is captured into the in-pod resolver.
+    #[serde(default)]
+    pub dns_capture: bool,
 }
 
 /// A workload certificate, without its key.
@@ -323,6 +326,7 @@ impl AgentView {
                     namespace: pod.spec.namespace.clone(),
                     captured,
                     reason,
+                    dns_capture: pod.dns_capture,
                 }
             })
             .collect();
@@ -332,6 +336,7 @@ impl AgentView {
             namespace: d.namespace,
             captured: false,
             reason: d.reason,
+            dns_capture: false,
         }));
         let errors = recent::global().last_minute();
         let state = self.mesh.state();

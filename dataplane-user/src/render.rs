@@ -118,9 +118,10 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
         } else {
             p.bad("not captured")
         };
+        let dns = if pod.dns_capture { "on" } else { "off" };
         let _ = writeln!(
             out,
-            "  {:40} {mark}: {}",
+            "  {:40} {mark}: {} (dns capture {dns})",
             format!("{}/{}", pod.namespace, pod.name),
             pod.reason
         );
@@ -269,6 +270,7 @@ mod tests {
                 namespace: "shop".into(),
                 captured: false,
                 reason: "unenrolled on request".into(),
+                dns_capture: false,
             }],
             connections_open: 3,
             config_origin: "/etc/mesh.yaml".into(),

@@ -377,6 +377,7 @@ pub fn spec_of(pod: &PodView, trust_domain: &str, netns: PathBuf) -> PodSpec {
         // sources stay exempt.
         node_addr: None,
         exclusions: Default::default(),
+        dns_capture: crate::dns::annotation_setting(&pod.annotations),
     }
 }
 
