@@ -261,3 +261,41 @@ pub fn query(
         answers: lines.map(str::to_owned).collect(),
     })
 }
+
+/// glibc's own resolver in `pod`: `getent ahosts NAME` in a private mount
+/// namespace where `/etc/resolv.conf` is `resolv_conf` (nameservers, search
+/// domains, options as a pod's). Returns the distinct addresses, in order,
+/// or an empty list when the name does not resolve.
+pub fn getent(pod: &Pod, resolv_conf: &std::path::Path, name: &str) -> anyhow::Result<Vec<IpAddr>> {
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount --bind \"$0\" /etc/resolv.conf && exec getent ahosts \"$1\"",
+    ])
+    .arg(resolv_conf)
+    .arg(name);
+    let out = spawn_in(cmd, Some(pod.netns.path()), Some(pod.cgroup.path()))?
+        .wait(Duration::from_secs(30))?;
+    // getent exits 2 for a name that does not resolve.
+    anyhow::ensure!(
+        matches!(out.code, Some(0) | Some(2)),
+        "getent ahosts {name} failed: {:?} {}",
+        out.code,
+        out.stderr
+    );
+    let mut addrs: Vec<IpAddr> = Vec::new();
+    for addr in out
+        .stdout
+        .lines()
+        .filter_map(|line| line.split_whitespace().next()?.parse().ok())
+    {
+        if !addrs.contains(&addr) {
+            addrs.push(addr);
+        }
+    }
+    Ok(addrs)
+}

@@ -12,7 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use dataplane_tests::{
     Agent, TempDir,
-    dns::{BIG_RECORDS, DnsReply, FakeDns, query},
+    dns::{BIG_RECORDS, DnsReply, FakeDns, getent, query},
     mesh::{NAMESPACE, config_of, hbone_workload, service, write_config},
     topology::{Node, Pod},
 };
@@ -46,7 +46,10 @@ fn world(tag: &str, upstream: SocketAddr) -> anyhow::Result<World> {
     let dir = TempDir::new(tag)?;
     let mut plain_workload = hbone_workload(&plain, "plain", "node1");
     plain_workload.dns_capture = Some(false);
-    let mut config = config_of(vec![hbone_workload(&client, "client", "node1"), plain_workload]);
+    let mut config = config_of(vec![
+        hbone_workload(&client, "client", "node1"),
+        plain_workload,
+    ]);
     let mut dual = service("dual", NAMESPACE, DUAL_VIP4.into(), &[(80, 9000)]);
     dual.vips.push(DUAL_VIP6.into());
     config.services = vec![
@@ -105,7 +108,10 @@ fn the_reply_comes_from_the_server_asked() -> anyhow::Result<()> {
     let name = format!("echo.{NAMESPACE}.svc.cluster.local.");
     for server in [ASKED_V4, ASKED_V6] {
         let unconnected = query(&w.client, "udp", asked(server), &name, "A", None)?;
-        assert_eq!(unconnected.from, server, "recvfrom of an unconnected socket");
+        assert_eq!(
+            unconnected.from, server,
+            "recvfrom of an unconnected socket"
+        );
         let connected = query(&w.client, "udp-connected", asked(server), &name, "A", None)?;
         assert_eq!(connected.from, server, "recvfrom of a connected socket");
         assert_eq!(connected.peer, server, "getpeername of a connected socket");
@@ -134,8 +140,19 @@ fn short_names_expand_through_the_pods_search_domains() -> anyhow::Result<()> {
     }
     // `echo.svc.cluster.local` is `echo` with `svc.cluster.local` appended:
     // a CNAME to the short name, then its address.
-    let reply = query(&w.client, "udp", server, "echo.svc.cluster.local.", "A", None)?;
-    assert_eq!(reply.answers.first().map(String::as_str), Some("CNAME echo."), "{reply:?}");
+    let reply = query(
+        &w.client,
+        "udp",
+        server,
+        "echo.svc.cluster.local.",
+        "A",
+        None,
+    )?;
+    assert_eq!(
+        reply.answers.first().map(String::as_str),
+        Some("CNAME echo."),
+        "{reply:?}"
+    );
     assert_eq!(a(&reply), [IpAddr::from(ECHO_VIP)]);
     assert_eq!(upstream.queries(), 0);
     Ok(())
@@ -165,7 +182,14 @@ fn other_names_are_forwarded_upstream() -> anyhow::Result<()> {
     let upstream = FakeDns::on_loopback(UPSTREAM_TAG)?;
     let w = world("dnsfwd", upstream.addr())?;
     let server = asked(ASKED_V4);
-    let reply = query(&w.client, "udp-connected", server, "www.up.test.", "A", Some(1232))?;
+    let reply = query(
+        &w.client,
+        "udp-connected",
+        server,
+        "www.up.test.",
+        "A",
+        Some(1232),
+    )?;
     assert_eq!(a(&reply), [IpAddr::from(UPSTREAM_TAG)], "{reply:?}");
     assert_eq!(reply.from, ASKED_V4);
     let reply = query(&w.client, "tcp", server, "www2.up.test.", "A", None)?;
@@ -192,8 +216,8 @@ fn other_names_are_forwarded_upstream() -> anyhow::Result<()> {
 }
 
 #[test]
-fn an_upstream_that_does_not_answer_gives_servfail_before_the_stub_gives_up()
--> anyhow::Result<()> {
+fn an_upstream_that_does_not_answer_gives_servfail_before_the_stub_gives_up() -> anyhow::Result<()>
+{
     // Bound, never answering: the agent must not leave the pod waiting
     // past its own 5 s timeout (dp-dns fails without an answer by then).
     let (_silent, addr) = FakeDns::silent()?;
@@ -214,7 +238,14 @@ fn a_4k_answer_is_truncated_over_udp_and_whole_over_tcp() -> anyhow::Result<()> 
     let upstream = FakeDns::on_loopback(UPSTREAM_TAG)?;
     let w = world("dnsbig", upstream.addr())?;
     let server = asked(ASKED_V4);
-    let udp = query(&w.client, "udp-connected", server, "big.up.test.", "A", Some(1232))?;
+    let udp = query(
+        &w.client,
+        "udp-connected",
+        server,
+        "big.up.test.",
+        "A",
+        Some(1232),
+    )?;
     assert!(udp.truncated, "{udp:?}");
     assert!(udp.answers.is_empty());
     let tcp = query(&w.client, "tcp", server, "big.up.test.", "A", None)?;
@@ -236,7 +267,10 @@ fn a_pod_without_dns_capture_reaches_its_server_untouched() -> anyhow::Result<()
     let mesh_name = format!("echo.{NAMESPACE}.svc.cluster.local.");
 
     let plain = query(&w.plain, "udp-connected", server, &mesh_name, "A", None)?;
-    assert_eq!(plain.rcode, "Non-Existent Domain", "the server itself answered: {plain:?}");
+    assert_eq!(
+        plain.rcode, "Non-Existent Domain",
+        "the server itself answered: {plain:?}"
+    );
     let plain = query(&w.plain, "udp", server, "www.up.test.", "A", None)?;
     assert_eq!(a(&plain), [IpAddr::from(direct_tag)]);
     assert_eq!(direct.queries(), 2);
@@ -258,5 +292,40 @@ fn a_pod_without_dns_capture_reaches_its_server_untouched() -> anyhow::Result<()
     };
     assert_eq!(dns_of("client"), Some(true));
     assert_eq!(dns_of("plain"), Some(false));
+    Ok(())
+}
+
+#[test]
+fn glibc_resolves_mesh_and_upstream_names_with_the_pods_search_path() -> anyhow::Result<()> {
+    let upstream = FakeDns::on_loopback(UPSTREAM_TAG)?;
+    let w = world("dnsglibc", upstream.addr())?;
+    // A pod's resolv.conf as kubelet writes it, pointing at a cluster DNS
+    // address nobody serves: only capture makes names resolve.
+    let conf = TempDir::new("dnsglibc-conf")?;
+    let resolv = conf.path().join("resolv.conf");
+    for nameserver in ["10.1.0.53", "fd00:1::53"] {
+        std::fs::write(
+            &resolv,
+            format!(
+                "nameserver {nameserver}\n\
+                 search {NAMESPACE}.svc.cluster.local svc.cluster.local cluster.local\n\
+                 options ndots:5 attempts:1 timeout:4\n"
+            ),
+        )?;
+        assert_eq!(
+            getent(&w.client, &resolv, "echo")?,
+            [IpAddr::from(ECHO_VIP)],
+            "{nameserver}"
+        );
+        let dual = getent(&w.client, &resolv, &format!("dual.{NAMESPACE}"))?;
+        assert!(dual.contains(&IpAddr::from(DUAL_VIP4)), "{dual:?}");
+        assert!(dual.contains(&IpAddr::from(DUAL_VIP6)), "{dual:?}");
+        assert_eq!(
+            getent(&w.client, &resolv, "www.up.test")?,
+            [IpAddr::from(UPSTREAM_TAG)],
+            "{nameserver}"
+        );
+        assert!(getent(&w.client, &resolv, "missing.up.test")?.is_empty());
+    }
     Ok(())
 }
