@@ -154,9 +154,7 @@ fn answer(raw: &[u8], tag: Ipv4Addr, udp: bool) -> Option<Vec<u8>> {
     reply.queries = request.queries.clone();
     reply.edns = request.edns.clone();
     let name = query.name().to_ascii().to_ascii_lowercase();
-    if !name.ends_with("up.test.") {
-        reply.metadata.response_code = ResponseCode::NXDomain;
-    } else if name == "missing.up.test." {
+    if !name.ends_with("up.test.") || name == "missing.up.test." {
         reply.metadata.response_code = ResponseCode::NXDomain;
     } else if query.query_type() == RecordType::A {
         let addrs: Vec<Ipv4Addr> = if name == "big.up.test." {
