@@ -14,6 +14,7 @@ use dataplane_tests::{
     Agent, TempDir,
     dns::{BIG_RECORDS, DnsReply, FakeDns, getent, query},
     mesh::{NAMESPACE, config_of, hbone_workload, service, write_config},
+    observe::{scrape, sum, value},
     topology::{Node, Pod},
 };
 
@@ -212,6 +213,13 @@ fn other_names_are_forwarded_upstream() -> anyhow::Result<()> {
     // Asked again: from the cache.
     query(&w.client, "udp", server, "www.up.test.", "A", Some(1232))?;
     assert_eq!(upstream.queries(), asked_upstream);
+    let samples = scrape(&w.agent)?;
+    let answers = |kind: &str| value(&samples, "dataplane_dns_answers_total", &[("kind", kind)]);
+    assert_eq!(answers("forwarded"), Some(2.0));
+    assert_eq!(answers("nxdomain"), Some(2.0));
+    assert_eq!(answers("cached"), Some(1.0));
+    assert_eq!(sum(&samples, "istio_dns_requests_total"), 5.0);
+    assert!(sum(&samples, "istio_dns_upstream_requests_total") >= 4.0);
     Ok(())
 }
 
@@ -230,6 +238,20 @@ fn an_upstream_that_does_not_answer_gives_servfail_before_the_stub_gives_up() ->
     let name = format!("echo.{NAMESPACE}.svc.cluster.local.");
     let reply = query(&w.client, "udp", asked(ASKED_V4), &name, "A", None)?;
     assert_eq!(a(&reply), [IpAddr::from(ECHO_VIP)]);
+    let samples = scrape(&w.agent)?;
+    assert_eq!(
+        value(
+            &samples,
+            "dataplane_dns_answers_total",
+            &[("kind", "servfail")]
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(&samples, "dataplane_dns_answers_total", &[("kind", "mesh")]),
+        Some(1.0)
+    );
+    assert!(sum(&samples, "istio_dns_upstream_failures_total") >= 2.0);
     Ok(())
 }
 

@@ -161,19 +161,26 @@ impl DnsSettings {
     /// Settings from the flags; upstream sockets carry `proxy_mark`.
     pub fn new(args: &DnsArgs, mesh: Arc<MeshContext>, proxy_mark: u32) -> Result<Self, DnsError> {
         let servers = if args.dns_upstream.is_empty() {
-            let path = Path::new(NODE_RESOLV_CONF);
-            let text = std::fs::read_to_string(path).map_err(|source| DnsError::ResolvConf {
-                path: NODE_RESOLV_CONF.into(),
-                source,
-            })?;
-            resolv_conf_servers(&text)
+            // A node without a readable resolv.conf must not keep the agent
+            // from starting: forwarded names then get SERVFAIL.
+            match std::fs::read_to_string(Path::new(NODE_RESOLV_CONF)) {
+                Ok(text) => resolv_conf_servers(&text),
+                Err(source) => {
+                    let err = DnsError::ResolvConf {
+                        path: NODE_RESOLV_CONF.into(),
+                        source,
+                    };
+                    warn!(error = %crate::logging::Chain(&err), "no upstream DNS servers");
+                    Vec::new()
+                }
+            }
         } else {
             args.dns_upstream
                 .iter()
                 .map(|v| parse_upstream(v))
                 .collect::<Result<_, _>>()?
         };
-        if servers.is_empty() && args.dns_capture {
+        if servers.is_empty() {
             warn!("no upstream DNS server: names outside the mesh will get SERVFAIL");
         }
         let metrics = DnsMetrics::register(&mesh.metrics);
