@@ -351,3 +351,23 @@ fn glibc_resolves_mesh_and_upstream_names_with_the_pods_search_path() -> anyhow:
     }
     Ok(())
 }
+
+#[test]
+fn the_resolver_is_back_after_an_agent_restart() -> anyhow::Result<()> {
+    let upstream = FakeDns::on_loopback(UPSTREAM_TAG)?;
+    let mut w = world("dnsrestart", upstream.addr())?;
+    let name = format!("echo.{NAMESPACE}.svc.cluster.local.");
+    let server = asked(ASKED_V4);
+    assert_eq!(
+        a(&query(&w.client, "udp", server, &name, "A", None)?),
+        [IpAddr::from(ECHO_VIP)]
+    );
+    // Killed without cleanup, then started again on the same pins: the
+    // pod is re-adopted with its DNS capture.
+    w.agent.restart()?;
+    for mode in ["udp", "udp-connected", "tcp"] {
+        let reply = query(&w.client, mode, server, &name, "A", None)?;
+        assert_eq!(a(&reply), [IpAddr::from(ECHO_VIP)], "{mode}");
+    }
+    Ok(())
+}

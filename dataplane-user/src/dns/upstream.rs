@@ -71,6 +71,7 @@ impl CacheKey {
 #[derive(Debug)]
 struct Cached {
     reply: Vec<u8>,
+    stored: Instant,
     expires: Instant,
 }
 
@@ -85,7 +86,7 @@ impl Cache {
     fn get(&mut self, key: &CacheKey, now: Instant) -> Option<Vec<u8>> {
         let entry = self.entries.get(key)?;
         if entry.expires > now {
-            return Some(entry.reply.clone());
+            return Some(aged(&entry.reply, now.duration_since(entry.stored)));
         }
         self.remove(key);
         None
@@ -120,7 +121,14 @@ impl Cache {
             self.remove(&victim);
         }
         self.bytes += reply.len();
-        self.entries.insert(key, Cached { reply, expires });
+        self.entries.insert(
+            key,
+            Cached {
+                reply,
+                stored: now,
+                expires,
+            },
+        );
     }
 }
 
@@ -307,6 +315,28 @@ impl Forwarder {
     }
 }
 
+/// A cached reply with every record's TTL lowered by the time it spent in
+/// the cache (so clients do not keep it longer than the server said); the
+/// reply as stored when it does not parse again or no whole second passed.
+fn aged(reply: &[u8], age: Duration) -> Vec<u8> {
+    let age = u32::try_from(age.as_secs()).unwrap_or(u32::MAX);
+    if age == 0 {
+        return reply.to_vec();
+    }
+    let Ok(mut message) = Message::from_vec(reply) else {
+        return reply.to_vec();
+    };
+    for record in message
+        .answers
+        .iter_mut()
+        .chain(message.authorities.iter_mut())
+        .chain(message.additionals.iter_mut())
+    {
+        record.ttl = record.ttl.saturating_sub(age);
+    }
+    message.to_vec().unwrap_or_else(|_| reply.to_vec())
+}
+
 /// Parses an upstream reply and checks it answers `request`.
 fn check_reply(server: SocketAddr, request: &Message, reply: &[u8]) -> Result<Message, DnsError> {
     let bad = |reason: &'static str| DnsError::BadReply { server, reason };
@@ -332,6 +362,28 @@ mod tests {
             dnssec_ok: false,
             checking_disabled: false,
         }
+    }
+
+    #[test]
+    #[expect(clippy::unwrap_used, reason = "fixed test input")]
+    fn cached_answers_count_their_ttl_down() {
+        use hickory_proto::{
+            op::{MessageType, OpCode},
+            rr::{Name, RData, Record, rdata::A},
+        };
+        let mut reply = Message::new(1, MessageType::Response, OpCode::Query);
+        reply.answers.push(Record::from_rdata(
+            Name::from_ascii("a.example.").unwrap(),
+            60,
+            RData::A(A(std::net::Ipv4Addr::LOCALHOST)),
+        ));
+        let raw = reply.to_vec().unwrap();
+        let now = Instant::now();
+        let mut cache = Cache::default();
+        cache.insert(key("a"), raw.clone(), now + Duration::from_secs(60), now);
+        assert_eq!(cache.get(&key("a"), now), Some(raw));
+        let later = cache.get(&key("a"), now + Duration::from_secs(25)).unwrap();
+        assert_eq!(Message::from_vec(&later).unwrap().answers[0].ttl, 35);
     }
 
     #[test]

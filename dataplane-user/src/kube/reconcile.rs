@@ -428,6 +428,23 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_istio_dns_capture_annotation_reaches_the_pod_spec() {
+        let mut view = pod("u1", "shop");
+        assert_eq!(
+            spec_of(&view, "cluster.local", "/x".into()).dns_capture,
+            None
+        );
+        view.annotations.insert(
+            crate::dns::DNS_CAPTURE_ANNOTATION.to_owned(),
+            "false".to_owned(),
+        );
+        assert_eq!(
+            spec_of(&view, "cluster.local", "/x".into()).dns_capture,
+            Some(false)
+        );
+    }
+
     fn ambient() -> BTreeMap<String, String> {
         BTreeMap::from([(optin::DATAPLANE_MODE.to_owned(), "ambient".to_owned())])
     }
