@@ -42,6 +42,17 @@ pub const DNS_ORIG_COOKIE: &str = "DNS_ORIG_COOKIE";
 /// Capacity of [`DNS_ORIG_COOKIE`]: sockets with DNS in flight per node.
 pub const DNS_ORIG_CAPACITY: u32 = 16_384;
 
+/// `LruHashMap<SockTuple, u8>`: connections the engine is opening to an
+/// app from the client's own address (transparent sockets, original
+/// source), recorded by the engine between `bind()` and `connect()` and
+/// consumed by `sk_lookup`, which lets exactly those SYNs reach the app
+/// instead of capturing them.
+pub const TPROXY_TUPLES: &str = "TPROXY_TUPLES";
+
+/// Capacity of [`TPROXY_TUPLES`]: transparent connections being opened at
+/// once; an entry lives from `connect()` to the SYN's arrival.
+pub const TPROXY_CAPACITY: u32 = 16_384;
+
 /// Capacity of [`ORIG_DST`] and [`ORIG_DST_COOKIE`]: concurrent captured
 /// connections the node tracks before the oldest records are evicted.
 pub const ORIG_DST_CAPACITY: u32 = 65_536;

@@ -10,7 +10,7 @@ use dataplane_common::{
     NetnsAddr, NetnsPort, OrigDst, PodInbound, PodPort, SockTuple,
     maps::{
         DNS_ORIG_CAPACITY, ENROLLED_CAPACITY, EXCLUSION_CAPACITY, LISTENERS_CAPACITY,
-        ORIG_DST_CAPACITY, POD_IP_CAPACITY, PROBE_SOURCES_CAPACITY,
+        ORIG_DST_CAPACITY, POD_IP_CAPACITY, PROBE_SOURCES_CAPACITY, TPROXY_CAPACITY,
     },
 };
 
@@ -54,6 +54,10 @@ pub static IN_EXCL_PORTS: HashMap<PodPort, u8> = HashMap::with_max_entries(EXCLU
 #[map]
 pub static PROBE_SOURCES: HashMap<IpAddr16, u8> =
     HashMap::with_max_entries(PROBE_SOURCES_CAPACITY, 0);
+
+#[map]
+pub static TPROXY_TUPLES: LruHashMap<SockTuple, u8> =
+    LruHashMap::with_max_entries(TPROXY_CAPACITY, 0);
 
 #[map]
 pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(LISTENERS_CAPACITY, 0);

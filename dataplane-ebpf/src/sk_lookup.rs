@@ -9,8 +9,10 @@
 //! socket's local address. `SK_DROP` ends the lookup with no match, so the
 //! client gets a reset, not a silent timeout.
 //!
-//! Decision chain: not TCP or not an enrolled pod IP -> pass; from the
-//! node-side address or a probe source -> pass; from loopback or from the pod
+//! Decision chain: not TCP or not an enrolled pod IP -> pass; the engine's
+//! own connection to the app from a client's address (its tuple recorded
+//! by the engine) -> pass; from the node-side address or a probe
+//! source -> pass; from loopback or from the pod
 //! itself -> pass; to the HBONE port -> HBONE listener; to an engine capture
 //! port -> drop (never loop); to an excluded port -> pass; anything else ->
 //! inbound listener. A missing listener (agent down) passes or drops per the
@@ -19,12 +21,14 @@
 use aya_ebpf::{macros::sk_lookup, programs::SkLookupContext};
 use dataplane_common::{
     AF_INET, AF_INET6, AGENT_FAIL_OPEN, AgentConfig, Counter, IpAddr16, ListenerKey,
-    POD_CAPTURE_INBOUND, PodInbound, PodPort,
+    POD_CAPTURE_INBOUND, PodInbound, PodPort, SockTuple,
 };
 
 use crate::{
     ctx_words::read_ip6,
-    maps::{IN_EXCL_PORTS, LISTENERS, POD_INBOUND, PROBE_SOURCES, agent_config, count},
+    maps::{
+        IN_EXCL_PORTS, LISTENERS, POD_INBOUND, PROBE_SOURCES, TPROXY_TUPLES, agent_config, count,
+    },
 };
 
 /// Let the lookup go on (with the assigned socket, if any).
@@ -85,6 +89,20 @@ fn lookup(ctx: &SkLookupContext) -> u32 {
     };
     if pod.flags & POD_CAPTURE_INBOUND == 0 {
         count(Counter::SkippedNotEnrolled);
+        return SK_PASS;
+    }
+    // SAFETY: context field read; `remote_port` is network order.
+    let remote_port = u16::from_be(unsafe { (*sl).remote_port });
+    let tuple = SockTuple {
+        src_addr: src,
+        dst_addr: dst,
+        src_port: remote_port,
+        dst_port: local_port as u16,
+    };
+    if TPROXY_TUPLES.get_ptr(tuple).is_some() {
+        // Consumed: a later SYN with the same tuple is a new connection.
+        let _ = TPROXY_TUPLES.remove(tuple);
+        count(Counter::TransparentPassed);
         return SK_PASS;
     }
     if src == pod.node_addr || PROBE_SOURCES.get_ptr(src).is_some() {

@@ -99,6 +99,9 @@ pub enum AgentError {
     /// The Istio flags do not fit together, or a file they name is unusable.
     #[error(transparent)]
     Istio(#[from] crate::cli::istio::IstioArgsError),
+    /// The original-source flags do not fit this agent.
+    #[error(transparent)]
+    OriginalSource(#[from] crate::cli::original_source::OriginalSourceArgsError),
     /// The certificate source's roots cannot form a trust bundle.
     #[error("cannot trust the roots of {source_name}: {source}")]
     TrustBundle {
@@ -180,6 +183,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     let pins = PinLayout::new(&args.state.bpffs, &args.state.instance);
     let mut options = RedirectorOptions::new(cgroup, pins.clone());
     options.config.proxy_mark = args.proxy_mark;
+    options.config.transparent_mark = args.original_source.kernel_mark(args.proxy_mark)?;
     options.fail_open = args.fail_open;
     options.probe_sources = args.probe_sources.clone();
     // Under iptables capture (the benchmarks' baseline) no kernel program
@@ -199,6 +203,11 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
             cgroup: cgroup.to_path_buf(),
         }
     });
+    let original_source = args.original_source.decide(match &redirector {
+        Some(r) if r.original_source_supported() => Ok(()),
+        Some(_) => Err("no transparent mark is configured"),
+        None => Err("iptables capture (our sk_lookup is not loaded)"),
+    })?;
     readiness.done(Step::Programs);
 
     // DNS is captured by the kernel programs only.
@@ -219,6 +228,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
             pins.clone(),
             EngineSettings {
                 proxy_mark: args.proxy_mark,
+                original_source,
                 mesh: Arc::clone(&mesh),
                 dns,
             },

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::redirect::ExitMode;
 
 pub mod istio;
+pub mod original_source;
 
 /// eBPF-accelerated transparent redirection data plane for a service mesh.
 ///
@@ -322,6 +323,9 @@ pub struct RunArgs {
     /// Istio mesh membership: istiod, xDS, certificate source.
     #[command(flatten)]
     pub istio: istio::IstioArgs,
+    /// Whether apps see their clients' own addresses.
+    #[command(flatten)]
+    pub original_source: original_source::OriginalSourceArgs,
 }
 
 /// How pod traffic is steered into the engine.

@@ -232,9 +232,18 @@ pub struct PodCaptureState {
     pub captured: bool,
     /// What was checked, or why it is not captured.
     pub reason: String,
-    /// Whether its DNS is captured into the in-pod resolver.
-    #[serde(default)]
-    pub dns_capture: bool,
+    /// Whether its DNS is captured into the in-pod resolver: `None` for a
+    /// pod no longer enrolled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_capture: Option<bool>,
+    /// Whether its apps see their clients' own addresses: `None` for a pod
+    /// no longer enrolled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_source: Option<bool>,
+    /// Why original source is off for this pod although the agent has it
+    /// on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_source_error: Option<String>,
 }
 
 /// A workload certificate, without its key.
@@ -326,7 +335,9 @@ impl AgentView {
                     namespace: pod.spec.namespace.clone(),
                     captured,
                     reason,
-                    dns_capture: pod.dns_capture,
+                    dns_capture: Some(pod.dns_capture),
+                    original_source: Some(pod.original_source),
+                    original_source_error: pod.original_source_error.clone(),
                 }
             })
             .collect();
@@ -336,7 +347,9 @@ impl AgentView {
             namespace: d.namespace,
             captured: false,
             reason: d.reason,
-            dns_capture: false,
+            dns_capture: None,
+            original_source: None,
+            original_source_error: None,
         }));
         let errors = recent::global().last_minute();
         let state = self.mesh.state();

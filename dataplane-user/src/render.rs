@@ -118,13 +118,23 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
         } else {
             p.bad("not captured")
         };
-        let dns = if pod.dns_capture { "on" } else { "off" };
         let _ = writeln!(
             out,
-            "  {:40} {mark}: {} (dns capture {dns})",
+            "  {:40} {mark}: {}",
             format!("{}/{}", pod.namespace, pod.name),
             pod.reason
         );
+        if let Some(on) = pod.original_source {
+            let state = match (on, &pod.original_source_error) {
+                (true, _) => p.good("on"),
+                (false, Some(err)) => format!("{} ({err})", p.bad("off")),
+                (false, None) => "off".to_owned(),
+            };
+            let _ = writeln!(out, "    original source: {state}");
+        }
+        if let Some(on) = pod.dns_capture {
+            let _ = writeln!(out, "    dns capture: {}", if on { "on" } else { "off" });
+        }
     }
     let _ = writeln!(out, "conns     {} open", report.connections_open);
     match &report.config_error {
@@ -270,7 +280,9 @@ mod tests {
                 namespace: "shop".into(),
                 captured: false,
                 reason: "unenrolled on request".into(),
-                dns_capture: false,
+                dns_capture: None,
+                original_source: None,
+                original_source_error: None,
             }],
             connections_open: 3,
             config_origin: "/etc/mesh.yaml".into(),

@@ -13,11 +13,14 @@ use std::{
 
 use crate::Netns;
 
+/// A captured frame and whether it left through the interface.
+type Frame = (Vec<u8>, bool);
+
 /// A running capture; stop it with [`PacketCapture::finish`].
 #[derive(Debug)]
 pub struct PacketCapture {
     stop: Arc<AtomicBool>,
-    frames: Arc<Mutex<Vec<Vec<u8>>>>,
+    frames: Arc<Mutex<Vec<Frame>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -26,6 +29,9 @@ pub struct PacketCapture {
 pub struct Captured {
     /// Every frame, raw.
     pub frames: Vec<Vec<u8>>,
+    /// For each frame of `frames`: whether it left through the interface
+    /// (`PACKET_OUTGOING`) rather than arrived.
+    pub outgoing: Vec<bool>,
 }
 
 impl Captured {
@@ -34,6 +40,16 @@ impl Captured {
         self.frames
             .iter()
             .any(|f| f.windows(needle.len()).any(|w| w == needle))
+    }
+
+    /// Frames that left through the interface with `src` as their IP
+    /// source address.
+    pub fn outgoing_from(&self, src: std::net::IpAddr) -> usize {
+        self.frames
+            .iter()
+            .zip(&self.outgoing)
+            .filter(|(f, out)| **out && ip_source(f) == Some(src))
+            .count()
     }
 
     /// Frames carrying TCP with `port` as source or destination.
@@ -50,6 +66,22 @@ impl Captured {
             .iter()
             .filter(|f| tcp_ports(f).is_some_and(|(s, d)| s != port && d != port))
             .count()
+    }
+}
+
+/// The IP source address of an Ethernet frame, if it carries IP.
+fn ip_source(frame: &[u8]) -> Option<std::net::IpAddr> {
+    let ethertype = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
+    match ethertype {
+        0x0800 => {
+            let b: [u8; 4] = frame.get(26..30)?.try_into().ok()?;
+            Some(std::net::Ipv4Addr::from(b).into())
+        }
+        0x86dd => {
+            let b: [u8; 16] = frame.get(22..38)?.try_into().ok()?;
+            Some(std::net::Ipv6Addr::from(b).into())
+        }
+        _ => None,
     }
 }
 
@@ -133,14 +165,25 @@ impl PacketCapture {
         let thread = std::thread::spawn(move || {
             let mut buf = vec![0u8; 65_536];
             while !stop2.load(Ordering::Relaxed) {
-                // SAFETY: buf is valid for its length.
+                // SAFETY: zeroed sockaddr_ll is valid; the kernel fills it.
+                let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+                let mut from_len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+                // SAFETY: buf and from are valid for their lengths.
                 let n = unsafe {
-                    libc::recv(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0)
+                    libc::recvfrom(
+                        socket.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        0,
+                        (&raw mut from).cast(),
+                        &raw mut from_len,
+                    )
                 };
                 if n > 0
                     && let Ok(mut frames) = frames2.lock()
                 {
-                    frames.push(buf[..n as usize].to_vec());
+                    let outgoing = from.sll_pkttype == libc::PACKET_OUTGOING;
+                    frames.push((buf[..n as usize].to_vec(), outgoing));
                 }
             }
         });
@@ -157,9 +200,12 @@ impl PacketCapture {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        Captured {
-            frames: self.frames.lock().map(|f| f.clone()).unwrap_or_default(),
-        }
+        let (frames, outgoing) = self
+            .frames
+            .lock()
+            .map(|f| f.iter().cloned().unzip())
+            .unwrap_or_default();
+        Captured { frames, outgoing }
     }
 }
 

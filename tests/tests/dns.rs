@@ -310,7 +310,7 @@ fn a_pod_without_dns_capture_reaches_its_server_untouched() -> anyhow::Result<()
             .pods
             .iter()
             .find(|p| p.name == name)
-            .map(|p| p.dns_capture)
+            .and_then(|p| p.dns_capture)
     };
     assert_eq!(dns_of("client"), Some(true));
     assert_eq!(dns_of("plain"), Some(false));

@@ -13,6 +13,7 @@
 //! the pod list without waiting.
 
 mod actor;
+mod netns_checks;
 mod pods;
 mod spec;
 mod standalone;
@@ -113,6 +114,16 @@ pub enum EnrollError {
     /// The enrollment actor has stopped (the agent is shutting down).
     #[error("the agent is shutting down; enrollment is no longer possible")]
     ActorGone,
+    /// Original source is required (`--original-source on`) and the pod's
+    /// routing for it could not be installed.
+    #[error("cannot set up original source in pod {uid}")]
+    OriginalSource {
+        /// The pod's uid.
+        uid: String,
+        /// What failed.
+        #[source]
+        source: crate::proxy::original_source::OriginalSourceError,
+    },
     /// Starting the listeners' tasks failed.
     #[error("cannot start serving pod {uid}")]
     Serve {

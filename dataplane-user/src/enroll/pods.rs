@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use super::{
     DepartedPod, EnrollError, PodSpec, PodStatus, StateFile,
+    netns_checks::{netns_still_there, refuse_host_netns},
     spec::{DEPARTED_KEPT, validate},
 };
 use crate::{
@@ -22,7 +23,10 @@ use crate::{
     hbone::HbonePool,
     identity::Identity,
     mesh::MeshContext,
-    proxy::{PodContext, PodEngine, PodIdentity, PodListeners, PodNetns, PodTlsDialer},
+    proxy::{
+        PodContext, PodEngine, PodIdentity, PodListeners, PodNetns, PodTlsDialer,
+        original_source::{OriginalSource, PodOriginalSource},
+    },
     redirect::{ExitMode, OrigDstTable, PinLayout, PodCapture, RedirectError, Redirector},
     tls,
 };
@@ -40,6 +44,7 @@ struct EnrolledPod {
     engine: PodEngine,
     /// Its DNS resolver, when its DNS is captured.
     dns: Option<PodDns>,
+    original: PodOriginalSource,
 }
 
 /// Engine settings every enrolled pod shares.
@@ -47,6 +52,8 @@ struct EnrolledPod {
 pub struct EngineSettings {
     /// Socket mark of the engine's own sockets.
     pub proxy_mark: u32,
+    /// Connect to apps from their clients' addresses; `None` = off.
+    pub original_source: Option<OriginalSource>,
     /// Mesh-wide state (workloads, certificates, TLS).
     pub mesh: Arc<MeshContext>,
     /// DNS capture settings; `None` when pods' DNS is never captured
@@ -110,6 +117,7 @@ struct Prepared {
     listeners: PodListeners,
     engine: PodEngine,
     dns: Option<PodDns>,
+    original: PodOriginalSource,
 }
 
 impl Enrollments {
@@ -310,7 +318,15 @@ impl Enrollments {
             (_, Some((_, listeners))) => listeners,
             _ => PodListeners::create(&netns)?,
         };
-        let prepared = self.prepare(&spec, netns, cookie, listeners)?;
+        let mut prepared = self.prepare(&spec, netns, cookie, listeners)?;
+        if let Some(old) = previous
+            && old.cookie == cookie
+        {
+            // Only the first installation in a namespace saw the setting
+            // as it was before us.
+            prepared.original.installed.set_fwmark_accept |=
+                old.original.installed.set_fwmark_accept;
+        }
         let old = self.pods.remove(&spec.uid);
         if let Some(old) = &old
             && old.cookie != cookie
@@ -328,11 +344,13 @@ impl Enrollments {
                     self.pods.insert(old.spec.uid.clone(), old);
                 }
                 Some(old) => {
+                    prepared.original.tear_down(&prepared.netns);
                     old.engine.stop();
+                    old.original.tear_down(&old.netns);
                     self.forget_identity_if_unused(&old.identity, None);
                     self.persist()?;
                 }
-                None => {}
+                None => prepared.original.tear_down(&prepared.netns),
             }
             return Err(err);
         }
@@ -340,6 +358,9 @@ impl Enrollments {
             info!(pod = %spec.name, namespace = %spec.namespace, uid = %spec.uid, "pod re-enrolled; previous engine stopped");
             let old_identity = old.identity.clone();
             old.engine.stop();
+            if old.cookie != cookie {
+                old.original.tear_down(&old.netns);
+            }
             self.forget_identity_if_unused(&old_identity, Some(&prepared.identity));
         }
         info!(pod = %spec.name, namespace = %spec.namespace, uid = %spec.uid, netns_cookie = cookie, ips = ?spec.ips, "pod enrolled");
@@ -351,6 +372,7 @@ impl Enrollments {
             listeners: prepared.listeners,
             engine: prepared.engine,
             dns: prepared.dns,
+            original: prepared.original,
         };
         let status = status_of(&pod);
         self.pods.insert(pod.spec.uid.clone(), pod);
@@ -406,6 +428,11 @@ impl Enrollments {
             Some(_) => Some(OrigDstTable::open(&self.pins)?),
             None => None,
         };
+        let original = PodOriginalSource::set_up(self.settings.original_source.as_ref(), &netns)
+            .map_err(|source| EnrollError::OriginalSource {
+                uid: spec.uid.clone(),
+                source,
+            })?;
         let pool = HbonePool::new(
             PodTlsDialer {
                 netns: netns.clone(),
@@ -430,6 +457,7 @@ impl Enrollments {
             ips: spec.ips.clone(),
             netns: netns.clone(),
             mark: self.settings.proxy_mark,
+            original_source: original.transparent(self.redirector.as_ref().map(|_| &self.pins))?,
             mesh,
             pool,
             server_tls,
@@ -463,6 +491,7 @@ impl Enrollments {
             listeners,
             engine,
             dns,
+            original,
         })
     }
 
@@ -501,6 +530,7 @@ impl Enrollments {
         );
         self.note_departed(who, reason.to_owned());
         pod.engine.stop();
+        pod.original.tear_down(&pod.netns);
         self.with_redirector(|r| r.unenroll_pod(pod.cookie))?;
         self.forget_identity_if_unused(&pod.identity, None);
         info!(pod = %pod.spec.name, namespace = %pod.spec.namespace, uid, "pod unenrolled");
@@ -570,6 +600,9 @@ impl Enrollments {
         }
         for (_, pod) in self.pods.drain() {
             pod.engine.stop();
+            if mode == ExitMode::Detach {
+                pod.original.tear_down(&pod.netns);
+            }
         }
         if mode == ExitMode::Detach {
             self.state.remove()?;
@@ -606,43 +639,7 @@ fn status_of(pod: &EnrolledPod) -> PodStatus {
         spec: pod.spec.clone(),
         netns_cookie: pod.cookie,
         dns_capture: pod.dns.is_some(),
+        original_source: pod.original.routing.is_some(),
+        original_source_error: pod.original.error.clone(),
     }
-}
-
-/// Refuses the agent's own network namespace and the init process's: on a
-/// host-network agent they are the node's, and enrolling them would bind
-/// the engine's ports on the node and capture the node's traffic.
-/// Namespaces are compared by identity (device and inode), not by path.
-fn refuse_host_netns(spec: &PodSpec, netns: &PodNetns) -> Result<(), EnrollError> {
-    use std::os::unix::fs::MetadataExt as _;
-    let netns_err = |source| EnrollError::Netns {
-        uid: spec.uid.clone(),
-        path: spec.netns.clone(),
-        source,
-    };
-    let held = netns.identity().map_err(netns_err)?;
-    for (path, whose) in [
-        ("/proc/self/ns/net", "agent's own"),
-        ("/proc/1/ns/net", "node's (init process)"),
-    ] {
-        // An unreadable reference (no /proc/1 in a restricted pid
-        // namespace) cannot be compared; the other one still is.
-        if std::fs::metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == held) {
-            return Err(EnrollError::HostNetns {
-                uid: spec.uid.clone(),
-                path: spec.netns.clone(),
-                whose,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Whether the path still names the namespace we hold open.
-fn netns_still_there(netns: &PodNetns) -> bool {
-    use std::os::unix::fs::MetadataExt as _;
-    let Ok(held) = netns.identity() else {
-        return false;
-    };
-    std::fs::metadata(netns.path()).is_ok_and(|m| (m.dev(), m.ino()) == held)
 }

@@ -73,6 +73,13 @@ pub struct PodStatus {
     /// default, as applied).
     #[serde(default)]
     pub dns_capture: bool,
+    /// Its apps see their clients' own addresses (original source).
+    #[serde(default)]
+    pub original_source: bool,
+    /// Why original source is off for this pod although the agent has it
+    /// on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_source_error: Option<String>,
 }
 
 /// A pod this agent no longer captures, or could not enroll, and why.

@@ -10,7 +10,13 @@
 //! closed (GOAWAY, then the connection ends): a client that keeps
 //! connections it does not use, or never uses, cannot hold them forever.
 
-use std::{future::Future, net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    net::{IpAddr, SocketAddr},
+    pin::Pin,
+    sync::Arc,
+    time::Duration,
+};
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -38,7 +44,7 @@ use crate::{
 
 /// Dials the app for an accepted tunnel.
 pub type AppDialer = Arc<
-    dyn Fn(SocketAddr) -> Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send>>
+    dyn Fn(IpAddr, SocketAddr) -> Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send>>
         + Send
         + Sync,
 >;
@@ -69,7 +75,7 @@ pub struct ServerContext {
     /// The client's verified SPIFFE identity, read from its certificate
     /// once per connection.
     pub peer_identity: Option<Identity>,
-    /// Opens the connection to the app.
+    /// Opens the connection to the app for a client at the given address.
     pub dial: AppDialer,
     /// The policy hook.
     pub authorize: Authorizer,
@@ -231,7 +237,10 @@ async fn handle_stream(
             &reason,
         );
     }
-    let app = match (ctx.dial)(dst).await {
+    // The TCP peer is the client: its engine dials from inside the client
+    // pod. `forwarded: for=` is never used for this, as any mesh identity
+    // could claim any address there.
+    let app = match (ctx.dial)(canonical(ctx.peer).ip(), dst).await {
         Ok(app) => app,
         Err(err) => {
             let reason = format!("app unreachable: {err}");

@@ -54,7 +54,7 @@ async fn hbone_server_with(
                 local,
                 peer,
                 peer_identity: Some(client_identity()),
-                dial: Arc::new(|dst| Box::pin(TcpStream::connect(dst))),
+                dial: Arc::new(|_client, dst| Box::pin(TcpStream::connect(dst))),
                 authorize: Arc::new(|r| {
                     if r.dst.port() == 9 {
                         Err("port 9 is closed".into())

@@ -80,7 +80,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                 drop(state);
                 let (_live, kill) = ctx.mesh.live.register(None, src, local);
                 tokio::select! {
-                    () = connect_and_relay(stream, flow, local, &ctx) => {}
+                    () = connect_and_relay(stream, flow, (Some(src.ip()), local), &ctx) => {}
                     () = kill.notified() => {}
                 }
             }

@@ -97,16 +97,17 @@ async fn serve_connection(
         principal: peer_identity.as_ref().map(Identity::to_uri),
         ..(*ctx.mesh.peer_at(canonical(peer).ip())).clone()
     });
-    let netns = ctx.netns.clone();
-    let mark = ctx.mark;
     let server = ServerContext {
         local,
         peer,
         peer_identity,
-        dial: Arc::new(move |dst| {
-            let socket = netns.connector(dst, mark);
-            Box::pin(async move { socket?.connect(dst).await })
-        }),
+        dial: {
+            let ctx = Arc::clone(&ctx);
+            Arc::new(move |client, dst| {
+                let socket = ctx.app_connector(Some(client), dst);
+                Box::pin(async move { socket?.connect(dst).await })
+            })
+        },
         authorize: {
             let mesh = Arc::clone(&ctx.mesh);
             Arc::new(move |request| mesh.authorize(request))

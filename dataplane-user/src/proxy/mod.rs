@@ -26,6 +26,7 @@ pub mod inbound;
 pub mod inbound_hbone;
 mod netfilter;
 pub mod orig_dst;
+pub mod original_source;
 pub mod outbound;
 mod pod_netns;
 
@@ -102,6 +103,10 @@ pub struct PodContext {
     pub netns: PodNetns,
     /// Socket mark of the engine's own sockets.
     pub mark: u32,
+    /// How the engine connects to the pod's apps from their clients'
+    /// addresses; `None` when original source is off for this pod (the
+    /// pod's own address is used).
+    pub original_source: Option<original_source::Transparent>,
     /// Mesh-wide state.
     pub mesh: Arc<MeshContext>,
     /// The pod's HBONE client pool.
@@ -137,6 +142,22 @@ impl PodContext {
             .find(|ip| ip.is_ipv4() == peer.is_ipv4())
             .or_else(|| self.ips.first())
             .map_or(peer, |ip| SocketAddr::new(*ip, peer.port()))
+    }
+
+    /// A socket in the pod ready to connect to the app at `dst`, from the
+    /// address of `client` when original source is on for this pod and
+    /// applies to it, else from the pod's own.
+    pub fn app_connector(
+        &self,
+        client: Option<IpAddr>,
+        dst: SocketAddr,
+    ) -> std::io::Result<tokio::net::TcpSocket> {
+        match (&self.original_source, client) {
+            (Some(transparent), Some(client)) if original_source::applies(client, dst.ip()) => {
+                transparent.connector(&self.netns, client, dst)
+            }
+            _ => self.netns.connector(dst, self.mark),
+        }
     }
 }
 
@@ -330,8 +351,15 @@ async fn accept(
 
 /// Connects to `dst` from inside the pod (plain TCP, proxy mark) and
 /// relays: outbound direct hops and inbound plaintext.
-async fn connect_and_relay(downstream: TcpStream, flow: Flow, dst: SocketAddr, ctx: &PodContext) {
-    let upstream = match ctx.netns.connector(dst, ctx.mark) {
+/// Connects to `dst` (from the client's own address when `client` is given
+/// and original source is on, see [`PodContext::app_connector`]) and relays.
+async fn connect_and_relay(
+    downstream: TcpStream,
+    flow: Flow,
+    (client, dst): (Option<IpAddr>, SocketAddr),
+    ctx: &PodContext,
+) {
+    let upstream = match ctx.app_connector(client, dst) {
         Ok(socket) => {
             match Box::pin(tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(dst))).await {
                 Ok(Ok(stream)) => stream,

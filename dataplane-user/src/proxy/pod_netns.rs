@@ -8,7 +8,7 @@
 use std::{
     fs::File,
     io,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     os::fd::{AsFd, BorrowedFd},
     path::{Path, PathBuf},
     sync::{Arc, OnceLock},
@@ -69,7 +69,7 @@ impl PodNetns {
     }
 
     /// Runs `f` with the current thread inside the pod's namespace.
-    fn within<T>(&self, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+    pub(super) fn within<T>(&self, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
         let host = host_netns()?;
         setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
         let result = f();
@@ -144,6 +144,30 @@ impl PodNetns {
         let socket = self.socket(Domain::for_address(dst))?;
         socket.set_mark(mark)?;
         socket.set_tcp_nodelay(true)?;
+        Ok(tokio::net::TcpSocket::from_std_stream(socket.into()))
+    }
+
+    /// A socket inside the pod bound to the client's address `src` (not an
+    /// address of the pod: `IP_TRANSPARENT`), carrying the transparent
+    /// `mark`, ready to connect to the app at `dst` (see
+    /// [`super::original_source`]). `src` and `dst` are of one family.
+    pub fn transparent_connector(
+        &self,
+        src: IpAddr,
+        dst: SocketAddr,
+        mark: u32,
+    ) -> io::Result<tokio::net::TcpSocket> {
+        let socket = self.socket(Domain::for_address(dst))?;
+        socket.set_mark(mark)?;
+        if dst.is_ipv4() {
+            socket.set_ip_transparent_v4(true)?;
+        } else {
+            socket.set_ip_transparent_v6(true)?;
+        }
+        socket.set_tcp_nodelay(true)?;
+        // The port is chosen now (not deferred to connect time): the
+        // `connect` program records the whole tuple for `sk_lookup`.
+        socket.bind(&SocketAddr::new(src, 0).into())?;
         Ok(tokio::net::TcpSocket::from_std_stream(socket.into()))
     }
 }

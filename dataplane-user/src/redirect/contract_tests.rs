@@ -96,6 +96,10 @@ fn expected() -> BTreeMap<String, MapDefinition> {
             m::DNS_ORIG_COOKIE,
             def::<u64, DnsOrigDst>(BPF_MAP_TYPE_LRU_HASH, m::DNS_ORIG_CAPACITY, 0),
         ),
+        (
+            m::TPROXY_TUPLES,
+            def::<SockTuple, u8>(BPF_MAP_TYPE_LRU_HASH, m::TPROXY_CAPACITY, 0),
+        ),
     ]
     .into_iter()
     .map(|(name, definition)| (name.to_owned(), definition))

@@ -48,6 +48,7 @@ mod pins;
 mod pods;
 mod raw_link;
 mod stats;
+mod tproxy;
 
 use std::{collections::HashMap, fs::File, io, net::IpAddr, path::PathBuf};
 
@@ -71,6 +72,7 @@ pub use orig_dst::{OrigDstTable, tuple_of};
 pub use pins::{LAYOUT_VERSION, PinLayout};
 pub use pods::{Exclusions, PodCapture};
 pub use stats::{CounterValue, read_counters, read_enrolled_cookies, read_pod_inbound};
+pub use tproxy::TproxyTable;
 
 use kernel_maps::{KernelMaps, collect_keys, ignore_missing};
 use pods::Registration;
@@ -274,6 +276,12 @@ impl Redirector {
             maps,
             registry: HashMap::new(),
         })
+    }
+
+    /// Whether the kernel programs let the engine connect to apps from
+    /// their clients' own addresses: a transparent mark is configured.
+    pub fn original_source_supported(&self) -> bool {
+        self.config.transparent_mark != 0
     }
 
     /// Names of the attached cgroup programs (`dp_connect4`, ...), and

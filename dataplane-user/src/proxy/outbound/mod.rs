@@ -103,7 +103,7 @@ async fn execute(stream: TcpStream, mut flow: Flow, plan: OutboundPlan, ctx: &Po
         Action::Refuse { reason, detail } => return refuse(stream, &flow, ctx, reason, &detail),
         Action::Hop(Hop::Direct { dst, workload }) => {
             flow.destination = destination(workload.as_deref().map(|w| &w.peer));
-            return connect_and_relay(stream, flow, dst, ctx).await;
+            return connect_and_relay(stream, flow, (None, dst), ctx).await;
         }
         Action::Hop(Hop::Tunnel(hop)) => {
             flow.destination = Arc::clone(&hop.workload.peer);
@@ -128,7 +128,7 @@ async fn execute(stream: TcpStream, mut flow: Flow, plan: OutboundPlan, ctx: &Po
         let hop = match hop {
             Hop::Direct { dst, workload } => {
                 flow.destination = destination(workload.as_deref().map(|w| &w.peer));
-                return connect_and_relay(stream, flow, dst, ctx).await;
+                return connect_and_relay(stream, flow, (None, dst), ctx).await;
             }
             Hop::Tunnel(hop) => hop,
         };

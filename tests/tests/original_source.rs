@@ -1,0 +1,161 @@
+//! Original source: the app sees its client's own address, as behind
+//! Istio's node proxy. The engine connects to the app with a transparent
+//! socket bound to the client's address and the pod's policy routing
+//! brings the replies back (see `proxy::original_source`).
+//!
+//! Each case asks the app itself: the echo server records the peer address
+//! of every connection it accepts (`getpeername`). A capture on the server
+//! pod's interface shows that no packet with a client's address ever
+//! leaves the pod.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream},
+    time::Duration,
+};
+
+use dataplane_tests::{
+    capture::PacketCapture,
+    mesh::{TwoNodes, addr},
+    responder::Responder,
+    traffic::{echo, echo_server},
+};
+
+/// The client address the app saw for the next connection it served.
+fn seen_by(app: &Responder) -> anyhow::Result<IpAddr> {
+    let request = app
+        .next_request(Duration::from_secs(20))
+        .ok_or_else(|| anyhow::anyhow!("the app served no connection"))?;
+    Ok(request.peer.ip().to_canonical())
+}
+
+/// One echo from `src` (an address of the node's own namespace) to `dst`.
+fn echo_from_node(
+    node: &dataplane_tests::topology::Node,
+    src: IpAddr,
+    dst: SocketAddr,
+) -> anyhow::Result<()> {
+    node.netns().run(move || -> anyhow::Result<()> {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(dst),
+            socket2::Type::STREAM,
+            None,
+        )?;
+        socket.bind(&SocketAddr::new(src, 0).into())?;
+        socket.connect_timeout(&dst.into(), Duration::from_secs(10))?;
+        let mut stream: TcpStream = socket.into();
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        stream.write_all(b"from the node")?;
+        stream.shutdown(std::net::Shutdown::Write)?;
+        let mut back = Vec::new();
+        stream.read_to_end(&mut back)?;
+        anyhow::ensure!(back == b"from the node", "echo differs: {back:?}");
+        Ok(())
+    })?
+}
+
+#[test]
+fn apps_see_their_clients_own_addresses() -> anyhow::Result<()> {
+    let w = TwoNodes::new("osrc")?;
+    let (_a1, a2) = w.agents("os", &w.mesh_config())?;
+    let local = echo_server(&w.local, 9000)?;
+    let remote = echo_server(&w.remote, 9000)?;
+    let capture = PacketCapture::start(&w.remote.netns, "eth0")?;
+
+    echo(&w.client, addr(&w.local, 9000), 64, 1)?;
+    assert_eq!(
+        seen_by(&local)?,
+        IpAddr::from(w.client.ip4),
+        "HBONE, same node"
+    );
+    echo(&w.client, addr(&w.remote, 9000), 64, 2)?;
+    assert_eq!(
+        seen_by(&remote)?,
+        IpAddr::from(w.client.ip4),
+        "HBONE, across nodes"
+    );
+    echo(&w.client, SocketAddr::new(w.remote.ip6.into(), 9000), 64, 3)?;
+    assert_eq!(
+        seen_by(&remote)?,
+        IpAddr::from(w.client.ip6),
+        "HBONE over IPv6"
+    );
+
+    // Plaintext inbound from a pod outside the mesh, same node and across.
+    echo(&w.plain, addr(&w.remote, 9000), 64, 4)?;
+    assert_eq!(
+        seen_by(&remote)?,
+        IpAddr::from(w.plain.ip4),
+        "plaintext, same node"
+    );
+    echo(&w.plain, addr(&w.local, 9000), 64, 5)?;
+    assert_eq!(
+        seen_by(&local)?,
+        IpAddr::from(w.plain.ip4),
+        "plaintext, across nodes"
+    );
+    echo(&w.plain, SocketAddr::new(w.remote.ip6.into(), 9000), 64, 6)?;
+    assert_eq!(
+        seen_by(&remote)?,
+        IpAddr::from(w.plain.ip6),
+        "plaintext over IPv6"
+    );
+
+    // A client on the node itself, from an address local to the node (not
+    // the pod-facing one, which is exempt from capture like kubelet's).
+    let node_local = IpAddr::V4(Ipv4Addr::new(192, 168, 255, 2));
+    echo_from_node(&w.n2, node_local, addr(&w.remote, 9000))?;
+    assert_eq!(seen_by(&remote)?, node_local, "a node-local client");
+
+    let captured = capture.finish();
+    anyhow::ensure!(
+        captured.outgoing_from(w.remote.ip4.into()) > 0,
+        "the capture saw nothing leave the server pod; it cannot vouch for anything"
+    );
+    for client in [
+        IpAddr::from(w.client.ip4),
+        w.client.ip6.into(),
+        w.plain.ip4.into(),
+        w.plain.ip6.into(),
+        node_local,
+    ] {
+        assert_eq!(
+            captured.outgoing_from(client),
+            0,
+            "a packet with the client address {client} left the server pod"
+        );
+    }
+
+    let status = a2.status()?;
+    let pod = status
+        .pods
+        .iter()
+        .find(|p| p.name == "remote")
+        .ok_or_else(|| anyhow::anyhow!("status lists no pod `remote`"))?;
+    assert_eq!(pod.original_source, Some(true), "status: {pod:?}");
+    Ok(())
+}
+
+#[test]
+fn the_opt_out_keeps_the_pods_own_address() -> anyhow::Result<()> {
+    let w = TwoNodes::new("osoff")?;
+    let config = w.config()?;
+    let off = ["--original-source", "off"];
+    let _a1 = w.agent("oso", 1, &config, &off)?;
+    let a2 = w.agent("oso", 2, &config, &off)?;
+    let remote = echo_server(&w.remote, 9000)?;
+
+    echo(&w.client, addr(&w.remote, 9000), 64, 1)?;
+    assert_eq!(seen_by(&remote)?, IpAddr::from(w.remote.ip4), "HBONE");
+    echo(&w.plain, addr(&w.remote, 9000), 64, 2)?;
+    assert_eq!(seen_by(&remote)?, IpAddr::from(w.remote.ip4), "plaintext");
+
+    let status = a2.status()?;
+    let pod = status
+        .pods
+        .iter()
+        .find(|p| p.name == "remote")
+        .ok_or_else(|| anyhow::anyhow!("status lists no pod `remote`"))?;
+    assert_eq!(pod.original_source, Some(false), "status: {pod:?}");
+    Ok(())
+}
