@@ -86,6 +86,15 @@ counters! {
     /// The engine's connection to an app from a client's address (its
     /// tuple recorded by the engine) reached the app uncaptured.
     TransparentPassed = 18 => "transparent_passed",
+    /// A DNS query (UDP `sendmsg`/`connect` or TCP `connect` to port 53)
+    /// steered to the pod's resolver.
+    DnsRedirected = 19 => "dns_redirected",
+    /// A DNS query of an enrolled pod left alone: the pod has no DNS
+    /// capture, the socket is the engine's, or the server is on loopback.
+    DnsPassed = 20 => "dns_passed",
+    /// A reply of the pod's resolver shown as coming from the server the
+    /// application asked (`recvmsg`).
+    DnsReplyRewritten = 21 => "dns_reply_rewritten",
 }
 
 /// Number of slots in the `REDIRECT_STATS` array: room for counters added

@@ -197,6 +197,28 @@ pub const ENROLLED_CAPTURE_OUTBOUND: u32 = 1 << 0;
 /// agent clears it when it stops and re-sets it when it re-adopts the pod;
 /// while clear, `connect4`/`connect6` apply the fail-open/fail-closed setting.
 pub const ENROLLED_ENGINE_READY: u32 = 1 << 1;
+/// [`EnrolledNetns::flags`] bit: capture the pod's DNS (UDP and TCP to port
+/// 53) into the agent's in-pod resolver on [`AgentConfig::dns_port`].
+pub const ENROLLED_CAPTURE_DNS: u32 = 1 << 2;
+
+/// The DNS port the kernel programs capture.
+pub const DNS_PORT: u16 = 53;
+
+/// The DNS server a pod's socket asked before the kernel steered it to the
+/// in-pod resolver: the value of `DNS_ORIG_COOKIE`, keyed by socket cookie.
+/// `recvmsg` and `getpeername` show it in place of the resolver's address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DnsOrigDst {
+    /// The server address the application used.
+    pub addr: IpAddr16,
+    /// The server port (53), host byte order.
+    pub port: u16,
+    /// [`AF_INET`] or [`AF_INET6`]: the family of the socket that asked.
+    pub family: u16,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 4],
+}
 
 /// A network namespace and a port: key of the per-pod excluded-port maps.
 #[repr(C)]
@@ -303,6 +325,7 @@ const _: () = {
     assert!(core::mem::size_of::<PodInbound>() == 32);
     assert!(core::mem::size_of::<ListenerKey>() == 20);
     assert!(core::mem::size_of::<PodPort>() == 20);
+    assert!(core::mem::size_of::<DnsOrigDst>() == 24);
 };
 
 #[cfg(feature = "user")]
@@ -320,4 +343,5 @@ mod pod {
     unsafe impl aya::Pod for super::PodInbound {}
     unsafe impl aya::Pod for super::ListenerKey {}
     unsafe impl aya::Pod for super::PodPort {}
+    unsafe impl aya::Pod for super::DnsOrigDst {}
 }

@@ -35,6 +35,13 @@ pub const PROBE_SOURCES: &str = "PROBE_SOURCES";
 /// (15008) listeners, by pod IP and role port.
 pub const LISTENERS: &str = "LISTENERS";
 
+/// `LruHashMap<u64 socket cookie, DnsOrigDst>`: the DNS server a pod's
+/// socket asked before `connect`/`sendmsg` steered it to the in-pod
+/// resolver, for `recvmsg` and `getpeername` (until LRU eviction).
+pub const DNS_ORIG_COOKIE: &str = "DNS_ORIG_COOKIE";
+/// Capacity of [`DNS_ORIG_COOKIE`]: sockets with DNS in flight per node.
+pub const DNS_ORIG_CAPACITY: u32 = 16_384;
+
 /// `LruHashMap<SockTuple, u8>`: connections the engine is opening to an
 /// app from the client's own address (transparent sockets, original
 /// source), recorded by the engine between `bind()` and `connect()` and
@@ -45,6 +52,7 @@ pub const TPROXY_TUPLES: &str = "TPROXY_TUPLES";
 /// Capacity of [`TPROXY_TUPLES`]: transparent connections being opened at
 /// once; an entry lives from `connect()` to the SYN's arrival.
 pub const TPROXY_CAPACITY: u32 = 16_384;
+
 /// Capacity of [`ORIG_DST`] and [`ORIG_DST_COOKIE`]: concurrent captured
 /// connections the node tracks before the oldest records are evicted.
 pub const ORIG_DST_CAPACITY: u32 = 65_536;
@@ -73,6 +81,15 @@ pub const PROG_GETSOCKOPT: &str = "dp_getsockopt";
 pub const PROG_GETPEERNAME4: &str = "dp_getpeername4";
 /// `cgroup/getpeername6`: the same for IPv6 sockets.
 pub const PROG_GETPEERNAME6: &str = "dp_getpeername6";
+/// `cgroup/sendmsg4`: enrolled pods' unconnected UDP DNS queries go to the
+/// in-pod resolver.
+pub const PROG_DNS_SENDMSG4: &str = "dp_dns_sendmsg4";
+/// `cgroup/sendmsg6`: the same for IPv6 sockets.
+pub const PROG_DNS_SENDMSG6: &str = "dp_dns_sendmsg6";
+/// `cgroup/recvmsg4`: the resolver's replies show the server the app asked.
+pub const PROG_DNS_RECVMSG4: &str = "dp_dns_recvmsg4";
+/// `cgroup/recvmsg6`: the same for IPv6 sockets.
+pub const PROG_DNS_RECVMSG6: &str = "dp_dns_recvmsg6";
 /// `sk_lookup`, one link per enrolled pod network namespace: inbound TCP to
 /// the pod's IPs goes to the engine's listeners.
 pub const PROG_SK_LOOKUP: &str = "dp_sk_lookup";

@@ -14,6 +14,7 @@ use dataplane_common::{AF_INET6, IpAddr16};
 
 use crate::{
     ctx_words::{read_ip6, write_ip6},
+    dns_capture,
     outbound::{ALLOW, Outbound, REFUSE, decide},
 };
 
@@ -26,15 +27,26 @@ pub fn dp_connect6(ctx: SockAddrContext) -> i32 {
     let dst = IpAddr16::from_ipv6_words(words);
     // `user_port` holds the network-order port in its low 16 bits.
     let port = u16::from_be(port_be as u16);
+    let listener = if dst.is_ipv4_mapped() {
+        IpAddr16::LOCALHOST_V4_MAPPED
+    } else {
+        IpAddr16::LOCALHOST_V6
+    };
+    // DNS of a pod with DNS capture goes to its resolver (same address
+    // choice as for the outbound listener).
+    if let Some(resolver) = dns_capture::steer(&ctx, dst, port, AF_INET6) {
+        // SAFETY: user_ip6/user_port are writable in connect6 programs,
+        // with 32-bit stores.
+        unsafe {
+            write_ip6(&raw mut (*sa).user_ip6, listener.words);
+            (*sa).user_port = u32::from(resolver.to_be());
+        }
+        return ALLOW;
+    }
     match decide(&ctx, dst, port, AF_INET6) {
         Outbound::Pass => ALLOW,
         Outbound::Refuse => REFUSE,
         Outbound::Redirect(listener_port) => {
-            let listener = if dst.is_ipv4_mapped() {
-                IpAddr16::LOCALHOST_V4_MAPPED
-            } else {
-                IpAddr16::LOCALHOST_V6
-            };
             // SAFETY: user_ip6/user_port are writable in connect6 programs,
             // with 32-bit stores.
             unsafe {

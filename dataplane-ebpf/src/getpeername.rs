@@ -14,6 +14,7 @@ use dataplane_common::{Counter, IpAddr16, OrigDst};
 
 use crate::{
     ctx_words::{read_ip6, write_ip6},
+    dns_capture::recorded_server,
     maps::{ORIG_DST_COOKIE, agent_config, count},
 };
 
@@ -69,11 +70,20 @@ pub fn dp_getpeername6(ctx: SockAddrContext) -> i32 {
 }
 
 /// The original destination of this socket if its current peer port
-/// (`port_be`, as the context holds it) is the outbound listener's.
+/// (`port_be`, as the context holds it) is the outbound listener's, or the
+/// DNS server it asked if its peer is the in-pod resolver.
 #[inline(always)]
 fn original_peer(ctx: &SockAddrContext, port_be: u32) -> Option<OrigDst> {
     let cfg = agent_config()?;
-    if u16::from_be(port_be as u16) != cfg.outbound_port {
+    let port = u16::from_be(port_be as u16);
+    if let Some(server) = recorded_server(ctx, port) {
+        return Some(OrigDst {
+            addr: server.addr,
+            port: server.port,
+            family: server.family,
+        });
+    }
+    if port != cfg.outbound_port {
         return None;
     }
     // SAFETY: helper valid for sock_addr programs since 4.20.

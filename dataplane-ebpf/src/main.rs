@@ -9,6 +9,10 @@
 //! | `dp_getpeername4` | `cgroup/getpeername4`  | 5.8 |
 //! | `dp_getpeername6` | `cgroup/getpeername6`  | 5.8 |
 //! | `dp_sk_lookup`    | `sk_lookup` (per netns) | 5.9 |
+//! | `dp_dns_sendmsg4` | `cgroup/sendmsg4`      | 5.7 (netns cookie in sock_addr) |
+//! | `dp_dns_sendmsg6` | `cgroup/sendmsg6`      | 5.7 (netns cookie in sock_addr) |
+//! | `dp_dns_recvmsg4` | `cgroup/recvmsg4`      | 5.2 |
+//! | `dp_dns_recvmsg6` | `cgroup/recvmsg6`      | 5.2 |
 //!
 //! The cgroup programs attach once, at the agent's cgroup; `dp_sk_lookup`
 //! attaches to each enrolled pod's network namespace. Programs used only as
@@ -25,6 +29,9 @@
 mod connect4;
 mod connect6;
 mod ctx_words;
+mod dns_capture;
+mod dns_recvmsg;
+mod dns_sendmsg;
 mod getpeername;
 mod getsockopt;
 mod maps;

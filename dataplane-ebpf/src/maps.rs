@@ -6,11 +6,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, SockHash},
 };
 use dataplane_common::{
-    AgentConfig, COUNTER_SLOTS, Counter, EnrolledNetns, IpAddr16, ListenerKey, NetnsAddr,
-    NetnsPort, OrigDst, PodInbound, PodPort, SockTuple,
+    AgentConfig, COUNTER_SLOTS, Counter, DnsOrigDst, EnrolledNetns, IpAddr16, ListenerKey,
+    NetnsAddr, NetnsPort, OrigDst, PodInbound, PodPort, SockTuple,
     maps::{
-        ENROLLED_CAPACITY, EXCLUSION_CAPACITY, LISTENERS_CAPACITY, ORIG_DST_CAPACITY,
-        POD_IP_CAPACITY, PROBE_SOURCES_CAPACITY, TPROXY_CAPACITY,
+        DNS_ORIG_CAPACITY, ENROLLED_CAPACITY, EXCLUSION_CAPACITY, LISTENERS_CAPACITY,
+        ORIG_DST_CAPACITY, POD_IP_CAPACITY, PROBE_SOURCES_CAPACITY, TPROXY_CAPACITY,
     },
 };
 
@@ -21,6 +21,10 @@ pub static ENROLLED_NETNS: HashMap<u64, EnrolledNetns> =
 #[map]
 pub static ORIG_DST_COOKIE: LruHashMap<u64, OrigDst> =
     LruHashMap::with_max_entries(ORIG_DST_CAPACITY, 0);
+
+#[map]
+pub static DNS_ORIG_COOKIE: LruHashMap<u64, DnsOrigDst> =
+    LruHashMap::with_max_entries(DNS_ORIG_CAPACITY, 0);
 
 #[map]
 pub static ORIG_DST: LruHashMap<SockTuple, OrigDst> =

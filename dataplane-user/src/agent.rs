@@ -66,6 +66,9 @@ pub enum AgentError {
     /// Re-adopting enrolled pods failed.
     #[error(transparent)]
     Enroll(#[from] EnrollError),
+    /// The DNS settings are unusable.
+    #[error(transparent)]
+    Dns(#[from] crate::dns::DnsError),
     /// The control socket could not be bound.
     #[error("cannot bind the control socket {path}")]
     Control {
@@ -207,6 +210,15 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     })?;
     readiness.done(Step::Programs);
 
+    // DNS is captured by the kernel programs only.
+    let dns = match redirector {
+        Some(_) => Some(Arc::new(crate::dns::DnsSettings::new(
+            &args.dns,
+            Arc::clone(&mesh),
+            args.proxy_mark,
+        )?)),
+        None => None,
+    };
     // From here on the enrollment actor owns the pods and the kernel
     // programs; everything else sends it commands.
     let instance_dir = args.state.state_dir.join(&args.state.instance);
@@ -218,6 +230,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
                 proxy_mark: args.proxy_mark,
                 original_source,
                 mesh: Arc::clone(&mesh),
+                dns,
             },
             StateFile::in_dir(&instance_dir),
         ),

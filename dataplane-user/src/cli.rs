@@ -148,6 +148,10 @@ pub struct PodAddArgs {
     /// Inbound port never captured (repeatable).
     #[arg(long = "exclude-inbound-port")]
     pub exclude_inbound_ports: Vec<u16>,
+    /// Capture the pod's DNS (`true`/`false`) [default: the agent's
+    /// `--dns-capture`].
+    #[arg(long = "dns-capture")]
+    pub dns_capture: Option<bool>,
 }
 
 /// `dataplane redirect ...`
@@ -214,6 +218,9 @@ pub struct RunArgs {
         default_value = "169.254.7.127"
     )]
     pub probe_sources: Vec<std::net::IpAddr>,
+    /// DNS capture.
+    #[command(flatten)]
+    pub dns: crate::dns::DnsArgs,
     /// This node's name: at start, configured workloads with a `netns` are
     /// enrolled when their `node` matches (all of them when unset).
     #[arg(long, env = "DATAPLANE_NODE")]

@@ -232,6 +232,10 @@ pub struct PodCaptureState {
     pub captured: bool,
     /// What was checked, or why it is not captured.
     pub reason: String,
+    /// Whether its DNS is captured into the in-pod resolver: `None` for a
+    /// pod no longer enrolled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_capture: Option<bool>,
     /// Whether its apps see their clients' own addresses: `None` for a pod
     /// no longer enrolled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -331,6 +335,7 @@ impl AgentView {
                     namespace: pod.spec.namespace.clone(),
                     captured,
                     reason,
+                    dns_capture: Some(pod.dns_capture),
                     original_source: Some(pod.original_source),
                     original_source_error: pod.original_source_error.clone(),
                 }
@@ -342,6 +347,7 @@ impl AgentView {
             namespace: d.namespace,
             captured: false,
             reason: d.reason,
+            dns_capture: None,
             original_source: None,
             original_source_error: None,
         }));

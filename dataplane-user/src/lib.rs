@@ -29,6 +29,7 @@ pub mod cli;
 pub mod cni;
 pub mod config;
 pub mod control;
+pub mod dns;
 pub mod enroll;
 pub mod features;
 #[cfg(test)]

@@ -152,6 +152,7 @@ fn pod_command(command: PodCommand) -> anyhow::Result<()> {
                     outbound_cidrs: args.exclude_outbound_cidrs,
                     inbound_ports: args.exclude_inbound_ports,
                 },
+                dns_capture: args.dns_capture,
             };
             let response = control::call(
                 &socket,

@@ -132,6 +132,9 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
             };
             let _ = writeln!(out, "    original source: {state}");
         }
+        if let Some(on) = pod.dns_capture {
+            let _ = writeln!(out, "    dns capture: {}", if on { "on" } else { "off" });
+        }
     }
     let _ = writeln!(out, "conns     {} open", report.connections_open);
     match &report.config_error {
@@ -277,6 +280,7 @@ mod tests {
                 namespace: "shop".into(),
                 captured: false,
                 reason: "unenrolled on request".into(),
+                dns_capture: None,
                 original_source: None,
                 original_source_error: None,
             }],

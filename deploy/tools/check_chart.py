@@ -39,6 +39,7 @@ VARIANTS = {
         "ca": {"secretName": "dataplane-ca"},
         "imagePullSecrets": [{"name": "regcred"}],
         "agent": {"failOpen": True, "extraArgs": ["--proxy-mark=0x540"],
+                  "dnsCapture": True, "dnsUpstream": ["10.96.0.10", "[fd00::a]:53"],
                   "extraEnv": [{"name": "EXTRA", "value": "1"}]},
         "cni": {"confFile": "10-calico.conflist", "onAgentUnreachable": "pass",
                 "kubeconfig": False},

@@ -409,6 +409,7 @@ impl Agent {
             ips: Vec::new(),
             node_addr: None,
             exclusions: Default::default(),
+            dns_capture: None,
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod cni;
 pub mod cni_deploy;
 pub mod cni_kubeapi;
 pub mod counters;
+pub mod dns;
 pub mod istio_resources;
 pub mod istiod;
 pub mod mesh;

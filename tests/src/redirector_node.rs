@@ -267,6 +267,7 @@ impl RedirectorNode {
             exclusions,
             inbound_listener: inbound.as_fd(),
             hbone_listener: hbone.as_fd(),
+            dns_capture: false,
         };
         self.redirector()?.enroll_pod(&capture)?;
         Ok(())

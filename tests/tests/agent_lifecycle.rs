@@ -193,12 +193,16 @@ fn link_pins(pins: &PinLayout) -> Vec<String> {
 
 /// The link pins of an attached agent with no pod enrolled: one per cgroup
 /// program, sorted.
-const CGROUP_LINK_PINS: [&str; 6] = [
+const CGROUP_LINK_PINS: [&str; 10] = [
     "cgroup_connect4_dp_connect4",
     "cgroup_connect6_dp_connect6",
     "cgroup_getpeername4_dp_getpeername4",
     "cgroup_getpeername6_dp_getpeername6",
     "cgroup_getsockopt_dp_getsockopt",
+    "cgroup_recvmsg4_dp_dns_recvmsg4",
+    "cgroup_recvmsg6_dp_dns_recvmsg6",
+    "cgroup_sendmsg4_dp_dns_sendmsg4",
+    "cgroup_sendmsg6_dp_dns_sendmsg6",
     "cgroup_sockops_dp_sockops",
 ];
 
@@ -351,6 +355,12 @@ fn version_lists_every_embedded_program() -> anyhow::Result<()> {
         has_row("dp_getpeername6 cgroup_sock_addr cgroup/getpeername6"),
         "{text}"
     );
+    for hook in ["sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6"] {
+        assert!(
+            has_row(&format!("dp_dns_{hook} cgroup_sock_addr cgroup/{hook}")),
+            "{text}"
+        );
+    }
     assert!(has_row("dp_sk_lookup sk_lookup"), "{text}");
     assert!(has_row("dp_sockops sock_ops"), "{text}");
     assert!(text.contains("aya 0.14.0"), "{text}");
@@ -358,7 +368,7 @@ fn version_lists_every_embedded_program() -> anyhow::Result<()> {
         .args(["version", "--json"])
         .output()?;
     let parsed: serde_json::Value = serde_json::from_slice(&json.stdout)?;
-    assert_eq!(parsed["programs"].as_array().map(Vec::len), Some(7));
+    assert_eq!(parsed["programs"].as_array().map(Vec::len), Some(11));
     Ok(())
 }
 

@@ -61,6 +61,7 @@ impl Recorder {
                     ips: vec![[10, 9, 9, 9].into()],
                     node_addr: None,
                     exclusions: Default::default(),
+                    dns_capture: None,
                 },
             );
         }

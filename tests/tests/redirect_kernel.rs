@@ -654,6 +654,7 @@ fn enroll_refuses_listeners_sk_lookup_could_not_use() -> anyhow::Result<()> {
             exclusions: &exclusions,
             inbound_listener: inbound,
             hbone_listener: good.as_fd(),
+            dns_capture: false,
         };
         let err = w
             .redirector()?

@@ -24,6 +24,8 @@ pub struct PodFacts {
     pub service_account: String,
     /// The opt-in decision.
     pub opt_in: OptIn,
+    /// The pod's `ambient.istio.io/dns-capture` annotation, if set.
+    pub dns_capture: Option<bool>,
 }
 
 /// Looks the pod and its namespace up through `kubeconfig`, within
@@ -81,5 +83,10 @@ async fn lookup_async(kubeconfig: &Path, pod_ref: &PodRef) -> Result<PodFacts, S
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "default".into()),
         opt_in,
+        dns_capture: pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(crate::dns::annotation_setting),
     })
 }

@@ -213,6 +213,7 @@ fn add(env: &CniEnv, conf: &PluginConf) -> Result<String, CniError> {
         .map(|f| f.uid.clone())
         .or_else(|| pod.uid.clone())
         .unwrap_or_else(|| format!("cni-{container_id}"));
+    let dns_capture = facts.as_ref().and_then(|f| f.dns_capture);
     let spec = PodSpec {
         uid,
         name: pod.name.clone(),
@@ -225,6 +226,7 @@ fn add(env: &CniEnv, conf: &PluginConf) -> Result<String, CniError> {
         ips,
         node_addr: result.node_side(),
         exclusions: Default::default(),
+        dns_capture,
     };
     let request = Request::Add {
         pod: Box::new(spec),

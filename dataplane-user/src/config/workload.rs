@@ -136,6 +136,10 @@ pub struct Workload {
     /// Region, zone and subzone.
     #[serde(default, skip_serializing_if = "Locality::is_empty")]
     pub locality: Locality,
+    /// Capture this workload's DNS when the agent enrolls it from the
+    /// config (standalone mode); unset: the agent's `--dns-capture`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_capture: Option<bool>,
 }
 
 fn default_service_account() -> String {

@@ -209,6 +209,7 @@ mod tests {
             ips: vec!["10.1.0.5".parse().unwrap(), "fd00::5".parse().unwrap()],
             node_addr: Some("10.1.0.1".parse().unwrap()),
             exclusions: Default::default(),
+            dns_capture: None,
         };
         for request in [
             Request::Add { pod: Box::new(pod) },

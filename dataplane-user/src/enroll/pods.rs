@@ -19,6 +19,7 @@ use super::{
     spec::{DEPARTED_KEPT, validate},
 };
 use crate::{
+    dns::{DnsSettings, PodDns},
     hbone::HbonePool,
     identity::Identity,
     mesh::MeshContext,
@@ -41,6 +42,8 @@ struct EnrolledPod {
     /// new engine: the ports never close, no connection is refused.
     listeners: PodListeners,
     engine: PodEngine,
+    /// Its DNS resolver, when its DNS is captured.
+    dns: Option<PodDns>,
     original: PodOriginalSource,
 }
 
@@ -53,6 +56,9 @@ pub struct EngineSettings {
     pub original_source: Option<OriginalSource>,
     /// Mesh-wide state (workloads, certificates, TLS).
     pub mesh: Arc<MeshContext>,
+    /// DNS capture settings; `None` when pods' DNS is never captured
+    /// (iptables capture).
+    pub dns: Option<Arc<DnsSettings>>,
 }
 
 /// Every pod this agent instance has enrolled, and the kernel programs
@@ -110,6 +116,7 @@ struct Prepared {
     netns: PodNetns,
     listeners: PodListeners,
     engine: PodEngine,
+    dns: Option<PodDns>,
     original: PodOriginalSource,
 }
 
@@ -363,6 +370,7 @@ impl Enrollments {
             netns: prepared.netns,
             listeners: prepared.listeners,
             engine: prepared.engine,
+            dns: prepared.dns,
             original: prepared.original,
         };
         let status = status_of(&pod);
@@ -461,12 +469,27 @@ impl Enrollments {
             uid: spec.uid.clone(),
             source,
         })?;
+        let dns = match &self.settings.dns {
+            Some(dns) if dns.captures(spec.dns_capture) => {
+                match PodDns::start(&netns, &spec.namespace, Arc::clone(dns)) {
+                    Ok(resolver) => Some(resolver),
+                    Err(err) => {
+                        // The pod keeps the DNS it had rather than losing
+                        // its mesh capture over it.
+                        warn!(pod = %spec.name, namespace = %spec.namespace, error = %crate::logging::Chain(&err), "DNS capture left off for this pod");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         Ok(Prepared {
             identity: spiffe,
             cookie,
             netns,
             listeners,
             engine,
+            dns,
             original,
         })
     }
@@ -481,6 +504,7 @@ impl Enrollments {
             exclusions: &spec.exclusions,
             inbound_listener: prepared.listeners.inbound.as_fd(),
             hbone_listener: prepared.listeners.hbone.as_fd(),
+            dns_capture: prepared.dns.is_some(),
         };
         Ok(self.with_redirector(|r| r.enroll_pod(&capture))?)
     }
@@ -613,6 +637,7 @@ fn status_of(pod: &EnrolledPod) -> PodStatus {
     PodStatus {
         spec: pod.spec.clone(),
         netns_cookie: pod.cookie,
+        dns_capture: pod.dns.is_some(),
         original_source: pod.original.routing.is_some(),
         original_source_error: pod.original.error.clone(),
     }

@@ -40,6 +40,10 @@ pub struct PodSpec {
     /// Ports and CIDRs never captured for this pod.
     #[serde(default)]
     pub exclusions: Exclusions,
+    /// Capture the pod's DNS into the in-pod resolver (`None`: the agent's
+    /// `--dns-capture` default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_capture: Option<bool>,
 }
 
 fn default_service_account() -> String {
@@ -65,6 +69,10 @@ pub struct PodStatus {
     pub spec: PodSpec,
     /// Cookie of its network namespace.
     pub netns_cookie: u64,
+    /// Whether its DNS is captured (the pod's setting or the agent's
+    /// default, as applied).
+    #[serde(default)]
+    pub dns_capture: bool,
     /// Its apps see their clients' own addresses (original source).
     #[serde(default)]
     pub original_source: bool,

@@ -77,6 +77,7 @@ impl Standalone {
                     ips: w.workload_ips.clone(),
                     node_addr: None,
                     exclusions: Default::default(),
+                    dns_capture: w.dns_capture,
                 })
             })
             .collect()

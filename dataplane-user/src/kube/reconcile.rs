@@ -377,6 +377,7 @@ pub fn spec_of(pod: &PodView, trust_domain: &str, netns: PathBuf) -> PodSpec {
         // sources stay exempt.
         node_addr: None,
         exclusions: Default::default(),
+        dns_capture: crate::dns::annotation_setting(&pod.annotations),
     }
 }
 
@@ -425,6 +426,23 @@ mod tests {
             finished: false,
             deleting: false,
         }
+    }
+
+    #[test]
+    fn the_istio_dns_capture_annotation_reaches_the_pod_spec() {
+        let mut view = pod("u1", "shop");
+        assert_eq!(
+            spec_of(&view, "cluster.local", "/x".into()).dns_capture,
+            None
+        );
+        view.annotations.insert(
+            crate::dns::DNS_CAPTURE_ANNOTATION.to_owned(),
+            "false".to_owned(),
+        );
+        assert_eq!(
+            spec_of(&view, "cluster.local", "/x".into()).dns_capture,
+            Some(false)
+        );
     }
 
     fn ambient() -> BTreeMap<String, String> {

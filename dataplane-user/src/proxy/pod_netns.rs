@@ -113,6 +113,31 @@ impl PodNetns {
         Ok(socket.into())
     }
 
+    /// A non-blocking socket of type `ty` bound to `addr` inside the pod
+    /// (IPv6 only for an IPv6 address), with `SO_REUSEPORT` so that a
+    /// re-enrolled pod's new sockets bind before the old ones close. Used
+    /// by the in-pod DNS resolver (UDP and TCP on loopback).
+    pub fn bind_reusable(
+        &self,
+        addr: SocketAddr,
+        ty: Type,
+        protocol: Protocol,
+    ) -> io::Result<Socket> {
+        let socket = self.within(|| {
+            Socket::new(
+                Domain::for_address(addr),
+                ty.nonblocking().cloexec(),
+                Some(protocol),
+            )
+        })?;
+        if addr.is_ipv6() {
+            socket.set_only_v6(true)?;
+        }
+        socket.set_reuse_port(true)?;
+        socket.bind(&addr.into())?;
+        Ok(socket)
+    }
+
     /// A socket inside the pod, carrying the proxy `mark` so the kernel
     /// programs let it through, ready to connect to `dst`.
     pub fn connector(&self, dst: SocketAddr, mark: u32) -> io::Result<tokio::net::TcpSocket> {

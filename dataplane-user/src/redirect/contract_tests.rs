@@ -17,8 +17,8 @@ use std::{
 
 use aya_obj::generated::{BPF_F_NO_PREALLOC, bpf_map_type};
 use dataplane_common::{
-    AgentConfig, COUNTER_SLOTS, EnrolledNetns, IpAddr16, ListenerKey, NetnsAddr, NetnsPort,
-    OrigDst, PodInbound, PodPort, SockTuple, maps as m,
+    AgentConfig, COUNTER_SLOTS, DnsOrigDst, EnrolledNetns, IpAddr16, ListenerKey, NetnsAddr,
+    NetnsPort, OrigDst, PodInbound, PodPort, SockTuple, maps as m,
 };
 
 use super::{EMBEDDED_OBJECT, MapDefinition, map_definitions, pins::MAP_PINS};
@@ -91,6 +91,10 @@ fn expected() -> BTreeMap<String, MapDefinition> {
         (
             m::LISTENERS,
             def::<ListenerKey, u32>(BPF_MAP_TYPE_SOCKHASH, m::LISTENERS_CAPACITY, 0),
+        ),
+        (
+            m::DNS_ORIG_COOKIE,
+            def::<u64, DnsOrigDst>(BPF_MAP_TYPE_LRU_HASH, m::DNS_ORIG_CAPACITY, 0),
         ),
         (
             m::TPROXY_TUPLES,

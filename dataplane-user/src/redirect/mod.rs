@@ -54,10 +54,11 @@ use std::{collections::HashMap, fs::File, io, net::IpAddr, path::PathBuf};
 
 use aya::{Ebpf, EbpfLoader, programs::links::PinnedLink};
 use dataplane_common::{
-    AGENT_FAIL_OPEN, AgentConfig, DEFAULT_PROXY_MARK, DEFAULT_TRANSPARENT_MARK, HBONE_PORT,
-    INBOUND_PLAINTEXT_PORT, IpAddr16, OUTBOUND_PORT,
+    AGENT_FAIL_OPEN, AgentConfig, DEFAULT_PROXY_MARK, DEFAULT_TRANSPARENT_MARK, DNS_PROXY_PORT,
+    HBONE_PORT, INBOUND_PLAINTEXT_PORT, IpAddr16, OUTBOUND_PORT,
     maps::{
-        PROBE_SOURCES, PROG_CONNECT4, PROG_CONNECT6, PROG_GETPEERNAME4, PROG_GETPEERNAME6,
+        PROBE_SOURCES, PROG_CONNECT4, PROG_CONNECT6, PROG_DNS_RECVMSG4, PROG_DNS_RECVMSG6,
+        PROG_DNS_SENDMSG4, PROG_DNS_SENDMSG6, PROG_GETPEERNAME4, PROG_GETPEERNAME6,
         PROG_GETSOCKOPT, PROG_SOCKOPS,
     },
 };
@@ -83,12 +84,18 @@ pub const MIN_KERNEL: (u32, u32) = (5, 9);
 
 /// The cgroup programs, in attach order, with the hook part of their link
 /// pin names. `sockops` goes first so that the tuple record exists for every
-/// connection `connect4`/`connect6` steer from the moment they run.
-const CGROUP_PROGRAMS: [(&str, &str); 6] = [
+/// connection `connect4`/`connect6` steer from the moment they run; the
+/// DNS `recvmsg` hooks go before the hooks that steer DNS, so no steered
+/// query's reply is ever seen unrewritten.
+const CGROUP_PROGRAMS: [(&str, &str); 10] = [
     ("cgroup_sockops", PROG_SOCKOPS),
     ("cgroup_getsockopt", PROG_GETSOCKOPT),
     ("cgroup_getpeername4", PROG_GETPEERNAME4),
     ("cgroup_getpeername6", PROG_GETPEERNAME6),
+    ("cgroup_recvmsg4", PROG_DNS_RECVMSG4),
+    ("cgroup_recvmsg6", PROG_DNS_RECVMSG6),
+    ("cgroup_sendmsg4", PROG_DNS_SENDMSG4),
+    ("cgroup_sendmsg6", PROG_DNS_SENDMSG6),
     ("cgroup_connect4", PROG_CONNECT4),
     ("cgroup_connect6", PROG_CONNECT6),
 ];
@@ -138,7 +145,8 @@ impl RedirectorOptions {
                 outbound_port: OUTBOUND_PORT,
                 inbound_port: INBOUND_PLAINTEXT_PORT,
                 hbone_port: HBONE_PORT,
-                dns_port: 0,
+                // Pods capture DNS only with ENROLLED_CAPTURE_DNS.
+                dns_port: DNS_PROXY_PORT,
                 flags: 0,
                 transparent_mark: DEFAULT_TRANSPARENT_MARK,
             },

@@ -227,6 +227,14 @@ mod tests {
         );
         assert_eq!(attach(m::PROG_SOCKOPS).0, "sock_ops");
         assert_eq!(attach(m::PROG_SK_LOOKUP).0, "sk_lookup");
-        assert_eq!(programs.len(), 7);
+        for (program, hook) in [
+            (m::PROG_DNS_SENDMSG4, "cgroup/sendmsg4 "),
+            (m::PROG_DNS_SENDMSG6, "cgroup/sendmsg6 "),
+            (m::PROG_DNS_RECVMSG4, "cgroup/recvmsg4 "),
+            (m::PROG_DNS_RECVMSG6, "cgroup/recvmsg6 "),
+        ] {
+            assert!(attach(program).1.starts_with(hook), "{program}");
+        }
+        assert_eq!(programs.len(), 11);
     }
 }

@@ -16,7 +16,7 @@ pub const LAYOUT_VERSION: &str = "v2";
 /// pinned ...` and `ls`. Every map of the object is pinned, so a restarted
 /// agent re-adopts all of its state (`contract_tests` fails when a map of the
 /// object is missing here).
-pub(crate) const MAP_PINS: [(&str, &str); 12] = {
+pub(crate) const MAP_PINS: [(&str, &str); 13] = {
     use dataplane_common::maps as m;
     [
         (m::ENROLLED_NETNS, "enrolled_netns_by_cookie"),
@@ -30,6 +30,7 @@ pub(crate) const MAP_PINS: [(&str, &str); 12] = {
         (m::IN_EXCL_PORTS, "inbound_excluded_ports_by_pod_ip"),
         (m::PROBE_SOURCES, "inbound_probe_sources"),
         (m::LISTENERS, "engine_listeners_by_pod_ip_and_port"),
+        (m::DNS_ORIG_COOKIE, "dns_server_asked_by_socket_cookie"),
         (m::TPROXY_TUPLES, "transparent_connects_by_tuple"),
     ]
 };

@@ -26,8 +26,9 @@ use std::{
 
 use aya::maps::lpm_trie::Key;
 use dataplane_common::{
-    AgentConfig, ENROLLED_CAPTURE_OUTBOUND, ENROLLED_ENGINE_READY, EnrolledNetns, IpAddr16,
-    ListenerKey, NetnsAddr, NetnsPort, POD_CAPTURE_INBOUND, PodInbound, PodPort,
+    AgentConfig, ENROLLED_CAPTURE_DNS, ENROLLED_CAPTURE_OUTBOUND, ENROLLED_ENGINE_READY,
+    EnrolledNetns, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, POD_CAPTURE_INBOUND, PodInbound,
+    PodPort,
     maps::{ENROLLED_NETNS, IN_EXCL_PORTS, LISTENERS, OUT_EXCL_CIDRS, OUT_EXCL_PORTS, POD_INBOUND},
 };
 use tracing::{debug, info};
@@ -62,6 +63,8 @@ pub struct PodCapture<'a> {
     /// The engine's HBONE listener: listening on `[::]:15008` (dual-stack)
     /// in the pod's netns.
     pub hbone_listener: BorrowedFd<'a>,
+    /// Capture the pod's DNS into its resolver on the agent's DNS port.
+    pub dns_capture: bool,
 }
 
 /// Traffic of one pod that is never captured.
@@ -228,7 +231,15 @@ impl Redirector {
 
         self.write_entries(pod, &wanted)?;
         links::attach_sk_lookup(&mut self.ebpf, &self.pins, cookie, pod.netns)?;
-        self.set_enrolled(cookie, ENROLLED_CAPTURE_OUTBOUND | ENROLLED_ENGINE_READY)?;
+        let dns = if pod.dns_capture {
+            ENROLLED_CAPTURE_DNS
+        } else {
+            0
+        };
+        self.set_enrolled(
+            cookie,
+            ENROLLED_CAPTURE_OUTBOUND | ENROLLED_ENGINE_READY | dns,
+        )?;
         let stale = previous.minus(&wanted);
         self.remove_entries(cookie, &stale)?;
         info!(

@@ -124,6 +124,8 @@ fn workload_of(w: &workload::Workload, dropped: &mut Vec<String>) -> Option<conf
                 subzone: l.subzone.clone(),
             })
             .unwrap_or_default(),
+        // Istio carries DNS capture in the pod's annotation, not in xDS.
+        dns_capture: None,
     };
     // The check on arrival refuses these; an identity is what every
     // certificate and policy hangs on, so never carry one that is not.

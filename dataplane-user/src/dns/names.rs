@@ -1,0 +1,137 @@
+//! Which mesh service a queried name means, the way Istio's node proxy
+//! reads it: the name as asked, its Kubernetes expansions
+//! (`name` -> `name.<ns>.svc.<domain>`, `name.ns` -> `name.ns.svc.<domain>`,
+//! `name.ns.svc` -> `name.ns.svc.<domain>`), and the same after stripping
+//! one of the pod's search domains (`<ns>.svc.<domain>`, `svc.<domain>`,
+//! `<domain>`) that a stub resolver appended.
+
+/// A name the mesh may know, tried in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The service hostname to look up (lower case, no trailing dot).
+    pub hostname: String,
+    /// The query name with a search domain stripped, when the candidate
+    /// came from stripping one: the answer then carries a CNAME from the
+    /// asked name to it.
+    pub stripped: Option<String>,
+}
+
+/// The pod's search domains, most specific first.
+pub fn search_domains(namespace: &str, domain: &str) -> [String; 3] {
+    [
+        format!("{namespace}.svc.{domain}"),
+        format!("svc.{domain}"),
+        domain.to_owned(),
+    ]
+}
+
+/// The candidates for `name` (lower case, no trailing dot) asked by a pod
+/// of `namespace`, in the cluster domain `domain`. No duplicates.
+pub fn candidates(name: &str, namespace: &str, domain: &str) -> Vec<Candidate> {
+    let mut out: Vec<Candidate> = Vec::new();
+    let mut add = |hostname: String, stripped: Option<&str>| {
+        if !hostname.is_empty() && !out.iter().any(|c| c.hostname == hostname) {
+            out.push(Candidate {
+                hostname,
+                stripped: stripped.map(str::to_owned),
+            });
+        }
+    };
+    add(name.to_owned(), None);
+    for fqdn in kube_fqdns(name, namespace, domain) {
+        add(fqdn, None);
+    }
+    for search in search_domains(namespace, domain) {
+        let Some(stripped) = name
+            .strip_suffix(search.as_str())
+            .and_then(|rest| rest.strip_suffix('.'))
+        else {
+            continue;
+        };
+        if stripped.is_empty() {
+            continue;
+        }
+        add(stripped.to_owned(), Some(stripped));
+        for fqdn in kube_fqdns(stripped, namespace, domain) {
+            add(fqdn, Some(stripped));
+        }
+    }
+    out
+}
+
+/// The Kubernetes service names `name` can stand for, given how many
+/// labels it has.
+fn kube_fqdns(name: &str, namespace: &str, domain: &str) -> Vec<String> {
+    let labels: Vec<&str> = name.split('.').collect();
+    match labels.as_slice() {
+        [_] => vec![format!("{name}.{namespace}.svc.{domain}")],
+        [_, _] => vec![format!("{name}.svc.{domain}")],
+        [_, _, "svc"] => vec![format!("{name}.{domain}")],
+        _ => Vec::new(),
+    }
+}
+
+/// A query name in the form hostnames are indexed by: lower case, without
+/// the trailing dot.
+pub fn normalize(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hosts(name: &str) -> Vec<(String, Option<String>)> {
+        candidates(name, "shop", "cluster.local")
+            .into_iter()
+            .map(|c| (c.hostname, c.stripped))
+            .collect()
+    }
+
+    #[test]
+    fn a_short_name_expands_to_the_pods_namespace() {
+        assert_eq!(
+            hosts("web"),
+            [
+                ("web".into(), None),
+                ("web.shop.svc.cluster.local".into(), None)
+            ]
+        );
+    }
+
+    #[test]
+    fn name_dot_namespace_and_name_namespace_svc_expand() {
+        assert!(hosts("web.other").contains(&("web.other.svc.cluster.local".into(), None)));
+        assert!(hosts("web.other.svc").contains(&("web.other.svc.cluster.local".into(), None)));
+        // Four labels or more are taken as they are.
+        assert_eq!(hosts("a.b.c.d"), [("a.b.c.d".into(), None)]);
+    }
+
+    #[test]
+    fn an_appended_search_domain_is_stripped() {
+        let got = hosts("web.other.svc.cluster.local.shop.svc.cluster.local");
+        assert!(got.contains(&(
+            "web.other.svc.cluster.local".into(),
+            Some("web.other.svc.cluster.local".into())
+        )));
+        let got = hosts("web.svc.cluster.local");
+        assert!(got.contains(&("web.shop.svc.cluster.local".into(), Some("web".into()))));
+    }
+
+    #[test]
+    fn a_full_name_is_tried_first_and_nothing_repeats() {
+        let got = hosts("web.shop.svc.cluster.local");
+        assert_eq!(got[0], ("web.shop.svc.cluster.local".into(), None));
+        let mut names: Vec<_> = got.iter().map(|(h, _)| h.clone()).collect();
+        names.dedup();
+        assert_eq!(names.len(), got.len());
+    }
+
+    #[test]
+    fn names_are_normalized() {
+        assert_eq!(
+            normalize("Web.Shop.SVC.cluster.local."),
+            "web.shop.svc.cluster.local"
+        );
+    }
+}

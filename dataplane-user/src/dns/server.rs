@@ -1,0 +1,280 @@
+//! The resolver inside one pod: UDP and TCP on `127.0.0.1` and `[::1]`
+//! port 15053, where the kernel programs steer the pod's DNS.
+//!
+//! Everything a client sends is bounded: a UDP query's size, queries in
+//! flight per pod (more are dropped: the client retries), TCP connections
+//! per pod (more are reset), a TCP connection's idle time and each
+//! message's read and write time. Answers over UDP larger than the client
+//! takes are sent truncated (TC) so it asks again over TCP, where answers
+//! go up to 64 KiB.
+
+use std::{sync::Arc, time::Duration};
+
+use hickory_proto::op::{Message, OpCode, ResponseCode};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::{TcpListener, TcpStream, UdpSocket},
+    sync::Semaphore,
+    time::timeout,
+};
+use tracing::debug;
+
+use super::{
+    DnsError, DnsSettings,
+    answer::{Decision, decide, reply_to, udp_limit},
+    metrics::AnswerKind,
+};
+
+/// Largest UDP query accepted (a larger datagram is dropped).
+pub const MAX_UDP_QUERY: usize = 4096;
+/// Largest UDP answer sent, whatever the client advertises.
+pub const MAX_UDP_ANSWER: usize = 4096;
+/// UDP queries of one pod being answered at once.
+pub const MAX_UDP_IN_FLIGHT: usize = 256;
+/// TCP connections of one pod at once.
+pub const MAX_TCP_CONNECTIONS: usize = 64;
+/// A TCP connection without a complete query this long is closed.
+pub const TCP_IDLE: Duration = Duration::from_secs(10);
+/// Time to write one answer over TCP.
+pub const TCP_WRITE: Duration = Duration::from_secs(5);
+
+/// One pod's resolver: its namespace (for search domains) and the
+/// agent-wide settings.
+#[derive(Debug)]
+pub struct PodResolver {
+    /// The pod's Kubernetes namespace.
+    pub namespace: String,
+    /// Agent-wide settings.
+    pub settings: Arc<DnsSettings>,
+}
+
+/// `udp` or `tcp`, as the metrics label it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Datagrams.
+    Udp,
+    /// Length-prefixed messages over a stream.
+    Tcp,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Udp => "udp",
+            Self::Tcp => "tcp",
+        }
+    }
+}
+
+impl PodResolver {
+    /// The answer to the query `raw` (the full answer: UDP truncation is
+    /// the caller's), and the parsed query; `None` to send nothing.
+    pub async fn answer(&self, raw: &[u8], transport: Transport) -> Option<(Vec<u8>, Message)> {
+        let metrics = &self.settings.metrics;
+        let request = match Message::from_vec(raw) {
+            Ok(request) => request,
+            Err(_) => {
+                // A header is enough to say FORMERR; less is noise.
+                let id = u16::from_be_bytes([*raw.first()?, *raw.get(1)?]);
+                if raw.len() < 12 {
+                    return None;
+                }
+                metrics.answer(AnswerKind::Formerr);
+                let reply = Message::error_msg(id, OpCode::Query, ResponseCode::FormErr);
+                let parsed = reply.clone();
+                return reply.to_vec().ok().map(|r| (r, parsed));
+            }
+        };
+        if request.metadata.message_type != hickory_proto::op::MessageType::Query {
+            return None;
+        }
+        let qtype = request.queries.first().map_or_else(
+            || "unknown".to_owned(),
+            |q| q.query_type().to_string().to_lowercase(),
+        );
+        metrics.request(qtype, transport.name());
+        let state = self.settings.mesh.state();
+        let decision = decide(&request, &self.namespace, &self.settings.domain, |host| {
+            let entry = state.services.by_hostname(host)?;
+            if entry.service.vips.is_empty() {
+                // Headless: the endpoints' own addresses.
+                Some(
+                    entry
+                        .endpoints()
+                        .iter()
+                        .flat_map(|w| w.workload.workload_ips.iter().copied())
+                        .collect(),
+                )
+            } else {
+                Some(entry.service.vips.clone())
+            }
+        });
+        drop(state);
+        match decision {
+            Decision::Answer(answer) => {
+                metrics.answer(if answer.has_records {
+                    AnswerKind::Mesh
+                } else {
+                    AnswerKind::Nodata
+                });
+                let bytes = answer.message.to_vec().ok()?;
+                Some((bytes, request))
+            }
+            Decision::Forward => match self.settings.forwarder.forward(&request, raw).await {
+                Ok(forwarded) => {
+                    let code = forwarded.reply.get(3).map_or(0, |b| b & 0x0f);
+                    metrics.answer(match (forwarded.cached, code) {
+                        (_, 3) => AnswerKind::Nxdomain,
+                        (_, 2) => AnswerKind::Servfail,
+                        (true, _) => AnswerKind::Cached,
+                        (false, _) => AnswerKind::Forwarded,
+                    });
+                    Some((forwarded.reply, request))
+                }
+                Err(err) => {
+                    let (code, kind) = match err {
+                        DnsError::Busy { .. } => (ResponseCode::Refused, AnswerKind::Refused),
+                        _ => (ResponseCode::ServFail, AnswerKind::Servfail),
+                    };
+                    debug!(error = %err, "DNS query not forwarded");
+                    metrics.answer(kind);
+                    let bytes = reply_to(&request, code).to_vec().ok()?;
+                    Some((bytes, request))
+                }
+            },
+        }
+    }
+
+    /// Serves UDP queries on `socket` until the task is aborted.
+    pub async fn serve_udp(self: Arc<Self>, socket: UdpSocket) {
+        let socket = Arc::new(socket);
+        let in_flight = Arc::new(Semaphore::new(MAX_UDP_IN_FLIGHT));
+        // One byte more than accepted, to tell an oversized datagram.
+        let mut buf = vec![0u8; MAX_UDP_QUERY + 1];
+        loop {
+            let (n, peer) = match socket.recv_from(&mut buf).await {
+                Ok(got) => got,
+                Err(err) => {
+                    debug!(error = %err, "DNS UDP receive failed");
+                    continue;
+                }
+            };
+            if n > MAX_UDP_QUERY {
+                continue;
+            }
+            let Ok(permit) = Arc::clone(&in_flight).try_acquire_owned() else {
+                self.settings.metrics.answer(AnswerKind::Refused);
+                continue;
+            };
+            let query = buf[..n].to_vec();
+            let (this, socket) = (Arc::clone(&self), Arc::clone(&socket));
+            tokio::spawn(async move {
+                let _permit = permit;
+                if let Some(reply) = this.udp_reply(&query).await
+                    && let Err(err) = socket.send_to(&reply, peer).await
+                {
+                    debug!(%peer, error = %err, "DNS UDP answer not sent");
+                }
+            });
+        }
+    }
+
+    /// The UDP answer to `query`: truncated (TC, question and OPT only)
+    /// when larger than the client takes.
+    async fn udp_reply(&self, query: &[u8]) -> Option<Vec<u8>> {
+        let (reply, request) = self.answer(query, Transport::Udp).await?;
+        if reply.len() <= udp_limit(&request, MAX_UDP_ANSWER) {
+            return Some(reply);
+        }
+        self.settings.metrics.answer(AnswerKind::Truncated);
+        let mut truncated = match Message::from_vec(&reply) {
+            Ok(full) => full.truncate(),
+            Err(_) => reply_to(&request, ResponseCode::ServFail),
+        };
+        truncated.metadata.truncation = true;
+        truncated.to_vec().ok()
+    }
+
+    /// Accepts TCP connections on `listener` until the task is aborted.
+    pub async fn serve_tcp(self: Arc<Self>, listener: TcpListener) {
+        let connections = Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS));
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    debug!(error = %err, "DNS TCP accept failed");
+                    // Out of descriptors or memory: give the system a moment.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                self.settings.metrics.answer(AnswerKind::Refused);
+                reset(stream);
+                continue;
+            };
+            let this = Arc::clone(&self);
+            tokio::spawn(async move {
+                let _permit = permit;
+                if let Err(err) = this.serve_connection(stream).await {
+                    debug!(%peer, error = %err, "DNS TCP connection ended");
+                }
+            });
+        }
+    }
+
+    /// Answers length-prefixed queries on one connection, in order, until
+    /// the client closes it or stays idle too long.
+    async fn serve_connection(&self, mut stream: TcpStream) -> std::io::Result<()> {
+        loop {
+            let read = async {
+                let len = match stream.read_u16().await {
+                    Ok(len) => usize::from(len),
+                    Err(err) if err.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+                    Err(err) => return Err(err),
+                };
+                let mut query = vec![0u8; len];
+                stream.read_exact(&mut query).await?;
+                Ok(Some(query))
+            };
+            let query = match timeout(TCP_IDLE, read).await {
+                Ok(Ok(Some(query))) => query,
+                Ok(Ok(None)) => return Ok(()),
+                Ok(Err(err)) => {
+                    reset(stream);
+                    return Err(err);
+                }
+                Err(_) => {
+                    reset(stream);
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
+            };
+            let Some((reply, _)) = self.answer(&query, Transport::Tcp).await else {
+                reset(stream);
+                return Ok(());
+            };
+            let Ok(len) = u16::try_from(reply.len()) else {
+                reset(stream);
+                return Ok(());
+            };
+            let mut framed = Vec::with_capacity(reply.len() + 2);
+            framed.extend_from_slice(&len.to_be_bytes());
+            framed.extend_from_slice(&reply);
+            match timeout(TCP_WRITE, stream.write_all(&framed)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => return Err(err),
+                Err(_) => {
+                    reset(stream);
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
+            }
+        }
+    }
+}
+
+/// Closes `stream` with a reset (linger 0): an abnormal end is never a
+/// clean close.
+fn reset(stream: TcpStream) {
+    // Failing to set linger leaves a clean close, the best left to do.
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+}
