@@ -208,6 +208,26 @@ pub struct PodDns {
 }
 
 impl PodDns {
+    /// The resolver of a pod being enrolled, when its DNS is captured
+    /// (`settings` mesh-wide, `pod_setting` its own choice). A resolver
+    /// that cannot start leaves the pod its own DNS rather than losing its
+    /// mesh capture over it.
+    pub fn for_pod(
+        settings: Option<&Arc<DnsSettings>>,
+        pod_setting: Option<bool>,
+        netns: &PodNetns,
+        (name, namespace): (&str, &str),
+    ) -> Option<Self> {
+        let settings = settings.filter(|s| s.captures(pod_setting))?;
+        match Self::start(netns, namespace, Arc::clone(settings)) {
+            Ok(resolver) => Some(resolver),
+            Err(err) => {
+                tracing::warn!(pod = %name, %namespace, error = %crate::logging::Chain(&err), "DNS capture left off for this pod");
+                None
+            }
+        }
+    }
+
     /// Binds the resolver in the pod's namespace (UDP and TCP on
     /// `127.0.0.1` and, when the pod has it, `[::1]`) and starts serving.
     /// Must run within the agent's tokio runtime.

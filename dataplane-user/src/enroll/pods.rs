@@ -469,20 +469,12 @@ impl Enrollments {
             uid: spec.uid.clone(),
             source,
         })?;
-        let dns = match &self.settings.dns {
-            Some(dns) if dns.captures(spec.dns_capture) => {
-                match PodDns::start(&netns, &spec.namespace, Arc::clone(dns)) {
-                    Ok(resolver) => Some(resolver),
-                    Err(err) => {
-                        // The pod keeps the DNS it had rather than losing
-                        // its mesh capture over it.
-                        warn!(pod = %spec.name, namespace = %spec.namespace, error = %crate::logging::Chain(&err), "DNS capture left off for this pod");
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
+        let dns = PodDns::for_pod(
+            self.settings.dns.as_ref(),
+            spec.dns_capture,
+            &netns,
+            (&spec.name, &spec.namespace),
+        );
         Ok(Prepared {
             identity: spiffe,
             cookie,
