@@ -75,57 +75,25 @@ fn apps_see_their_clients_own_addresses() -> anyhow::Result<()> {
     let remote = echo_server(&w.remote, 9000)?;
     let capture = PacketCapture::start(&w.remote.netns, "eth0")?;
 
-    // HBONE from a mesh pod, plaintext from a pod outside the mesh; same
-    // node and across nodes; IPv4 and IPv6.
-    let v6 = |pod: &dataplane_tests::topology::Pod| SocketAddr::new(pod.ip6.into(), 9000);
-    let cases: [(&str, _, _, _, IpAddr); 6] = [
-        (
-            "HBONE, same node",
-            &w.client,
-            addr(&w.local, 9000),
-            &local,
-            w.client.ip4.into(),
-        ),
-        (
-            "HBONE, across nodes",
-            &w.client,
-            addr(&w.remote, 9000),
-            &remote,
-            w.client.ip4.into(),
-        ),
-        (
-            "HBONE over IPv6",
-            &w.client,
-            v6(&w.remote),
-            &remote,
-            w.client.ip6.into(),
-        ),
-        (
-            "plaintext, same node",
-            &w.plain,
-            addr(&w.remote, 9000),
-            &remote,
-            w.plain.ip4.into(),
-        ),
-        (
-            "plaintext, across nodes",
-            &w.plain,
-            addr(&w.local, 9000),
-            &local,
-            w.plain.ip4.into(),
-        ),
-        (
-            "plaintext over IPv6",
-            &w.plain,
-            v6(&w.remote),
-            &remote,
-            w.plain.ip6.into(),
-        ),
+    // HBONE from a mesh pod (`client`, node1), plaintext from a pod outside
+    // the mesh (`plain`, node2); same node and across nodes; IPv4 and IPv6.
+    let (node1, node2) = ((&w.local, &local), (&w.remote, &remote));
+    let cases = [
+        ("HBONE, same node", &w.client, node1, false),
+        ("HBONE, across nodes", &w.client, node2, false),
+        ("HBONE over IPv6", &w.client, node2, true),
+        ("plaintext, same node", &w.plain, node2, false),
+        ("plaintext, across nodes", &w.plain, node1, false),
+        ("plaintext over IPv6", &w.plain, node2, true),
     ];
-    for (seed, (case, client, dst, app, expected)) in cases.into_iter().enumerate() {
-        echo(client, dst, 64, seed as u64)?;
-        let seen: IpAddr = seen_by(app)?;
-        assert_eq!(seen, expected, "{case}");
+    for (seed, (case, client, (server, app), v6)) in cases.into_iter().enumerate() {
+        let (dst, expected): (IpAddr, IpAddr) = if v6 {
+            (server.ip6.into(), client.ip6.into())
+        } else {
+            (server.ip4.into(), client.ip4.into())
+        };
+        echo(client, SocketAddr::new(dst, 9000), 64, seed as u64)?;
+        assert_eq!(seen_by(app)?, expected, "{case}");
     }
 
     // A client on the node itself, from an address local to the node (not
