@@ -57,7 +57,7 @@ impl Drop for Cgroup {
 /// Kills every process in the cgroup subtree at `path` and removes it,
 /// children first (rmdir fails on a populated or non-leaf cgroup). A subtree
 /// already removed (a node's guard went first) is not an error.
-fn remove_tree(path: &Path) {
+pub(crate) fn remove_tree(path: &Path) {
     if !path.exists() {
         return;
     }

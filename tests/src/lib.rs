@@ -4,8 +4,8 @@
 //!
 //! Every name carries the prefix `dpt-` plus the test's tag, the process id
 //! and a counter, so tests run in parallel (and in parallel test binaries)
-//! without colliding, and anything left behind by a killed run is easy to
-//! attribute.
+//! without colliding, and anything left behind by a killed run is
+//! attributed to its dead process and swept by the next test process.
 //!
 //! Traffic stays inside namespaces the tests create or on loopback.
 
@@ -26,6 +26,7 @@ pub mod observe;
 pub mod process;
 pub mod redirector_node;
 pub mod responder;
+pub mod stale;
 pub mod stranger;
 pub mod topology;
 pub mod traffic;
@@ -44,7 +45,10 @@ pub use process::{ChildGuard, agent_binary, probe_binary, spawn_in};
 pub use responder::Responder;
 
 /// A name unique to this process and call: `dpt-<tag>-<pid>-<n>`.
+/// The first call sweeps what killed test processes left behind
+/// ([`stale`]).
 pub fn unique_name(tag: &str) -> String {
+    stale::sweep_once();
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     format!("dpt-{tag}-{}-{n}", std::process::id())
