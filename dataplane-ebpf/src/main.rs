@@ -36,6 +36,7 @@ mod getpeername;
 mod getsockopt;
 mod maps;
 mod outbound;
+mod peer_rewrite;
 mod sk_lookup;
 mod sockops;
 
