@@ -1,6 +1,7 @@
 //! Child processes placed in a test's network namespace and cgroup, killed
 //! on drop.
 
+use anyhow::Context as _;
 use std::{
     fs::File,
     io::Read,
@@ -83,7 +84,10 @@ impl ChildGuard {
             .ok_or_else(|| anyhow::anyhow!("child already taken"))?;
         let deadline = Instant::now() + limit;
         let status = loop {
-            if let Some(status) = child.try_wait()? {
+            if let Some(status) = child
+                .try_wait()
+                .with_context(|| format!("waiting for child {}", child.id()))?
+            {
                 break status;
             }
             if Instant::now() > deadline {
@@ -96,10 +100,12 @@ impl ChildGuard {
         let mut stdout = String::new();
         let mut stderr = String::new();
         if let Some(mut out) = child.stdout.take() {
-            out.read_to_string(&mut stdout)?;
+            out.read_to_string(&mut stdout)
+                .context("reading the child's stdout")?;
         }
         if let Some(mut err) = child.stderr.take() {
-            err.read_to_string(&mut stderr)?;
+            err.read_to_string(&mut stderr)
+                .context("reading the child's stderr")?;
         }
         Ok(Finished {
             code: status.code(),
@@ -140,12 +146,15 @@ pub fn spawn_in(
     netns: Option<&Path>,
     cgroup: Option<&Path>,
 ) -> anyhow::Result<ChildGuard> {
-    let netns_file = netns.map(File::open).transpose()?;
+    let netns_file = netns
+        .map(|path| File::open(path).with_context(|| format!("opening netns {}", path.display())))
+        .transpose()?;
     let procs_file = cgroup
         .map(|dir| {
             std::fs::OpenOptions::new()
                 .write(true)
                 .open(dir.join("cgroup.procs"))
+                .with_context(|| format!("opening {}/cgroup.procs", dir.display()))
         })
         .transpose()?;
     let netns_fd = netns_file.as_ref().map(AsRawFd::as_raw_fd);
@@ -169,7 +178,17 @@ pub fn spawn_in(
             Ok(())
         });
     }
-    let child = command.spawn()?;
+    // A failure in the child before exec (joining the cgroup or the
+    // namespace) comes back from `spawn`; name both, as the error alone
+    // cannot say which step failed.
+    let child = command.spawn().with_context(|| {
+        format!(
+            "spawning {:?} (netns {:?}, cgroup {:?})",
+            command.get_program(),
+            netns,
+            cgroup
+        )
+    })?;
     drop(netns_file);
     drop(procs_file);
     Ok(ChildGuard::new(child))
