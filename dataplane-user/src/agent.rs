@@ -102,6 +102,9 @@ pub enum AgentError {
     /// The original-source flags do not fit this agent.
     #[error(transparent)]
     OriginalSource(#[from] crate::cli::original_source::OriginalSourceArgsError),
+    /// The engine flags do not fit together.
+    #[error(transparent)]
+    Engine(#[from] crate::cli::engine::EngineArgsError),
     /// The certificate source's roots cannot form a trust bundle.
     #[error("cannot trust the roots of {source_name}: {source}")]
     TrustBundle {
@@ -139,6 +142,8 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         )
         .await
     };
+    args.engine
+        .check(args.capture, args.takeover, args.proxy_mark)?;
     let xds_config = args.istio.xds_config(args.node.as_deref())?;
     if xds_config.is_none() {
         readiness.done(Step::Xds);

@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::redirect::ExitMode;
 
+pub mod engine;
 pub mod istio;
 pub mod original_source;
 
@@ -326,6 +327,9 @@ pub struct RunArgs {
     /// Whether apps see their clients' own addresses.
     #[command(flatten)]
     pub original_source: original_source::OriginalSourceArgs,
+    /// What serves enrolled pods: this agent or a stock ztunnel.
+    #[command(flatten)]
+    pub engine: engine::EngineArgs,
 }
 
 /// How pod traffic is steered into the engine.

@@ -146,6 +146,32 @@ pub fn spawn_in(
     netns: Option<&Path>,
     cgroup: Option<&Path>,
 ) -> anyhow::Result<ChildGuard> {
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    spawn_joined(command, netns, cgroup)
+}
+
+/// As [`spawn_in`], for a long-running program that logs much: its stdout
+/// and stderr are appended to `log` instead of a pipe nobody drains.
+pub fn spawn_logged_in(
+    mut command: Command,
+    netns: Option<&Path>,
+    cgroup: Option<&Path>,
+    log: &Path,
+) -> anyhow::Result<ChildGuard> {
+    let file = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening log {}", log.display()))?;
+    command.stdout(file.try_clone()?).stderr(file);
+    spawn_joined(command, netns, cgroup)
+}
+
+fn spawn_joined(
+    mut command: Command,
+    netns: Option<&Path>,
+    cgroup: Option<&Path>,
+) -> anyhow::Result<ChildGuard> {
     let netns_file = netns
         .map(|path| File::open(path).with_context(|| format!("opening netns {}", path.display())))
         .transpose()?;
@@ -159,7 +185,6 @@ pub fn spawn_in(
         .transpose()?;
     let netns_fd = netns_file.as_ref().map(AsRawFd::as_raw_fd);
     let procs_fd = procs_file.as_ref().map(AsRawFd::as_raw_fd);
-    command.stdout(Stdio::piped()).stderr(Stdio::piped());
     // SAFETY: the closure only makes async-signal-safe system calls on file
     // descriptors opened before the fork.
     unsafe {

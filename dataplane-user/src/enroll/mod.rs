@@ -13,8 +13,10 @@
 //! the pod list without waiting.
 
 mod actor;
+mod builtin;
 mod netns_checks;
 mod pods;
+mod serving;
 mod spec;
 mod standalone;
 mod state;

@@ -16,35 +16,30 @@ use tracing::{info, warn};
 use super::{
     DepartedPod, EnrollError, PodSpec, PodStatus, StateFile,
     netns_checks::{netns_still_there, refuse_host_netns},
+    serving::Serving,
     spec::{DEPARTED_KEPT, validate},
 };
 use crate::{
     dns::{DnsSettings, PodDns},
-    hbone::HbonePool,
     identity::Identity,
     mesh::MeshContext,
     proxy::{
-        PodContext, PodEngine, PodIdentity, PodListeners, PodNetns, PodTlsDialer,
+        PodListeners, PodNetns,
         original_source::{OriginalSource, PodOriginalSource},
     },
-    redirect::{ExitMode, OrigDstTable, PinLayout, PodCapture, RedirectError, Redirector},
-    tls,
+    redirect::{ExitMode, PinLayout, PodCapture, RedirectError, Redirector},
 };
 
 /// One pod in the mesh.
-struct EnrolledPod {
-    spec: PodSpec,
-    identity: Identity,
-    cookie: u64,
-    netns: PodNetns,
-    /// Duplicates of the listening sockets the engine serves, so that a
-    /// re-enrollment in the same namespace hands the same sockets to the
-    /// new engine: the ports never close, no connection is refused.
-    listeners: PodListeners,
-    engine: PodEngine,
+pub(super) struct EnrolledPod {
+    pub(super) spec: PodSpec,
+    pub(super) cookie: u64,
+    pub(super) netns: PodNetns,
+    /// This agent's engine or an external proxy.
+    pub(super) serving: Serving,
     /// Its DNS resolver, when its DNS is captured.
-    dns: Option<PodDns>,
-    original: PodOriginalSource,
+    pub(super) dns: Option<PodDns>,
+    pub(super) original: PodOriginalSource,
 }
 
 /// Engine settings every enrolled pod shares.
@@ -66,9 +61,9 @@ pub struct EngineSettings {
 pub struct Enrollments {
     /// `None` under iptables capture (`--capture iptables`): pods get their
     /// listeners but nothing is registered with kernel programs.
-    redirector: Option<Redirector>,
-    pins: PinLayout,
-    settings: EngineSettings,
+    pub(super) redirector: Option<Redirector>,
+    pub(super) pins: PinLayout,
+    pub(super) settings: EngineSettings,
     state: StateFile,
     pods: HashMap<String, EnrolledPod>,
     /// Pods recently unenrolled or refused, newest last, for `status`.
@@ -110,14 +105,12 @@ impl std::fmt::Debug for Enrollments {
 
 /// A pod's new engine, built and serving, before the kernel is pointed at
 /// it.
-struct Prepared {
-    identity: Identity,
-    cookie: u64,
-    netns: PodNetns,
-    listeners: PodListeners,
-    engine: PodEngine,
-    dns: Option<PodDns>,
-    original: PodOriginalSource,
+pub(super) struct Prepared {
+    pub(super) cookie: u64,
+    pub(super) netns: PodNetns,
+    pub(super) serving: Serving,
+    pub(super) dns: Option<PodDns>,
+    pub(super) original: PodOriginalSource,
 }
 
 impl Enrollments {
@@ -167,7 +160,8 @@ impl Enrollments {
     pub fn offer(&self) -> Result<Vec<OfferedPod>, EnrollError> {
         self.pods
             .values()
-            .map(|pod| {
+            .filter_map(|pod| Some((pod, pod.serving.listeners()?)))
+            .map(|(pod, listeners)| {
                 let netns_err = |source| EnrollError::Netns {
                     uid: pod.spec.uid.clone(),
                     path: pod.spec.netns.clone(),
@@ -176,7 +170,7 @@ impl Enrollments {
                 Ok(OfferedPod {
                     status: status_of(pod),
                     netns_identity: pod.netns.identity().map_err(netns_err)?,
-                    listeners: pod.listeners.try_clone().map_err(netns_err)?,
+                    listeners: listeners.try_clone().map_err(netns_err)?,
                 })
             })
             .collect()
@@ -187,7 +181,7 @@ impl Enrollments {
     /// agent's, are left exactly as they are.
     pub fn release(mut self) {
         for (_, pod) in self.pods.drain() {
-            pod.engine.stop();
+            pod.serving.stop();
         }
     }
 
@@ -311,12 +305,13 @@ impl Enrollments {
             .handed
             .remove(&spec.uid)
             .filter(|(handed_cookie, _)| *handed_cookie == cookie);
-        let listeners = match (previous, handed) {
-            (Some(old), _) if old.cookie == cookie => {
-                old.listeners.try_clone().map_err(netns_err)?
-            }
-            (_, Some((_, listeners))) => listeners,
-            _ => PodListeners::create(&netns)?,
+        let kept = previous
+            .filter(|old| old.cookie == cookie)
+            .and_then(|old| old.serving.listeners());
+        let listeners = match (kept, handed) {
+            (Some(kept), _) => kept.try_clone().map_err(netns_err)?,
+            (None, Some((_, listeners))) => listeners,
+            (None, None) => PodListeners::create(&netns)?,
         };
         let mut prepared = self.prepare(&spec, netns, cookie, listeners)?;
         if let Some(old) = previous
@@ -344,9 +339,10 @@ impl Enrollments {
                 }
                 Some(old) => {
                     prepared.original.tear_down(&prepared.netns);
-                    old.engine.stop();
                     old.original.tear_down(&old.netns);
-                    self.forget_identity_if_unused(&old.identity, None);
+                    let old_identity = old.serving.identity().cloned();
+                    old.serving.stop();
+                    self.forget_identity_if_unused(old_identity.as_ref(), None);
                     self.persist()?;
                 }
                 None => prepared.original.tear_down(&prepared.netns),
@@ -355,21 +351,19 @@ impl Enrollments {
         }
         if let Some(old) = old {
             info!(pod = %spec.name, namespace = %spec.namespace, uid = %spec.uid, "pod re-enrolled; previous engine stopped");
-            let old_identity = old.identity.clone();
-            old.engine.stop();
+            let old_identity = old.serving.identity().cloned();
             if old.cookie != cookie {
                 old.original.tear_down(&old.netns);
             }
-            self.forget_identity_if_unused(&old_identity, Some(&prepared.identity));
+            old.serving.stop();
+            self.forget_identity_if_unused(old_identity.as_ref(), prepared.serving.identity());
         }
         info!(pod = %spec.name, namespace = %spec.namespace, uid = %spec.uid, netns_cookie = cookie, ips = ?spec.ips, "pod enrolled");
         let pod = EnrolledPod {
             spec,
-            identity: prepared.identity,
             cookie,
             netns: prepared.netns,
-            listeners: prepared.listeners,
-            engine: prepared.engine,
+            serving: prepared.serving,
             dns: prepared.dns,
             original: prepared.original,
         };
@@ -396,106 +390,22 @@ impl Enrollments {
             })
     }
 
-    /// Issues the pod's certificate and starts its engine on `listeners`.
-    fn prepare(
-        &self,
-        spec: &PodSpec,
-        netns: PodNetns,
-        cookie: u64,
-        listeners: PodListeners,
-    ) -> Result<Prepared, EnrollError> {
-        let identity_err =
-            |source: Box<dyn std::error::Error + Send + Sync>| EnrollError::Identity {
-                uid: spec.uid.clone(),
-                source,
-            };
-        let spiffe = spec.identity().map_err(|e| identity_err(Box::new(e)))?;
-        let mesh = Arc::clone(&self.settings.mesh);
-        // The built-in CA issues now; a remote source is asked by the
-        // certificate store's task (readiness waits for it), so a CA that
-        // is down or slow never holds the enrollment actor.
-        mesh.certs
-            .want(&spiffe)
-            .map_err(|e| identity_err(Box::new(e)))?;
-        let server_tls = tls::server_config(
-            mesh.certs.resolver(spiffe.clone()),
-            Arc::clone(&mesh.roots),
-            &mesh.trust_domain,
-        )
-        .map_err(|e| identity_err(Box::new(e)))?;
-        let table = match self.redirector {
-            Some(_) => Some(OrigDstTable::open(&self.pins)?),
-            None => None,
-        };
-        let original = PodOriginalSource::set_up(self.settings.original_source.as_ref(), &netns)
-            .map_err(|source| EnrollError::OriginalSource {
-                uid: spec.uid.clone(),
-                source,
-            })?;
-        let pool = HbonePool::new(
-            PodTlsDialer {
-                netns: netns.clone(),
-                mark: self.settings.proxy_mark,
-                mesh: Arc::clone(&mesh),
-            },
-            mesh.pool_idle_timeout,
-        );
-        let ctx = Arc::new(PodContext {
-            identity: PodIdentity {
-                uid: spec.uid.clone(),
-                name: spec.name.clone(),
-                namespace: spec.namespace.clone(),
-            },
-            peer: Arc::new(crate::telemetry::Peer {
-                workload: Some(spec.name.clone()),
-                namespace: Some(spec.namespace.clone()),
-                principal: Some(spiffe.to_uri()),
-                ..Default::default()
-            }),
-            spiffe: spiffe.clone(),
-            ips: spec.ips.clone(),
-            netns: netns.clone(),
-            mark: self.settings.proxy_mark,
-            original_source: original.transparent(self.redirector.as_ref().map(|_| &self.pins))?,
-            mesh,
-            pool,
-            server_tls,
-        });
-        let served = listeners.try_clone().map_err(|source| EnrollError::Serve {
-            uid: spec.uid.clone(),
-            source,
-        })?;
-        let engine = PodEngine::start(ctx, served, table).map_err(|source| EnrollError::Serve {
-            uid: spec.uid.clone(),
-            source,
-        })?;
-        let dns = PodDns::for_pod(
-            self.settings.dns.as_ref(),
-            spec.dns_capture,
-            &netns,
-            (&spec.name, &spec.namespace),
-        );
-        Ok(Prepared {
-            identity: spiffe,
-            cookie,
-            netns,
-            listeners,
-            engine,
-            dns,
-            original,
-        })
-    }
-
     /// Points the kernel programs at the prepared engine's listeners.
     fn capture(&mut self, spec: &PodSpec, prepared: &Prepared) -> Result<(), EnrollError> {
+        let Some(listeners) = prepared.serving.listeners() else {
+            return Err(EnrollError::Invalid {
+                uid: spec.uid.clone(),
+                reason: "no listeners to capture into".into(),
+            });
+        };
         let capture = PodCapture {
             netns_cookie: prepared.cookie,
             netns: prepared.netns.fd(),
             ips: &spec.ips,
             node_addr: spec.node_addr,
             exclusions: &spec.exclusions,
-            inbound_listener: prepared.listeners.inbound.as_fd(),
-            hbone_listener: prepared.listeners.hbone.as_fd(),
+            inbound_listener: listeners.inbound.as_fd(),
+            hbone_listener: listeners.hbone.as_fd(),
             dns_capture: prepared.dns.is_some(),
         };
         Ok(self.with_redirector(|r| r.enroll_pod(&capture))?)
@@ -520,10 +430,11 @@ impl Enrollments {
             pod.spec.namespace.clone(),
         );
         self.note_departed(who, reason.to_owned());
-        pod.engine.stop();
+        let identity = pod.serving.identity().cloned();
+        pod.serving.stop();
         pod.original.tear_down(&pod.netns);
         self.with_redirector(|r| r.unenroll_pod(pod.cookie))?;
-        self.forget_identity_if_unused(&pod.identity, None);
+        self.forget_identity_if_unused(identity.as_ref(), None);
         info!(pod = %pod.spec.name, namespace = %pod.spec.namespace, uid, "pod unenrolled");
         self.persist()?;
         Ok(true)
@@ -531,8 +442,16 @@ impl Enrollments {
 
     /// Stops rotating the certificate of `identity` when no enrolled pod
     /// (nor `keep`, the identity about to be used) has it any more.
-    fn forget_identity_if_unused(&self, identity: &Identity, keep: Option<&Identity>) {
-        if keep == Some(identity) || self.pods.values().any(|p| &p.identity == identity) {
+    fn forget_identity_if_unused(&self, identity: Option<&Identity>, keep: Option<&Identity>) {
+        let Some(identity) = identity else {
+            return;
+        };
+        if keep == Some(identity)
+            || self
+                .pods
+                .values()
+                .any(|p| p.serving.identity() == Some(identity))
+        {
             return;
         }
         if self.settings.mesh.certs.forget(identity) {
@@ -587,10 +506,10 @@ impl Enrollments {
         // the peer's tunnels, and the peer's records must already know that
         // the agent, not the network, closed them.
         for pod in self.pods.values() {
-            pod.engine.close_pool();
+            pod.serving.close_pool();
         }
         for (_, pod) in self.pods.drain() {
-            pod.engine.stop();
+            pod.serving.stop();
             if mode == ExitMode::Detach {
                 pod.original.tear_down(&pod.netns);
             }

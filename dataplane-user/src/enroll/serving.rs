@@ -1,0 +1,63 @@
+//! What serves an enrolled pod's captured traffic: this agent's own engine,
+//! or a node proxy outside the agent (a stock Istio ztunnel, handed the
+//! pod's network namespace over ZDS) whose in-pod listeners the kernel
+//! programs point at. Enrollment treats both alike; only these methods
+//! tell them apart.
+
+use crate::{
+    identity::Identity,
+    proxy::{PodEngine, PodListeners},
+};
+
+/// The server of one enrolled pod.
+pub(super) enum Serving {
+    /// This agent's engine.
+    Builtin(BuiltinPod),
+    /// An external node proxy; this agent only captures.
+    External,
+}
+
+/// A pod served by this agent's engine.
+pub(super) struct BuiltinPod {
+    /// The pod's identity (its certificate is rotated while any pod uses it).
+    pub(super) identity: Identity,
+    /// Duplicates of the listening sockets the engine serves, so that a
+    /// re-enrollment in the same namespace hands the same sockets to the
+    /// new engine: the ports never close, no connection is refused.
+    pub(super) listeners: PodListeners,
+    /// The engine.
+    pub(super) engine: PodEngine,
+}
+
+impl Serving {
+    /// Stops serving: this agent's engine closes its listeners and
+    /// connections; an external proxy is told separately.
+    pub(super) fn stop(self) {
+        if let Self::Builtin(pod) = self {
+            pod.engine.stop();
+        }
+    }
+
+    /// Closes the pod's pooled HBONE connections (this agent's engine only).
+    pub(super) fn close_pool(&self) {
+        if let Self::Builtin(pod) = self {
+            pod.engine.close_pool();
+        }
+    }
+
+    /// The identity whose certificate this agent keeps for the pod.
+    pub(super) fn identity(&self) -> Option<&Identity> {
+        match self {
+            Self::Builtin(pod) => Some(&pod.identity),
+            Self::External => None,
+        }
+    }
+
+    /// The listening sockets this agent owns for the pod.
+    pub(super) fn listeners(&self) -> Option<&PodListeners> {
+        match self {
+            Self::Builtin(pod) => Some(&pod.listeners),
+            Self::External => None,
+        }
+    }
+}
