@@ -61,3 +61,4 @@ pub mod telemetry;
 pub mod tls;
 pub mod version;
 pub mod xds;
+pub mod zds;

@@ -32,6 +32,7 @@ pub mod topology;
 pub mod traffic;
 pub mod transfer;
 pub mod waypoint;
+pub mod zds_client;
 
 use std::{
     path::{Path, PathBuf},
