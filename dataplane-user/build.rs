@@ -48,12 +48,15 @@ fn main() -> anyhow::Result<()> {
 
 /// Istio's and Envoy's wire types (`proto/`), as Rust with tonic clients
 /// and servers (the servers are for the test control plane in `tests/`).
+/// `zds.proto` declares messages only (ZDS is not gRPC), so it adds no
+/// client or server.
 fn compile_istio_api() -> anyhow::Result<()> {
-    const PROTOS: [&str; 4] = [
+    const PROTOS: [&str; 5] = [
         "proto/envoy/discovery.proto",
         "proto/istio/workload.proto",
         "proto/istio/authorization.proto",
         "proto/istio/ca.proto",
+        "proto/istio/zds.proto",
     ];
     println!("cargo:rerun-if-changed=proto");
     if which::which("protoc").is_err() && std::env::var_os("PROTOC").is_none() {

@@ -95,6 +95,11 @@ counters! {
     /// A reply of the pod's resolver shown as coming from the server the
     /// application asked (`recvmsg`).
     DnsReplyRewritten = 21 => "dns_reply_rewritten",
+    /// A SYN an external in-pod proxy (marked with the proxy mark) sent over
+    /// the pod's `lo` to one of the pod's IPs: its tuple recorded for
+    /// `sk_lookup` and its mark changed to the transparent mark, so the
+    /// app's replies are routed back to the proxy.
+    ProxySynRemarked = 22 => "proxy_syn_remarked",
 }
 
 /// Number of slots in the `REDIRECT_STATS` array: room for counters added

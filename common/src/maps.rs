@@ -44,9 +44,10 @@ pub const DNS_ORIG_CAPACITY: u32 = 16_384;
 
 /// `LruHashMap<SockTuple, u8>`: connections the engine is opening to an
 /// app from the client's own address (transparent sockets, original
-/// source), recorded by the engine between `bind()` and `connect()` and
-/// consumed by `sk_lookup`, which lets exactly those SYNs reach the app
-/// instead of capturing them.
+/// source), recorded by the engine between `bind()` and `connect()` (for
+/// an external in-pod proxy: by [`PROG_PROXY_SYN`] as the SYN crosses the
+/// pod's `lo`) and consumed by `sk_lookup`, which lets exactly those SYNs
+/// reach the app instead of capturing them.
 pub const TPROXY_TUPLES: &str = "TPROXY_TUPLES";
 
 /// Capacity of [`TPROXY_TUPLES`]: transparent connections being opened at
@@ -93,6 +94,12 @@ pub const PROG_DNS_RECVMSG6: &str = "dp_dns_recvmsg6";
 /// `sk_lookup`, one link per enrolled pod network namespace: inbound TCP to
 /// the pod's IPs goes to the engine's listeners.
 pub const PROG_SK_LOOKUP: &str = "dp_sk_lookup";
+
+/// `classifier` (tc), attached to ingress of `lo` in the network namespace
+/// of each pod served by an external in-pod proxy (Istio's ztunnel): the
+/// proxy's SYNs to the pod's apps are recorded in [`TPROXY_TUPLES`] and
+/// take the transparent mark.
+pub const PROG_PROXY_SYN: &str = "dp_proxy_syn";
 
 /// `LruHashMap<u64 socket cookie, u64 netns cookie>` of the netns-cookie
 /// probe object (kernels without `SO_NETNS_COOKIE`, before 5.14): filled by

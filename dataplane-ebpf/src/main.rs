@@ -13,9 +13,11 @@
 //! | `dp_dns_sendmsg6` | `cgroup/sendmsg6`      | 5.7 (netns cookie in sock_addr) |
 //! | `dp_dns_recvmsg4` | `cgroup/recvmsg4`      | 5.2 |
 //! | `dp_dns_recvmsg6` | `cgroup/recvmsg6`      | 5.2 |
+//! | `dp_proxy_syn`    | tc ingress of a pod's `lo` (external proxy) | 4.x (tc classifier writing `skb->mark`) |
 //!
 //! The cgroup programs attach once, at the agent's cgroup; `dp_sk_lookup`
-//! attaches to each enrolled pod's network namespace. Programs used only as
+//! attaches to each enrolled pod's network namespace, and `dp_proxy_syn` to
+//! the `lo` of each pod served by an external in-pod proxy. Programs used only as
 //! a fallback on older kernels live in a second object (`probes.rs`).
 //!
 //! Every program lets traffic through on any unexpected input: a redirector
@@ -37,6 +39,7 @@ mod getsockopt;
 mod maps;
 mod outbound;
 mod peer_rewrite;
+mod proxy_syn;
 mod sk_lookup;
 mod sockops;
 

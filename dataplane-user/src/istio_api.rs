@@ -1,7 +1,8 @@
 //! Istio's and Envoy's wire types, generated at build time from `proto/`
 //! (see its README): delta xDS, Istio's workload and authorization
 //! resources, and the CA's certificate service, each with a tonic client
-//! and server.
+//! and server; and the messages of ZDS, the node agent's unix-socket
+//! protocol with ztunnel (`crate::zds`).
 
 /// Resource type URL of workloads and services.
 pub const ADDRESS_TYPE: &str = "type.googleapis.com/istio.workload.Address";
@@ -44,4 +45,9 @@ generated!(
     /// `istio.v1.auth`: the CA's certificate service.
     ca,
     "istio.v1.auth"
+);
+generated!(
+    /// `istio.workload.zds`: the node agent <-> ztunnel messages.
+    zds,
+    "istio.workload.zds"
 );

@@ -50,6 +50,14 @@ pub(crate) mod nofile;
 pub mod policy;
 pub mod preflight;
 pub(crate) mod proxy;
+/// A pod's network namespace and the in-pod routing that brings an app's
+/// replies back to a proxy connected from the client's address: our
+/// engine's pods and those of an external in-pod proxy
+/// ([`redirect::ExternalPodCapture`]) both need it.
+pub use proxy::{
+    PodNetns,
+    original_source::{OriginalSourceError, SourceRouting},
+};
 pub(crate) mod readiness;
 pub mod redirect;
 pub(crate) mod relay;
@@ -61,3 +69,4 @@ pub mod telemetry;
 pub mod tls;
 pub mod version;
 pub mod xds;
+pub mod zds;

@@ -18,6 +18,7 @@ pub mod cni_deploy;
 pub mod cni_kubeapi;
 pub mod counters;
 pub mod dns;
+pub mod external_proxy;
 pub mod istio_resources;
 pub mod istiod;
 pub mod mesh;
@@ -32,6 +33,7 @@ pub mod topology;
 pub mod traffic;
 pub mod transfer;
 pub mod waypoint;
+pub mod zds_client;
 
 use std::{
     path::{Path, PathBuf},

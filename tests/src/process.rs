@@ -114,6 +114,27 @@ impl ChildGuard {
         })
     }
 
+    /// The first line the child writes to stdout, waiting at most `limit`
+    /// (a guard against hangs). Takes the child's stdout.
+    pub fn first_line(&mut self, limit: Duration) -> anyhow::Result<String> {
+        use std::io::BufRead as _;
+        let out = self
+            .child
+            .as_mut()
+            .and_then(|c| c.stdout.take())
+            .ok_or_else(|| anyhow::anyhow!("the child's stdout is already taken"))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let read = std::io::BufReader::new(out).read_line(&mut line);
+            let _ = tx.send(read.map(|_| line));
+        });
+        let line = rx
+            .recv_timeout(limit)
+            .map_err(|_| anyhow::anyhow!("the child wrote no line within {limit:?}"))??;
+        Ok(line.trim_end().to_string())
+    }
+
     /// Whether the child has not exited yet.
     pub fn is_running(&mut self) -> bool {
         self.child

@@ -131,6 +131,29 @@ pub enum RedirectError {
         #[source]
         source: ProgramError,
     },
+    /// Attaching or detaching `dp_proxy_syn` on a pod's `lo` failed.
+    #[error(
+        "cannot {action} the external proxy's SYN program on lo in the network namespace with \
+         cookie {netns_cookie} (needs CAP_NET_ADMIN and CAP_SYS_ADMIN to enter the namespace)"
+    )]
+    ProxySyn {
+        /// Cookie of the pod's network namespace.
+        netns_cookie: u64,
+        /// What was being done (`attach`, `detach`, ...).
+        action: &'static str,
+        /// The underlying error (aya's, or the OS's).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Listeners were given for a pod that is not enrolled.
+    #[error(
+        "the pod with network namespace cookie {netns_cookie} is not enrolled; enroll it \
+         (enroll_external_pod) before registering its listeners"
+    )]
+    NotEnrolled {
+        /// Cookie of the pod's network namespace.
+        netns_cookie: u64,
+    },
     /// The kernel refused an engine listener for `LISTENERS`.
     #[error(
         "cannot register the listener for {pod_addr} port {port} \

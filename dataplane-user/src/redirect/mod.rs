@@ -14,7 +14,10 @@
 //! way when the restarted agent re-enrolls the pod.
 //!
 //! Modules by concern: `pods` (enrolling pods: [`PodCapture`],
-//! [`Exclusions`]), `listeners` (checks on the engine's listener sockets),
+//! [`Exclusions`]), `external` (pods served by an external in-pod proxy
+//! such as Istio's ztunnel: [`ExternalPodCapture`]), `harvest` (copies of
+//! that proxy's listening sockets), `proxy_syn` (its `lo` tc program),
+//! `listeners` (checks on the engine's listener sockets),
 //! `links` (attach, pin, replace, detach), `raw_link` (the link commands aya
 //! lacks), `kernel_maps` (typed map handles), `keys` (address and CIDR key
 //! forms), `pins` (bpffs layout), `adopt` (pinned maps checked against
@@ -38,6 +41,8 @@ mod adopt;
 #[cfg(test)]
 mod contract_tests;
 mod error;
+mod external;
+pub mod harvest;
 mod kernel_maps;
 mod keys;
 mod links;
@@ -46,6 +51,7 @@ mod object;
 mod orig_dst;
 mod pins;
 mod pods;
+mod proxy_syn;
 mod raw_link;
 mod stats;
 mod tproxy;
@@ -70,6 +76,8 @@ pub use object::{
 };
 pub use orig_dst::{OrigDstTable, tuple_of};
 pub use pins::{LAYOUT_VERSION, PinLayout};
+pub use external::{ExternalListeners, ExternalPodCapture};
+pub use harvest::{HarvestError, HarvestedListener};
 pub use pods::{Exclusions, PodCapture};
 pub use stats::{CounterValue, read_counters, read_enrolled_cookies, read_pod_inbound};
 pub use tproxy::TproxyTable;
@@ -247,6 +255,7 @@ impl Redirector {
         let mut maps = KernelMaps::take(&mut ebpf)?;
         write_probe_sources(&mut maps, &options.probe_sources)?;
         links::load_sk_lookup(&mut ebpf)?;
+        proxy_syn::load(&mut ebpf)?;
 
         let cgroup = File::open(&options.cgroup).map_err(|source| RedirectError::OpenCgroup {
             path: options.cgroup.clone(),

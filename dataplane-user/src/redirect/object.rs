@@ -184,6 +184,10 @@ fn describe(section: &ProgramSection) -> (String, String) {
             "sk_lookup".into(),
             "each enrolled pod's network namespace (one link per pod)".into(),
         ),
+        ProgramSection::SchedClassifier => (
+            "sched_cls".into(),
+            "tc ingress of lo in each pod served by an external in-pod proxy".into(),
+        ),
         other => (format!("{other:?}").to_lowercase(), "not attached".into()),
     }
 }
@@ -227,6 +231,8 @@ mod tests {
         );
         assert_eq!(attach(m::PROG_SOCKOPS).0, "sock_ops");
         assert_eq!(attach(m::PROG_SK_LOOKUP).0, "sk_lookup");
+        assert_eq!(attach(m::PROG_PROXY_SYN).0, "sched_cls");
+        assert!(attach(m::PROG_PROXY_SYN).1.starts_with("tc ingress of lo "));
         for (program, hook) in [
             (m::PROG_DNS_SENDMSG4, "cgroup/sendmsg4 "),
             (m::PROG_DNS_SENDMSG6, "cgroup/sendmsg6 "),
@@ -235,6 +241,6 @@ mod tests {
         ] {
             assert!(attach(program).1.starts_with(hook), "{program}");
         }
-        assert_eq!(programs.len(), 11);
+        assert_eq!(programs.len(), 12);
     }
 }

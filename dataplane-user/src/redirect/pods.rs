@@ -35,6 +35,7 @@ use tracing::{debug, info};
 
 use super::{
     RedirectError, Redirector,
+    external::ExternalPodCapture,
     error::map_err,
     kernel_maps::{KernelMaps, absent_as_none, collect_keys, ignore_missing},
     keys::{addr16, cidr_key, cidr_key_cookie, ip_of},
@@ -67,6 +68,17 @@ pub struct PodCapture<'a> {
     pub dns_capture: bool,
 }
 
+/// A pod's two inbound listeners, by role.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RoleListeners<'a> {
+    /// Listening on the inbound plaintext port (`[::]:15006`, dual-stack)
+    /// in the pod's netns.
+    pub inbound: BorrowedFd<'a>,
+    /// Listening on the HBONE port (`[::]:15008`, dual-stack) in the pod's
+    /// netns.
+    pub hbone: BorrowedFd<'a>,
+}
+
 /// Traffic of one pod that is never captured.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Exclusions {
@@ -82,16 +94,18 @@ pub struct Exclusions {
 /// `ENROLLED_NETNS` entry and its link).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Registration {
-    ips: HashSet<IpAddr16>,
+    /// The pod's IPs.
+    pub(super) ips: HashSet<IpAddr16>,
     out_ports: HashSet<u16>,
     out_cidrs: HashSet<(u32, NetnsAddr)>,
     in_ports: HashSet<PodPort>,
-    listeners: HashSet<ListenerKey>,
+    /// Its `LISTENERS` keys.
+    pub(super) listeners: HashSet<ListenerKey>,
 }
 
 impl Registration {
-    /// The entries `pod` needs.
-    fn wanted(pod: &PodCapture<'_>, config: &AgentConfig) -> Self {
+    /// The entries `pod` needs; its `LISTENERS` entries only `with_listeners`.
+    fn wanted(pod: &ExternalPodCapture<'_>, config: &AgentConfig, with_listeners: bool) -> Self {
         let ips: HashSet<IpAddr16> = pod.ips.iter().map(|ip| addr16(*ip)).collect();
         let ex = pod.exclusions;
         Self {
@@ -105,18 +119,17 @@ impl Registration {
                 .iter()
                 .flat_map(|ip| ex.inbound_ports.iter().map(|port| pod_port(*ip, *port)))
                 .collect(),
-            listeners: ips
-                .iter()
-                .flat_map(|ip| {
-                    [config.inbound_port, config.hbone_port].map(|port| listener_key(*ip, port))
-                })
-                .collect(),
+            listeners: if with_listeners {
+                listener_keys(&ips, config)
+            } else {
+                HashSet::new()
+            },
             ips,
         }
     }
 
     /// What the maps hold for `netns_cookie` (after an agent restart).
-    fn scan(maps: &KernelMaps, netns_cookie: u64) -> Result<Self, RedirectError> {
+    pub(super) fn scan(maps: &KernelMaps, netns_cookie: u64) -> Result<Self, RedirectError> {
         let mut ips = HashSet::new();
         for entry in maps.pod_inbound.iter() {
             let (ip, pod) = entry.map_err(map_err(POD_INBOUND))?;
@@ -209,20 +222,45 @@ impl Redirector {
     /// refused with [`RedirectError::UnusableListener`] before any state is
     /// written.
     pub fn enroll_pod(&mut self, pod: &PodCapture<'_>) -> Result<(), RedirectError> {
+        let listeners = RoleListeners {
+            inbound: pod.inbound_listener,
+            hbone: pod.hbone_listener,
+        };
+        let spec = ExternalPodCapture {
+            netns_cookie: pod.netns_cookie,
+            netns: pod.netns,
+            ips: pod.ips,
+            node_addr: pod.node_addr,
+            exclusions: pod.exclusions,
+            dns_capture: pod.dns_capture,
+        };
+        self.enroll_with(&spec, Some(listeners))
+    }
+
+    /// [`Redirector::enroll_pod`] with the listeners given, or (`None`)
+    /// keeping those already registered for the pod's current IPs. The
+    /// namespace is marked `ENGINE_READY` only when every pod IP has both
+    /// listeners registered.
+    pub(super) fn enroll_with(
+        &mut self,
+        pod: &ExternalPodCapture<'_>,
+        listeners: Option<RoleListeners<'_>>,
+    ) -> Result<(), RedirectError> {
         let cookie = pod.netns_cookie;
-        let serves_v4 = pod.ips.iter().any(|ip| ip.to_canonical().is_ipv4());
-        let serves_v6 = pod.ips.iter().any(|ip| ip.to_canonical().is_ipv6());
-        for (socket, port) in [
-            (pod.inbound_listener, self.config.inbound_port),
-            (pod.hbone_listener, self.config.hbone_port),
-        ] {
-            listeners::check(socket, port, serves_v4, serves_v6)?;
+        if let Some(listeners) = listeners {
+            self.check_listeners(pod.ips, listeners)?;
         }
-        let wanted = Registration::wanted(pod, &self.config);
         let previous = match self.registry.get(&cookie) {
             Some(registered) => registered.clone(),
             None => Registration::scan(&self.maps, cookie)?,
         };
+        let mut wanted = Registration::wanted(pod, &self.config, listeners.is_some());
+        if listeners.is_none() {
+            // Sockets we hold no descriptor of: keep the entries of IPs the
+            // pod still has until the next harvest replaces them.
+            let all = listener_keys(&wanted.ips, &self.config);
+            wanted.listeners = previous.listeners.intersection(&all).copied().collect();
+        }
         // Remember everything that may be in the maps before writing, so
         // that a failure half-way still lets `unenroll_pod` find it all.
         let mut known = previous.clone();
@@ -230,25 +268,39 @@ impl Redirector {
         self.registry.insert(cookie, known);
 
         self.write_entries(pod, &wanted)?;
+        if let Some(listeners) = listeners {
+            self.write_listeners(&wanted.listeners, listeners)?;
+        }
         links::attach_sk_lookup(&mut self.ebpf, &self.pins, cookie, pod.netns)?;
-        let dns = if pod.dns_capture {
-            ENROLLED_CAPTURE_DNS
-        } else {
-            0
-        };
-        self.set_enrolled(
-            cookie,
-            ENROLLED_CAPTURE_OUTBOUND | ENROLLED_ENGINE_READY | dns,
-        )?;
+        let ready = wanted.listeners == listener_keys(&wanted.ips, &self.config);
+        self.set_enrolled(cookie, enrolled_flags(pod.dns_capture, ready))?;
         let stale = previous.minus(&wanted);
         self.remove_entries(cookie, &stale)?;
         info!(
             netns_cookie = cookie,
             ips = ?pod.ips,
+            listeners = wanted.listeners.len(),
             stale_entries = stale.len(),
             "pod enrolled"
         );
         self.registry.insert(cookie, wanted);
+        Ok(())
+    }
+
+    /// Refuses listeners `sk_lookup` could not use for these pod IPs.
+    pub(super) fn check_listeners(
+        &self,
+        ips: &[IpAddr],
+        listeners: RoleListeners<'_>,
+    ) -> Result<(), RedirectError> {
+        let serves_v4 = ips.iter().any(|ip| ip.to_canonical().is_ipv4());
+        let serves_v6 = ips.iter().any(|ip| ip.to_canonical().is_ipv6());
+        for (socket, port) in [
+            (listeners.inbound, self.config.inbound_port),
+            (listeners.hbone, self.config.hbone_port),
+        ] {
+            listeners::check(socket, port, serves_v4, serves_v6)?;
+        }
         Ok(())
     }
 
@@ -315,7 +367,7 @@ impl Redirector {
         ignore_missing(self.maps.enrolled.remove(&netns_cookie), ENROLLED_NETNS)
     }
 
-    fn set_enrolled(&mut self, netns_cookie: u64, flags: u32) -> Result<(), RedirectError> {
+    pub(super) fn set_enrolled(&mut self, netns_cookie: u64, flags: u32) -> Result<(), RedirectError> {
         let value = EnrolledNetns {
             flags,
             _pad: [0; 4],
@@ -326,11 +378,11 @@ impl Redirector {
             .map_err(map_err(ENROLLED_NETNS))
     }
 
-    /// Writes the entries of `wanted` (exclusions first, then listeners,
+    /// Writes the entries of `wanted` but its listeners (exclusions first,
     /// then the pod IPs that make `sk_lookup` act on them).
     fn write_entries(
         &mut self,
-        pod: &PodCapture<'_>,
+        pod: &ExternalPodCapture<'_>,
         wanted: &Registration,
     ) -> Result<(), RedirectError> {
         let cookie = pod.netns_cookie;
@@ -350,20 +402,6 @@ impl Redirector {
                 .insert(key, 1, 0)
                 .map_err(map_err(IN_EXCL_PORTS))?;
         }
-        for key in &wanted.listeners {
-            let socket = if key.port == self.config.hbone_port {
-                pod.hbone_listener
-            } else {
-                pod.inbound_listener
-            };
-            maps.listeners
-                .insert(key, socket.as_raw_fd(), 0)
-                .map_err(|source| RedirectError::Listener {
-                    pod_addr: ip_of(&key.pod_addr),
-                    port: key.port,
-                    source,
-                })?;
-        }
         let inbound = PodInbound {
             netns_cookie: cookie,
             node_addr: pod.node_addr.map(addr16).unwrap_or_default(),
@@ -378,10 +416,35 @@ impl Redirector {
         Ok(())
     }
 
+    /// Inserts (or replaces) the `LISTENERS` entries `keys`, each with the
+    /// listener of its role.
+    pub(super) fn write_listeners(
+        &mut self,
+        keys: &HashSet<ListenerKey>,
+        listeners: RoleListeners<'_>,
+    ) -> Result<(), RedirectError> {
+        for key in keys {
+            let socket = if key.port == self.config.hbone_port {
+                listeners.hbone
+            } else {
+                listeners.inbound
+            };
+            self.maps
+                .listeners
+                .insert(key, socket.as_raw_fd(), 0)
+                .map_err(|source| RedirectError::Listener {
+                    pod_addr: ip_of(&key.pod_addr),
+                    port: key.port,
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
     /// Removes the entries of `registered` that belong to `netns_cookie`.
     /// An IP another pod has registered since (IPs are reused) is left to
     /// that pod, with its listeners and excluded ports.
-    fn remove_entries(
+    pub(super) fn remove_entries(
         &mut self,
         netns_cookie: u64,
         registered: &Registration,
@@ -434,6 +497,25 @@ fn pod_port(pod_addr: IpAddr16, port: u16) -> PodPort {
         port,
         _pad: [0; 2],
     }
+}
+
+/// `ENROLLED_NETNS` flags of a captured pod.
+pub(super) fn enrolled_flags(dns_capture: bool, engine_ready: bool) -> u32 {
+    let mut flags = ENROLLED_CAPTURE_OUTBOUND;
+    if dns_capture {
+        flags |= ENROLLED_CAPTURE_DNS;
+    }
+    if engine_ready {
+        flags |= ENROLLED_ENGINE_READY;
+    }
+    flags
+}
+
+/// The `LISTENERS` keys of every role of every one of `ips`.
+pub(super) fn listener_keys(ips: &HashSet<IpAddr16>, config: &AgentConfig) -> HashSet<ListenerKey> {
+    ips.iter()
+        .flat_map(|ip| [config.inbound_port, config.hbone_port].map(|port| listener_key(*ip, port)))
+        .collect()
 }
 
 fn listener_key(pod_addr: IpAddr16, port: u16) -> ListenerKey {
