@@ -22,10 +22,14 @@ use tracing::{info, warn};
 
 use crate::{
     admin,
+    cli::engine::EngineMode,
     cli::{CaptureMode, RunArgs},
     config::{ConfigError, LocalConfig},
     control,
-    enroll::{EngineSettings, EnrollError, Enroller, Enrollments, Standalone, StateFile},
+    enroll::{
+        EngineSettings, EnrollError, Enroller, Enrollments, ExternalEngine, Standalone, StateFile,
+        ZtunnelEvents,
+    },
     handover,
     identity::{Ca, CertDir, CertSource, CertStore, IstioCa, TrustBundle},
     inspect::{AgentView, Endpoints, KernelPrograms},
@@ -40,6 +44,7 @@ use crate::{
     telemetry::{self, Metrics, StateCollector},
     tls::{self, ClientConfigCache},
     xds::{XdsClient, XdsMetrics},
+    zds::ZdsConfig,
 };
 
 /// How long GOAWAY frames get to leave before connections are closed.
@@ -224,6 +229,20 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         )?)),
         None => None,
     };
+    // `--engine ztunnel`: the ZDS server starts once the pods enrolled
+    // before are re-adopted, so ztunnel's first snapshot has them all.
+    let ztunnel_events = Arc::new(ZtunnelEvents::default());
+    let external = match args.engine.engine {
+        EngineMode::Builtin => None,
+        EngineMode::Ztunnel => Some(ExternalEngine::new(
+            ZdsConfig {
+                socket: args.engine.zds_socket.clone(),
+                request_timeout: args.engine.zds_ack_timeout,
+                ..ZdsConfig::default()
+            },
+            Arc::clone(&ztunnel_events),
+        )),
+    };
     // From here on the enrollment actor owns the pods and the kernel
     // programs; everything else sends it commands.
     let instance_dir = args.state.state_dir.join(&args.state.instance);
@@ -236,6 +255,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
                 original_source,
                 mesh: Arc::clone(&mesh),
                 dns,
+                external,
             },
             StateFile::in_dir(&instance_dir),
         ),
@@ -252,6 +272,8 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         );
     }
     enroller.apply_config(Arc::clone(&config)).await?;
+    ztunnel_events.connect(enroller.clone());
+    enroller.start_ztunnel().await?;
     // Enrollment asks for each pod's certificate; readiness holds back
     // while one is missing (the CA down, the files not mounted yet).
     {

@@ -402,6 +402,12 @@ impl AgentView {
                 }
             })
         };
+        // `--engine ztunnel`: captured only once ztunnel serves the pod.
+        if let Some(external) = &pod.external
+            && !external.served
+        {
+            return (false, external.detail.clone());
+        }
         match kernel {
             None => (
                 true,
@@ -420,7 +426,15 @@ impl AgentView {
             Some(Ok(kernel)) if let Some(problem) = inbound_problem(kernel) => (false, problem),
             Some(Ok(_)) => (
                 true,
-                format!("network namespace {cookie} enrolled in the kernel, sk_lookup attached"),
+                match &pod.external {
+                    Some(external) => format!(
+                        "network namespace {cookie} enrolled in the kernel, sk_lookup attached, {}",
+                        external.detail
+                    ),
+                    None => format!(
+                        "network namespace {cookie} enrolled in the kernel, sk_lookup attached"
+                    ),
+                },
             ),
         }
     }

@@ -73,10 +73,15 @@ impl Ztunnel {
         })
     }
 
+    /// The last lines of its log, without the configuration it prints at
+    /// start.
     fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let start = text.len().saturating_sub(4000);
-        text.get(start..).unwrap_or_default().to_owned()
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("20") || l.starts_with("Error"))
+            .collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
     }
 }
 
@@ -86,7 +91,7 @@ fn ztunnel_config(w: &TwoNodes) -> String {
         format!(
             "- uid: Kubernetes//Pod/{NAMESPACE}/{name}\n  name: {name}\n  namespace: {NAMESPACE}\n  \
              serviceAccount: {name}\n  trustDomain: cluster.local\n  workloadIps: [\"{}\", \"{}\"]\n  \
-             protocol: HBONE\n  node: {node}\n",
+             protocol: HBONE\n  node: {node}\n  services: {{}}\n",
             pod.ip4, pod.ip6
         )
     };

@@ -25,6 +25,7 @@ use tracing::{info, warn};
 
 use super::{
     DepartedPod, EnrollError, Enrollments, HandedPod, OfferedPod, PodSpec, PodStatus, Standalone,
+    ZtunnelEvent,
 };
 use crate::{config::LocalConfig, logging::Chain, redirect::ExitMode};
 
@@ -64,6 +65,8 @@ enum Command {
     RemoveByNetns(PathBuf, Reply<Option<String>>),
     ApplyConfig(Arc<LocalConfig>, Reply<()>),
     Shutdown(ExitMode, Reply<()>),
+    StartZtunnel(Reply<()>),
+    Ztunnel(ZtunnelEvent),
 }
 
 /// Sends commands to the enrollment actor and awaits their results.
@@ -177,6 +180,19 @@ impl Enroller {
     /// [`Enroller::remove`] for callers on a blocking thread.
     pub fn remove_blocking(&self, uid: String) -> Result<bool, EnrollError> {
         self.ask_blocking(|reply| Command::Remove(uid, reply))
+    }
+
+    /// Starts serving ZDS to ztunnel (`--engine ztunnel`), once the pods
+    /// enrolled before (re-adopted) are known: they make the first
+    /// snapshot. Does nothing for the builtin engine.
+    pub async fn start_ztunnel(&self) -> Result<(), EnrollError> {
+        self.ask(Command::StartZtunnel).await
+    }
+
+    /// Hands an event of a ztunnel connection to the actor; never blocks.
+    pub fn notify_ztunnel(&self, event: ZtunnelEvent) {
+        // The actor is gone only when the agent stops.
+        let _ = self.commands.send(Command::Ztunnel(event));
     }
 
     fn send<T>(
@@ -304,6 +320,17 @@ impl Actor {
                 }
                 self.standalone.apply(enrollments, &config);
                 self.reply(reply, Ok(()));
+            }
+            Command::StartZtunnel(reply) => {
+                let result = enrollments.start_ztunnel_server();
+                self.reply(reply, result);
+            }
+            Command::Ztunnel(event) => {
+                match event {
+                    ZtunnelEvent::Acked { uid, peer } => enrollments.ztunnel_acked(&uid, peer),
+                    ZtunnelEvent::Disconnected(peer) => enrollments.ztunnel_disconnected(peer),
+                }
+                self.publish();
             }
             Command::Shutdown(mode, reply) => {
                 let result = match self.enrollments.take() {

@@ -14,6 +14,7 @@
 
 mod actor;
 mod builtin;
+mod external;
 mod netns_checks;
 mod pods;
 mod serving;
@@ -24,8 +25,9 @@ mod state;
 use std::path::PathBuf;
 
 pub use actor::{EnrolledSnapshot, Enroller, PodsView, REAP_INTERVAL};
+pub use external::{ExternalEngine, ZtunnelEvent, ZtunnelEvents};
 pub use pods::{EngineSettings, Enrollments, HandedPod, OfferedPod};
-pub use spec::{DepartedPod, PodSpec, PodStatus};
+pub use spec::{DepartedPod, ExternalStatus, PodSpec, PodStatus};
 pub use standalone::Standalone;
 pub use state::{StateFile, StateFileError};
 
@@ -125,6 +127,15 @@ pub enum EnrollError {
         /// What failed.
         #[source]
         source: crate::proxy::original_source::OriginalSourceError,
+    },
+    /// The ZDS server for ztunnel failed.
+    #[error("cannot {what} (ZDS, --engine ztunnel)")]
+    Ztunnel {
+        /// What was being done.
+        what: &'static str,
+        /// Why it failed.
+        #[source]
+        source: crate::zds::ZdsError,
     },
     /// Starting the listeners' tasks failed.
     #[error("cannot start serving pod {uid}")]

@@ -15,6 +15,7 @@ use tracing::{info, warn};
 
 use super::{
     DepartedPod, EnrollError, PodSpec, PodStatus, StateFile,
+    external::{ExternalEngine, external_status},
     netns_checks::{netns_still_there, refuse_host_netns},
     serving::Serving,
     spec::{DEPARTED_KEPT, validate},
@@ -43,7 +44,7 @@ pub(super) struct EnrolledPod {
 }
 
 /// Engine settings every enrolled pod shares.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct EngineSettings {
     /// Socket mark of the engine's own sockets.
     pub proxy_mark: u32,
@@ -54,6 +55,8 @@ pub struct EngineSettings {
     /// DNS capture settings; `None` when pods' DNS is never captured
     /// (iptables capture).
     pub dns: Option<Arc<DnsSettings>>,
+    /// `--engine ztunnel`: a stock ztunnel serves the pods, fed over ZDS.
+    pub external: Option<ExternalEngine>,
 }
 
 /// Every pod this agent instance has enrolled, and the kernel programs
@@ -65,7 +68,7 @@ pub struct Enrollments {
     pub(super) pins: PinLayout,
     pub(super) settings: EngineSettings,
     state: StateFile,
-    pods: HashMap<String, EnrolledPod>,
+    pub(super) pods: HashMap<String, EnrolledPod>,
     /// Pods recently unenrolled or refused, newest last, for `status`.
     departed: VecDeque<DepartedPod>,
     /// Listening sockets a previous agent handed over, by pod uid, with
@@ -305,15 +308,19 @@ impl Enrollments {
             .handed
             .remove(&spec.uid)
             .filter(|(handed_cookie, _)| *handed_cookie == cookie);
-        let kept = previous
-            .filter(|old| old.cookie == cookie)
-            .and_then(|old| old.serving.listeners());
-        let listeners = match (kept, handed) {
-            (Some(kept), _) => kept.try_clone().map_err(netns_err)?,
-            (None, Some((_, listeners))) => listeners,
-            (None, None) => PodListeners::create(&netns)?,
+        let mut prepared = if self.settings.external.is_some() {
+            self.prepare_external(&spec, netns, cookie)?
+        } else {
+            let kept = previous
+                .filter(|old| old.cookie == cookie)
+                .and_then(|old| old.serving.listeners());
+            let listeners = match (kept, handed) {
+                (Some(kept), _) => kept.try_clone().map_err(netns_err)?,
+                (None, Some((_, listeners))) => listeners,
+                (None, None) => PodListeners::create(&netns)?,
+            };
+            self.prepare(&spec, netns, cookie, listeners)?
         };
-        let mut prepared = self.prepare(&spec, netns, cookie, listeners)?;
         if let Some(old) = previous
             && old.cookie == cookie
         {
@@ -367,10 +374,20 @@ impl Enrollments {
             dns: prepared.dns,
             original: prepared.original,
         };
-        let status = status_of(&pod);
-        self.pods.insert(pod.spec.uid.clone(), pod);
+        let uid = pod.spec.uid.clone();
+        let external = matches!(pod.serving, Serving::External(_));
+        self.pods.insert(uid.clone(), pod);
         self.persist()?;
-        Ok(status)
+        if external {
+            self.hand_to_ztunnel(&uid);
+        }
+        self.pods
+            .get(&uid)
+            .map(status_of)
+            .ok_or(EnrollError::Invalid {
+                uid,
+                reason: "the pod vanished while it was being enrolled".into(),
+            })
     }
 
     /// An IP of `spec` that another enrolled pod already owns, and that
@@ -393,10 +410,7 @@ impl Enrollments {
     /// Points the kernel programs at the prepared engine's listeners.
     fn capture(&mut self, spec: &PodSpec, prepared: &Prepared) -> Result<(), EnrollError> {
         let Some(listeners) = prepared.serving.listeners() else {
-            return Err(EnrollError::Invalid {
-                uid: spec.uid.clone(),
-                reason: "no listeners to capture into".into(),
-            });
+            return self.capture_external(spec, prepared);
         };
         let capture = PodCapture {
             netns_cookie: prepared.cookie,
@@ -431,9 +445,13 @@ impl Enrollments {
         );
         self.note_departed(who, reason.to_owned());
         let identity = pod.serving.identity().cloned();
+        if matches!(pod.serving, Serving::External(_)) {
+            self.release_external(&pod)?;
+        } else {
+            self.with_redirector(|r| r.unenroll_pod(pod.cookie))?;
+        }
         pod.serving.stop();
         pod.original.tear_down(&pod.netns);
-        self.with_redirector(|r| r.unenroll_pod(pod.cookie))?;
         self.forget_identity_if_unused(identity.as_ref(), None);
         info!(pod = %pod.spec.name, namespace = %pod.spec.namespace, uid, "pod unenrolled");
         self.persist()?;
@@ -508,12 +526,26 @@ impl Enrollments {
         for pod in self.pods.values() {
             pod.serving.close_pool();
         }
+        let detach = mode == ExitMode::Detach;
         for (_, pod) in self.pods.drain() {
+            if detach && matches!(pod.serving, Serving::External(_)) {
+                // Its program on the pod's `lo` is not pinned with the
+                // others: it goes here or stays with the namespace.
+                let netns = pod.netns.fd();
+                if let Some(r) = self.redirector.as_mut()
+                    && let Err(err) = r.unenroll_external_pod(pod.cookie, Some(netns))
+                {
+                    warn!(uid = pod.spec.uid, error = %crate::logging::Chain(&err), "cannot release the pod's capture");
+                }
+            }
             pod.serving.stop();
-            if mode == ExitMode::Detach {
+            if detach {
                 pod.original.tear_down(&pod.netns);
             }
         }
+        // ztunnel keeps serving what it has and reconnects to the next
+        // agent, which sends it the snapshot again.
+        self.settings.external = None;
         if mode == ExitMode::Detach {
             self.state.remove()?;
         }
@@ -533,7 +565,7 @@ impl Enrollments {
 
     /// Runs `f` on the redirector; without one (iptables capture) there is
     /// no kernel state, and the answer is `T::default()`.
-    fn with_redirector<T: Default>(
+    pub(super) fn with_redirector<T: Default>(
         &mut self,
         f: impl FnOnce(&mut Redirector) -> Result<T, RedirectError>,
     ) -> Result<T, RedirectError> {
@@ -551,5 +583,9 @@ fn status_of(pod: &EnrolledPod) -> PodStatus {
         dns_capture: pod.dns.is_some(),
         original_source: pod.original.routing.is_some(),
         original_source_error: pod.original.error.clone(),
+        external: match &pod.serving {
+            Serving::External(ext) => Some(external_status(ext)),
+            Serving::Builtin(_) => None,
+        },
     }
 }

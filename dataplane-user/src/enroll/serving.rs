@@ -7,6 +7,7 @@
 use crate::{
     identity::Identity,
     proxy::{PodEngine, PodListeners},
+    zds::ZtunnelPeer,
 };
 
 /// The server of one enrolled pod.
@@ -14,7 +15,18 @@ pub(super) enum Serving {
     /// This agent's engine.
     Builtin(BuiltinPod),
     /// An external node proxy; this agent only captures.
-    External,
+    External(ExternalPod),
+}
+
+/// A pod served by an external node proxy (ztunnel).
+#[derive(Debug, Default)]
+pub(super) struct ExternalPod {
+    /// The ztunnel connection whose listeners the kernel points the pod's
+    /// inbound at, once harvested.
+    pub(super) served_by: Option<ZtunnelPeer>,
+    /// Why it is not served (no ztunnel connected, ztunnel's error, a
+    /// failed harvest).
+    pub(super) problem: Option<String>,
 }
 
 /// A pod served by this agent's engine.
@@ -49,7 +61,7 @@ impl Serving {
     pub(super) fn identity(&self) -> Option<&Identity> {
         match self {
             Self::Builtin(pod) => Some(&pod.identity),
-            Self::External => None,
+            Self::External(_) => None,
         }
     }
 
@@ -57,7 +69,7 @@ impl Serving {
     pub(super) fn listeners(&self) -> Option<&PodListeners> {
         match self {
             Self::Builtin(pod) => Some(&pod.listeners),
-            Self::External => None,
+            Self::External(_) => None,
         }
     }
 }

@@ -80,6 +80,20 @@ pub struct PodStatus {
     /// on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_source_error: Option<String>,
+    /// How the external proxy serves it (`--engine ztunnel` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<ExternalStatus>,
+}
+
+/// Where a pod stands with the external proxy (ztunnel) that serves it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalStatus {
+    /// ztunnel acknowledged the pod and the kernel points its inbound at
+    /// ztunnel's listeners in the pod.
+    pub served: bool,
+    /// Who serves it, or why it is not served.
+    pub detail: String,
 }
 
 /// A pod this agent no longer captures, or could not enroll, and why.
