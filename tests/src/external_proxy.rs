@@ -264,7 +264,7 @@ pub enum WhichPod {
 }
 
 /// A server on `[::]:8080` in `pod` answering `app peer=<client address>`.
-fn peer_aware_server(pod: &Pod) -> anyhow::Result<Responder> {
+pub fn peer_aware_server(pod: &Pod) -> anyhow::Result<Responder> {
     let listener = listen_any(pod)?;
     Responder::start(listener, |req| {
         format!("app peer={}", req.peer.ip().to_canonical()).into_bytes()

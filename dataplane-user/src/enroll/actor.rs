@@ -329,6 +329,9 @@ impl Actor {
                 match event {
                     ZtunnelEvent::Acked { uid, peer } => enrollments.ztunnel_acked(&uid, peer),
                     ZtunnelEvent::Disconnected(peer) => enrollments.ztunnel_disconnected(peer),
+                    ZtunnelEvent::Refused { uid, problem } => {
+                        enrollments.ztunnel_refused(&uid, problem);
+                    }
                 }
                 self.publish();
             }

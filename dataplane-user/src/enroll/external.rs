@@ -52,6 +52,13 @@ pub enum ZtunnelEvent {
     },
     /// A ztunnel connection ended: its listeners may be gone.
     Disconnected(ZtunnelPeer),
+    /// ztunnel refused pod `uid` (it is retried).
+    Refused {
+        /// The pod.
+        uid: String,
+        /// What ztunnel said, with the attempts so far.
+        problem: String,
+    },
 }
 
 /// Forwards the ZDS server's events to the enrollment actor.
@@ -84,6 +91,16 @@ impl ZdsObserver for ZtunnelEvents {
 
     fn disconnected(&self, peer: &ZtunnelPeer) {
         self.forward(ZtunnelEvent::Disconnected(*peer));
+    }
+
+    fn refused(&self, uid: &str, peer: &ZtunnelPeer, error: &str, attempts: u32) {
+        self.forward(ZtunnelEvent::Refused {
+            uid: uid.to_owned(),
+            problem: format!(
+                "ztunnel (pid {}) refused the pod: {error} ({attempts} attempts; retrying)",
+                peer.pid
+            ),
+        });
     }
 }
 
@@ -354,6 +371,17 @@ impl Enrollments {
         }
         let netns = pod.netns.fd();
         Ok(self.with_redirector(|r| r.unenroll_external_pod(pod.cookie, Some(netns)))?)
+    }
+
+    /// ztunnel refused pod `uid`: shown in `status` unless another
+    /// connection's listeners serve it meanwhile.
+    pub(super) fn ztunnel_refused(&mut self, uid: &str, problem: String) {
+        if let Some(pod) = self.pods.get_mut(uid)
+            && let Serving::External(ext) = &mut pod.serving
+            && ext.served_by.is_none()
+        {
+            ext.problem = Some(problem);
+        }
     }
 
     fn set_external(&mut self, uid: &str, served_by: Option<ZtunnelPeer>, problem: Option<String>) {

@@ -195,6 +195,7 @@ impl Session {
         }
         match self.registry.failed(pod, &error) {
             Some(attempts) => {
+                self.observer.refused(uid, &self.peer, &error, attempts);
                 let delay = backoff(&self.config, attempts);
                 warn!(
                     uid,

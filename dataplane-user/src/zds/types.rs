@@ -131,6 +131,9 @@ pub trait ZdsObserver: Send + Sync + 'static {
     fn acked(&self, uid: &str, peer: &ZtunnelPeer);
     /// A connection that had said hello ended (its listeners may be gone).
     fn disconnected(&self, peer: &ZtunnelPeer);
+    /// ztunnel answered an Add of pod `uid` with `error` (`attempts` in a
+    /// row); the Add is retried with backoff.
+    fn refused(&self, _uid: &str, _peer: &ZtunnelPeer, _error: &str, _attempts: u32) {}
 }
 
 /// An observer that ignores everything.

@@ -20,6 +20,15 @@
 //! Usage: `dp-inpod-proxy NAME=NETNS_PATH...`. Prints `ready` on stdout once
 //! every listener is bound. A failed connect is written to the client as
 //! `error=<reason>`.
+//!
+//! Or `dp-inpod-proxy --zds SOCKET [--refuse NAME]...`: the pods come from
+//! the node agent over ZDS, as ztunnel's do ([`dataplane_tests::zds_client`]:
+//! hello, then every request acked). An Add opens the pod's listeners in
+//! the namespace that came with it and is acked once they are bound
+//! (refused with an error for the pods named by `--refuse`); a Del closes
+//! them. When the agent closes the connection the stand-in connects again
+//! (every 20 ms, as ztunnel's first backoff step) and keeps its pods'
+//! listeners meanwhile. Prints `connected` on stdout after the first hello.
 
 use std::{
     io::Write,
@@ -46,8 +55,12 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<(), String> {
-    let pods: Vec<(String, String)> = std::env::args()
-        .skip(1)
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "--zds") {
+        return zds::run(&args[1..]);
+    }
+    let pods: Vec<(String, String)> = args
+        .into_iter()
         .map(|arg| {
             arg.split_once('=')
                 .map(|(n, p)| (n.to_string(), p.to_string()))
@@ -90,6 +103,14 @@ fn serve_pod(
 ) -> Result<(), String> {
     let file = std::fs::File::open(netns).map_err(|e| format!("open {netns}: {e}"))?;
     setns(&file, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns {netns}: {e}"))?;
+    let listeners = open_listeners()?;
+    let _ = ready.send(Ok(()));
+    serve_listeners(name, listeners);
+    Ok(())
+}
+
+/// The three listeners, in the calling thread's namespace.
+fn open_listeners() -> Result<Vec<(u16, TcpListener)>, String> {
     let mut listeners = Vec::new();
     for port in [15001, 15006, 15008] {
         listeners.push((
@@ -97,12 +118,19 @@ fn serve_pod(
             listen(port).map_err(|e| format!("listen {port}: {e}"))?,
         ));
     }
-    let _ = ready.send(Ok(()));
+    Ok(listeners)
+}
+
+/// Accepts on every listener until each fails (closed by a Del).
+fn serve_listeners(name: &str, listeners: Vec<(u16, TcpListener)>) {
     let mut handles = Vec::new();
     for (port, listener) in listeners {
         let name = name.to_string();
         handles.push(std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
+            // Ends when the listener is shut down (a Del): the listener
+            // closes with the thread.
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { break };
                 let name = name.clone();
                 std::thread::spawn(move || handle(port, &name, stream));
             }
@@ -111,7 +139,6 @@ fn serve_pod(
     for h in handles {
         let _ = h.join();
     }
-    Ok(())
 }
 
 /// A listener as ztunnel makes it in a pod.
@@ -258,4 +285,128 @@ fn relay(client: TcpStream, upstream: TcpStream) {
     let _ = std::io::copy(&mut upstream_r, &mut client_w);
     let _ = client_w.shutdown(Shutdown::Write);
     let _ = up.join();
+}
+
+/// The ZDS mode: pods handed over by the node agent.
+mod zds {
+    use std::{
+        collections::HashMap,
+        io::Write as _,
+        os::fd::{AsRawFd as _, OwnedFd, RawFd},
+        path::Path,
+        time::Duration,
+    };
+
+    use dataplane_tests::zds_client::{ZdsClient, ZdsRequest};
+    use nix::sched::{CloneFlags, setns};
+
+    pub(super) fn run(args: &[String]) -> Result<(), String> {
+        let (socket, refused) = match args {
+            [socket, rest @ ..] => (Path::new(socket), refused_names(rest)?),
+            [] => return Err("usage: dp-inpod-proxy --zds SOCKET [--refuse NAME]...".into()),
+        };
+        // uid -> the pod's listening descriptors (shut down on Del).
+        let mut pods: HashMap<String, Vec<RawFd>> = HashMap::new();
+        let mut announced = false;
+        loop {
+            let mut client = match ZdsClient::connect(socket) {
+                Ok(client) => client,
+                Err(_) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            };
+            if !announced {
+                println!("connected");
+                std::io::stdout().flush().map_err(|e| e.to_string())?;
+                announced = true;
+            }
+            serve_connection(&mut client, &refused, &mut pods)?;
+        }
+    }
+
+    fn refused_names(args: &[String]) -> Result<Vec<String>, String> {
+        let mut names = Vec::new();
+        let mut rest = args.iter();
+        while let Some(flag) = rest.next() {
+            match (flag.as_str(), rest.next()) {
+                ("--refuse", Some(name)) => names.push(name.clone()),
+                _ => return Err(format!("unexpected argument {flag:?}")),
+            }
+        }
+        Ok(names)
+    }
+
+    /// Answers requests until the agent closes the connection.
+    fn serve_connection(
+        client: &mut ZdsClient,
+        refused: &[String],
+        pods: &mut HashMap<String, Vec<RawFd>>,
+    ) -> Result<(), String> {
+        loop {
+            let request = match client.recv() {
+                Ok(Some(request)) => request,
+                Ok(None) => return Ok(()),
+                // The read timeout of an idle connection: keep waiting.
+                Err(e) if e.to_string().contains("EAGAIN") => continue,
+                Err(e) if e.to_string().contains("ECONNRESET") => return Ok(()),
+                Err(e) => return Err(format!("ZDS: {e:#}")),
+            };
+            let answer = match request {
+                ZdsRequest::Add {
+                    uid, name, netns, ..
+                } => {
+                    if refused.contains(&name) {
+                        Err(format!("{name} is refused by the test"))
+                    } else if pods.contains_key(&uid) {
+                        Ok(())
+                    } else {
+                        start_pod(&name, netns).map(|fds| {
+                            pods.insert(uid, fds);
+                        })
+                    }
+                }
+                ZdsRequest::Del { uid } => {
+                    for fd in pods.remove(&uid).unwrap_or_default() {
+                        // SAFETY: shutting down a listening descriptor the
+                        // pod's thread owns; its accept fails and the
+                        // thread closes it.
+                        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                    }
+                    Ok(())
+                }
+                ZdsRequest::Keep { .. } | ZdsRequest::SnapshotSent => Ok(()),
+            };
+            let sent = match answer {
+                Ok(()) => client.ack(),
+                Err(error) => client.nack(&error),
+            };
+            sent.map_err(|e| format!("ZDS: {e:#}"))?;
+        }
+    }
+
+    /// Opens the pod's listeners in `netns` on a thread of its own that
+    /// then serves them; returns their descriptors once bound.
+    fn start_pod(name: &str, netns: OwnedFd) -> Result<Vec<RawFd>, String> {
+        let (bound, result) = std::sync::mpsc::channel();
+        let name = name.to_owned();
+        std::thread::spawn(move || {
+            let listeners = setns(&netns, CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("setns: {e}"))
+                .and_then(|()| super::open_listeners());
+            match listeners {
+                Ok(listeners) => {
+                    let fds = listeners.iter().map(|(_, l)| l.as_raw_fd()).collect();
+                    let _ = bound.send(Ok(fds));
+                    super::serve_listeners(&name, listeners);
+                }
+                Err(e) => {
+                    let _ = bound.send(Err(e));
+                }
+            }
+        });
+        result
+            .recv()
+            .map_err(|_| "the pod's thread ended".to_owned())?
+    }
 }
