@@ -359,6 +359,21 @@ fn zds_an_add_never_acked_times_out_and_the_pod_waits_for_the_next_snapshot() ->
     Ok(())
 }
 
+/// `message` padded to 2,000 bytes with unknown fields (number 15, value
+/// 0: two bytes each), so its first 1,024 bytes still decode as `message`:
+/// only the truncation itself gives it away.
+fn oversized(message: &[u8]) -> Vec<u8> {
+    let mut bytes = message.to_vec();
+    assert!(
+        bytes.len().is_multiple_of(2),
+        "padding in pairs needs an even start"
+    );
+    while bytes.len() < 2000 {
+        bytes.extend_from_slice(&[0x78, 0x00]);
+    }
+    bytes
+}
+
 /// One way a peer breaks the protocol, played on a fresh connection.
 type Misbehaviour = fn(&mut ZdsClient, &std::os::fd::OwnedFd) -> anyhow::Result<()>;
 
@@ -374,7 +389,7 @@ fn zds_misbehaving_peers_are_dropped_and_others_keep_being_served() -> anyhow::R
         ("says nothing", false, |_, _| Ok(())),
         ("sends garbage", false, |c, _| c.send_raw(&[0xff; 16])),
         ("sends an oversized hello", false, |c, _| {
-            c.send_raw(&[0u8; 2000])
+            c.send_raw(&oversized(&ZdsHello { version: 1 }.encode_to_vec()))
         }),
         ("announces version 2", false, |c, _| {
             c.send_raw(&ZdsHello { version: 2 }.encode_to_vec())
@@ -389,7 +404,7 @@ fn zds_misbehaving_peers_are_dropped_and_others_keep_being_served() -> anyhow::R
         }),
         ("answers the Add with 2000 bytes", true, |c, _| {
             c.expect()?;
-            c.send_raw(&ack_bytes(&"x".repeat(2000)))
+            c.send_raw(&oversized(&ack_bytes("")))
         }),
         ("speaks unasked after the snapshot", true, |c, _| {
             c.ack_snapshot()?;
