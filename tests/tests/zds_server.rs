@@ -189,7 +189,10 @@ fn zds_hello_gets_a_snapshot_of_registered_pods_with_their_namespaces() -> anyho
     let refused = server
         .runtime
         .block_on(async { server.handle.add_blocking(pod_d) });
-    assert!(matches!(refused, Err(ZdsError::Runtime(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(ZdsError::Runtime { .. })),
+        "{refused:?}"
+    );
 
     let mut ztunnel = server.connect()?;
     let snapshot = ztunnel.ack_snapshot()?;
