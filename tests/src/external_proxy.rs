@@ -27,7 +27,9 @@ use dataplane_user::{
 };
 
 use crate::{
-    BpffsDir, Cgroup, ChildGuard, Responder, process::target_binary, redirector_node::LIMIT,
+    BpffsDir, Cgroup, ChildGuard, Responder,
+    process::target_binary,
+    redirector_node::LIMIT,
     spawn_in,
     topology::{Node, Pod},
 };

@@ -15,7 +15,7 @@ use dataplane_tests::{
     external_proxy::{APP_PORT, ExternalProxyNode, WhichPod},
     redirector_node::{Dial, assert_refused, at, dial, pod_entries},
 };
-use dataplane_user::redirect::HarvestError;
+use dataplane_user::redirect::{ExternalListeners, HarvestError};
 
 /// Where `dial` from `peer` to `app` at `ip` went through the proxy: the
 /// proxy's line, then the app's answer with the client it saw.
@@ -71,29 +71,28 @@ fn the_harvest_takes_exactly_the_proxys_listeners_in_that_pod() -> anyhow::Resul
     // A namespace where the proxy has no listener, a process without
     // listeners, and a process that is gone.
     let peer_ns = File::open(w.peer.netns.path())?;
-    let err = dataplane_user::redirect::ExternalListeners::harvest(pid, peer_ns.as_fd(), 15006, 15008)
-        .err()
-        .expect("the proxy has no listener in the peer pod");
-    assert!(matches!(err, HarvestError::NoListener { port: 15006, .. }), "{err}");
+    let Err(err) = ExternalListeners::harvest(pid, peer_ns.as_fd(), 15006, 15008) else {
+        panic!("the proxy has no listener in the peer pod, yet a harvest");
+    };
+    assert!(
+        matches!(err, HarvestError::NoListener { port: 15006, .. }),
+        "{err}"
+    );
     // Our own copies are gone: the test process holds no such listener.
     drop((app, app2));
     let app_ns = File::open(w.app.netns.path())?;
-    let err = dataplane_user::redirect::ExternalListeners::harvest(
-        std::process::id(),
-        app_ns.as_fd(),
-        15006,
-        15008,
-    )
-    .err()
-    .expect("the test process has no listener in the app pod");
+    let Err(err) = ExternalListeners::harvest(std::process::id(), app_ns.as_fd(), 15006, 15008)
+    else {
+        panic!("the test process has no listener in the app pod, yet a harvest");
+    };
     assert!(matches!(err, HarvestError::NoListener { .. }), "{err}");
     let mut w = w;
     if let Some(proxy) = w.proxy.take() {
         proxy.kill()?;
     }
-    let err = dataplane_user::redirect::ExternalListeners::harvest(pid, app_ns.as_fd(), 15006, 15008)
-        .err()
-        .expect("the proxy is gone");
+    let Err(err) = ExternalListeners::harvest(pid, app_ns.as_fd(), 15006, 15008) else {
+        panic!("the proxy is gone, yet a harvest");
+    };
     assert!(matches!(err, HarvestError::ProcessGone { .. }), "{err}");
     Ok(())
 }
@@ -155,7 +154,9 @@ fn connections_reach_the_external_proxy_and_through_it_the_app() -> anyhow::Resu
     // Kubelet probes: Istio's probe source (169.254.7.127, the agent's
     // default `--probe-source`, in PROBE_SOURCES) reaches the app
     // uncaptured.
-    w.node.netns().ip(&["addr", "add", "169.254.7.127/32", "dev", "br0"])?;
+    w.node
+        .netns()
+        .ip(&["addr", "add", "169.254.7.127/32", "dev", "br0"])?;
     let probe_src: IpAddr = "169.254.7.127".parse()?;
     let app4 = w.app.ip4;
     let seen = w.node.netns().run(move || -> anyhow::Result<String> {
@@ -194,9 +195,15 @@ fn a_gone_proxy_fails_closed_until_the_next_harvest() -> anyhow::Result<()> {
     w.enroll(WhichPod::App)?;
     let ip = IpAddr::V4(w.app.ip4);
     // Enrolled, not harvested yet: no listener, fail-closed.
-    assert_refused(&dial(&w.peer, &at(ip, APP_PORT), &[])?, "before the harvest");
+    assert_refused(
+        &dial(&w.peer, &at(ip, APP_PORT), &[])?,
+        "before the harvest",
+    );
     w.harvest_and_register(WhichPod::App)?;
-    assert_eq!(ok(dial(&w.peer, &at(ip, APP_PORT), &[])?, "captured"), via_proxy(&w, ip));
+    assert_eq!(
+        ok(dial(&w.peer, &at(ip, APP_PORT), &[])?, "captured"),
+        via_proxy(&w, ip)
+    );
 
     // The proxy exits: the kernel drops its LISTENERS entries with its
     // sockets (the agent kept no copy), so inbound is refused at once.
@@ -213,13 +220,22 @@ fn a_gone_proxy_fails_closed_until_the_next_harvest() -> anyhow::Result<()> {
         "LISTENERS still holds the dead proxy's sockets"
     );
     // Outbound: nothing listens on 15001 any more.
-    assert_refused(&dial(&w.app, &at(w.peer.ip4, APP_PORT), &[])?, "outbound, proxy gone");
+    assert_refused(
+        &dial(&w.app, &at(w.peer.ip4, APP_PORT), &[])?,
+        "outbound, proxy gone",
+    );
 
     // A new proxy, a new harvest: captured again, both ways.
     w.restart_proxy()?;
     w.harvest_and_register(WhichPod::App)?;
-    assert_eq!(ok(dial(&w.peer, &at(ip, APP_PORT), &[])?, "restored"), via_proxy(&w, ip));
-    let out = ok(dial(&w.app, &at(w.peer.ip4, APP_PORT), &[])?, "outbound restored");
+    assert_eq!(
+        ok(dial(&w.peer, &at(ip, APP_PORT), &[])?, "restored"),
+        via_proxy(&w, ip)
+    );
+    let out = ok(
+        dial(&w.app, &at(w.peer.ip4, APP_PORT), &[])?,
+        "outbound restored",
+    );
     assert!(out.starts_with("outbound orig="), "{out}");
     Ok(())
 }
@@ -230,7 +246,10 @@ fn a_gone_proxy_fails_open_when_so_configured() -> anyhow::Result<()> {
     w.enroll(WhichPod::App)?;
     w.harvest_and_register(WhichPod::App)?;
     let ip = IpAddr::V4(w.app.ip4);
-    assert_eq!(ok(dial(&w.peer, &at(ip, APP_PORT), &[])?, "captured"), via_proxy(&w, ip));
+    assert_eq!(
+        ok(dial(&w.peer, &at(ip, APP_PORT), &[])?, "captured"),
+        via_proxy(&w, ip)
+    );
     if let Some(proxy) = w.proxy.take() {
         proxy.kill()?;
     }
@@ -240,11 +259,17 @@ fn a_gone_proxy_fails_open_when_so_configured() -> anyhow::Result<()> {
     // Outbound too, once the agent learnt the proxy is gone.
     let cookie = w.app.netns.cookie()?;
     w.redirector()?.clear_pod_listeners(cookie)?;
-    let out = ok(dial(&w.app, &at(w.peer.ip4, APP_PORT), &[])?, "fail-open outbound");
+    let out = ok(
+        dial(&w.app, &at(w.peer.ip4, APP_PORT), &[])?,
+        "fail-open outbound",
+    );
     assert_eq!(out, "peer");
     w.restart_proxy()?;
     w.harvest_and_register(WhichPod::App)?;
-    assert_eq!(ok(dial(&w.peer, &at(ip, APP_PORT), &[])?, "restored"), via_proxy(&w, ip));
+    assert_eq!(
+        ok(dial(&w.peer, &at(ip, APP_PORT), &[])?, "restored"),
+        via_proxy(&w, ip)
+    );
     Ok(())
 }
 
@@ -259,7 +284,10 @@ fn unenrolling_removes_the_lo_program_and_every_entry() -> anyhow::Result<()> {
     w.enroll(WhichPod::App)?;
     assert_eq!(lo_filters(&w)?, 1);
     let ip = IpAddr::V4(w.app.ip4);
-    assert_eq!(ok(dial(&w.peer, &at(ip, APP_PORT), &[])?, "re-enrolled"), via_proxy(&w, ip));
+    assert_eq!(
+        ok(dial(&w.peer, &at(ip, APP_PORT), &[])?, "re-enrolled"),
+        via_proxy(&w, ip)
+    );
 
     let cookie = w.app.netns.cookie()?;
     let netns = File::open(w.app.netns.path())?;
@@ -289,7 +317,12 @@ fn lo_filters(w: &ExternalProxyNode) -> anyhow::Result<usize> {
         .flatten()
         .filter_map(|entry| entry["tc"].as_array())
         .flatten()
-        .filter(|f| f["kind"] == "clsact/ingress" && f["name"].as_str().is_some_and(|n| n.starts_with("dp_proxy_syn")))
+        .filter(|f| {
+            f["kind"] == "clsact/ingress"
+                && f["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("dp_proxy_syn"))
+        })
         .count();
     Ok(count)
 }

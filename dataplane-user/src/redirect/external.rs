@@ -122,7 +122,10 @@ impl Redirector {
     ///
     /// Call from the thread that owns the redirector (the enrollment
     /// thread): it briefly joins the pod's namespace on a thread of its own.
-    pub fn enroll_external_pod(&mut self, pod: &ExternalPodCapture<'_>) -> Result<(), RedirectError> {
+    pub fn enroll_external_pod(
+        &mut self,
+        pod: &ExternalPodCapture<'_>,
+    ) -> Result<(), RedirectError> {
         proxy_syn::attach(&mut self.ebpf, pod.netns_cookie, pod.netns)?;
         self.enroll_with(pod, None)
     }

@@ -152,17 +152,20 @@ pub fn harvest_listeners(
     ports: &[u16],
 ) -> Result<Vec<HarvestedListener>, HarvestError> {
     let pidfd = pidfd_open(pid)?;
-    let wanted_ns = File::from(netns.try_clone_to_owned().map_err(|source| {
-        HarvestError::Netns {
-            what: "duplicate its descriptor",
+    let wanted_ns =
+        File::from(
+            netns
+                .try_clone_to_owned()
+                .map_err(|source| HarvestError::Netns {
+                    what: "duplicate its descriptor",
+                    source,
+                })?,
+        )
+        .metadata()
+        .map_err(|source| HarvestError::Netns {
+            what: "stat the namespace file",
             source,
-        }
-    })?)
-    .metadata()
-    .map_err(|source| HarvestError::Netns {
-        what: "stat the namespace file",
-        source,
-    })?;
+        })?;
     let wanted_ns = (wanted_ns.st_dev(), wanted_ns.st_ino());
     let candidates = listening_inodes(netns, ports)?;
 
@@ -178,7 +181,11 @@ pub fn harvest_listeners(
         }
         // A descriptor closed while we walk is simply not there.
         let Ok(entry) = entry else { continue };
-        let Some(target_fd) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        let Some(target_fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
         };
         let Ok(link) = std::fs::read_link(entry.path()) else {
@@ -209,7 +216,11 @@ pub fn harvest_listeners(
             return Err(HarvestError::NoListener { pid, port: *port });
         }
     }
-    tracing::debug!(pid, listeners = found.len(), "external proxy listeners harvested");
+    tracing::debug!(
+        pid,
+        listeners = found.len(),
+        "external proxy listeners harvested"
+    );
     Ok(found)
 }
 
@@ -231,7 +242,10 @@ fn usable(socket: BorrowedFd<'_>, ports: &[u16], netns: (u64, u64)) -> Option<So
 
 /// The inode in a `socket:[inode]` link.
 fn socket_inode(link: &str) -> Option<u64> {
-    link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+    link.strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 /// Inodes of the TCP sockets listening on `ports` in the namespace
@@ -244,32 +258,33 @@ fn listening_inodes(netns: BorrowedFd<'_>, ports: &[u16]) -> Result<HashSet<u64>
             source,
         })?;
     let ports = ports.to_vec();
-    let joined = std::thread::spawn(move || -> Result<HashSet<u64>, HarvestError> {
-        setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| HarvestError::Netns {
-            what: "join it",
-            source: e.into(),
-        })?;
-        let mut inodes = HashSet::new();
-        for table in ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"] {
-            match File::open(table) {
-                Ok(file) => read_listeners(BufReader::new(file), &ports, &mut inodes).map_err(
-                    |source| HarvestError::Netns {
-                        what: "read its TCP socket table",
-                        source,
-                    },
-                )?,
-                // No IPv6 in this kernel.
-                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                Err(source) => {
-                    return Err(HarvestError::Netns {
-                        what: "open its TCP socket table",
-                        source,
-                    });
+    let joined =
+        std::thread::spawn(move || -> Result<HashSet<u64>, HarvestError> {
+            setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| HarvestError::Netns {
+                what: "join it",
+                source: e.into(),
+            })?;
+            let mut inodes = HashSet::new();
+            for table in ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"] {
+                match File::open(table) {
+                    Ok(file) => read_listeners(BufReader::new(file), &ports, &mut inodes).map_err(
+                        |source| HarvestError::Netns {
+                            what: "read its TCP socket table",
+                            source,
+                        },
+                    )?,
+                    // No IPv6 in this kernel.
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                    Err(source) => {
+                        return Err(HarvestError::Netns {
+                            what: "open its TCP socket table",
+                            source,
+                        });
+                    }
                 }
             }
-        }
-        Ok(inodes)
-    });
+            Ok(inodes)
+        });
     joined.join().map_err(|_| HarvestError::Netns {
         what: "the thread reading it panicked",
         source: io::Error::other("panic"),
@@ -400,9 +415,9 @@ mod tests {
     fn a_missing_process_is_named_as_gone() {
         // Pid numbers never reach i32::MAX on Linux (pid_max <= 2^22).
         let netns = File::open("/proc/self/ns/net").expect("own namespace");
-        let err = harvest_listeners(i32::MAX as u32, netns.as_fd(), &[15006])
-            .err()
-            .expect("no such process");
+        let Err(err) = harvest_listeners(i32::MAX as u32, netns.as_fd(), &[15006]) else {
+            panic!("no such process, yet a harvest");
+        };
         assert!(matches!(err, HarvestError::ProcessGone { .. }), "{err}");
     }
 }

@@ -71,13 +71,13 @@ use dataplane_common::{
 use tracing::{info, warn};
 
 pub use error::RedirectError;
+pub use external::{ExternalListeners, ExternalPodCapture};
+pub use harvest::{HarvestError, HarvestedListener};
 pub use object::{
     EMBEDDED_OBJECT, MapDefinition, ObjectError, ProgramInfo, catalogue, map_definitions,
 };
 pub use orig_dst::{OrigDstTable, tuple_of};
 pub use pins::{LAYOUT_VERSION, PinLayout};
-pub use external::{ExternalListeners, ExternalPodCapture};
-pub use harvest::{HarvestError, HarvestedListener};
 pub use pods::{Exclusions, PodCapture};
 pub use stats::{CounterValue, read_counters, read_enrolled_cookies, read_pod_inbound};
 pub use tproxy::TproxyTable;

@@ -35,8 +35,8 @@ use tracing::{debug, info};
 
 use super::{
     RedirectError, Redirector,
-    external::ExternalPodCapture,
     error::map_err,
+    external::ExternalPodCapture,
     kernel_maps::{KernelMaps, absent_as_none, collect_keys, ignore_missing},
     keys::{addr16, cidr_key, cidr_key_cookie, ip_of},
     links, listeners,
@@ -367,7 +367,11 @@ impl Redirector {
         ignore_missing(self.maps.enrolled.remove(&netns_cookie), ENROLLED_NETNS)
     }
 
-    pub(super) fn set_enrolled(&mut self, netns_cookie: u64, flags: u32) -> Result<(), RedirectError> {
+    pub(super) fn set_enrolled(
+        &mut self,
+        netns_cookie: u64,
+        flags: u32,
+    ) -> Result<(), RedirectError> {
         let value = EnrolledNetns {
             flags,
             _pad: [0; 4],

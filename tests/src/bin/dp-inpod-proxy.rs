@@ -92,7 +92,10 @@ fn serve_pod(
     setns(&file, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns {netns}: {e}"))?;
     let mut listeners = Vec::new();
     for port in [15001, 15006, 15008] {
-        listeners.push((port, listen(port).map_err(|e| format!("listen {port}: {e}"))?));
+        listeners.push((
+            port,
+            listen(port).map_err(|e| format!("listen {port}: {e}"))?,
+        ));
     }
     let _ = ready.send(Ok(()));
     let mut handles = Vec::new();
@@ -189,13 +192,16 @@ fn from_storage(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match i32::from(storage.ss_family) {
         libc::AF_INET => {
             // SAFETY: the family says the storage holds a sockaddr_in.
-            let sin = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let sin =
+                unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
             let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
             Some(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
         }
         libc::AF_INET6 => {
             // SAFETY: the family says the storage holds a sockaddr_in6.
-            let sin6 = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let sin6 = unsafe {
+                &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
             let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
             Some(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
         }
