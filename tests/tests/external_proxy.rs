@@ -15,7 +15,7 @@ use dataplane_tests::{
     external_proxy::{APP_PORT, ExternalProxyNode, WhichPod},
     redirector_node::{Dial, assert_refused, at, dial, pod_entries},
 };
-use dataplane_user::redirect::HarvestError;
+use dataplane_user::redirect::{ExternalListeners, HarvestError};
 
 /// Where `dial` from `peer` to `app` at `ip` went through the proxy: the
 /// proxy's line, then the app's answer with the client it saw.
@@ -71,10 +71,9 @@ fn the_harvest_takes_exactly_the_proxys_listeners_in_that_pod() -> anyhow::Resul
     // A namespace where the proxy has no listener, a process without
     // listeners, and a process that is gone.
     let peer_ns = File::open(w.peer.netns.path())?;
-    let err =
-        dataplane_user::redirect::ExternalListeners::harvest(pid, peer_ns.as_fd(), 15006, 15008)
-            .err()
-            .expect("the proxy has no listener in the peer pod");
+    let Err(err) = ExternalListeners::harvest(pid, peer_ns.as_fd(), 15006, 15008) else {
+        panic!("the proxy has no listener in the peer pod, yet a harvest");
+    };
     assert!(
         matches!(err, HarvestError::NoListener { port: 15006, .. }),
         "{err}"
@@ -82,23 +81,18 @@ fn the_harvest_takes_exactly_the_proxys_listeners_in_that_pod() -> anyhow::Resul
     // Our own copies are gone: the test process holds no such listener.
     drop((app, app2));
     let app_ns = File::open(w.app.netns.path())?;
-    let err = dataplane_user::redirect::ExternalListeners::harvest(
-        std::process::id(),
-        app_ns.as_fd(),
-        15006,
-        15008,
-    )
-    .err()
-    .expect("the test process has no listener in the app pod");
+    let Err(err) = ExternalListeners::harvest(std::process::id(), app_ns.as_fd(), 15006, 15008)
+    else {
+        panic!("the test process has no listener in the app pod, yet a harvest");
+    };
     assert!(matches!(err, HarvestError::NoListener { .. }), "{err}");
     let mut w = w;
     if let Some(proxy) = w.proxy.take() {
         proxy.kill()?;
     }
-    let err =
-        dataplane_user::redirect::ExternalListeners::harvest(pid, app_ns.as_fd(), 15006, 15008)
-            .err()
-            .expect("the proxy is gone");
+    let Err(err) = ExternalListeners::harvest(pid, app_ns.as_fd(), 15006, 15008) else {
+        panic!("the proxy is gone, yet a harvest");
+    };
     assert!(matches!(err, HarvestError::ProcessGone { .. }), "{err}");
     Ok(())
 }

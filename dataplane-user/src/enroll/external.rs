@@ -401,15 +401,16 @@ impl Enrollments {
 fn on_runtime<T: Send + 'static>(
     work: impl std::future::Future<Output = Result<T, ZdsError>> + Send + 'static,
 ) -> Result<T, ZdsError> {
-    let runtime = tokio::runtime::Handle::try_current()
-        .map_err(|_| ZdsError::Runtime("the enrollment thread has no runtime"))?;
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| ZdsError::Runtime {
+        what: "the enrollment thread has no runtime",
+    })?;
     let (done, result) = std::sync::mpsc::channel();
     runtime.spawn(async move {
         let _ = done.send(work.await);
     });
-    result
-        .recv()
-        .map_err(|_| ZdsError::Runtime("the runtime stopped before ZDS answered"))?
+    result.recv().map_err(|_| ZdsError::Runtime {
+        what: "the runtime stopped before ZDS answered",
+    })?
 }
 
 /// `status` of a pod served by ztunnel.

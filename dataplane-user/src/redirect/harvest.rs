@@ -415,9 +415,9 @@ mod tests {
     fn a_missing_process_is_named_as_gone() {
         // Pid numbers never reach i32::MAX on Linux (pid_max <= 2^22).
         let netns = File::open("/proc/self/ns/net").expect("own namespace");
-        let err = harvest_listeners(i32::MAX as u32, netns.as_fd(), &[15006])
-            .err()
-            .expect("no such process");
+        let Err(err) = harvest_listeners(i32::MAX as u32, netns.as_fd(), &[15006]) else {
+            panic!("no such process, yet a harvest");
+        };
         assert!(matches!(err, HarvestError::ProcessGone { .. }), "{err}");
     }
 }

@@ -267,10 +267,7 @@ impl Redirector {
         known.extend(&wanted);
         self.registry.insert(cookie, known);
 
-        self.write_entries(pod, &wanted)?;
-        if let Some(listeners) = listeners {
-            self.write_listeners(&wanted.listeners, listeners)?;
-        }
+        self.write_entries(pod, &wanted, listeners)?;
         links::attach_sk_lookup(&mut self.ebpf, &self.pins, cookie, pod.netns)?;
         let ready = wanted.listeners == listener_keys(&wanted.ips, &self.config);
         self.set_enrolled(cookie, enrolled_flags(pod.dns_capture, ready))?;
@@ -382,13 +379,18 @@ impl Redirector {
             .map_err(map_err(ENROLLED_NETNS))
     }
 
-    /// Writes the entries of `wanted` but its listeners (exclusions first,
-    /// then the pod IPs that make `sk_lookup` act on them).
+    /// Writes the entries of `wanted`, its listeners only when given:
+    /// listeners and exclusions before the pod IPs that make `sk_lookup`
+    /// act on them, so that it never sees a pod without them.
     fn write_entries(
         &mut self,
         pod: &ExternalPodCapture<'_>,
         wanted: &Registration,
+        listeners: Option<RoleListeners<'_>>,
     ) -> Result<(), RedirectError> {
+        if let Some(listeners) = listeners {
+            self.write_listeners(&wanted.listeners, listeners)?;
+        }
         let cookie = pod.netns_cookie;
         let maps = &mut self.maps;
         for port in &wanted.out_ports {

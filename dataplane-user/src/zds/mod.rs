@@ -120,10 +120,13 @@ pub enum ZdsError {
         #[source]
         source: io::Error,
     },
-    /// The server was started, or a blocking call made, outside of what
-    /// it needs.
-    #[error("ZDS server: {0}")]
-    Runtime(&'static str),
+    /// The server was started outside a tokio runtime, or a blocking call
+    /// was made from async code.
+    #[error("ZDS server: {what}")]
+    Runtime {
+        /// What was wrong, and what to call instead.
+        what: &'static str,
+    },
     /// The server has stopped; nothing more can be sent to ztunnel.
     #[error("the ZDS server has stopped; restart the agent's ztunnel engine")]
     Stopped,

@@ -53,8 +53,9 @@ impl ZdsServer {
         observer: Arc<dyn ZdsObserver>,
         initial: Vec<ZdsPod>,
     ) -> Result<Self, ZdsError> {
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|_| ZdsError::Runtime("start needs a tokio runtime"))?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| ZdsError::Runtime {
+            what: "start needs a tokio runtime; call it from the agent's runtime",
+        })?;
         let registry = Arc::new(Registry::new(config.socket.clone(), config.max_connections));
         for pod in initial {
             registry.register(pod)?;
@@ -251,7 +252,9 @@ impl ZdsHandle {
     }
 
     /// [`Self::add`] from a thread outside the runtime; blocks for at most
-    /// [`ZdsConfig::request_timeout`].
+    /// [`ZdsConfig::request_timeout`]. Once the [`ZdsServer`] is dropped it
+    /// answers [`ZdsError::Stopped`] without touching the runtime, so stop
+    /// the server before the runtime shuts down.
     ///
     /// # Errors
     ///
@@ -281,9 +284,9 @@ impl ZdsHandle {
 
     fn outside_runtime(&self) -> Result<(), ZdsError> {
         if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(ZdsError::Runtime(
-                "a blocking call was made from async code; use the async form",
-            ));
+            return Err(ZdsError::Runtime {
+                what: "a blocking call was made from async code; use add or del instead",
+            });
         }
         Ok(())
     }

@@ -74,7 +74,9 @@ pub struct ZtunnelPeer {
     /// This server's number for the connection, unique while it runs (one
     /// ztunnel process may reconnect several times).
     pub connection: u64,
-    /// Its process id, in the agent's pid namespace.
+    /// Its process id, in the agent's pid namespace: 0 when ztunnel's
+    /// process is not visible there (run the agent with `hostPID: true` so
+    /// the kernel side can reach ztunnel's sockets through it).
     pub pid: i32,
     /// Its user id.
     pub uid: u32,

@@ -58,9 +58,14 @@ const META_PACKAGE: &str = "linux-image-cloud-amd64";
 
 /// Modules the tests need that the cloud kernels build as modules, with
 /// what needs them; their dependencies come along.
-pub const MODULES: [(&str, &str); 2] = [
+pub const MODULES: [(&str, &str); 4] = [
     ("veth", "pods' links to their node (veth pairs)"),
     ("bridge", "each simulated node's bridge"),
+    (
+        "sch_ingress",
+        "the clsact qdisc dp_proxy_syn hangs off a pod's lo (external_proxy)",
+    ),
+    ("cls_bpf", "dp_proxy_syn's bpf filter (external_proxy)"),
 ];
 
 /// A kernel ready to boot.
@@ -82,24 +87,36 @@ const RELEASE: &str = "release";
 const MODULES_DIR: &str = "modules";
 /// The module load order, one module file name a line.
 const LOAD_ORDER: &str = "load-order";
+/// The names of [`MODULES`] the cached kernel was extracted for, one a
+/// line: a cache made for other modules is extracted again.
+const MODULES_WANTED: &str = "modules-wanted";
 
 /// The kernel of `series`: from `target/vm/kernels`, else the user cache,
 /// else fetched. `refresh` resolves the newest package first.
 pub fn kernel(series: KernelSeries, refresh: bool) -> Result<Kernel> {
     let in_target = target_kernels_dir().join(series.name);
-    if !refresh && let Ok(kernel) = read_cached(series, &in_target) {
+    if !refresh
+        && has_wanted_modules(&in_target)
+        && let Ok(kernel) = read_cached(series, &in_target)
+    {
         return Ok(kernel);
     }
     let cache = cache_dir()?;
     let remembered = cache.join(format!("{}.package", series.name));
     let package = match fs::read_to_string(&remembered) {
-        Ok(name) if !refresh && cache.join(name.trim()).join(RELEASE).exists() => {
+        Ok(name)
+            if !refresh
+                && cache.join(name.trim()).join(RELEASE).exists()
+                && has_wanted_modules(&cache.join(name.trim())) =>
+        {
             name.trim().to_owned()
         }
         _ => {
             let apt = PrivateApt::new(&cache.join("apt"))?;
             let package = apt.newest(series)?;
-            if !cache.join(&package).join(RELEASE).exists() {
+            if !cache.join(&package).join(RELEASE).exists()
+                || !has_wanted_modules(&cache.join(&package))
+            {
                 fetch(&apt, &package, &cache)?;
             }
             fs::write(&remembered, &package)?;
@@ -108,6 +125,19 @@ pub fn kernel(series: KernelSeries, refresh: bool) -> Result<Kernel> {
     };
     link_tree(&cache.join(&package), &in_target)?;
     read_cached(series, &in_target)
+}
+
+/// Whether the kernel cached in `dir` was extracted with today's
+/// [`MODULES`].
+fn has_wanted_modules(dir: &Path) -> bool {
+    fs::read_to_string(dir.join(MODULES_WANTED)).is_ok_and(|wanted| wanted == modules_wanted())
+}
+
+fn modules_wanted() -> String {
+    MODULES
+        .iter()
+        .map(|(name, _)| format!("{name}\n"))
+        .collect()
 }
 
 /// `target/vm/kernels`.
@@ -296,6 +326,7 @@ fn fetch(apt: &PrivateApt, package: &str, cache: &Path) -> Result<()> {
     let modules_root = root.join("lib/modules").join(&release);
     let order = extract_modules(&modules_root, &out.join(MODULES_DIR))?;
     fs::write(out.join(LOAD_ORDER), order.join("\n") + "\n")?;
+    fs::write(out.join(MODULES_WANTED), modules_wanted())?;
     fs::write(out.join(RELEASE), format!("{release}\n"))?;
     let final_dir = cache.join(package);
     if final_dir.exists() {

@@ -44,13 +44,14 @@ use report::{BinaryRun, Ending, KernelRun};
 
 /// The redirection suite: every integration test of the kernel programs
 /// and of the agent driving them, in run order.
-pub const SUITE: [&str; 6] = [
+pub const SUITE: [&str; 7] = [
     "kernel_features",
     "connect4_seed",
     "redirect_kernel",
     "topology",
     "agent_lifecycle",
     "capture_e2e",
+    "external_proxy",
 ];
 
 /// Integration tests left out of the matrix, with why (every one runs on
@@ -67,12 +68,15 @@ const NOT_REDIRECTION: &str = "Kubernetes, CNI, config and deployment integratio
                                redirection suite";
 
 /// Binaries the tests spawn, found next to the test executables.
-const SPAWNED: [&str; 3] = ["dataplane", "dp-probe", "dp-stream"];
+const SPAWNED: [&str; 4] = ["dataplane", "dp-probe", "dp-stream", "dp-inpod-proxy"];
 
 /// Host tools the tests call, packed with their libraries.
 const TOOLS: [(&str, &str); 2] = [
     ("ip", "network namespaces, veths, bridges, addresses"),
-    ("bpftool", "redirect_kernel lists sk_lookup links"),
+    (
+        "bpftool",
+        "redirect_kernel lists sk_lookup links, external_proxy tc filters",
+    ),
 ];
 
 /// How long one test binary may run inside a guest.
