@@ -533,13 +533,13 @@ fn zds_a_reconnecting_ztunnel_gets_the_snapshot_again_and_the_observer_hears() -
 /// gets the pod's namespace in the snapshot, binds its listeners there and
 /// acks; restarted, it gets the snapshot again; a Del takes the listeners
 /// away. Needs a ztunnel binary, so it runs only by hand:
-/// `DP_ZTUNNEL_BIN=/path/to/ztunnel cargo test -p dataplane-tests --test
+/// `DATAPLANE_ZTUNNEL=/path/to/ztunnel cargo test -p dataplane-tests --test
 /// zds_server -- --ignored stock_ztunnel --nocapture`.
 #[test]
-#[ignore = "needs a ztunnel binary in DP_ZTUNNEL_BIN"]
+#[ignore = "needs a ztunnel binary in DATAPLANE_ZTUNNEL"]
 fn zds_stock_ztunnel_binds_its_listeners_in_the_pod() -> anyhow::Result<()> {
-    let binary = std::env::var_os("DP_ZTUNNEL_BIN")
-        .ok_or_else(|| anyhow!("set DP_ZTUNNEL_BIN to a ztunnel binary"))?;
+    let binary = std::env::var_os("DATAPLANE_ZTUNNEL")
+        .ok_or_else(|| anyhow!("set DATAPLANE_ZTUNNEL to a ztunnel binary"))?;
     let (pod_ns, pod_p) = pod("p")?;
     pod_ns.ip(&["addr", "add", "10.99.0.2/32", "dev", "lo"])?;
     let node = Netns::new("zds-node")?;
