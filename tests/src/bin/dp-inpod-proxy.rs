@@ -356,14 +356,16 @@ mod zds {
                 ZdsRequest::Add {
                     uid, name, netns, ..
                 } => {
-                    if refused.contains(&name) {
-                        Err(format!("{name} is refused by the test"))
-                    } else if pods.contains_key(&uid) {
-                        Ok(())
-                    } else {
-                        start_pod(&name, netns).map(|fds| {
-                            pods.insert(uid, fds);
-                        })
+                    match pods.entry(uid) {
+                        _ if refused.contains(&name) => {
+                            Err(format!("{name} is refused by the test"))
+                        }
+                        // A snapshot after a reconnect: already serving it.
+                        std::collections::hash_map::Entry::Occupied(_) => Ok(()),
+                        std::collections::hash_map::Entry::Vacant(slot) => start_pod(&name, netns)
+                            .map(|fds| {
+                                slot.insert(fds);
+                            }),
                     }
                 }
                 ZdsRequest::Del { uid } => {
