@@ -362,13 +362,14 @@ fn version_lists_every_embedded_program() -> anyhow::Result<()> {
         );
     }
     assert!(has_row("dp_sk_lookup sk_lookup"), "{text}");
+    assert!(has_row("dp_proxy_syn sched_cls tc ingress of lo"), "{text}");
     assert!(has_row("dp_sockops sock_ops"), "{text}");
     assert!(text.contains("aya 0.14.0"), "{text}");
     let json = Command::new(agent_binary()?)
         .args(["version", "--json"])
         .output()?;
     let parsed: serde_json::Value = serde_json::from_slice(&json.stdout)?;
-    assert_eq!(parsed["programs"].as_array().map(Vec::len), Some(11));
+    assert_eq!(parsed["programs"].as_array().map(Vec::len), Some(12));
     Ok(())
 }
 
