@@ -119,6 +119,25 @@ where
     })?
 }
 
+/// Runs `f` on a scoped thread that has joined the network namespace open
+/// as `netns` (so `f` may borrow); the caller's thread never switches.
+/// Netlink sockets, interface names and `/proc/thread-self/net` then
+/// describe that namespace.
+pub fn run_in_netns_fd<T: Send>(
+    netns: BorrowedFd<'_>,
+    f: impl FnOnce() -> T + Send,
+) -> io::Result<T> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> io::Result<T> {
+                setns(netns, CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+                Ok(f())
+            })
+            .join()
+            .map_err(|_| io::Error::other("the thread inside the network namespace panicked"))?
+    })
+}
+
 /// The cookie of the network namespace at `path`.
 pub fn netns_cookie_of_path(path: &Path) -> Result<u64, NetnsError> {
     let owned = path.to_path_buf();

@@ -10,11 +10,12 @@
 //! `ztunnel_interop` runs the same mode against a stock ztunnel where one
 //! is available.
 
+use anyhow::Context as _;
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use dataplane_tests::{
@@ -26,6 +27,7 @@ use dataplane_tests::{
     responder::Responder,
     spawn_in,
     topology::{Node, Pod},
+    traffic::wait_until,
 };
 use dataplane_user::control::Request;
 
@@ -121,25 +123,21 @@ fn pod_state(agent: &Agent, name: &str) -> anyhow::Result<(bool, String)> {
     Ok((pod.captured, pod.reason))
 }
 
-/// Waits until `check` holds for the state of pod `name` on `agent`.
+/// Waits until `check` holds for the state of pod `name` on `agent`;
+/// returns the reason `status` gave then.
 fn wait_state(
     agent: &Agent,
     name: &str,
     what: &str,
     check: impl Fn(bool, &str) -> bool,
 ) -> anyhow::Result<String> {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let (captured, reason) = pod_state(agent, name)?;
-        if check(captured, &reason) {
-            return Ok(reason);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{name}: never {what}; last: captured={captured}, {reason}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut last = (false, String::new());
+    wait_until(&format!("{name} {what}"), || {
+        last = pod_state(agent, name)?;
+        Ok(check(last.0, &last.1))
+    })
+    .with_context(|| format!("last: captured={}, {}", last.0, last.1))?;
+    Ok(last.1)
 }
 
 fn wait_served(agent: &Agent, names: &[&str]) -> anyhow::Result<()> {

@@ -409,8 +409,9 @@ impl Enrollments {
 
     /// Points the kernel programs at the prepared engine's listeners.
     fn capture(&mut self, spec: &PodSpec, prepared: &Prepared) -> Result<(), EnrollError> {
-        let Some(listeners) = prepared.serving.listeners() else {
-            return self.capture_external(spec, prepared);
+        let listeners = match &prepared.serving {
+            Serving::Builtin(pod) => &pod.listeners,
+            Serving::External(_) => return self.capture_external(spec, prepared),
         };
         let capture = PodCapture {
             netns_cookie: prepared.cookie,

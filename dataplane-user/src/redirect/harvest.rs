@@ -41,8 +41,6 @@ use std::{
     path::PathBuf,
 };
 
-use nix::sched::{CloneFlags, setns};
-
 /// At most this many descriptors of the proxy are looked at (ztunnel's
 /// own limit is the node's `RLIMIT_NOFILE`, typically 1,048,576; a proxy
 /// with more open descriptors than this is refused with
@@ -251,43 +249,33 @@ fn socket_inode(link: &str) -> Option<u64> {
 /// Inodes of the TCP sockets listening on `ports` in the namespace
 /// `netns`, read on a thread that joined it.
 fn listening_inodes(netns: BorrowedFd<'_>, ports: &[u16]) -> Result<HashSet<u64>, HarvestError> {
-    let netns = netns
-        .try_clone_to_owned()
-        .map_err(|source| HarvestError::Netns {
-            what: "duplicate its descriptor",
-            source,
-        })?;
-    let ports = ports.to_vec();
-    let joined =
-        std::thread::spawn(move || -> Result<HashSet<u64>, HarvestError> {
-            setns(netns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| HarvestError::Netns {
-                what: "join it",
-                source: e.into(),
-            })?;
-            let mut inodes = HashSet::new();
-            for table in ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"] {
-                match File::open(table) {
-                    Ok(file) => read_listeners(BufReader::new(file), &ports, &mut inodes).map_err(
-                        |source| HarvestError::Netns {
+    crate::netns::run_in_netns_fd(netns, || -> Result<HashSet<u64>, HarvestError> {
+        let mut inodes = HashSet::new();
+        for table in ["/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"] {
+            match File::open(table) {
+                Ok(file) => {
+                    read_listeners(BufReader::new(file), ports, &mut inodes).map_err(|source| {
+                        HarvestError::Netns {
                             what: "read its TCP socket table",
                             source,
-                        },
-                    )?,
-                    // No IPv6 in this kernel.
-                    Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                    Err(source) => {
-                        return Err(HarvestError::Netns {
-                            what: "open its TCP socket table",
-                            source,
-                        });
-                    }
+                        }
+                    })?
+                }
+                // No IPv6 in this kernel.
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(HarvestError::Netns {
+                        what: "open its TCP socket table",
+                        source,
+                    });
                 }
             }
-            Ok(inodes)
-        });
-    joined.join().map_err(|_| HarvestError::Netns {
-        what: "the thread reading it panicked",
-        source: io::Error::other("panic"),
+        }
+        Ok(inodes)
+    })
+    .map_err(|source| HarvestError::Netns {
+        what: "join it",
+        source,
     })?
 }
 

@@ -18,10 +18,10 @@ use aya::{
     },
 };
 use dataplane_common::maps::PROG_PROXY_SYN;
-use nix::sched::{CloneFlags, setns};
 use tracing::debug;
 
 use super::RedirectError;
+use crate::netns::run_in_netns_fd;
 
 /// The device: every namespace has one, always index 1.
 const LOOPBACK: &str = "lo";
@@ -66,7 +66,7 @@ pub(crate) fn attach(
             source,
         }
     };
-    in_netns(netns, move || -> Result<(), RedirectError> {
+    run_in_netns_fd(netns, move || -> Result<(), RedirectError> {
         match tc::qdisc_add_clsact(LOOPBACK) {
             Ok(()) => {}
             Err(TcError::NetlinkError(err)) if err.raw_os_error() == Some(libc::EEXIST) => {}
@@ -115,7 +115,7 @@ pub(crate) fn detach(netns_cookie: u64, netns: BorrowedFd<'_>) -> Result<(), Red
         action: "detach",
         source,
     };
-    in_netns(netns, || {
+    run_in_netns_fd(netns, || {
         match tc::qdisc_detach_program(LOOPBACK, TcAttachType::Ingress, PROG_PROXY_SYN) {
             Ok(()) => Ok(()),
             Err(TcError::IoError(err)) if err.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -131,18 +131,4 @@ pub(crate) fn detach(netns_cookie: u64, netns: BorrowedFd<'_>) -> Result<(), Red
     .map_err(|e| fail(e.into()))??;
     debug!(netns_cookie, "external proxy SYN program detached from lo");
     Ok(())
-}
-
-/// Runs `f` on a scoped thread that joined `netns` (netlink sockets and
-/// interface names are per namespace).
-fn in_netns<T: Send>(netns: BorrowedFd<'_>, f: impl FnOnce() -> T + Send) -> io::Result<T> {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| -> io::Result<T> {
-                setns(netns, CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
-                Ok(f())
-            })
-            .join()
-            .map_err(|_| io::Error::other("the thread in the pod's namespace panicked"))?
-    })
 }
