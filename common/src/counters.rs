@@ -100,6 +100,16 @@ counters! {
     /// `sk_lookup` and its mark changed to the transparent mark, so the
     /// app's replies are routed back to the proxy.
     ProxySynRemarked = 22 => "proxy_syn_remarked",
+    /// A `connect()` between two pods of this node that the agent allowed
+    /// onto the fast path: left alone, no proxy on either side.
+    FastPathOutbound = 23 => "fast_path_outbound",
+    /// A fast-path connection's SYN let through to the destination pod's
+    /// app by `sk_lookup`.
+    FastPathInbound = 24 => "fast_path_inbound",
+    /// A fast-path connection's close recorded for telemetry.
+    FastPathClosed = 25 => "fast_path_closed",
+    /// A fast-path close record lost (the ring buffer was full).
+    FastPathRecordLost = 26 => "fast_path_record_lost",
 }
 
 /// Number of slots in the `REDIRECT_STATS` array: room for counters added

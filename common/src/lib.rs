@@ -15,9 +15,11 @@
 #![no_std]
 
 pub mod counters;
+pub mod fast_path;
 pub mod maps;
 
 pub use counters::{COUNTER_SLOTS, Counter};
+pub use fast_path::{FastClose, FastConn, FastKey, FastVerdict};
 
 /// Port of the in-pod listener that receives captured outbound connections.
 pub const OUTBOUND_PORT: u16 = 15001;

@@ -68,6 +68,29 @@ pub const EXCLUSION_CAPACITY: u32 = 16_384;
 /// Capacity of [`PROBE_SOURCES`].
 pub const PROBE_SOURCES_CAPACITY: u32 = 64;
 
+/// `LruHashMap<FastKey, FastVerdict>`: (client pod, destination) pairs the
+/// agent allowed onto the same-node fast path.
+pub const FAST_VERDICTS: &str = "FAST_VERDICTS";
+/// `Array<u64>` with one slot: the current verdict generation. The agent
+/// bumps it to void every cached verdict at once.
+pub const FAST_GENERATION: &str = "FAST_GENERATION";
+/// `LruHashMap<u64 socket cookie, FastConn>`: fast-path client sockets
+/// between `connect()` and close.
+pub const FAST_BY_COOKIE: &str = "FAST_BY_COOKIE";
+/// `LruHashMap<SockTuple, FastConn>`: open fast-path connections by tuple
+/// (client side first), for `sk_lookup` and for the agent's re-check when
+/// policies change.
+pub const FAST_BY_TUPLE: &str = "FAST_BY_TUPLE";
+/// `RingBuf` of `FastClose` records.
+pub const FAST_CLOSED: &str = "FAST_CLOSED";
+/// Capacity of the verdict cache.
+pub const FAST_VERDICT_CAPACITY: u32 = 65_536;
+/// Capacity of the open fast-path connection records.
+pub const FAST_CONN_CAPACITY: u32 = 65_536;
+/// Size of the close-record ring buffer in bytes (a power of two, a
+/// multiple of the page size): 3,276 records of 80 bytes plus headers.
+pub const FAST_CLOSED_BYTES: u32 = 256 * 1024;
+
 /// `cgroup/connect4`: rewrites enrolled pods' outbound IPv4 TCP connections
 /// to the outbound listener.
 pub const PROG_CONNECT4: &str = "dp_connect4";

@@ -34,6 +34,7 @@ mod ctx_words;
 mod dns_capture;
 mod dns_recvmsg;
 mod dns_sendmsg;
+mod fast_path;
 mod getpeername;
 mod getsockopt;
 mod maps;

@@ -3,14 +3,15 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, SockHash},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, SockHash},
 };
 use dataplane_common::{
-    AgentConfig, COUNTER_SLOTS, Counter, DnsOrigDst, EnrolledNetns, IpAddr16, ListenerKey,
-    NetnsAddr, NetnsPort, OrigDst, PodInbound, PodPort, SockTuple,
+    AgentConfig, COUNTER_SLOTS, Counter, DnsOrigDst, EnrolledNetns, FastConn, FastKey, FastVerdict,
+    IpAddr16, ListenerKey, NetnsAddr, NetnsPort, OrigDst, PodInbound, PodPort, SockTuple,
     maps::{
-        DNS_ORIG_CAPACITY, ENROLLED_CAPACITY, EXCLUSION_CAPACITY, LISTENERS_CAPACITY,
-        ORIG_DST_CAPACITY, POD_IP_CAPACITY, PROBE_SOURCES_CAPACITY, TPROXY_CAPACITY,
+        DNS_ORIG_CAPACITY, ENROLLED_CAPACITY, EXCLUSION_CAPACITY, FAST_CLOSED_BYTES,
+        FAST_CONN_CAPACITY, FAST_VERDICT_CAPACITY, LISTENERS_CAPACITY, ORIG_DST_CAPACITY,
+        POD_IP_CAPACITY, PROBE_SOURCES_CAPACITY, TPROXY_CAPACITY,
     },
 };
 
@@ -61,6 +62,24 @@ pub static TPROXY_TUPLES: LruHashMap<SockTuple, u8> =
 
 #[map]
 pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(LISTENERS_CAPACITY, 0);
+
+#[map]
+pub static FAST_VERDICTS: LruHashMap<FastKey, FastVerdict> =
+    LruHashMap::with_max_entries(FAST_VERDICT_CAPACITY, 0);
+
+#[map]
+pub static FAST_GENERATION: Array<u64> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static FAST_BY_COOKIE: LruHashMap<u64, FastConn> =
+    LruHashMap::with_max_entries(FAST_CONN_CAPACITY, 0);
+
+#[map]
+pub static FAST_BY_TUPLE: LruHashMap<SockTuple, FastConn> =
+    LruHashMap::with_max_entries(FAST_CONN_CAPACITY, 0);
+
+#[map]
+pub static FAST_CLOSED: RingBuf = RingBuf::with_byte_size(FAST_CLOSED_BYTES, 0);
 
 /// Adds one to a decision counter. Per-CPU slots need no atomics.
 #[inline(always)]

@@ -107,6 +107,12 @@ pub fn decide(ctx: &SockAddrContext, dst: IpAddr16, port: u16, family: u16) -> O
         return Outbound::Pass;
     }
     let engine_ready = flags & ENROLLED_ENGINE_READY != 0;
+    // A pair the agent allowed onto the same-node fast path: no proxy.
+    // Only while the engine is up, so fail-closed still holds when it is
+    // down.
+    if engine_ready && crate::fast_path::admit_connect(ctx, netns, dst, port) {
+        return Outbound::Pass;
+    }
     if !engine_ready {
         if cfg.flags & AGENT_FAIL_OPEN != 0 {
             count(Counter::EngineDownPassed);

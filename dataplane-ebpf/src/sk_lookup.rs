@@ -99,6 +99,10 @@ fn lookup(ctx: &SkLookupContext) -> u32 {
         src_port: remote_port,
         dst_port: local_port as u16,
     };
+    if crate::fast_path::admit_syn(tuple, pod.netns_cookie) {
+        count(Counter::FastPathInbound);
+        return SK_PASS;
+    }
     // Only with original source on (a transparent mark) can there be one.
     if cfg.transparent_mark != 0 && TPROXY_TUPLES.get_ptr(tuple).is_some() {
         // Consumed: a later SYN with the same tuple is a new connection.

@@ -9,6 +9,10 @@
 //! lives: the program asks for the socket's state callback and drops the
 //! record when the socket reaches `TCP_CLOSE` (when `getpeername` fails with
 //! `ENOTCONN` anyway), so dead sockets do not crowd live ones out of the LRU.
+//!
+//! It also carries the same-node fast path's socket events (see
+//! `fast_path`): the tuple record at connect, the telemetry record at
+//! close.
 
 use aya_ebpf::{
     bindings::{
@@ -33,9 +37,19 @@ const TCP_CLOSE: u32 = 7;
 pub fn dp_sockops(ctx: SockOpsContext) -> u32 {
     let op = ctx.op();
     if op == BPF_SOCK_OPS_TCP_CONNECT_CB {
-        record_orig_dst(&ctx);
+        let cookie = socket_cookie(&ctx);
+        let Some(tuple) = tuple_of(&ctx) else {
+            return 0;
+        };
+        if crate::fast_path::on_connect(cookie, tuple) {
+            watch_state(&ctx);
+        } else {
+            record_orig_dst(&ctx, cookie, tuple);
+        }
     } else if op == BPF_SOCK_OPS_STATE_CB && ctx.arg(1) == TCP_CLOSE {
-        forget_socket(&ctx);
+        let cookie = socket_cookie(&ctx);
+        crate::fast_path::on_close(&ctx, cookie, tuple_of(&ctx));
+        let _ = ORIG_DST_COOKIE.remove(cookie);
     }
     0
 }
@@ -46,28 +60,22 @@ fn socket_cookie(ctx: &SockOpsContext) -> u64 {
     unsafe { bpf_get_socket_cookie(ctx.ops.cast()) }
 }
 
+/// The connection tuple as this (client) socket sees it.
 #[inline(always)]
-fn record_orig_dst(ctx: &SockOpsContext) {
-    let cookie = socket_cookie(ctx);
-    let Some(orig) = ORIG_DST_COOKIE.get_ptr(cookie) else {
-        return;
-    };
-    // SAFETY: a pointer from a successful lookup; the value is copied out at
-    // once.
-    let orig = unsafe { *orig };
+fn tuple_of(ctx: &SockOpsContext) -> Option<SockTuple> {
     // sock_ops quirk: remote_port holds the network-order port in its upper
     // 16 bits; local_port is in host order.
     let src_port = ctx.local_port() as u16;
     let dst_port = u16::from_be((ctx.remote_port() >> 16) as u16);
     let family = ctx.family();
     let ops: *mut bpf_sock_ops = ctx.ops;
-    let tuple = if family == u32::from(AF_INET) {
-        SockTuple {
+    if family == u32::from(AF_INET) {
+        Some(SockTuple {
             src_addr: IpAddr16::from_ipv4_be(ctx.local_ip4()),
             dst_addr: IpAddr16::from_ipv4_be(ctx.remote_ip4()),
             src_port,
             dst_port,
-        }
+        })
     } else if family == u32::from(AF_INET6) {
         // SAFETY: context field reads at constant offsets, checked by the
         // verifier. An IPv6 socket connected to an IPv4-mapped address
@@ -78,27 +86,38 @@ fn record_orig_dst(ctx: &SockOpsContext) {
                 read_ip6(&raw const (*ops).remote_ip6),
             )
         };
-        SockTuple {
+        Some(SockTuple {
             src_addr: IpAddr16::from_ipv6_words(local),
             dst_addr: IpAddr16::from_ipv6_words(remote),
             src_port,
             dst_port,
-        }
+        })
     } else {
+        None
+    }
+}
+
+#[inline(always)]
+fn record_orig_dst(ctx: &SockOpsContext, cookie: u64, tuple: SockTuple) {
+    let Some(orig) = ORIG_DST_COOKIE.get_ptr(cookie) else {
         return;
     };
+    // SAFETY: a pointer from a successful lookup; the value is copied out at
+    // once.
+    let orig = unsafe { *orig };
     if ORIG_DST.insert(tuple, orig, 0).is_ok() {
         count(Counter::OrigDstRecorded);
     } else {
         count(Counter::MapUpdateFailed);
     }
-    // Ask for state changes of this socket (keeping any flags another
-    // program set) so its cookie record goes when the socket closes. Without
-    // the callback the record only ages out of the LRU.
-    let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
+    watch_state(ctx);
 }
 
+/// Asks for state changes of this socket (keeping any flags another
+/// program set), so its records go when it closes. Without the callback a
+/// cookie record only ages out of the LRU, and a fast-path connection's
+/// close goes unrecorded.
 #[inline(always)]
-fn forget_socket(ctx: &SockOpsContext) {
-    let _ = ORIG_DST_COOKIE.remove(socket_cookie(ctx));
+fn watch_state(ctx: &SockOpsContext) {
+    let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
 }

@@ -206,6 +206,9 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
             None
         }
     };
+    if redirector.is_some() && args.engine.engine == EngineMode::Builtin {
+        start_fast_path(&pins, args.fast_path.is_on(), &mesh);
+    }
     let kernel = redirector.as_ref().map(|r| {
         let (programs, cgroup) = r.attached();
         KernelPrograms {
@@ -563,6 +566,26 @@ struct MeshParts {
     rotation: tokio::task::JoinHandle<()>,
 }
 
+/// Opens the same-node fast path and starts its telemetry. Without it
+/// (maps missing, kernel refusing) every connection takes the proxy:
+/// slower, never wrong, so the agent goes on.
+fn start_fast_path(pins: &PinLayout, default_on: bool, mesh: &Arc<MeshContext>) {
+    let fast = match crate::fast_path::FastPath::open(pins, default_on) {
+        Ok(fast) => Arc::new(fast),
+        Err(err) => {
+            return warn!(error = %crate::logging::Chain(&err), "same-node fast path unavailable; every connection goes through the proxy");
+        }
+    };
+    if let Err(err) = fast.report_closed(pins, Arc::downgrade(mesh)) {
+        return warn!(error = %crate::logging::Chain(&err), "same-node fast path unavailable (its close records cannot be read); every connection goes through the proxy");
+    }
+    info!(
+        default = if default_on { "on" } else { "off" },
+        "same-node fast path ready"
+    );
+    let _ = mesh.fast_path.set(fast);
+}
+
 /// The CA, certificate store (with its rotation task), workload index and
 /// drain signal every pod's engine shares.
 fn mesh_context(
@@ -605,6 +628,7 @@ fn mesh_context(
         handshakes: Arc::new(PendingHandshakes::new(handshakes, Arc::clone(&metrics))),
         hbone_idle_timeout: args.hbone_idle_timeout,
         metrics,
+        fast_path: Default::default(),
     });
     Ok(MeshParts {
         mesh,

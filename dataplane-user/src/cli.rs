@@ -210,6 +210,15 @@ pub struct RunArgs {
     /// it. Default: fail-closed.
     #[arg(long, env = "DATAPLANE_FAIL_OPEN")]
     pub fail_open: bool,
+    /// Same-node fast path: once policy allows a connection between two
+    /// pods this agent serves on this node, later connections of the pair
+    /// go socket to socket in the kernel, with no proxy and no mutual TLS
+    /// on that node-local hop (both identities are checked by this agent;
+    /// the bytes never leave the node's kernel). `off` sends every byte
+    /// through the HBONE tunnel. A workload's `fastPath` setting overrides
+    /// it for that workload.
+    #[arg(long, env = "DATAPLANE_FAST_PATH", value_enum, default_value = "on")]
+    pub fast_path: Toggle,
     /// Source addresses of kubelet health probes, never captured inbound
     /// (repeatable). The node-side address of each pod is always exempt.
     #[arg(
@@ -339,6 +348,22 @@ pub enum CaptureMode {
     Ebpf,
     /// iptables rules installed by someone else (the benchmarks' baseline).
     Iptables,
+}
+
+/// A feature switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Toggle {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
+impl Toggle {
+    /// Whether it is `on`.
+    pub fn is_on(self) -> bool {
+        self == Self::On
+    }
 }
 
 /// Log output format.

@@ -31,6 +31,7 @@ pub mod config;
 pub mod control;
 pub mod dns;
 pub mod enroll;
+pub mod fast_path;
 pub mod features;
 #[cfg(test)]
 mod fuzz_seeds;

@@ -52,6 +52,9 @@ pub struct MeshContext {
     pub hbone_idle_timeout: Duration,
     /// Connection metrics (and the rest of `/metrics`).
     pub metrics: Arc<Metrics>,
+    /// The same-node fast path, once the kernel programs are loaded (never
+    /// under iptables capture or an external engine).
+    pub fast_path: std::sync::OnceLock<Arc<crate::fast_path::FastPath>>,
 }
 
 impl std::fmt::Debug for MeshContext {
@@ -80,7 +83,9 @@ impl MeshContext {
             Ok(mut guard) => *guard = Arc::clone(&state),
             Err(poisoned) => *poisoned.into_inner() = Arc::clone(&state),
         }
-        self.live.enforce(|request| state.authorize(request))
+        let closed = self.live.enforce(|request| state.authorize(request));
+        let reset = self.fast_path.get().map_or(0, |fast| fast.revoke(&state));
+        closed + reset
     }
 
     /// A configuration file read after start-up is in force: status and

@@ -81,6 +81,19 @@ pub fn sum(samples: &[Sample], name: &str) -> f64 {
     family(samples, name).iter().map(|s| s.value).sum()
 }
 
+/// The sum of the samples of `name` whose labels include every pair of
+/// `want` (others may be present).
+pub fn sum_matching(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
+    family(samples, name)
+        .iter()
+        .filter(|s| {
+            want.iter()
+                .all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
 /// Every sample named `name`.
 pub fn family<'a>(samples: &'a [Sample], name: &str) -> Vec<&'a Sample> {
     samples.iter().filter(|s| s.name == name).collect()

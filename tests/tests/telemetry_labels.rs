@@ -12,22 +12,10 @@ use std::net::SocketAddr;
 
 use dataplane_tests::{
     mesh::{ECHO_VIP, TwoNodes, addr},
-    observe::{Sample, family, scrape},
+    observe::{family, scrape, sum_matching as matching},
     traffic::{echo, echo_server, wait_until},
 };
 use dataplane_user::config::Locality;
-
-/// The samples of `name` whose labels include every pair of `want`.
-fn matching(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
-    family(samples, name)
-        .iter()
-        .filter(|s| {
-            want.iter()
-                .all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
-        })
-        .map(|s| s.value)
-        .sum()
-}
 
 #[test]
 fn service_attribution_and_workload_facts_reach_istios_labels() -> anyhow::Result<()> {

@@ -140,6 +140,12 @@ pub struct Workload {
     /// config (standalone mode); unset: the agent's `--dns-capture`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_capture: Option<bool>,
+    /// Whether connections between this workload and another pod of the
+    /// same node may take the kernel fast path (no proxy, no mutual TLS on
+    /// the node-local hop); unset: the agent's `--fast-path`. Both ends
+    /// must allow it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fast_path: Option<bool>,
 }
 
 fn default_service_account() -> String {

@@ -80,12 +80,16 @@ impl Enrollments {
             spiffe: spiffe.clone(),
             ips: spec.ips.clone(),
             netns: netns.clone(),
+            netns_cookie: cookie,
             mark: self.settings.proxy_mark,
             original_source: original.transparent(self.redirector.as_ref().map(|_| &self.pins))?,
             mesh,
             pool,
             server_tls,
         });
+        if let Some(fast_path) = ctx.mesh.fast_path.get() {
+            fast_path.register(&ctx);
+        }
         let served = listeners.try_clone().map_err(|source| EnrollError::Serve {
             uid: spec.uid.clone(),
             source,

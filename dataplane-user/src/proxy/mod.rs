@@ -101,6 +101,8 @@ pub struct PodContext {
     pub peer: Arc<crate::telemetry::Peer>,
     /// The pod's network namespace.
     pub netns: PodNetns,
+    /// Its cookie (how the kernel programs name it).
+    pub netns_cookie: u64,
     /// Socket mark of the engine's own sockets.
     pub mark: u32,
     /// How the engine connects to the pod's apps from their clients'

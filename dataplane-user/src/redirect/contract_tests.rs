@@ -17,8 +17,9 @@ use std::{
 
 use aya_obj::generated::{BPF_F_NO_PREALLOC, bpf_map_type};
 use dataplane_common::{
-    AgentConfig, COUNTER_SLOTS, DnsOrigDst, EnrolledNetns, IpAddr16, ListenerKey, NetnsAddr,
-    NetnsPort, OrigDst, PodInbound, PodPort, SockTuple, maps as m,
+    AgentConfig, COUNTER_SLOTS, DnsOrigDst, EnrolledNetns, FastConn, FastKey, FastVerdict,
+    IpAddr16, ListenerKey, NetnsAddr, NetnsPort, OrigDst, PodInbound, PodPort, SockTuple,
+    maps as m,
 };
 
 use super::{EMBEDDED_OBJECT, MapDefinition, map_definitions, pins::MAP_PINS};
@@ -99,6 +100,28 @@ fn expected() -> BTreeMap<String, MapDefinition> {
         (
             m::TPROXY_TUPLES,
             def::<SockTuple, u8>(BPF_MAP_TYPE_LRU_HASH, m::TPROXY_CAPACITY, 0),
+        ),
+        (
+            m::FAST_VERDICTS,
+            def::<FastKey, FastVerdict>(BPF_MAP_TYPE_LRU_HASH, m::FAST_VERDICT_CAPACITY, 0),
+        ),
+        (
+            m::FAST_GENERATION,
+            def::<u32, u64>(BPF_MAP_TYPE_ARRAY, 1, 0),
+        ),
+        (
+            m::FAST_BY_COOKIE,
+            def::<u64, FastConn>(BPF_MAP_TYPE_LRU_HASH, m::FAST_CONN_CAPACITY, 0),
+        ),
+        (
+            m::FAST_BY_TUPLE,
+            def::<SockTuple, FastConn>(BPF_MAP_TYPE_LRU_HASH, m::FAST_CONN_CAPACITY, 0),
+        ),
+        // A ring buffer has neither key nor value; its size is its byte
+        // count.
+        (
+            m::FAST_CLOSED,
+            def::<(), ()>(BPF_MAP_TYPE_RINGBUF, m::FAST_CLOSED_BYTES, 0),
         ),
     ]
     .into_iter()

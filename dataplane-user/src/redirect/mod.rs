@@ -42,6 +42,7 @@ mod adopt;
 mod contract_tests;
 mod error;
 mod external;
+mod fast_path;
 pub mod harvest;
 mod kernel_maps;
 mod keys;
@@ -72,6 +73,7 @@ use tracing::{info, warn};
 
 pub use error::RedirectError;
 pub use external::{ExternalListeners, ExternalPodCapture};
+pub use fast_path::FastPathTable;
 pub use harvest::{HarvestError, HarvestedListener};
 pub use object::{
     EMBEDDED_OBJECT, MapDefinition, ObjectError, ProgramInfo, catalogue, map_definitions,

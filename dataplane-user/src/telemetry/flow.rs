@@ -52,6 +52,9 @@ pub enum Protocol {
     Tcp,
     /// An HTTP/2 CONNECT stream over mutual TLS.
     Hbone,
+    /// The same-node kernel fast path: the client's socket talked to the
+    /// server's directly, never leaving the node's kernel.
+    FastPath,
 }
 
 impl Protocol {
@@ -60,6 +63,7 @@ impl Protocol {
         match self {
             Self::Tcp => "TCP",
             Self::Hbone => "HBONE",
+            Self::FastPath => "FAST_PATH",
         }
     }
 
@@ -67,6 +71,9 @@ impl Protocol {
         match self {
             Self::Tcp => "none",
             Self::Hbone => "mutual_tls",
+            // Not "mutual_tls": no TLS ran, and dashboards must not say it
+            // did; not "none" either, both ends' identities were checked.
+            Self::FastPath => "fast_path",
         }
     }
 }
@@ -258,6 +265,25 @@ impl Flow {
             counters,
             closed: false,
         }
+    }
+
+    /// A connection that opened and closed without passing through the
+    /// agent (the kernel fast path, reported at its close): counts it as
+    /// opened and closed with its byte totals, and writes its access
+    /// record with the kernel's `duration`.
+    pub fn record_closed(
+        self,
+        metrics: &Arc<Metrics>,
+        sent: u64,
+        received: u64,
+        duration: Duration,
+    ) {
+        let open = self.open(metrics);
+        open.counters.received.inc_by(sent);
+        open.counters.sent.inc_by(received);
+        let mut open = open;
+        open.started = Instant::now().checked_sub(duration).unwrap_or(open.started);
+        open.close(sent, received, None);
     }
 
     /// The connection was refused or could not be set up: counts it and

@@ -126,6 +126,7 @@ fn workload_of(w: &workload::Workload, dropped: &mut Vec<String>) -> Option<conf
             .unwrap_or_default(),
         // Istio carries DNS capture in the pod's annotation, not in xDS.
         dns_capture: None,
+        fast_path: None,
     };
     // The check on arrival refuses these; an identity is what every
     // certificate and policy hangs on, so never carry one that is not.

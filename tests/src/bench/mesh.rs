@@ -95,6 +95,10 @@ pub enum Protocol {
     Plain,
     /// Tunnelled in HBONE between the two engines.
     Hbone,
+    /// A same-node HBONE pair whose workloads opt into the kernel fast
+    /// path (ebpf mode only): socket to socket once the pair's first
+    /// connection decided it.
+    FastPath,
 }
 
 impl Protocol {
@@ -103,6 +107,16 @@ impl Protocol {
         match self {
             Protocol::Plain => "plain",
             Protocol::Hbone => "hbone",
+            Protocol::FastPath => "fast-path",
+        }
+    }
+
+    /// Whether a cluster of `mode` has a server for it at `placement`.
+    pub fn exists(self, mode: Mode, placement: Placement) -> bool {
+        match self {
+            Protocol::Plain => true,
+            Protocol::Hbone => mode != Mode::Direct,
+            Protocol::FastPath => mode == Mode::Ebpf && placement == Placement::SameNode,
         }
     }
 }
@@ -132,6 +146,7 @@ pub struct ModeMesh {
     n2: Node,
     dir: TempDir,
     agent_binary: PathBuf,
+    load_binary: PathBuf,
     config: Option<PathBuf>,
 }
 
@@ -154,13 +169,12 @@ impl ModeMesh {
         link_nodes(&n1, &n2)?;
         let client = n1.add_pod(&tag)?;
         tune(&client)?;
-        let protocols: &[Protocol] = match mode {
-            Mode::Direct => &[Protocol::Plain],
-            _ => &[Protocol::Plain, Protocol::Hbone],
-        };
         let mut servers = Vec::new();
         for placement in Placement::ALL {
-            for &protocol in protocols {
+            for protocol in [Protocol::Plain, Protocol::Hbone, Protocol::FastPath]
+                .into_iter()
+                .filter(|p| p.exists(mode, placement))
+            {
                 let node = match placement {
                     Placement::SameNode => &mut n1,
                     Placement::CrossNode => &mut n2,
@@ -192,6 +206,7 @@ impl ModeMesh {
             n2,
             dir,
             agent_binary: bins.agent.clone(),
+            load_binary: bins.load.clone(),
             config: None,
         };
         if mode != Mode::Direct {
@@ -203,17 +218,24 @@ impl ModeMesh {
     /// Writes the mesh config, installs the iptables rules (iptables mode)
     /// and starts both agents.
     fn enter_mesh(&mut self) -> anyhow::Result<()> {
-        let mut workloads = vec![hbone_workload(&self.client, "client", "node1")];
+        // The agents run with the fast path off; only the fast-path server
+        // and the client opt in, so every other variant keeps its path.
+        let mut client = hbone_workload(&self.client, "client", "node1");
+        client.fast_path = Some(true);
+        let mut workloads = vec![client];
         for s in self
             .servers
             .iter()
-            .filter(|s| s.protocol == Protocol::Hbone)
+            .filter(|s| s.protocol != Protocol::Plain)
         {
-            let (name, node) = match s.placement {
-                Placement::SameNode => ("server-same", "node1"),
-                Placement::CrossNode => ("server-cross", "node2"),
+            let (name, node) = match (s.placement, s.protocol) {
+                (Placement::SameNode, Protocol::FastPath) => ("server-fast", "node1"),
+                (Placement::SameNode, _) => ("server-same", "node1"),
+                (Placement::CrossNode, _) => ("server-cross", "node2"),
             };
-            workloads.push(hbone_workload(&s.pod, name, node));
+            let mut workload = hbone_workload(&s.pod, name, node);
+            workload.fast_path = Some(s.protocol == Protocol::FastPath);
+            workloads.push(workload);
         }
         let config = config_of(workloads);
         self.config = Some(write_config(self.dir.path(), "mesh.yaml", &config)?);
@@ -221,7 +243,7 @@ impl ModeMesh {
             let enrolled = std::iter::once(&self.client).chain(
                 self.servers
                     .iter()
-                    .filter(|s| s.protocol == Protocol::Hbone)
+                    .filter(|s| s.protocol != Protocol::Plain)
                     .map(|s| &s.pod),
             );
             for pod in enrolled {
@@ -248,7 +270,12 @@ impl ModeMesh {
         };
         let ca = self.dir.path().join("ca");
         let tag = format!("{}{}a", PREFIX.trim_start_matches("dpt-"), self.mode.tag());
-        for (index, node, pods) in [(1, &self.n1, 2), (2, &self.n2, 1)] {
+        let same_node_pods = 1 + self
+            .servers
+            .iter()
+            .filter(|s| s.placement == Placement::SameNode && s.protocol != Protocol::Plain)
+            .count();
+        for (index, node, pods) in [(1, &self.n1, same_node_pods), (2, &self.n2, 1)] {
             let args: Vec<String> = [
                 "--config",
                 &config.display().to_string(),
@@ -258,6 +285,8 @@ impl ModeMesh {
                 &ca.display().to_string(),
                 "--capture",
                 capture,
+                "--fast-path",
+                "off",
             ]
             .map(str::to_owned)
             .to_vec();
@@ -269,6 +298,27 @@ impl ModeMesh {
                 pods,
             )?;
             self.agents.push(agent);
+        }
+        self.warm_fast_path()
+    }
+
+    /// Opens one connection to each port of the fast-path server through
+    /// the proxy, so the pairs are decided before anything is measured
+    /// (the agents void every verdict when they start).
+    fn warm_fast_path(&self) -> anyhow::Result<()> {
+        if !Protocol::FastPath.exists(self.mode, Placement::SameNode) {
+            return Ok(());
+        }
+        for port in [ECHO_PORT, SINK_PORT] {
+            let addr = self.addr(Placement::SameNode, Protocol::FastPath, port)?;
+            let mut cmd = Command::new(&self.load_binary);
+            cmd.args(["idle", &addr.to_string(), "1"]);
+            let (netns, cgroup) = self.client_paths();
+            let mut client = BenchProcess::spawn(cmd, Some(netns), Some(cgroup))?;
+            let ready = client.line(Duration::from_secs(30))?;
+            anyhow::ensure!(ready == "ready 1", "warm-up client said `{ready}`");
+            client.close_stdin();
+            client.finish(Duration::from_secs(30))?;
         }
         Ok(())
     }

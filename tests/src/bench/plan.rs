@@ -127,12 +127,13 @@ impl Plan {
 
 /// The variants run for each placement: direct, then the engine behind
 /// each capture for each protocol.
-const VARIANTS: [(Mode, Protocol); 5] = [
+const VARIANTS: [(Mode, Protocol); 6] = [
     (Mode::Direct, Protocol::Plain),
     (Mode::Iptables, Protocol::Plain),
     (Mode::Ebpf, Protocol::Plain),
     (Mode::Iptables, Protocol::Hbone),
     (Mode::Ebpf, Protocol::Hbone),
+    (Mode::Ebpf, Protocol::FastPath),
 ];
 
 /// The three clusters.
@@ -174,6 +175,9 @@ pub fn verify_paths(clusters: &Clusters) -> anyhow::Result<Vec<Value>> {
     let mut checks = Vec::new();
     for placement in Placement::ALL {
         for (mode, protocol) in VARIANTS {
+            if !protocol.exists(mode, placement) {
+                continue;
+            }
             signal::check()?;
             let mesh = clusters.mesh(mode);
             let addr = mesh.addr(placement, protocol, ECHO_PORT)?;
@@ -191,7 +195,8 @@ pub fn verify_paths(clusters: &Clusters) -> anyhow::Result<Vec<Value>> {
             let tunnelled = count_sockets(mesh.client_netns(), &hbone)? > 0;
             client.close_stdin();
             client.finish(Duration::from_secs(30))?;
-            let want_captured = mode != Mode::Direct;
+            // The fast path's first connection was the warm-up's.
+            let want_captured = mode != Mode::Direct && protocol != Protocol::FastPath;
             let want_tunnel = protocol == Protocol::Hbone;
             anyhow::ensure!(
                 captured == want_captured && tunnelled == want_tunnel,
@@ -233,7 +238,7 @@ pub fn run_rounds(
             for placement in Placement::ALL {
                 for i in 0..VARIANTS.len() {
                     let (mode, protocol) = VARIANTS[(i + round) % VARIANTS.len()];
-                    if !plan.runs(mode) {
+                    if !plan.runs(mode) || !protocol.exists(mode, placement) {
                         continue;
                     }
                     signal::check()?;
@@ -363,7 +368,10 @@ pub fn measure_idle(clusters: &mut Clusters, plan: &Plan) -> anyhow::Result<Vec<
         .copied()
         .filter(|(m, _)| *m != Mode::Direct && plan.runs(*m))
     {
-        for placement in Placement::ALL {
+        for placement in Placement::ALL
+            .into_iter()
+            .filter(|p| protocol.exists(mode, *p))
+        {
             signal::check()?;
             clusters.mesh_mut(mode).start_agents()?;
             let mesh = clusters.mesh(mode);

@@ -39,7 +39,8 @@ fn main() -> ExitCode {
         [cmd, addr, bytes, seed] if cmd == "echo" => echo(addr, bytes, seed),
         [cmd, addr] if cmd == "expect-reset" => expect_reset(addr),
         [cmd, addr, text] if cmd == "echo-text" => echo_text(addr, text),
-        [cmd, addr, secs] if cmd == "hold" => hold(addr, secs),
+        [cmd, addr, secs] if cmd == "hold" => hold(addr, secs, false),
+        [cmd, addr, secs] if cmd == "hold-end" => hold(addr, secs, true),
         [cmd, addr, bytes, pace, when] if cmd == "transfer" => transfer(addr, bytes, pace, when),
         [cmd, addr, bytes, dir] if cmd == "loop" => run_loop(addr, bytes, dir),
         _ => Err("usage: dp-stream echo ADDR BYTES SEED | dp-stream expect-reset ADDR".into()),
@@ -141,7 +142,10 @@ fn echo_text(addr: &str, text: &str) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&reply).into_owned())
 }
 
-fn hold(addr: &str, secs: &str) -> Result<String, String> {
+/// Holds a connection open until the peer ends it or `secs` pass: `open`,
+/// or how it ended (`closed`; with `tell_reset`, `reset` for a reset or an
+/// abort).
+fn hold(addr: &str, secs: &str, tell_reset: bool) -> Result<String, String> {
     let secs: u64 = secs.parse().map_err(|e| format!("bad seconds: {e}"))?;
     let mut stream = connect(addr)?;
     stream.write_all(b"x").map_err(|e| format!("write: {e}"))?;
@@ -160,6 +164,15 @@ fn hold(addr: &str, secs: &str) -> Result<String, String> {
                 ) =>
             {
                 return Ok("open".into());
+            }
+            Err(e)
+                if tell_reset
+                    && matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+                    ) =>
+            {
+                return Ok("reset".into());
             }
             Err(_) => return Ok("closed".into()),
         }

@@ -15,7 +15,7 @@ pub struct Variant {
     pub placement: String,
     /// `direct`, `iptables` or `ebpf`.
     pub mode: String,
-    /// `plain` or `hbone`.
+    /// `plain`, `hbone` or `fast-path`.
     pub protocol: String,
 }
 
@@ -40,10 +40,14 @@ impl Variant {
     }
 
     /// Rows in report order: placements, then direct, iptables and ebpf
-    /// for plain, then for HBONE.
+    /// for plain, then for HBONE, then the fast path.
     pub fn order_key(&self) -> (u8, u8, u8) {
         let placement = u8::from(self.placement != "same-node");
-        let protocol = u8::from(self.protocol == "hbone" && self.mode != "direct");
+        let protocol = match (self.mode.as_str(), self.protocol.as_str()) {
+            ("direct", _) | (_, "plain") => 0,
+            (_, "hbone") => 1,
+            _ => 2,
+        };
         let mode = match self.mode.as_str() {
             "direct" => 0,
             "iptables" => 1,

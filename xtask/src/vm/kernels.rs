@@ -58,7 +58,7 @@ const META_PACKAGE: &str = "linux-image-cloud-amd64";
 
 /// Modules the tests need that the cloud kernels build as modules, with
 /// what needs them; their dependencies come along.
-pub const MODULES: [(&str, &str); 4] = [
+pub const MODULES: [(&str, &str); 6] = [
     ("veth", "pods' links to their node (veth pairs)"),
     ("bridge", "each simulated node's bridge"),
     (
@@ -66,6 +66,11 @@ pub const MODULES: [(&str, &str); 4] = [
         "the clsact qdisc dp_proxy_syn hangs off a pod's lo (external_proxy)",
     ),
     ("cls_bpf", "dp_proxy_syn's bpf filter (external_proxy)"),
+    (
+        "inet_diag",
+        "sock_diag for TCP: the fast path resets connections a policy change denies (fast_path)",
+    ),
+    ("tcp_diag", "SOCK_DESTROY of TCP sockets (fast_path)"),
 ];
 
 /// A kernel ready to boot.

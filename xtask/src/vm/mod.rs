@@ -44,7 +44,7 @@ use report::{BinaryRun, Ending, KernelRun};
 
 /// The redirection suite: every integration test of the kernel programs
 /// and of the agent driving them, in run order.
-pub const SUITE: [&str; 7] = [
+pub const SUITE: [&str; 8] = [
     "kernel_features",
     "connect4_seed",
     "redirect_kernel",
@@ -52,6 +52,7 @@ pub const SUITE: [&str; 7] = [
     "agent_lifecycle",
     "capture_e2e",
     "external_proxy",
+    "fast_path",
 ];
 
 /// Integration tests left out of the matrix, with why (every one runs on

@@ -61,6 +61,9 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                 match dst {
                     Ok(Some(dst)) => {
                         let plan = plan(&state, &ctx.spiffe, src.ip(), dst, &Live(&ctx.mesh.dead));
+                        if let Some(fast) = ctx.mesh.fast_path.get() {
+                            fast.consider(&ctx, &state, src, &plan);
+                        }
                         drop(state);
                         execute(stream, flow, plan, &ctx).await;
                     }

@@ -1,0 +1,91 @@
+//! Types of the same-node fast path: connections between two pods this
+//! agent serves on one node go from the client's socket straight to the
+//! server's, with no proxy on either side, once the agent has decided the
+//! pair once and cached the verdict in the kernel.
+//!
+//! The agent writes [`FastKey`] -> [`FastVerdict`]; `connect4/6` read it
+//! and leave such a connection alone (recording a [`FastConn`] under the
+//! socket cookie); `sockops` re-keys the record by tuple when the SYN
+//! leaves, so the destination pod's `sk_lookup` lets exactly that
+//! connection through; at close `sockops` emits a [`FastClose`] into a ring
+//! buffer for telemetry.
+
+use crate::{IpAddr16, SockTuple};
+
+/// A client pod (by network namespace) and the destination it dials: key of
+/// the verdict cache.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FastKey {
+    /// Cookie of the client pod's network namespace.
+    pub netns_cookie: u64,
+    /// Destination address as `connect()` gave it.
+    pub dst_addr: IpAddr16,
+    /// Destination port, host byte order.
+    pub dst_port: u16,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 6],
+}
+
+/// An allowed (client pod, destination) pair.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastVerdict {
+    /// Cookie of the destination pod's network namespace: the kernel takes
+    /// the fast path only while the destination address still belongs to
+    /// that pod (an address reused by another pod never inherits it).
+    pub dst_netns_cookie: u64,
+    /// The verdict generation it was made in; verdicts of an older
+    /// generation than [`crate::maps::FAST_GENERATION`]'s are void.
+    pub generation: u64,
+}
+
+/// One fast-path connection: value of the by-cookie and by-tuple records.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastConn {
+    /// Cookie of the client pod's network namespace.
+    pub src_netns_cookie: u64,
+    /// Cookie of the server pod's network namespace.
+    pub dst_netns_cookie: u64,
+    /// `bpf_ktime_get_ns()` when the client sent its SYN (0 before).
+    pub start_ns: u64,
+}
+
+/// A fast-path connection that closed, as the client's socket saw it:
+/// one ring-buffer record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastClose {
+    /// Cookie of the client pod's network namespace.
+    pub src_netns_cookie: u64,
+    /// Cookie of the server pod's network namespace.
+    pub dst_netns_cookie: u64,
+    /// Bytes the client sent that the server acknowledged.
+    pub bytes_sent: u64,
+    /// Bytes the client received.
+    pub bytes_received: u64,
+    /// From the SYN to the close, in nanoseconds.
+    pub duration_ns: u64,
+    /// The connection, client side first.
+    pub tuple: SockTuple,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 4],
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<FastKey>() == 32);
+    assert!(core::mem::size_of::<FastVerdict>() == 16);
+    assert!(core::mem::size_of::<FastConn>() == 24);
+    assert!(core::mem::size_of::<FastClose>() == 80);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: `repr(C)`, `Copy`, explicit padding only, any bit pattern
+    // valid.
+    unsafe impl aya::Pod for super::FastKey {}
+    unsafe impl aya::Pod for super::FastVerdict {}
+    unsafe impl aya::Pod for super::FastConn {}
+    unsafe impl aya::Pod for super::FastClose {}
+}

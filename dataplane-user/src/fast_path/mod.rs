@@ -1,0 +1,275 @@
+//! The same-node fast path, user-space half: which connections may skip
+//! the proxy, the revocation of that decision when the mesh changes, and
+//! telemetry for connections the agent never saw. Kernel half and its
+//! safety argument: `dataplane-ebpf/src/fast_path.rs`. Minimum kernel 5.9
+//! (the capture it rides on); closing denied connections needs
+//! `CONFIG_INET_DIAG_DESTROY`.
+//!
+//! A connection between two pods this agent serves on this node first goes
+//! through the proxy like any other. While the engine plans it, [`FastPath::consider`]
+//! decides the (client pod, destination address, port) pair once: both
+//! pods are this agent's, the destination is the workload itself (no
+//! service VIP, whose endpoint is chosen per connection, and no waypoint),
+//! its identity is the one the plan expects, both workloads allow the fast
+//! path, and the policies allow the client's identity. The verdict goes into
+//! the kernel, and the pair's later connections go socket to socket.
+//!
+//! Why that is safe without mutual TLS on the node-local hop: both
+//! identities are held by this agent, which checked them; the client is
+//! known by its socket's network namespace, which a pod cannot forge; the
+//! bytes never leave the node's kernel. Users who require every byte to
+//! pass through mutual TLS turn it off (`--fast-path off`, or a workload's
+//! `fastPath: false`).
+//!
+//! Any change of the mesh state (workloads, services, policies) voids every
+//! verdict at once ([`FastPath::revoke`]); open fast-path connections that
+//! the new policies deny are then reset on both ends through `sock_diag`
+//! (`SOCK_DESTROY`), the same thing `ss -K` does.
+
+mod destroy;
+mod records;
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv6Addr, SocketAddr},
+    sync::{Arc, Mutex, RwLock, Weak},
+};
+
+use dataplane_common::{FastConn, IpAddr16, SockTuple};
+use tracing::{debug, info, warn};
+
+use crate::{
+    policy::Request,
+    proxy::{
+        PodContext,
+        outbound::{Action, Hop, OutboundPlan},
+    },
+    redirect::{FastPathTable, PinLayout, RedirectError},
+    state::MeshState,
+};
+
+pub use destroy::DestroyError;
+
+/// The fast path's state: the kernel maps and this node's pods.
+pub struct FastPath {
+    table: Mutex<FastPathTable>,
+    pods: RwLock<Pods>,
+    default_on: bool,
+}
+
+/// This agent's pods by network namespace and by address. Weak: a pod
+/// whose engine stopped is gone from here without a word.
+#[derive(Default)]
+struct Pods {
+    by_cookie: HashMap<u64, Weak<PodContext>>,
+    by_ip: HashMap<IpAddr, u64>,
+}
+
+impl std::fmt::Debug for FastPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FastPath")
+            .field("default_on", &self.default_on)
+            .finish()
+    }
+}
+
+impl FastPath {
+    /// Opens the instance's fast-path maps (voiding verdicts a previous
+    /// agent left). `default_on`: the fast path for workloads that do not
+    /// say.
+    pub fn open(pins: &PinLayout, default_on: bool) -> Result<Self, RedirectError> {
+        Ok(Self {
+            table: Mutex::new(FastPathTable::open(pins)?),
+            pods: RwLock::default(),
+            default_on,
+        })
+    }
+
+    /// Starts turning the kernel's close records into telemetry, for as
+    /// long as the agent runs. Must run inside a tokio runtime.
+    pub fn report_closed(
+        self: &Arc<Self>,
+        pins: &PinLayout,
+        mesh: Weak<crate::mesh::MeshContext>,
+    ) -> Result<(), RedirectError> {
+        let ring = FastPathTable::closed_records(pins)?;
+        records::spawn(Arc::clone(self), ring, mesh);
+        Ok(())
+    }
+
+    /// A pod this agent's engine now serves.
+    pub fn register(&self, ctx: &Arc<PodContext>) {
+        let mut pods = write(&self.pods);
+        pods.by_cookie.insert(ctx.netns_cookie, Arc::downgrade(ctx));
+        for ip in &ctx.ips {
+            pods.by_ip.insert(ip.to_canonical(), ctx.netns_cookie);
+        }
+    }
+
+    /// The engine serving the pod of namespace `cookie`, if it still runs.
+    fn pod(&self, cookie: u64) -> Option<Arc<PodContext>> {
+        read(&self.pods).by_cookie.get(&cookie)?.upgrade()
+    }
+
+    /// The engine serving the pod at `ip`, if it is this agent's.
+    fn pod_at(&self, ip: IpAddr) -> Option<Arc<PodContext>> {
+        let cookie = *read(&self.pods).by_ip.get(&ip.to_canonical())?;
+        self.pod(cookie).filter(|pod| pod.netns_cookie == cookie)
+    }
+
+    /// Whether the workload of `pod` allows the fast path.
+    fn allows(&self, state: &MeshState, pod: &PodContext) -> bool {
+        pod.ips
+            .iter()
+            .find_map(|ip| state.workloads.by_ip(*ip))
+            .and_then(|w| w.workload.fast_path)
+            .unwrap_or(self.default_on)
+    }
+
+    /// Decides, for the connection from `client` of pod `ctx` that the
+    /// engine is about to carry out as `plan`, whether the pair's later
+    /// connections may go socket to socket; caches "yes" in the kernel.
+    pub fn consider(
+        &self,
+        ctx: &PodContext,
+        state: &MeshState,
+        client: SocketAddr,
+        plan: &OutboundPlan,
+    ) {
+        let Action::Hop(Hop::Tunnel(hop)) = &plan.action else {
+            return;
+        };
+        // A VIP's endpoint is chosen per connection, and a waypoint must
+        // see the traffic it fronts: both stay on the proxy.
+        if plan.service.is_some() || hop.via.ip().to_canonical() != plan.dst.ip().to_canonical() {
+            return;
+        }
+        let Some(server) = self.pod_at(plan.dst.ip()) else {
+            return;
+        };
+        if server.spiffe != hop.dst_identity || server.netns_cookie == ctx.netns_cookie {
+            return;
+        }
+        if !self.allows(state, ctx) || !self.allows(state, &server) {
+            return;
+        }
+        let request = Request {
+            peer: Some(&ctx.spiffe),
+            src: client,
+            dst: plan.dst,
+        };
+        if state.authorize(&request).is_err() {
+            return;
+        }
+        let result = lock(&self.table).allow(ctx.netns_cookie, plan.dst, server.netns_cookie);
+        match result {
+            Ok(()) => {
+                debug!(pod = %ctx.identity.name, dst = %plan.dst, server = %server.identity.name, "fast path allowed")
+            }
+            Err(err) => {
+                warn!(pod = %ctx.identity.name, dst = %plan.dst, error = %err, "cannot cache the fast-path verdict; connections stay on the proxy")
+            }
+        }
+    }
+
+    /// The mesh changed: voids every verdict, then resets the open
+    /// fast-path connections `state` denies. Returns how many were reset.
+    pub fn revoke(&self, state: &MeshState) -> usize {
+        let open = {
+            let mut table = lock(&self.table);
+            if let Err(err) = table.revoke_all() {
+                // The generation could not be bumped: verdicts of the old
+                // state stay. Say so loudly; the next change retries.
+                warn!(error = %err, "cannot void the fast-path verdicts; the previous mesh state still decides them");
+            }
+            match table.open_connections() {
+                Ok(open) => open,
+                Err(err) => {
+                    warn!(error = %err, "cannot list open fast-path connections to re-check them");
+                    return 0;
+                }
+            }
+        };
+        let mut reset = 0;
+        for (tuple, conn) in open {
+            if let Some(reason) = self.denied(state, &tuple, &conn) {
+                reset += usize::from(self.reset(&tuple, &conn, &reason));
+            }
+        }
+        reset
+    }
+
+    /// Why `state` no longer allows the open connection `tuple`, if it
+    /// does not.
+    fn denied(&self, state: &MeshState, tuple: &SockTuple, conn: &FastConn) -> Option<String> {
+        let Some(client) = self.pod(conn.src_netns_cookie) else {
+            // The client's engine is gone: the pod was unenrolled, its
+            // connections are no longer the mesh's to police.
+            return None;
+        };
+        let (src, dst) = tuple_addrs(tuple);
+        let request = Request {
+            peer: Some(&client.spiffe),
+            src,
+            dst,
+        };
+        state.authorize(&request).err()
+    }
+
+    /// Resets both ends of a connection the policies now deny.
+    fn reset(&self, tuple: &SockTuple, conn: &FastConn, reason: &str) -> bool {
+        let (src, dst) = tuple_addrs(tuple);
+        let mut done = false;
+        for (cookie, local, remote) in [
+            (conn.src_netns_cookie, src, dst),
+            (conn.dst_netns_cookie, dst, src),
+        ] {
+            let Some(pod) = self.pod(cookie) else {
+                continue;
+            };
+            match destroy::destroy(pod.netns.fd(), local, remote) {
+                Ok(found) => done |= found,
+                Err(err) => {
+                    warn!(%src, %dst, pod = %pod.identity.name, error = %err, "cannot reset a fast-path connection the policies now deny");
+                }
+            }
+        }
+        if done {
+            info!(target: "access", direction = "outbound", protocol = "FAST_PATH", %src, %dst, reason, "connection closed: denied by a policy change");
+        }
+        done
+    }
+
+    /// Number of verdicts in force.
+    pub fn verdicts(&self) -> usize {
+        lock(&self.table).verdicts()
+    }
+}
+
+/// A socket address from the kernel's 16-byte form.
+pub(crate) fn socket_addr(addr: IpAddr16, port: u16) -> SocketAddr {
+    SocketAddr::new(Ipv6Addr::from(addr.octets()).to_canonical(), port)
+}
+
+fn tuple_addrs(tuple: &SockTuple) -> (SocketAddr, SocketAddr) {
+    (
+        socket_addr(tuple.src_addr, tuple.src_port),
+        socket_addr(tuple.dst_addr, tuple.dst_port),
+    )
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,96 @@
+//! Telemetry of fast-path connections: the kernel writes one record per
+//! closed connection into a ring buffer; each becomes the same
+//! `istio_tcp_*` samples (reported by source and by destination, as the two
+//! proxies would have) and the same access record as a proxied connection,
+//! with `connection_security_policy="fast_path"`.
+
+use std::{
+    sync::{Arc, Weak},
+    time::Duration,
+};
+
+use aya::maps::{MapData, RingBuf};
+use dataplane_common::FastClose;
+use tokio::io::{Interest, unix::AsyncFd};
+use tracing::warn;
+
+use super::{FastPath, socket_addr};
+use crate::{
+    mesh::MeshContext,
+    telemetry::{Direction, Flow, Protocol},
+};
+
+/// Reads `ring` until the agent's mesh context is gone.
+pub(super) fn spawn(fast_path: Arc<FastPath>, ring: RingBuf<MapData>, mesh: Weak<MeshContext>) {
+    tokio::spawn(async move {
+        // SAFETY: the ring buffer owns its descriptor, which stays open and
+        // names the same map for as long as the AsyncFd owns the ring.
+        let mut ring = match unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) } {
+            Ok(ring) => ring,
+            Err(err) => {
+                return warn!(error = %err, "cannot watch the fast-path close records; fast-path connections go unreported");
+            }
+        };
+        loop {
+            let mut guard = match ring.readable_mut().await {
+                Ok(guard) => guard,
+                Err(err) => {
+                    return warn!(error = %err, "fast-path close records unreadable; fast-path connections go unreported from now on");
+                }
+            };
+            let Some(mesh) = mesh.upgrade() else {
+                return;
+            };
+            while let Some(item) = guard.get_inner_mut().next() {
+                if let Some(record) = parse(&item) {
+                    fast_path.report(&mesh, &record);
+                }
+            }
+            guard.clear_ready();
+        }
+    });
+}
+
+/// The record in `bytes`, if it has the record's size.
+fn parse(bytes: &[u8]) -> Option<FastClose> {
+    if bytes.len() < size_of::<FastClose>() {
+        return None;
+    }
+    // SAFETY: `FastClose` is plain old data of which any bit pattern is
+    // valid; the length was checked; the read is unaligned-safe.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<FastClose>()) })
+}
+
+impl FastPath {
+    /// One closed fast-path connection into metrics and the access log.
+    fn report(&self, mesh: &Arc<MeshContext>, record: &FastClose) {
+        let state = mesh.state();
+        let tuple = &record.tuple;
+        let src = socket_addr(tuple.src_addr, tuple.src_port);
+        let dst = socket_addr(tuple.dst_addr, tuple.dst_port);
+        let end = |cookie: u64, ip| match self.pod(cookie) {
+            Some(pod) => pod.own_peer(&state),
+            None => state.peer_at(ip),
+        };
+        let source = end(record.src_netns_cookie, src.ip());
+        let destination = end(record.dst_netns_cookie, dst.ip());
+        let duration = Duration::from_nanos(record.duration_ns);
+        for direction in [Direction::Outbound, Direction::Inbound] {
+            Flow {
+                direction,
+                protocol: Protocol::FastPath,
+                src,
+                dst: Some(dst),
+                source: Arc::clone(&source),
+                destination: Arc::clone(&destination),
+                service: None,
+            }
+            .record_closed(
+                &mesh.metrics,
+                record.bytes_sent,
+                record.bytes_received,
+                duration,
+            );
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! The agent's handles on the same-node fast path's maps (see the kernel
+//! side in `dataplane-ebpf/src/fast_path.rs`): the verdict cache it
+//! writes, the generation that voids it, the open connections it re-checks
+//! and the ring buffer of closed connections it turns into telemetry.
+//! Opened by path, like [`super::OrigDstTable`], so they live as long as
+//! the agent and not as long as one loader.
+
+use std::net::SocketAddr;
+
+use aya::maps::{Array, HashMap, MapData, RingBuf};
+use dataplane_common::{
+    FastConn, FastKey, FastVerdict, SockTuple,
+    maps::{FAST_BY_TUPLE, FAST_CLOSED, FAST_GENERATION, FAST_VERDICTS},
+};
+
+use super::{
+    PinLayout, RedirectError,
+    kernel_maps::{collect_keys, ignore_missing},
+    keys::addr16,
+    stats::open_pinned,
+};
+
+/// The verdict cache, its generation and the open-connection records.
+pub struct FastPathTable {
+    verdicts: HashMap<MapData, FastKey, FastVerdict>,
+    generation_map: Array<MapData, u64>,
+    open: HashMap<MapData, SockTuple, FastConn>,
+    generation: u64,
+}
+
+impl std::fmt::Debug for FastPathTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FastPathTable")
+            .field("generation", &self.generation)
+            .finish()
+    }
+}
+
+impl FastPathTable {
+    /// Opens the pinned maps of the instance laid out by `pins`, and voids
+    /// every verdict a previous agent left (its configuration may not be
+    /// this one's).
+    pub fn open(pins: &PinLayout) -> Result<Self, RedirectError> {
+        let generation_map: Array<MapData, u64> = open_pinned(pins, FAST_GENERATION)?;
+        let generation = generation_map
+            .get(&0, 0)
+            .map_err(|source| RedirectError::Map {
+                name: FAST_GENERATION,
+                source,
+            })?;
+        let mut table = Self {
+            verdicts: open_pinned(pins, FAST_VERDICTS)?,
+            generation_map,
+            open: open_pinned(pins, FAST_BY_TUPLE)?,
+            generation,
+        };
+        table.revoke_all()?;
+        Ok(table)
+    }
+
+    /// The ring buffer of closed fast-path connections of the instance.
+    pub fn closed_records(pins: &PinLayout) -> Result<RingBuf<MapData>, RedirectError> {
+        open_pinned(pins, FAST_CLOSED)
+    }
+
+    /// Caches "allowed" for connections from the pod of namespace
+    /// `src_netns` to `dst`, while `dst`'s address belongs to the pod of
+    /// namespace `dst_netns`.
+    pub fn allow(
+        &mut self,
+        src_netns: u64,
+        dst: SocketAddr,
+        dst_netns: u64,
+    ) -> Result<(), RedirectError> {
+        let key = FastKey {
+            netns_cookie: src_netns,
+            dst_addr: addr16(dst.ip()),
+            dst_port: dst.port(),
+            _pad: [0; 6],
+        };
+        let verdict = FastVerdict {
+            dst_netns_cookie: dst_netns,
+            generation: self.generation,
+        };
+        self.verdicts
+            .insert(key, verdict, 0)
+            .map_err(|source| RedirectError::Map {
+                name: FAST_VERDICTS,
+                source,
+            })
+    }
+
+    /// Voids every cached verdict at once (one write of the generation the
+    /// kernel compares against), then clears the cache. Connections already
+    /// open are not touched here: see [`Self::open_connections`].
+    pub fn revoke_all(&mut self) -> Result<(), RedirectError> {
+        let next = self.generation.wrapping_add(1);
+        self.generation_map
+            .set(0, next, 0)
+            .map_err(|source| RedirectError::Map {
+                name: FAST_GENERATION,
+                source,
+            })?;
+        self.generation = next;
+        let keys = collect_keys(self.verdicts.keys(), FAST_VERDICTS)?;
+        for key in keys {
+            ignore_missing(self.verdicts.remove(&key), FAST_VERDICTS)?;
+        }
+        Ok(())
+    }
+
+    /// Number of cached verdicts of the current generation.
+    pub fn verdicts(&self) -> usize {
+        self.verdicts
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, v)| v.generation == self.generation)
+            .count()
+    }
+
+    /// Every open fast-path connection: its tuple (client side first) and
+    /// the two pods' namespaces.
+    pub fn open_connections(&self) -> Result<Vec<(SockTuple, FastConn)>, RedirectError> {
+        self.open
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| RedirectError::Map {
+                name: FAST_BY_TUPLE,
+                source,
+            })
+    }
+}

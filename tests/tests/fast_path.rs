@@ -1,0 +1,200 @@
+//! The same-node fast path against the real kernel: two pods one agent
+//! serves on one node talk socket to socket once the agent has allowed the
+//! pair (the first connection goes through the proxy and decides it); the
+//! kernel counters show which way each connection went, `/metrics` shows
+//! the same Istio samples a proxied connection gives, a policy change
+//! resets open fast-path connections it now denies, and the switches keep
+//! traffic on the proxy.
+
+use std::net::SocketAddr;
+
+use dataplane_tests::{
+    Agent,
+    mesh::{NAMESPACE, TwoNodes, addr, policy, to_ports},
+    observe::{scrape, sum_matching},
+    traffic::{echo, echo_server, stream, wait_until},
+};
+use dataplane_user::config::{Action, LocalConfig, Scope};
+
+/// Node 1's agent (instance `<tag>1-agent`) on `config`, with `extra`.
+fn agent(w: &TwoNodes, tag: &str, config: &LocalConfig, extra: &[&str]) -> anyhow::Result<Agent> {
+    let path = w.write(config)?;
+    w.agent(tag, 1, &path, extra)
+}
+
+/// `(redirected_outbound, fast_path_outbound, fast_path_inbound)`.
+fn ways(agent: &Agent) -> anyhow::Result<(u64, u64, u64)> {
+    Ok((
+        agent.counter("redirected_outbound")?,
+        agent.counter("fast_path_outbound")?,
+        agent.counter("fast_path_inbound")?,
+    ))
+}
+
+#[test]
+fn a_same_node_pair_goes_socket_to_socket_after_the_first_connection() -> anyhow::Result<()> {
+    let w = TwoNodes::new("fpsock")?;
+    let a1 = agent(&w, "fps", &w.mesh_config(), &[])?;
+    let _server = echo_server(&w.local, 9000)?;
+    let _other = echo_server(&w.local, 9001)?;
+    let dst = addr(&w.local, 9000);
+
+    // The first connection of the pair goes through the proxy and decides it.
+    echo(&w.client, dst, 1000, 1)?;
+    assert_eq!(ways(&a1)?, (1, 0, 0));
+    // The next ones go socket to socket, IPv4 and IPv4-mapped alike.
+    echo(&w.client, dst, 1000, 2)?;
+    let mapped = SocketAddr::new(w.local.ip4.to_ipv6_mapped().into(), 9000);
+    echo(&w.client, mapped, 1000, 3)?;
+    let (redirected, fast_out, fast_in) = ways(&a1)?;
+    assert_eq!((redirected, fast_out), (1, 2));
+    // sk_lookup runs per SYN: a retransmitted SYN counts again.
+    assert!(fast_in >= 2, "fast_path_inbound = {fast_in}");
+    // The verdict is per destination port: another port decides again.
+    echo(&w.client, addr(&w.local, 9001), 10, 4)?;
+    assert_eq!(ways(&a1)?.0, 2);
+    // IPv6 is a destination of its own.
+    let v6 = SocketAddr::new(w.local.ip6.into(), 9000);
+    echo(&w.client, v6, 10, 5)?;
+    echo(&w.client, v6, 10, 6)?;
+    let (redirected, fast_out, _) = ways(&a1)?;
+    assert_eq!((redirected, fast_out), (3, 3));
+
+    // Telemetry: the kernel's close records become the same samples,
+    // reported by both sides, with both identities and the fast path named.
+    let fast = [
+        ("connection_security_policy", "fast_path"),
+        (
+            "source_principal",
+            "spiffe://cluster.local/ns/test/sa/client",
+        ),
+        (
+            "destination_principal",
+            "spiffe://cluster.local/ns/test/sa/local",
+        ),
+        ("destination_workload", "local"),
+    ];
+    let with = |reporter| {
+        let mut labels = fast.to_vec();
+        labels.push(("reporter", reporter));
+        labels
+    };
+    wait_until("three fast-path closes in the metrics", || {
+        let samples = scrape(&a1)?;
+        Ok(sum_matching(
+            &samples,
+            "istio_tcp_connections_closed_total",
+            &with("source"),
+        ) >= 3.0)
+    })?;
+    let samples = scrape(&a1)?;
+    for reporter in ["source", "destination"] {
+        let labels = with(reporter);
+        let count = |name| sum_matching(&samples, name, &labels);
+        assert_eq!(
+            count("istio_tcp_connections_opened_total"),
+            3.0,
+            "{reporter}"
+        );
+        assert_eq!(
+            count("istio_tcp_connections_closed_total"),
+            3.0,
+            "{reporter}"
+        );
+        // The client sent 1000 + 1000 + 10 bytes and got as many back.
+        assert_eq!(
+            count("istio_tcp_received_bytes_total"),
+            2010.0,
+            "{reporter}"
+        );
+        assert_eq!(count("istio_tcp_sent_bytes_total"), 2010.0, "{reporter}");
+    }
+    assert_eq!(a1.counter("fast_path_record_lost")?, 0);
+    Ok(())
+}
+
+#[test]
+fn a_policy_change_resets_open_fast_path_connections_it_denies() -> anyhow::Result<()> {
+    let w = TwoNodes::new("fppol")?;
+    let config = w.mesh_config();
+    let a1 = agent(&w, "fpp", &config, &[])?;
+    let _echo = echo_server(&w.local, 9001)?;
+    let _echo2 = echo_server(&w.local, 9002)?;
+    // Decide both pairs through the proxy.
+    echo(&w.client, addr(&w.local, 9001), 10, 1)?;
+    echo(&w.client, addr(&w.local, 9002), 10, 1)?;
+    let before = ways(&a1)?;
+    let outcome = std::thread::scope(|scope| -> anyhow::Result<String> {
+        let holder = scope.spawn(|| {
+            stream(
+                &w.client,
+                &["hold-end", &addr(&w.local, 9001).to_string(), "30"],
+            )
+        });
+        wait_until("the held connection to take the fast path", || {
+            Ok(ways(&a1)?.1 > before.1)
+        })?;
+        let mut lockdown = config.clone();
+        lockdown.policies = vec![policy(
+            "lockdown",
+            NAMESPACE,
+            Scope::Namespace,
+            Action::Deny,
+            to_ports(&[9001]),
+        )];
+        w.write(&lockdown)?;
+        holder
+            .join()
+            .map_err(|_| anyhow::anyhow!("holder panicked"))?
+    })?;
+    assert_eq!(
+        outcome, "reset",
+        "the denied fast-path connection was reset"
+    );
+    // The verdicts went with the old state: the next connection to a port
+    // still allowed goes through the proxy again (and decides anew) ...
+    let redirected = ways(&a1)?.0;
+    echo(&w.client, addr(&w.local, 9002), 10, 2)?;
+    assert_eq!(ways(&a1)?.0, redirected + 1);
+    // ... and the denied one is refused by the proxy.
+    let denied = stream(
+        &w.client,
+        &["expect-reset", &addr(&w.local, 9001).to_string()],
+    )?;
+    assert_eq!(denied, "reset");
+    assert_eq!(ways(&a1)?.0, redirected + 2);
+    Ok(())
+}
+
+#[test]
+fn the_switches_keep_pairs_on_the_proxy() -> anyhow::Result<()> {
+    // (case, server's and client's workload setting, agent flags,
+    // connections through the proxy out of three)
+    let cases: [(&str, Option<bool>, &[&str], u64); 3] = [
+        ("off mesh-wide", None, &["--fast-path", "off"], 3),
+        ("the server's workload opts out", Some(false), &[], 3),
+        (
+            "off mesh-wide, both workloads opt in",
+            Some(true),
+            &["--fast-path", "off"],
+            1,
+        ),
+    ];
+    for (n, (case, setting, flags, proxied)) in cases.into_iter().enumerate() {
+        let w = TwoNodes::new(&format!("fpsw{n}"))?;
+        let _server = echo_server(&w.local, 9000)?;
+        let mut config = w.mesh_config();
+        for workload in &mut config.workloads {
+            if workload.name == "local" || setting == Some(true) {
+                workload.fast_path = setting;
+            }
+        }
+        let a1 = agent(&w, &format!("fpw{n}"), &config, flags)?;
+        for seed in 0..3 {
+            echo(&w.client, addr(&w.local, 9000), 10, seed)?;
+        }
+        let (redirected, fast, _) = ways(&a1)?;
+        assert_eq!((redirected, fast), (proxied, 3 - proxied), "{case}");
+    }
+    Ok(())
+}
