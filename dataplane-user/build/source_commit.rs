@@ -52,10 +52,17 @@ pub fn emit() {
 }
 
 fn from_override(given: &str) -> (String, &'static str) {
-    match given.strip_suffix("-dirty") {
-        Some(commit) => (commit.to_owned(), "true"),
-        None => (given.to_owned(), "false"),
+    let (commit, dirty) = match given.strip_suffix("-dirty") {
+        Some(commit) => (commit, "true"),
+        None => (given, "false"),
+    };
+    if commit.len() < 7 || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+        println!(
+            "cargo:warning={OVERRIDE}={given:?} is not a commit id (hex, optionally with -dirty); `dataplane version` says unknown"
+        );
+        return ("unknown".to_owned(), "unknown");
     }
+    (commit.to_owned(), dirty)
 }
 
 /// The commit and dirtiness from git, or `None` when this crate is not
@@ -71,7 +78,15 @@ fn from_git() -> Option<(String, &'static str)> {
         println!("cargo:rerun-if-changed={}", root.join(source).display());
     }
     let commit = git(&root, &["rev-parse", "HEAD"])?.trim().to_owned();
-    let mut status = vec!["status", "--porcelain", "--untracked-files=no", "--"];
+    // `--no-optional-locks`: status would otherwise refresh the index it
+    // reads, and a rewritten index reruns this script once more.
+    let mut status = vec![
+        "--no-optional-locks",
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+    ];
     status.extend(SOURCES);
     let dirty = match git(&root, &status) {
         Some(changes) if changes.trim().is_empty() => "false",
