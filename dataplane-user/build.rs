@@ -9,6 +9,9 @@
 
 use std::process::Command;
 
+#[path = "build/source_commit.rs"]
+mod source_commit;
+
 use anyhow::{Context as _, anyhow, bail};
 use aya_build::Toolchain;
 
@@ -16,6 +19,7 @@ const EBPF_PACKAGE: &str = "dataplane-ebpf";
 
 fn main() -> anyhow::Result<()> {
     emit_dependency_versions();
+    source_commit::emit();
     compile_istio_api()?;
     check_toolchain()?;
     let metadata = cargo_metadata::MetadataCommand::new()

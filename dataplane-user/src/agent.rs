@@ -625,6 +625,10 @@ fn mesh_context(
         trust_domain: args.trust_domain.clone(),
         shutdown,
         pool_idle_timeout: POOL_IDLE_TIMEOUT,
+        pool_spread: crate::hbone::pool::PoolSpread {
+            busy_streams: args.hbone_pool_busy_streams.into(),
+            max_connections: args.hbone_pool_max_connections.into(),
+        },
         handshakes: Arc::new(PendingHandshakes::new(handshakes, Arc::clone(&metrics))),
         hbone_idle_timeout: args.hbone_idle_timeout,
         metrics,

@@ -282,6 +282,21 @@ pub struct RunArgs {
     /// for this agent's pool) so that clients close first.
     #[arg(long, env = "DATAPLANE_HBONE_IDLE_TIMEOUT", default_value = "3m", value_parser = parse_positive_duration)]
     pub hbone_idle_timeout: std::time::Duration,
+    /// Pooled HBONE connections to one destination (from one source
+    /// identity) that the pool opens to spread concurrent streams: one
+    /// connection's bytes are encrypted by one task on one core. A new
+    /// stream dials another connection when every connection carries
+    /// `--hbone-pool-busy-streams`; at this bound it joins the
+    /// least-loaded one (connections are added past it only when all
+    /// carry 100 streams).
+    #[arg(long, env = "DATAPLANE_HBONE_POOL_MAX_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub hbone_pool_max_connections: u16,
+    /// Open streams that make a pooled HBONE connection busy (see
+    /// `--hbone-pool-max-connections`). 1 gives every concurrent stream
+    /// its own connection up to the bound, at the cost of a handshake
+    /// whenever a tunnel still closing overlaps the next one.
+    #[arg(long, env = "DATAPLANE_HBONE_POOL_BUSY_STREAMS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub hbone_pool_busy_streams: u16,
     /// Inbound HBONE connections that may be in their handshake at once on
     /// the whole node; over it the oldest handshake of the busiest source is
     /// reset [default: a quarter of the file descriptor limit, between 16

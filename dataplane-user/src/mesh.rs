@@ -45,6 +45,8 @@ pub struct MeshContext {
     pub shutdown: watch::Receiver<bool>,
     /// How long an unused pooled HBONE connection is kept.
     pub pool_idle_timeout: Duration,
+    /// How pools spread streams over connections to one destination.
+    pub pool_spread: crate::hbone::pool::PoolSpread,
     /// Inbound HBONE connections still in their handshake, within bounds.
     pub handshakes: Arc<PendingHandshakes>,
     /// An inbound HBONE connection without an open stream this long is

@@ -57,13 +57,14 @@ impl Enrollments {
                 uid: spec.uid.clone(),
                 source,
             })?;
-        let pool = HbonePool::new(
+        let pool = HbonePool::with_spread(
             PodTlsDialer {
                 netns: netns.clone(),
                 mark: self.settings.proxy_mark,
                 mesh: Arc::clone(&mesh),
             },
             mesh.pool_idle_timeout,
+            mesh.pool_spread,
         );
         let ctx = Arc::new(PodContext {
             identity: PodIdentity {

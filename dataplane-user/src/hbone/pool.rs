@@ -2,10 +2,19 @@
 //! identity, destination identity, destination address), carrying up to
 //! [`wire::MAX_STREAMS`] tunnels each.
 //!
+//! One connection carries every stream it has room for only while it is
+//! not busy: its bytes are encrypted and framed by one task on one core, so
+//! concurrent bulk streams on one connection share one core whatever the
+//! machine has. Once every connection to a key carries
+//! [`PoolSpread::busy_streams`] streams, the pool dials another, up to
+//! [`PoolSpread::max_connections`], and each new stream goes to the
+//! least-loaded connection. Past that bound connections are dialled only
+//! when all are full, as a single-connection pool would.
+//!
 //! One dial per key is in flight at a time: fifty connections opened at once
-//! between one pod pair share one TLS handshake. Connections idle longer than
-//! the idle timeout are dropped; connections whose keepalive PING goes
-//! unanswered are never handed out again.
+//! between one pod pair wait for one TLS handshake at a time, never fifty.
+//! Connections idle longer than the idle timeout are dropped; connections
+//! whose keepalive PING goes unanswered are never handed out again.
 
 use std::{
     collections::HashMap,
@@ -90,6 +99,32 @@ pub struct PoolKey {
     pub dst_addr: SocketAddr,
 }
 
+/// How a pool spreads the streams to one key over connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSpread {
+    /// Open streams at which a connection counts as busy: a new stream
+    /// dials another connection when every connection to its key carries
+    /// this many. Two, not one: a tunnel whose relay is still finishing
+    /// when its client opens the next connection must not cost a
+    /// handshake, and two concurrent streams are the least that can
+    /// contend for one connection's task.
+    pub busy_streams: usize,
+    /// Connections per key the pool opens to spread busy streams (at
+    /// least 1). More than the agent's cores gains nothing; each costs a
+    /// handshake and its buffers on both ends while it lives.
+    pub max_connections: usize,
+}
+
+impl Default for PoolSpread {
+    /// Two streams make a connection busy; up to four connections per key.
+    fn default() -> Self {
+        Self {
+            busy_streams: 2,
+            max_connections: 4,
+        }
+    }
+}
+
 /// Opens the transport (TCP + TLS) for a pool key.
 pub trait Dialer: Send + Sync + 'static {
     /// The established transport.
@@ -138,6 +173,7 @@ pub struct HbonePool<D: Dialer> {
     conns: Mutex<HashMap<PoolKey, Vec<Arc<Pooled>>>>,
     dial_locks: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
     idle_timeout: Duration,
+    spread: PoolSpread,
     dials: AtomicU64,
     /// Set by [`HbonePool::close`]: streams failing from then on were
     /// closed by the agent, not lost.
@@ -170,13 +206,22 @@ fn unprocessed(err: &h2::Error) -> bool {
 
 impl<D: Dialer> HbonePool<D> {
     /// A pool dialing with `dialer`, dropping connections idle for
-    /// `idle_timeout`.
+    /// `idle_timeout`, spreading streams as [`PoolSpread::default`] says.
     pub fn new(dialer: D, idle_timeout: Duration) -> Arc<Self> {
+        Self::with_spread(dialer, idle_timeout, PoolSpread::default())
+    }
+
+    /// [`HbonePool::new`] spreading streams as `spread` says.
+    pub fn with_spread(dialer: D, idle_timeout: Duration, spread: PoolSpread) -> Arc<Self> {
         Arc::new(Self {
             dialer,
             conns: Mutex::new(HashMap::new()),
             dial_locks: Mutex::new(HashMap::new()),
             idle_timeout,
+            spread: PoolSpread {
+                busy_streams: spread.busy_streams.max(1),
+                max_connections: spread.max_connections.max(1),
+            },
             dials: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         })
@@ -243,12 +288,14 @@ impl<D: Dialer> HbonePool<D> {
         })
     }
 
-    /// A connection with a free stream slot, dialling one if needed.
+    /// A connection with a free stream slot: the least-loaded one, or a
+    /// new one when every connection is busy and the key has room for
+    /// another (or every connection is full).
     async fn checkout(
         self: &Arc<Self>,
         key: &PoolKey,
     ) -> Result<(Arc<Pooled>, StreamSlot), PoolError> {
-        if let Some(found) = self.find(key) {
+        if let Some(found) = self.find(key, Need::Spread) {
             return Ok(found);
         }
         let dial_lock = {
@@ -257,10 +304,24 @@ impl<D: Dialer> HbonePool<D> {
         };
         let _dialing = dial_lock.lock().await;
         // Whoever held the lock before us may have dialled already.
-        if let Some(found) = self.find(key) {
+        if let Some(found) = self.find(key, Need::Spread) {
             return Ok(found);
         }
-        let pooled = self.dial(key).await?;
+        let pooled = match self.dial(key).await {
+            Ok(pooled) => pooled,
+            // A dial meant to spread load failed (the peer may bound its
+            // connections per client): a busy connection still carries
+            // the stream.
+            Err(err) => {
+                return match self.find(key, Need::Share) {
+                    Some(found) => {
+                        debug!(peer = %key.dst_addr, error = %err, "cannot open another HBONE connection; sharing a busy one");
+                        Ok(found)
+                    }
+                    None => Err(err),
+                };
+            }
+        };
         let slot = take_slot(&pooled);
         lock(&self.conns)
             .entry(key.clone())
@@ -269,25 +330,30 @@ impl<D: Dialer> HbonePool<D> {
         Ok((pooled, slot))
     }
 
-    fn find(&self, key: &PoolKey) -> Option<(Arc<Pooled>, StreamSlot)> {
+    /// The least-loaded live connection to `key` with a free stream slot,
+    /// its slot claimed; `None` when there is none, or when `need` is
+    /// [`Need::Spread`], every connection is busy and the key has room for
+    /// another.
+    fn find(&self, key: &PoolKey, need: Need) -> Option<(Arc<Pooled>, StreamSlot)> {
         let mut conns = lock(&self.conns);
         let list = conns.get_mut(key)?;
         list.retain(|c| c.alive.load(Ordering::Acquire));
         let limit = wire::MAX_STREAMS as usize;
-        list.iter().find_map(|c| {
-            // Claim a slot only if one is free, atomically.
-            c.streams
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < limit).then_some(n + 1)
-                })
-                .ok()
-                .map(|_| {
-                    if let Ok(mut t) = c.last_used.lock() {
-                        *t = Instant::now();
-                    }
-                    (Arc::clone(c), StreamSlot(Arc::clone(&c.streams)))
-                })
-        })
+        // Slots are only claimed under the `conns` lock (released ones
+        // only make room), so the count read here holds until the claim.
+        let (least, load) = list
+            .iter()
+            .map(|c| (c, c.streams.load(Ordering::Acquire)))
+            .filter(|&(_, load)| load < limit)
+            .min_by_key(|&(_, load)| load)?;
+        let spread = list.len() < self.spread.max_connections;
+        if need == Need::Spread && spread && load >= self.spread.busy_streams {
+            return None;
+        }
+        if let Ok(mut t) = least.last_used.lock() {
+            *t = Instant::now();
+        }
+        Some((Arc::clone(least), take_slot(least)))
     }
 
     async fn dial(self: &Arc<Self>, key: &PoolKey) -> Result<Arc<Pooled>, PoolError> {
@@ -395,6 +461,17 @@ impl<D: Dialer> HbonePool<D> {
         lock(&self.conns).values().map(Vec::len).sum()
     }
 
+    /// Open streams on each live connection to `key`, in the order the
+    /// connections were dialled.
+    pub fn load(&self, key: &PoolKey) -> Vec<usize> {
+        lock(&self.conns).get(key).map_or_else(Vec::new, |list| {
+            list.iter()
+                .filter(|c| c.alive.load(Ordering::Acquire))
+                .map(|c| c.streams.load(Ordering::Acquire))
+                .collect()
+        })
+    }
+
     /// Runs idle eviction until dropped (or the pool is gone).
     pub fn eviction(self: &Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
         let pool = Arc::downgrade(self);
@@ -412,6 +489,16 @@ impl<D: Dialer> HbonePool<D> {
             }
         }
     }
+}
+
+/// What [`HbonePool::find`] accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    /// A connection that is not busy, unless the key already has all the
+    /// connections it may spread over.
+    Spread,
+    /// Any connection with a free stream slot.
+    Share,
 }
 
 fn take_slot(pooled: &Pooled) -> StreamSlot {

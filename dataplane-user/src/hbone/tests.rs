@@ -11,8 +11,10 @@ use tokio::{
     sync::watch,
 };
 
-use super::*;
+use super::{pool::PoolSpread, *};
 use crate::relay::{TunnelRelayError, relay_tunnel as relay};
+
+mod spread;
 
 struct TcpDialer;
 
@@ -199,10 +201,14 @@ async fn hostname_authorities_are_resolved_by_the_server() -> anyhow::Result<()>
 }
 
 #[tokio::test]
-async fn fifty_tunnels_share_one_connection() -> anyhow::Result<()> {
+async fn fifty_tunnels_share_one_connection_when_the_bound_is_one() -> anyhow::Result<()> {
     let (server, _stop) = hbone_server().await?;
     let app = echo_app().await?;
-    let pool = HbonePool::new(TcpDialer, Duration::from_secs(30));
+    let one = PoolSpread {
+        max_connections: 1,
+        ..PoolSpread::default()
+    };
+    let pool = HbonePool::with_spread(TcpDialer, Duration::from_secs(30), one);
     let mut opens = tokio::task::JoinSet::new();
     for _ in 0..50 {
         let pool = Arc::clone(&pool);
