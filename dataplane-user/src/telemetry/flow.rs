@@ -16,7 +16,7 @@ use std::{
 
 use tracing::{info, warn};
 
-use super::metrics::{Metrics, TcpCounters, TcpLabels};
+use super::metrics::{FlowKey, Metrics, TcpCounters, TcpLabels};
 use crate::relay::Meter;
 
 /// Which side of the mesh reports the connection.
@@ -148,7 +148,7 @@ impl FailReason {
 }
 
 /// One end of a connection, as far as the agent knows it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Peer {
     /// Workload name (the owner, e.g. a Deployment, when known; else the
     /// pod).
@@ -170,7 +170,7 @@ pub struct Peer {
 }
 
 /// The service a connection is attributed to.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct ServiceRef {
     /// Its hostname (`web.shop.svc.cluster.local`).
     pub hostname: String,
@@ -257,7 +257,14 @@ impl Flow {
     /// The connection is established end to end: counts it as opened and
     /// open until the returned handle is closed or dropped.
     pub fn open(self, metrics: &Arc<Metrics>) -> OpenFlow {
-        let counters = metrics.opened(self.direction.as_str(), &self.labels("-"));
+        let key = FlowKey {
+            reporter: self.direction.reporter(),
+            security: self.protocol.security(),
+            source: Arc::clone(&self.source),
+            destination: Arc::clone(&self.destination),
+            service: self.service.clone(),
+        };
+        let counters = metrics.opened(self.direction, &key, || self.labels("-"));
         OpenFlow {
             flow: self,
             started: Instant::now(),
@@ -358,7 +365,7 @@ impl OpenFlow {
     fn record(&mut self, sent: u64, received: u64, error: Option<&str>) {
         self.closed = true;
         self.counters.closed.inc();
-        self.metrics.gone(self.flow.direction.as_str());
+        self.metrics.gone(self.flow.direction);
         let flow = &self.flow;
         let duration_ms = self.started.elapsed().as_millis() as u64;
         let message = if error.is_some() {
@@ -395,5 +402,99 @@ impl Drop for OpenFlow {
             // closed the connection under it.
             self.record(0, 0, Some("closed by the agent (policy change or drain)"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(name: &str) -> Arc<Peer> {
+        Arc::new(Peer {
+            workload: Some(name.to_owned()),
+            namespace: Some("shop".to_owned()),
+            principal: Some(format!("spiffe://cluster.local/ns/shop/sa/{name}")),
+            ..Peer::default()
+        })
+    }
+
+    fn flow(direction: Direction, source: Arc<Peer>, destination: Arc<Peer>) -> Flow {
+        Flow {
+            direction,
+            protocol: Protocol::Hbone,
+            src: "10.1.0.11:40000".parse().expect("address"),
+            dst: Some("10.2.0.12:9000".parse().expect("address")),
+            source,
+            destination,
+            service: None,
+        }
+    }
+
+    /// The samples of `family` (without `_total`) whose labels contain
+    /// `needle`, as `(labels, value)`.
+    fn samples(metrics: &Metrics, family: &str, needle: &str) -> Vec<(String, String)> {
+        let text = metrics.encode().expect("encodes");
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{family}_total{{")) && l.contains(needle))
+            .filter_map(|l| l.rsplit_once(' '))
+            .map(|(labels, value)| (labels.to_owned(), value.to_owned()))
+            .collect()
+    }
+
+    /// The counters of a label set are looked up by the peers' contents:
+    /// peers rebuilt with the same facts count into the same series, other
+    /// facts or another reporter into their own.
+    #[test]
+    fn equal_peers_share_series_and_others_get_their_own() {
+        let metrics = Arc::new(Metrics::new());
+        for _ in 0..2 {
+            // Fresh allocations each time, as an inbound connection builds
+            // its source peer.
+            let open = flow(Direction::Outbound, peer("client"), peer("server")).open(&metrics);
+            open.close(3, 4, None);
+        }
+        let other = flow(Direction::Outbound, peer("client"), peer("other")).open(&metrics);
+        let inbound = flow(Direction::Inbound, peer("client"), peer("server")).open(&metrics);
+        let opened = samples(
+            &metrics,
+            "istio_tcp_connections_opened",
+            "reporter=\"source\"",
+        );
+        assert_eq!(opened.len(), 2, "{opened:?}");
+        let to_server: Vec<_> = opened
+            .iter()
+            .filter(|(l, _)| l.contains("destination_workload=\"server\""))
+            .collect();
+        assert_eq!(to_server.len(), 1, "{opened:?}");
+        assert_eq!(to_server[0].1, "2");
+        let closed = samples(
+            &metrics,
+            "istio_tcp_connections_closed",
+            "reporter=\"source\"",
+        );
+        let closed_server: Vec<_> = closed
+            .iter()
+            .filter(|(l, _)| l.contains("destination_workload=\"server\""))
+            .collect();
+        assert_eq!(closed_server.len(), 1, "{closed:?}");
+        assert_eq!(closed_server[0].1, "2");
+        let inbound_opened = samples(
+            &metrics,
+            "istio_tcp_connections_opened",
+            "reporter=\"destination\"",
+        );
+        assert_eq!(inbound_opened.len(), 1, "{inbound_opened:?}");
+        assert_eq!(metrics.open_connections(), 2);
+        let text = metrics.encode().expect("encodes");
+        assert!(
+            text.contains("dataplane_tcp_connections_open{direction=\"outbound\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("dataplane_tcp_connections_open{direction=\"inbound\"} 1"),
+            "{text}"
+        );
+        drop((other, inbound));
+        assert_eq!(metrics.open_connections(), 0);
     }
 }
