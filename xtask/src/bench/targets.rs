@@ -66,10 +66,12 @@ const fn ei(
     }
 }
 
-const fn hd(
+/// ebpf over direct for one placement and protocol.
+const fn over_direct(
     label: &'static str,
     workload: &'static str,
     metric: &'static str,
+    (placement, protocol): (&'static str, &'static str),
     goal: Goal,
     reference: &'static str,
 ) -> Target {
@@ -78,34 +80,18 @@ const fn hd(
         workload,
         metric,
         measure: Measure::EbpfOverDirect {
-            placement: "cross-node",
-            protocol: "hbone",
+            placement,
+            protocol,
         },
         goal,
         reference,
     }
 }
 
-/// Same-node fast path over direct.
-const fn fd(
-    label: &'static str,
-    workload: &'static str,
-    metric: &'static str,
-    goal: Goal,
-    reference: &'static str,
-) -> Target {
-    Target {
-        label,
-        workload,
-        metric,
-        measure: Measure::EbpfOverDirect {
-            placement: "same-node",
-            protocol: "fast-path",
-        },
-        goal,
-        reference,
-    }
-}
+/// Cross-node HBONE.
+const HBONE: (&str, &str) = ("cross-node", "hbone");
+/// The same-node fast path.
+const FAST: (&str, &str) = ("same-node", "fast-path");
 
 const TARGETS: &[Target] = &[
     ei(
@@ -188,52 +174,59 @@ const TARGETS: &[Target] = &[
         Goal::AtMost(1.0),
         "prototype 0.79x",
     ),
-    fd(
+    over_direct(
         "same-node fast path connection rate / direct",
         "conn-rate",
         "conn/s",
+        FAST,
         Goal::AtLeast(0.8),
         "Istio ~0.25x",
     ),
-    fd(
+    over_direct(
         "same-node fast path single-stream throughput / direct",
         "bulk-1",
         "Gbit/s",
+        FAST,
         Goal::AtLeast(0.8),
         "Istio ~0.25x",
     ),
-    hd(
+    over_direct(
         "HBONE cross-node connection rate / direct",
         "conn-rate",
         "conn/s",
+        HBONE,
         Goal::AtLeast(0.30),
         "Istio 0.17x",
     ),
-    hd(
+    over_direct(
         "HBONE cross-node single-stream throughput / direct",
         "bulk-1",
         "Gbit/s",
+        HBONE,
         Goal::AtLeast(0.5),
         "Istio 0.33x",
     ),
-    hd(
+    over_direct(
         "HBONE cross-node 4-stream throughput / direct",
         "bulk-4",
         "Gbit/s",
+        HBONE,
         Goal::AtLeast(0.30),
         "Istio 0.19x",
     ),
-    hd(
+    over_direct(
         "HBONE cross-node RR p99 / direct",
         "rr",
         "p99 us",
+        HBONE,
         Goal::AtMost(2.1),
         "Istio 2.6x",
     ),
-    hd(
+    over_direct(
         "HBONE cross-node RR p99 / direct, pinned",
         "rr-pinned",
         "p99 us",
+        HBONE,
         Goal::AtMost(2.1),
         "-",
     ),
