@@ -309,16 +309,18 @@ impl ModeMesh {
         if !Protocol::FastPath.exists(self.mode, Placement::SameNode) {
             return Ok(());
         }
-        for port in [ECHO_PORT, SINK_PORT] {
+        // One echoed byte, and one byte into the sink.
+        let runs: [(u16, &str, &[&str]); 2] = [
+            (ECHO_PORT, "conn", &["1", "1", "1"]),
+            (SINK_PORT, "bulk", &["1", "1"]),
+        ];
+        for (port, verb, rest) in runs {
             let addr = self.addr(Placement::SameNode, Protocol::FastPath, port)?;
             let mut cmd = Command::new(&self.load_binary);
-            cmd.args(["idle", &addr.to_string(), "1"]);
+            cmd.arg(verb).arg(addr.to_string()).args(rest);
             let (netns, cgroup) = self.client_paths();
-            let mut client = BenchProcess::spawn(cmd, Some(netns), Some(cgroup))?;
-            let ready = client.line(Duration::from_secs(30))?;
-            anyhow::ensure!(ready == "ready 1", "warm-up client said `{ready}`");
-            client.close_stdin();
-            client.finish(Duration::from_secs(30))?;
+            let client = BenchProcess::spawn(cmd, Some(netns), Some(cgroup))?;
+            client.output(Duration::from_secs(30))?;
         }
         Ok(())
     }
