@@ -100,9 +100,14 @@ impl FastPath {
     /// A pod this agent's engine now serves.
     pub fn register(&self, ctx: &Arc<PodContext>) {
         let mut pods = write(&self.pods);
-        pods.by_cookie.insert(ctx.netns_cookie, Arc::downgrade(ctx));
+        let Pods { by_cookie, by_ip } = &mut *pods;
+        // Pods whose engines stopped leave dead entries: drop them here, so
+        // the index stays as large as the node's pods, whatever the churn.
+        by_cookie.retain(|_, pod| pod.strong_count() > 0);
+        by_ip.retain(|_, cookie| by_cookie.contains_key(cookie));
+        by_cookie.insert(ctx.netns_cookie, Arc::downgrade(ctx));
         for ip in &ctx.ips {
-            pods.by_ip.insert(ip.to_canonical(), ctx.netns_cookie);
+            by_ip.insert(ip.to_canonical(), ctx.netns_cookie);
         }
     }
 
