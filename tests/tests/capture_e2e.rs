@@ -42,7 +42,9 @@ fn outbound_and_inbound_carry_a_mebibyte_exactly_with_half_close() -> anyhow::Re
     // Each connection went out through the client's engine and in through
     // the server's.
     assert_eq!(agent.counter("redirected_outbound")?, 2);
-    assert_eq!(agent.counter("redirected_inbound")?, 2);
+    // Counted per SYN (sk_lookup): a SYN retransmitted under a slow
+    // emulated kernel counts again.
+    assert!(agent.counter("redirected_inbound")? >= 2);
     // Access records are written as connections close, which can be after
     // the client is done.
     let _ = wait_until("the agent to log both legs", || {
@@ -88,7 +90,7 @@ fn cross_node_traffic_with_one_agent_per_node() -> anyhow::Result<()> {
     assert_eq!(stream(&client, &["echo", &dst, "65536", "3"])?, "ok 65536");
     assert_eq!(a1.counter("redirected_outbound")?, 1);
     assert_eq!(a1.counter("redirected_inbound")?, 0);
-    assert_eq!(a2.counter("redirected_inbound")?, 1);
+    assert!(a2.counter("redirected_inbound")? >= 1, "counted per SYN");
     assert_eq!(a2.counter("redirected_outbound")?, 0);
     Ok(())
 }

@@ -354,7 +354,9 @@ fn inbound_from_another_pod_reaches_the_inbound_listener() -> anyhow::Result<()>
             Ok(format!("inbound local={dst} peer={from}"))
         );
     }
-    assert_eq!(w.counter("redirected_inbound")?, 2);
+    // Counted per SYN (sk_lookup): a SYN retransmitted under a slow
+    // emulated kernel counts again.
+    assert!(w.counter("redirected_inbound")? >= 2);
     Ok(())
 }
 
@@ -376,7 +378,8 @@ fn hbone_port_reaches_the_hbone_listener() -> anyhow::Result<()> {
     let reply = dial(&w.app, &at(w.peer.ip4, 15008), &[])?;
     assert!(reply.is_err(), "peer has no 15008 listener: {reply:?}");
     let c = w.counters()?;
-    assert_eq!(c["inbound_hbone"], 2);
+    // Per SYN, as above.
+    assert!(c["inbound_hbone"] >= 2, "{c:?}");
     assert_eq!(c["exempt_hbone_port"], 1);
     Ok(())
 }
