@@ -119,7 +119,7 @@ impl FastPath {
     /// The engine serving the pod at `ip`, if it is this agent's.
     fn pod_at(&self, ip: IpAddr) -> Option<Arc<PodContext>> {
         let cookie = *read(&self.pods).by_ip.get(&ip.to_canonical())?;
-        self.pod(cookie).filter(|pod| pod.netns_cookie == cookie)
+        self.pod(cookie)
     }
 
     /// Whether the workload of `pod` allows the fast path.
@@ -243,11 +243,6 @@ impl FastPath {
             info!(target: "access", direction = "outbound", protocol = "FAST_PATH", %src, %dst, reason, "connection closed: denied by a policy change");
         }
         done
-    }
-
-    /// Number of verdicts in force.
-    pub fn verdicts(&self) -> usize {
-        lock(&self.table).verdicts()
     }
 }
 

@@ -109,15 +109,6 @@ impl FastPathTable {
         Ok(())
     }
 
-    /// Number of cached verdicts of the current generation.
-    pub fn verdicts(&self) -> usize {
-        self.verdicts
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, v)| v.generation == self.generation)
-            .count()
-    }
-
     /// Every open fast-path connection: its tuple (client side first) and
     /// the two pods' namespaces.
     pub fn open_connections(&self) -> Result<Vec<(SockTuple, FastConn)>, RedirectError> {

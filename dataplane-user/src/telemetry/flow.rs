@@ -285,10 +285,9 @@ impl Flow {
         received: u64,
         duration: Duration,
     ) {
-        let open = self.open(metrics);
+        let mut open = self.open(metrics);
         open.counters.received.inc_by(sent);
         open.counters.sent.inc_by(received);
-        let mut open = open;
         open.started = Instant::now().checked_sub(duration).unwrap_or(open.started);
         open.close(sent, received, None);
     }
