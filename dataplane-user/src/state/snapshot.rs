@@ -135,3 +135,61 @@ impl MeshState {
         )
     }
 }
+
+#[cfg(test)]
+#[expect(
+    clippy::unwrap_used,
+    reason = "a bad fixture should fail the test loudly"
+)]
+mod tests {
+    use super::*;
+
+    /// `web` is an endpoint of `web` (80 -> 8080) and `web-admin`
+    /// (9000 -> 9090); `other` is a service that selects only `other`.
+    const MESH: &str = r#"
+workloads:
+- {uid: web, name: web, namespace: shop, serviceAccount: web, workloadIps: [10.1.0.10],
+   services: {'shop/web.shop.svc.cluster.local': {80: 8080},
+              'shop/web-admin.shop.svc.cluster.local': {9000: 9090}}}
+- {uid: other, name: other, namespace: shop, serviceAccount: other, workloadIps: [10.1.0.11],
+   services: {'shop/other.shop.svc.cluster.local': {80: 8080}}}
+services:
+- {name: web, namespace: shop, hostname: web.shop.svc.cluster.local, vips: ['/10.96.0.10'], ports: {80: 8080}}
+- {name: web-admin, namespace: shop, hostname: web-admin.shop.svc.cluster.local, vips: ['/10.96.0.11'], ports: {9000: 9090}}
+- {name: other, namespace: shop, hostname: other.shop.svc.cluster.local, vips: ['/10.96.0.12'], ports: {80: 8080}}
+"#;
+
+    #[test]
+    fn a_named_service_counts_only_if_it_selects_the_workload() {
+        let state = MeshState::from_config(&LocalConfig::parse(MESH, "t").unwrap()).unwrap();
+        let attribute = |named: Option<&str>, dst: &str| {
+            state
+                .attribute_service(named, dst.parse().unwrap())
+                .map(|s| s.hostname.clone())
+        };
+        let (web, admin) = (
+            Some("web.shop.svc.cluster.local".to_owned()),
+            Some("web-admin.shop.svc.cluster.local".to_owned()),
+        );
+        // The client's `host=` wins over the port when the service
+        // selects the workload.
+        assert_eq!(
+            attribute(Some("web-admin.shop.svc.cluster.local"), "10.1.0.10:8080"),
+            admin
+        );
+        // A service that does not select the workload is not believed:
+        // the port decides.
+        assert_eq!(
+            attribute(Some("other.shop.svc.cluster.local"), "10.1.0.10:8080"),
+            web
+        );
+        assert_eq!(attribute(Some("nowhere.example"), "10.1.0.10:9090"), admin);
+        assert_eq!(attribute(None, "10.1.0.10:8080"), web);
+        // No service's port, or not a workload of the mesh: no service.
+        assert_eq!(attribute(None, "10.1.0.10:7777"), None);
+        assert_eq!(
+            attribute(Some("web.shop.svc.cluster.local"), "10.1.0.99:8080"),
+            None
+        );
+    }
+}
