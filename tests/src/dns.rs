@@ -5,13 +5,14 @@
 //! The server answers, for any name under `up.test.`: `missing.up.test`
 //! NXDOMAIN; `big.up.test` A with [`BIG_RECORDS`] addresses (over 4 KiB:
 //! truncated over UDP unless the client takes that much); any other name
-//! A with the server's own `tag` address. It counts queries.
+//! A with the server's own `tag` address. It counts queries and keeps the
+//! EDNS payload size each one advertised.
 
 use std::{
     io::{Read as _, Write as _},
     net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket},
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     thread::JoinHandle,
@@ -33,6 +34,9 @@ pub const BIG_RECORDS: usize = 256;
 pub struct FakeDns {
     addr: SocketAddr,
     queries: Arc<AtomicUsize>,
+    /// Each query's EDNS payload size (`None`: no OPT record), in arrival
+    /// order.
+    edns: Arc<Mutex<Vec<Option<u16>>>>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -65,11 +69,13 @@ impl FakeDns {
     fn serve(udp: UdpSocket, tcp: TcpListener, tag: Ipv4Addr) -> anyhow::Result<Self> {
         let addr = udp.local_addr()?;
         let queries = Arc::new(AtomicUsize::new(0));
+        let edns = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         udp.set_read_timeout(Some(Duration::from_millis(100)))?;
         tcp.set_nonblocking(true)?;
         let udp_thread = {
-            let (queries, stop) = (Arc::clone(&queries), Arc::clone(&stop));
+            let (queries, edns, stop) =
+                (Arc::clone(&queries), Arc::clone(&edns), Arc::clone(&stop));
             std::thread::spawn(move || {
                 let mut buf = vec![0u8; 65_535];
                 while !stop.load(Ordering::Relaxed) {
@@ -77,6 +83,7 @@ impl FakeDns {
                         continue;
                     };
                     queries.fetch_add(1, Ordering::Relaxed);
+                    record_edns(&edns, &buf[..n]);
                     if let Some(reply) = answer(&buf[..n], tag, true) {
                         let _ = udp.send_to(&reply, peer);
                     }
@@ -84,7 +91,8 @@ impl FakeDns {
             })
         };
         let tcp_thread = {
-            let (queries, stop) = (Arc::clone(&queries), Arc::clone(&stop));
+            let (queries, edns, stop) =
+                (Arc::clone(&queries), Arc::clone(&edns), Arc::clone(&stop));
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let Ok((mut stream, _)) = tcp.accept() else {
@@ -102,6 +110,7 @@ impl FakeDns {
                         continue;
                     }
                     queries.fetch_add(1, Ordering::Relaxed);
+                    record_edns(&edns, &query);
                     if let Some(reply) = answer(&query, tag, false)
                         && let Ok(len) = u16::try_from(reply.len())
                     {
@@ -114,6 +123,7 @@ impl FakeDns {
         Ok(Self {
             addr,
             queries,
+            edns,
             stop,
             threads: vec![udp_thread, tcp_thread],
         })
@@ -128,6 +138,26 @@ impl FakeDns {
     pub fn queries(&self) -> usize {
         self.queries.load(Ordering::Relaxed)
     }
+
+    /// The EDNS payload size of each query received so far, in order
+    /// (`None` for a query without an OPT record).
+    pub fn edns_payloads(&self) -> Vec<Option<u16>> {
+        self.edns
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Notes the EDNS payload size `raw` advertises (a query that does not
+/// parse counts as one without EDNS).
+fn record_edns(edns: &Mutex<Vec<Option<u16>>>, raw: &[u8]) {
+    let payload = Message::from_vec(raw)
+        .ok()
+        .and_then(|m| m.edns.map(|e| e.max_payload()));
+    edns.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(payload);
 }
 
 impl Drop for FakeDns {

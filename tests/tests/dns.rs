@@ -189,12 +189,22 @@ fn other_names_are_forwarded_upstream() -> anyhow::Result<()> {
         server,
         "www.up.test.",
         "A",
-        Some(1232),
+        Some(1400),
     )?;
     assert_eq!(a(&reply), [IpAddr::from(UPSTREAM_TAG)], "{reply:?}");
     assert_eq!(reply.from, ASKED_V4);
+    // Forwarded as the pod sent it: the upstream saw the pod's EDNS0
+    // record (1400, not the resolver's own 1232; a retry may have sent it
+    // twice), and none on a query that had none.
+    let seen = upstream.edns_payloads();
+    assert!(
+        !seen.is_empty() && seen.iter().all(|p| *p == Some(1400)),
+        "the upstream saw EDNS payloads {seen:?}, not the pod's 1400"
+    );
     let reply = query(&w.client, "tcp", server, "www2.up.test.", "A", None)?;
     assert_eq!(a(&reply), [IpAddr::from(UPSTREAM_TAG)], "{reply:?}");
+    let seen = upstream.edns_payloads();
+    assert_eq!(seen.last(), Some(&None), "EDNS added to a query: {seen:?}");
     // The upstream's NXDOMAIN reaches the pod as it is.
     let reply = query(&w.client, "udp", server, "missing.up.test.", "A", None)?;
     assert_eq!(reply.rcode, "Non-Existent Domain", "{reply:?}");
