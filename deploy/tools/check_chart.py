@@ -54,6 +54,12 @@ VARIANTS = {
         "istio": {"enabled": True, "address": "istiod.istio-system.svc:15012",
                   "certSource": "istio", "clusterId": "east"},
     },
+    # In istio-cni's place beside Istio's ztunnel, with a socket directory
+    # other than the default so the value is seen to reach the hostPath.
+    "ztunnel": {
+        "agent": {"engine": "ztunnel"},
+        "ztunnel": {"socketDir": "/run/istio-ztunnel", "ackTimeout": "3s"},
+    },
     "no-cni-no-rbac": {
         "cni": {"enabled": False},
         "rbac": {"create": False},
@@ -74,6 +80,9 @@ BAD_VALUES = [
     {"unknownKey": 1},
     {"istio": {"certSource": "vault"}},
     {"istio": {"address": "istiod"}},
+    {"agent": {"engine": "envoy"}},
+    {"ztunnel": {"ackTimeout": "soon"}},
+    {"ztunnel": {"socketDir": "relative/dir"}},
 ]
 
 
@@ -148,6 +157,7 @@ def check_daemonset(docs, problems, where, values):
     elif seconds(drain) >= pod.get("terminationGracePeriodSeconds", 30):
         problems.append(f"{where}: drain timeout {drain} does not fit in terminationGracePeriodSeconds "
                         f"{pod.get('terminationGracePeriodSeconds', 30)}")
+    check_engine(pod, agent, problems, where, values)
     cni_on = values.get("cni", {}).get("enabled", True)
     names = [c["name"] for c in pod["containers"]]
     if cni_on != ("install-cni" in names):
@@ -158,6 +168,37 @@ def check_daemonset(docs, problems, where, values):
         for needed in ("/host/opt/cni/bin", "/host/etc/cni/net.d"):
             if needed not in cmounts:
                 problems.append(f"{where}: install-cni lacks the mount {needed}")
+
+
+def check_engine(pod, agent, problems, where, values):
+    """`agent.engine: ztunnel` serves ZDS on the socket ztunnel looks for
+    (ztunnel.sock in the host directory `ztunnel.socketDir`, shared with
+    Istio's ztunnel chart) and sees ztunnel's process (hostPID, for
+    pidfd_getfd); the default engine mounts no ZDS socket."""
+    env = {e["name"]: e.get("value") for e in agent.get("env", [])}
+    engine = values.get("agent", {}).get("engine", "builtin")
+    if env.get("DATAPLANE_ENGINE") != engine:
+        problems.append(f"{where}: DATAPLANE_ENGINE is {env.get('DATAPLANE_ENGINE')!r}, want {engine!r}")
+    socket = env.get("DATAPLANE_ZDS_SOCKET")
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    if engine != "ztunnel":
+        if socket is not None or "ztunnel-sock" in volumes:
+            problems.append(f"{where}: a ZDS socket without agent.engine=ztunnel")
+        return
+    if not pod.get("hostPID"):
+        problems.append(f"{where}: engine ztunnel needs hostPID to copy ztunnel's listeners")
+    if "DATAPLANE_ZDS_ACK_TIMEOUT" not in env:
+        problems.append(f"{where}: engine ztunnel without DATAPLANE_ZDS_ACK_TIMEOUT")
+    if socket is None or not socket.endswith("/ztunnel.sock"):
+        problems.append(f"{where}: DATAPLANE_ZDS_SOCKET is {socket!r}, not a ztunnel.sock")
+        return
+    socket_dir = socket.rsplit("/", 1)[0]
+    mount = next((m for m in agent["volumeMounts"] if m["mountPath"] == socket_dir), None)
+    host_path = volumes.get(mount["name"], {}).get("hostPath", {}).get("path") if mount else None
+    want = values.get("ztunnel", {}).get("socketDir", "/var/run/ztunnel")
+    if host_path != want:
+        problems.append(f"{where}: the ZDS socket's directory {socket_dir} is host {host_path!r}, "
+                        f"not ztunnel.socketDir {want!r}")
 
 
 def main():
