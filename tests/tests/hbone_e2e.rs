@@ -15,7 +15,7 @@ use dataplane_tests::{
     Agent,
     capture::PacketCapture,
     mesh::{TwoNodes, addr, write_config},
-    observe::{family, scrape},
+    observe::{family, scrape, sum_matching},
     traffic::{echo, echo_server, stream, try_stream, wait_until},
 };
 use dataplane_user::control::Request;
@@ -187,7 +187,7 @@ fn client_of_another_ca_is_rejected() -> anyhow::Result<()> {
     let mesh = TwoNodes::new("hbotherca")?;
     let config = mesh.config()?;
     let other_ca = mesh.dir.path().join("other-ca");
-    let _a1 = mesh.agent_with_ca("hb", 1, &config, &other_ca, &[])?;
+    let a1 = mesh.agent_with_ca("hb", 1, &config, &other_ca, &[])?;
     let a2 = mesh.agent("hb", 2, &config, &[])?;
     let _remote = echo_server(&mesh.remote, 9000)?;
     let out = try_stream(
@@ -198,6 +198,21 @@ fn client_of_another_ca_is_rejected() -> anyhow::Result<()> {
     wait_until("the server to log the refusal", || {
         Ok(a2.log_text().contains("TLS handshake refused"))
     })?;
+    // Counted on both sides: the server knows no source workload before
+    // the handshake, so only its own family has it; the client's tunnel
+    // was refused, which Istio flags CONNECT.
+    let refused = sum_matching(
+        &scrape(&a2)?,
+        "dataplane_tcp_connections_failed_total",
+        &[("direction", "inbound"), ("reason", "tls_handshake")],
+    );
+    assert!(refused >= 1.0, "server counted {refused} TLS refusals");
+    let flagged = sum_matching(
+        &scrape(&a1)?,
+        "istio_tcp_connections_failed_total",
+        &[("reporter", "source"), ("response_flags", "CONNECT")],
+    );
+    assert!(flagged >= 1.0, "client counted {flagged} CONNECT failures");
     Ok(())
 }
 
