@@ -373,7 +373,31 @@ pub struct TestIstiod {
     seen: mpsc::UnboundedReceiver<SeenRequest>,
     stop: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<()>,
-    accept_loop: tokio::task::JoinHandle<()>,
+    /// One per listener (see [`TestIstiod::listen_in`]).
+    accept_loops: Vec<tokio::task::JoinHandle<()>>,
+    acceptor: tokio_rustls::TlsAcceptor,
+    conns: Conns,
+}
+
+type Conns = mpsc::Sender<std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>>;
+
+/// Accepts TLS connections on `listener` and hands them to the server.
+fn accept_into(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    conns: Conns,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            let conns = conns.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    let _ = conns.send(Ok(tls)).await;
+                }
+            });
+        }
+    })
 }
 
 impl TestIstiod {
@@ -385,17 +409,7 @@ impl TestIstiod {
         let addr = listener.local_addr()?;
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.server_config()?));
         let (conns, incoming) = mpsc::channel(16);
-        let accept_loop = tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                let acceptor = acceptor.clone();
-                let conns = conns.clone();
-                tokio::spawn(async move {
-                    if let Ok(tls) = acceptor.accept(tcp).await {
-                        let _ = conns.send(Ok::<_, std::io::Error>(tls)).await;
-                    }
-                });
-            }
-        });
+        let accept_loop = accept_into(listener, acceptor.clone(), conns.clone());
         let shared = Arc::new(Mutex::new(Shared::default()));
         let (seen_tx, seen) = mpsc::unbounded_channel();
         let service = Service {
@@ -441,8 +455,26 @@ impl TestIstiod {
             seen,
             stop: Some(stop),
             server,
-            accept_loop,
+            accept_loops: vec![accept_loop],
+            acceptor,
+            conns,
         })
+    }
+
+    /// Serves also on loopback inside `netns` (a simulated node, whose
+    /// processes cannot reach the test's own loopback), on any port;
+    /// returns that address. Same service, same state, same records.
+    pub async fn listen_in(&mut self, netns: &crate::Netns) -> Result<SocketAddr> {
+        let listener = netns.run(|| -> std::io::Result<std::net::TcpListener> {
+            let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+            listener.set_nonblocking(true)?;
+            Ok(listener)
+        })??;
+        let listener = TcpListener::from_std(listener)?;
+        let addr = listener.local_addr()?;
+        let accept_loop = accept_into(listener, self.acceptor.clone(), self.conns.clone());
+        self.accept_loops.push(accept_loop);
+        Ok(addr)
     }
 
     /// Makes a new root called `name` (the CA keeps signing as before);
@@ -551,8 +583,10 @@ impl TestIstiod {
             shared.push = None;
             shared.all.clear();
         }
-        self.accept_loop.abort();
-        let _ = (&mut self.accept_loop).await;
+        for accept_loop in std::mem::take(&mut self.accept_loops) {
+            accept_loop.abort();
+            let _ = accept_loop.await;
+        }
         self.server.abort();
         let _ = (&mut self.server).await;
     }
@@ -560,7 +594,9 @@ impl TestIstiod {
 
 impl Drop for TestIstiod {
     fn drop(&mut self) {
-        self.accept_loop.abort();
+        for accept_loop in &self.accept_loops {
+            accept_loop.abort();
+        }
         self.server.abort();
     }
 }

@@ -1,13 +1,15 @@
-//! A stock Istio ztunnel, started as Istio starts it (in-pod mode, its ZDS
-//! client pointed at the agent's socket), serves the pods the agents
-//! enroll with `--engine ztunnel`: the agents hand it each pod's network
-//! namespace and their kernel programs capture, with no iptables rule
-//! anywhere.
+//! A stock Istio ztunnel, started as Istio's chart starts it (in-pod mode;
+//! workloads from istiod's xDS, certificates from istiod's CA, trusting
+//! istiod's root and presenting its token from the paths the chart mounts;
+//! its ZDS client pointed at the agent's socket), serves the pods the
+//! agents enroll with `--engine ztunnel`: the agents hand it each pod's
+//! network namespace and their kernel programs capture, with no iptables
+//! rule anywhere. istiod is the test control plane ([`TestIstiod`]),
+//! listening on each node's loopback.
 //!
 //! Istio's ztunnel is not published to any registry these machines reach,
 //! so this test is ignored unless asked for: build ztunnel from Istio's
-//! sources with `--no-default-features --features tls-ring,testing` (its
-//! fake CA) and run
+//! sources (e.g. `--no-default-features --features tls-ring`) and run
 //! `DATAPLANE_ZTUNNEL=/path/to/ztunnel cargo test -p dataplane-tests --test ztunnel_interop -- --ignored`.
 //! The protocol and the capture are proven on every CI run by
 //! `ztunnel_mode`, `zds_server` and `external_proxy`, against stand-ins
@@ -15,20 +17,24 @@
 
 use std::{
     io::{Read as _, Write as _},
-    net::{IpAddr, TcpStream},
+    net::{IpAddr, SocketAddr, TcpStream},
     path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
 };
 
+use anyhow::Result;
 use dataplane_tests::{
     Cgroup, ChildGuard, TempDir,
+    istio_resources::{address_resources, authorization_resources},
+    istiod::{SERVER_NAME, TestIstiod, TestPki},
     mesh::{NAMESPACE, TwoNodes, addr},
     responder::Responder,
     spawn_logged_in,
-    topology::{Node, Pod},
+    topology::Node,
     traffic::{echo, echo_server},
 };
+use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 
 /// The ztunnel binary to test against.
 fn ztunnel_binary() -> anyhow::Result<PathBuf> {
@@ -49,28 +55,53 @@ struct Ztunnel {
     log: PathBuf,
 }
 
+/// Where one node's ztunnel finds istiod and what it holds from its pod
+/// spec: the root and token files at the paths Istio's chart mounts them
+/// (relative to its working directory, as ztunnel reads its defaults).
+struct ZtunnelHome {
+    dir: PathBuf,
+    /// istiod on the node's loopback.
+    istiod: SocketAddr,
+    /// The token this ztunnel presents.
+    token: String,
+}
+
+impl ZtunnelHome {
+    fn new(dir: &Path, node_name: &str, istiod: SocketAddr, root_pem: &str) -> Result<Self> {
+        let dir = dir.join(node_name);
+        let root = dir.join("var/run/secrets/istio");
+        let tokens = dir.join("var/run/secrets/tokens");
+        std::fs::create_dir_all(&root)?;
+        std::fs::create_dir_all(&tokens)?;
+        std::fs::write(root.join("root-cert.pem"), root_pem)?;
+        let token = format!("ztunnel-{node_name}-token");
+        std::fs::write(tokens.join("istio-token"), &token)?;
+        Ok(Self { dir, istiod, token })
+    }
+}
+
 impl Ztunnel {
+    /// Starts ztunnel with the environment Istio's ztunnel chart gives it
+    /// (xDS and CA at istiod, cluster id, the downward API's pod, node and
+    /// address), its root and token files in place; `INPOD_UDS` points at
+    /// the agent's socket and the `ALT_*_HOSTNAME`s name istiod's
+    /// certificate, as there is no cluster DNS to resolve the service name.
     fn start(
         binary: &Path,
         node: &Node,
         node_name: &str,
         zds: &Path,
-        config: &Path,
-        dir: &Path,
-    ) -> anyhow::Result<Self> {
+        home: &ZtunnelHome,
+        logs: &Path,
+    ) -> Result<Self> {
         let cgroup = Cgroup::child(node.cgroup(), "zt")?;
-        let log = dir.join(format!("ztunnel-{node_name}.log"));
+        let log = logs.join(format!("ztunnel-{node_name}.log"));
+        let istiod = format!("https://{}", home.istiod);
         let mut cmd = Command::new(binary);
-        cmd.env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("RUST_LOG", "info")
-            .env("NODE_NAME", node_name)
-            .env("INPOD_UDS", zds)
-            .env("LOCAL_XDS_PATH", config)
-            .env("XDS_ADDRESS", "")
-            .env("CA_ADDRESS", "")
-            .env("FAKE_CA", "true")
-            .env("CLUSTER_ID", "Kubernetes");
+        cmd.env_clear().current_dir(&home.dir);
+        for (name, value) in ztunnel_env(node, node_name, zds, &istiod) {
+            cmd.env(name, value);
+        }
         let process = spawn_logged_in(cmd, Some(node.netns().path()), Some(cgroup.path()), &log)?;
         Ok(Self {
             _process: process,
@@ -91,22 +122,45 @@ impl Ztunnel {
     }
 }
 
-/// ztunnel's local configuration for the world's mesh pods.
-fn ztunnel_config(w: &TwoNodes) -> String {
-    let workload = |pod: &Pod, name: &str, node: &str| {
-        format!(
-            "- uid: Kubernetes//Pod/{NAMESPACE}/{name}\n  name: {name}\n  namespace: {NAMESPACE}\n  \
-             serviceAccount: {name}\n  trustDomain: cluster.local\n  workloadIps: [\"{}\", \"{}\"]\n  \
-             protocol: HBONE\n  node: {node}\n  services: {{}}\n",
-            pod.ip4, pod.ip6
-        )
-    };
-    format!(
-        "workloads:\n{}{}{}policies: []\nservices: []\n",
-        workload(&w.client, "client", "node1"),
-        workload(&w.local, "local", "node1"),
-        workload(&w.remote, "remote", "node2"),
-    )
+/// ztunnel's environment on `node`.
+fn ztunnel_env(node: &Node, node_name: &str, zds: &Path, istiod: &str) -> Vec<(String, String)> {
+    [
+        ("PATH", "/usr/bin:/bin".to_owned()),
+        ("RUST_LOG", "info".to_owned()),
+        ("RUST_BACKTRACE", "1".to_owned()),
+        ("CA_ADDRESS", istiod.to_owned()),
+        ("XDS_ADDRESS", istiod.to_owned()),
+        ("ALT_CA_HOSTNAME", SERVER_NAME.to_owned()),
+        ("ALT_XDS_HOSTNAME", SERVER_NAME.to_owned()),
+        ("ISTIO_META_CLUSTER_ID", "Kubernetes".to_owned()),
+        ("ISTIO_META_ENABLE_HBONE", "true".to_owned()),
+        ("POD_NAME", format!("ztunnel-{node_name}")),
+        ("POD_NAMESPACE", "istio-system".to_owned()),
+        ("SERVICE_ACCOUNT", "ztunnel".to_owned()),
+        ("NODE_NAME", node_name.to_owned()),
+        ("INSTANCE_IP", node.bridge_ip4().to_string()),
+        ("INPOD_UDS", zds.display().to_string()),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value))
+    .collect()
+}
+
+/// The identities whose certificates istiod's CA signed for the ztunnel
+/// presenting `token`.
+fn signed_for(istiod: &TestIstiod, token: &str) -> Vec<String> {
+    let bearer = format!("Bearer {token}");
+    let mut ids: Vec<String> = istiod
+        .csrs
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .filter(|csr| csr.authorization.as_deref() == Some(bearer.as_str()))
+        .filter_map(|csr| csr.impersonated.clone())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
 }
 
 /// Waits until `agent` reports every pod it enrolled as captured (for
@@ -204,11 +258,42 @@ fn stock_ztunnel_captures_and_tunnels_enrolled_pods() -> anyhow::Result<()> {
     let e2: Vec<&str> = e2.iter().map(String::as_str).collect();
     let a1 = w.agent("zi", 1, &config, &e1)?;
     let a2 = w.agent("zi", 2, &config, &e2)?;
-    let zt_config = w.dir.path().join("ztunnel.yaml");
-    std::fs::write(&zt_config, ztunnel_config(&w))?;
+
+    // istiod serves the mesh's workloads (istiod knows nothing of network
+    // namespaces) and no policies, on each node's loopback.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let pki = TestPki::generate()?;
+    let mut istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
+    let mut mesh = w.mesh_config();
+    for workload in &mut mesh.workloads {
+        workload.netns = None;
+    }
+    rt.block_on(async {
+        istiod
+            .publish(ADDRESS_TYPE, address_resources(&mesh, "1"), &[])
+            .await?;
+        istiod
+            .publish(AUTHORIZATION_TYPE, authorization_resources(&mesh, "1"), &[])
+            .await
+    })?;
     let logs = TempDir::new("ztlog")?;
-    let z1 = Ztunnel::start(&binary, &w.n1, "node1", &zds1, &zt_config, logs.path())?;
-    let z2 = Ztunnel::start(&binary, &w.n2, "node2", &zds2, &zt_config, logs.path())?;
+    let home1 = ZtunnelHome::new(
+        logs.path(),
+        "node1",
+        rt.block_on(istiod.listen_in(w.n1.netns()))?,
+        &pki.root_pem,
+    )?;
+    let home2 = ZtunnelHome::new(
+        logs.path(),
+        "node2",
+        rt.block_on(istiod.listen_in(w.n2.netns()))?,
+        &pki.root_pem,
+    )?;
+    let z1 = Ztunnel::start(&binary, &w.n1, "node1", &zds1, &home1, logs.path())?;
+    let z2 = Ztunnel::start(&binary, &w.n2, "node2", &zds2, &home2, logs.path())?;
     wait_captured(&a1, &z1)?;
     wait_captured(&a2, &z2)?;
 
@@ -236,6 +321,29 @@ fn stock_ztunnel_captures_and_tunnels_enrolled_pods() -> anyhow::Result<()> {
         "node2's ztunnel did not serve the remote connection:\n{m2}"
     );
 
+    // Their workloads came over xDS: each took istiod's Address push.
+    let address_pushes =
+        "istio_xds_message_total{url=\"type.googleapis.com/istio.workload.Address\"}";
+    for (node, m) in [("node1", &m1), ("node2", &m2)] {
+        let pushes = m
+            .lines()
+            .find_map(|l| l.strip_prefix(address_pushes)?.trim().parse::<f64>().ok());
+        assert!(
+            pushes >= Some(1.0),
+            "{node}'s ztunnel took no xDS push:\n{m}"
+        );
+    }
+
+    // Each ztunnel's certificates came from istiod's CA, asked with its
+    // own token, for the workloads of its own node.
+    let id = |name: &str| format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/{name}");
+    let from1 = signed_for(&istiod, &home1.token);
+    let from2 = signed_for(&istiod, &home2.token);
+    for name in ["client", "local"] {
+        assert!(from1.contains(&id(name)), "node1 asked for {from1:?}");
+    }
+    assert!(from2.contains(&id("remote")), "node2 asked for {from2:?}");
+
     // No iptables rule anywhere: not in the nodes, not in the pods.
     for netns in [
         w.n1.netns(),
@@ -251,7 +359,7 @@ fn stock_ztunnel_captures_and_tunnels_enrolled_pods() -> anyhow::Result<()> {
     // ztunnel restarts: the agent sends it the snapshot again and points
     // the kernel at the new listeners.
     drop(z1);
-    let z1 = Ztunnel::start(&binary, &w.n1, "node1", &zds1, &zt_config, logs.path())?;
+    let z1 = Ztunnel::start(&binary, &w.n1, "node1", &zds1, &home1, logs.path())?;
     wait_captured(&a1, &z1)?;
     echo(&w.client, addr(&w.remote, 9000), 64, 3)?;
     assert_eq!(
