@@ -82,10 +82,7 @@ impl ZtunnelHome {
 
 impl Ztunnel {
     /// Starts ztunnel with the environment Istio's ztunnel chart gives it
-    /// (xDS and CA at istiod, cluster id, the downward API's pod, node and
-    /// address), its root and token files in place; `INPOD_UDS` points at
-    /// the agent's socket and the `ALT_*_HOSTNAME`s name istiod's
-    /// certificate, as there is no cluster DNS to resolve the service name.
+    /// ([`ztunnel_env`]), its root and token files in place.
     fn start(
         binary: &Path,
         node: &Node,
@@ -96,10 +93,9 @@ impl Ztunnel {
     ) -> Result<Self> {
         let cgroup = Cgroup::child(node.cgroup(), "zt")?;
         let log = logs.join(format!("ztunnel-{node_name}.log"));
-        let istiod = format!("https://{}", home.istiod);
         let mut cmd = Command::new(binary);
         cmd.env_clear().current_dir(&home.dir);
-        for (name, value) in ztunnel_env(node, node_name, zds, &istiod) {
+        for (name, value) in ztunnel_env(node, node_name, zds, home.istiod) {
             cmd.env(name, value);
         }
         let process = spawn_logged_in(cmd, Some(node.netns().path()), Some(cgroup.path()), &log)?;
@@ -122,24 +118,41 @@ impl Ztunnel {
     }
 }
 
-/// ztunnel's environment on `node`.
-fn ztunnel_env(node: &Node, node_name: &str, zds: &Path, istiod: &str) -> Vec<(String, String)> {
+/// ztunnel's environment on `node`: what Istio's ztunnel chart sets (its
+/// defaults; the downward API's pod, node, address, service account and
+/// CPU count; no CPU limit, a 200m request rounded up as the API does),
+/// with istiod's address on the node's loopback, plus the three settings
+/// the chart has no need of.
+fn ztunnel_env(
+    node: &Node,
+    node_name: &str,
+    zds: &Path,
+    istiod: SocketAddr,
+) -> Vec<(String, String)> {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     [
-        ("PATH", "/usr/bin:/bin".to_owned()),
+        ("CA_ADDRESS", istiod.to_string()),
+        ("XDS_ADDRESS", istiod.to_string()),
         ("RUST_LOG", "info".to_owned()),
         ("RUST_BACKTRACE", "1".to_owned()),
-        ("CA_ADDRESS", istiod.to_owned()),
-        ("XDS_ADDRESS", istiod.to_owned()),
-        ("ALT_CA_HOSTNAME", SERVER_NAME.to_owned()),
-        ("ALT_XDS_HOSTNAME", SERVER_NAME.to_owned()),
         ("ISTIO_META_CLUSTER_ID", "Kubernetes".to_owned()),
-        ("ISTIO_META_ENABLE_HBONE", "true".to_owned()),
+        ("INPOD_ENABLED", "true".to_owned()),
+        ("TERMINATION_GRACE_PERIOD_SECONDS", "30".to_owned()),
         ("POD_NAME", format!("ztunnel-{node_name}")),
         ("POD_NAMESPACE", "istio-system".to_owned()),
-        ("SERVICE_ACCOUNT", "ztunnel".to_owned()),
         ("NODE_NAME", node_name.to_owned()),
         ("INSTANCE_IP", node.bridge_ip4().to_string()),
+        ("SERVICE_ACCOUNT", "ztunnel".to_owned()),
+        ("ZTUNNEL_CPU_LIMIT", cpus.to_string()),
+        ("ZTUNNEL_RESOURCE_CPU_REQUEST", "1".to_owned()),
+        // Not the chart's: the ZDS socket is the agent's (the chart
+        // mounts it at ztunnel's default path), istiod is reached by
+        // address and named for its certificate (no cluster DNS here),
+        // and the test's programs live in the usual places.
         ("INPOD_UDS", zds.display().to_string()),
+        ("ALT_CA_HOSTNAME", SERVER_NAME.to_owned()),
+        ("ALT_XDS_HOSTNAME", SERVER_NAME.to_owned()),
+        ("PATH", "/usr/bin:/bin".to_owned()),
     ]
     .into_iter()
     .map(|(name, value)| (name.to_owned(), value))
