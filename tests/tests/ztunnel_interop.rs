@@ -121,8 +121,8 @@ impl Ztunnel {
 /// ztunnel's environment on `node`: what Istio's ztunnel chart sets (its
 /// defaults; the downward API's pod, node, address, service account and
 /// CPU count; no CPU limit, a 200m request rounded up as the API does),
-/// with istiod's address on the node's loopback, plus the three settings
-/// the chart has no need of.
+/// with istiod's address on the node's loopback, and the few settings
+/// only the test needs.
 fn ztunnel_env(
     node: &Node,
     node_name: &str,
