@@ -363,6 +363,7 @@ impl PodOriginalSource {
         Ok(Some(Transparent {
             mark: routing.mark,
             tuples,
+            ports: SourcePorts::new(),
         }))
     }
 
@@ -387,37 +388,112 @@ pub struct Transparent {
     /// Where each connection's tuple goes before it is made; `None` under
     /// iptables capture (no `sk_lookup` to tell).
     pub tuples: Option<std::sync::Mutex<crate::redirect::TproxyTable>>,
+    /// The source ports the pod's transparent sockets take in turn.
+    pub ports: SourcePorts,
 }
 
 impl Transparent {
     /// Connects to the app at `app` from a socket in the pod bound to
     /// `client`'s address, its tuple recorded for `sk_lookup` first.
+    ///
+    /// The source port is the pod's next in turn ([`SourcePorts`]); one
+    /// in use with the client's address (`bind`), or whose whole tuple is
+    /// (`connect`, e.g. still in `TIME_WAIT`), gives way to the next, at
+    /// most [`PORT_TRIES`] times.
     pub async fn connect(
         &self,
         netns: &PodNetns,
         client: IpAddr,
         app: std::net::SocketAddr,
     ) -> io::Result<tokio::net::TcpStream> {
-        let socket = netns.transparent_connector(client, app, self.mark)?;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let src = std::net::SocketAddr::new(client, self.ports.next());
+            match self.connect_from(netns, src, app).await {
+                Err(err) if tries < PORT_TRIES && port_taken(&err) => continue,
+                result => return result,
+            }
+        }
+    }
+
+    async fn connect_from(
+        &self,
+        netns: &PodNetns,
+        src: std::net::SocketAddr,
+        app: std::net::SocketAddr,
+    ) -> io::Result<tokio::net::TcpStream> {
+        let socket = netns.transparent_connector(src, app, self.mark)?;
         let Some(tuples) = &self.tuples else {
             return socket.connect(app).await;
         };
-        let bound = socket.local_addr()?;
         tuples
             .lock()
             .map_err(|_| io::Error::other("transparent tuple table poisoned"))?
-            .record(bound, app)
+            .record(src, app)
             .map_err(|e| io::Error::other(crate::logging::Chain(&e).to_string()))?;
         // A SYN that reached the app consumed the entry; one that never
         // got there (a local failure, a cancelled connect) must not leave
         // it behind, or a later outside SYN with this tuple would pass.
         let mut pending = PendingTuple {
             tuples,
-            tuple: Some((bound, app)),
+            tuple: Some((src, app)),
         };
         let stream = socket.connect(app).await?;
         pending.tuple = None;
         Ok(stream)
+    }
+}
+
+/// How many source ports one transparent connection tries.
+pub const PORT_TRIES: u32 = 16;
+
+/// Whether `err` says the source port (or the whole tuple) is taken.
+fn port_taken(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EADDRINUSE | libc::EADDRNOTAVAIL)
+    )
+}
+
+/// The source ports of one pod's transparent sockets: the kernel's default
+/// ephemeral range (32768-60999), taken in turn from a random start, so
+/// that a port comes back only after every other one was used (a client
+/// address reaching one app port that fast would run out of tuples with or
+/// without the mesh: each closed connection holds its tuple in `TIME_WAIT`
+/// for 60 s).
+#[derive(Debug)]
+pub struct SourcePorts {
+    next: std::sync::atomic::AtomicU32,
+}
+
+impl SourcePorts {
+    const FIRST: u32 = 32_768;
+    const COUNT: u32 = 60_999 - Self::FIRST + 1;
+
+    /// Starts at a random port of the range.
+    pub fn new() -> Self {
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        Self {
+            next: std::sync::atomic::AtomicU32::new(start % Self::COUNT),
+        }
+    }
+
+    /// The next port in turn.
+    pub fn next(&self) -> u16 {
+        let n = self
+            .next
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Below 65,536 by construction of the range.
+        (Self::FIRST + n % Self::COUNT) as u16
+    }
+}
+
+impl Default for SourcePorts {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -441,4 +517,22 @@ impl Drop for PendingTuple<'_> {
 /// the client's address: same family, and a real remote address.
 pub fn applies(client: IpAddr, app: IpAddr) -> bool {
     client.is_ipv4() == app.is_ipv4() && !client.is_loopback() && !client.is_unspecified()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SourcePorts;
+
+    #[test]
+    fn source_ports_stay_in_the_ephemeral_range_and_come_back_only_after_all_others() {
+        let ports = SourcePorts::new();
+        let first = ports.next();
+        let mut seen = std::collections::HashSet::from([first]);
+        for _ in 1..SourcePorts::COUNT {
+            let port = ports.next();
+            assert!((32_768..=60_999).contains(&port), "{port}");
+            assert!(seen.insert(port), "{port} came back early");
+        }
+        assert_eq!(ports.next(), first);
+    }
 }

@@ -8,7 +8,7 @@
 use std::{
     fs::File,
     io,
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     os::fd::{AsFd, BorrowedFd},
     path::{Path, PathBuf},
     sync::{Arc, OnceLock},
@@ -147,13 +147,21 @@ impl PodNetns {
         Ok(tokio::net::TcpSocket::from_std_stream(socket.into()))
     }
 
-    /// A socket inside the pod bound to the client's address `src` (not an
-    /// address of the pod: `IP_TRANSPARENT`), carrying the transparent
-    /// `mark`, ready to connect to the app at `dst` (see
+    /// A socket inside the pod bound to the client's address and `port`
+    /// (`src` is not an address of the pod: `IP_TRANSPARENT`), carrying
+    /// the transparent `mark`, ready to connect to the app at `dst` (see
     /// [`super::original_source`]). `src` and `dst` are of one family.
+    ///
+    /// The caller picks the port: the whole tuple must be known before the
+    /// SYN leaves, for `sk_lookup`, and a port the kernel picks at `bind`
+    /// costs a search over every port in use on that address (each
+    /// connection to the app leaves one in `TIME_WAIT`), which took more
+    /// than a third of the agent's CPU at a few thousand connections per
+    /// second. `SO_REUSEADDR` lets the port of a `TIME_WAIT` socket be
+    /// bound again; `connect` still refuses a tuple that is in use.
     pub fn transparent_connector(
         &self,
-        src: IpAddr,
+        src: SocketAddr,
         dst: SocketAddr,
         mark: u32,
     ) -> io::Result<tokio::net::TcpSocket> {
@@ -165,9 +173,8 @@ impl PodNetns {
             socket.set_ip_transparent_v6(true)?;
         }
         socket.set_tcp_nodelay(true)?;
-        // The port is chosen now (not deferred to connect time): the
-        // `connect` program records the whole tuple for `sk_lookup`.
-        socket.bind(&SocketAddr::new(src, 0).into())?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&src.into())?;
         Ok(tokio::net::TcpSocket::from_std_stream(socket.into()))
     }
 }
