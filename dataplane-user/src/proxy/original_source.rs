@@ -483,9 +483,7 @@ impl SourcePorts {
 
     /// The next port in turn.
     pub fn next(&self) -> u16 {
-        let n = self
-            .next
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Below 65,536 by construction of the range.
         (Self::FIRST + n % Self::COUNT) as u16
     }
