@@ -244,6 +244,12 @@ pub struct PodCaptureState {
     /// on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_source_error: Option<String>,
+    /// Whether connections between it and the node's other pods may take
+    /// the same-node fast path (its workload's `fastPath`, else the
+    /// agent's `--fast-path`): `None` where there is no fast path (iptables
+    /// capture, an external proxy) or the pod is no longer enrolled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fast_path: Option<bool>,
 }
 
 /// A workload certificate, without its key.
@@ -325,6 +331,8 @@ impl AgentView {
             None => (Vec::new(), None, None),
         };
         let (enrolled, departed) = self.pods_and_departed();
+        let state = self.mesh.state();
+        let fast_path = self.mesh.fast_path.get();
         let mut pods: Vec<PodCaptureState> = enrolled
             .iter()
             .map(|pod| {
@@ -338,6 +346,7 @@ impl AgentView {
                     dns_capture: Some(pod.dns_capture),
                     original_source: Some(pod.original_source),
                     original_source_error: pod.original_source_error.clone(),
+                    fast_path: fast_path.map(|fast| fast.allows_at(&state, &pod.spec.ips)),
                 }
             })
             .collect();
@@ -350,9 +359,9 @@ impl AgentView {
             dns_capture: None,
             original_source: None,
             original_source_error: None,
+            fast_path: None,
         }));
         let errors = recent::global().last_minute();
-        let state = self.mesh.state();
         let config_error = self.mesh.config_error();
         StatusReport {
             pid: std::process::id(),

@@ -135,6 +135,9 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
         if let Some(on) = pod.dns_capture {
             let _ = writeln!(out, "    dns capture: {}", if on { "on" } else { "off" });
         }
+        if let Some(on) = pod.fast_path {
+            let _ = writeln!(out, "    fast path: {}", if on { "on" } else { "off" });
+        }
     }
     let _ = writeln!(out, "conns     {} open", report.connections_open);
     match &report.config_error {
@@ -283,6 +286,7 @@ mod tests {
                 dns_capture: None,
                 original_source: None,
                 original_source_error: None,
+                fast_path: None,
             }],
             connections_open: 3,
             config_origin: "/etc/mesh.yaml".into(),

@@ -169,18 +169,27 @@ fn a_policy_change_resets_open_fast_path_connections_it_denies() -> anyhow::Resu
 #[test]
 fn the_switches_keep_pairs_on_the_proxy() -> anyhow::Result<()> {
     // (case, server's and client's workload setting, agent flags,
-    // connections through the proxy out of three)
-    let cases: [(&str, Option<bool>, &[&str], u64); 3] = [
-        ("off mesh-wide", None, &["--fast-path", "off"], 3),
-        ("the server's workload opts out", Some(false), &[], 3),
+    // connections through the proxy out of three, `status`'s fast path for
+    // the client and the server)
+    type Case<'a> = (&'a str, Option<bool>, &'a [&'a str], u64, [bool; 2]);
+    let cases: [Case; 3] = [
+        ("off mesh-wide", None, &["--fast-path", "off"], 3, [false; 2]),
+        (
+            "the server's workload opts out",
+            Some(false),
+            &[],
+            3,
+            [true, false],
+        ),
         (
             "off mesh-wide, both workloads opt in",
             Some(true),
             &["--fast-path", "off"],
             1,
+            [true; 2],
         ),
     ];
-    for (n, (case, setting, flags, proxied)) in cases.into_iter().enumerate() {
+    for (n, (case, setting, flags, proxied, shown)) in cases.into_iter().enumerate() {
         let w = TwoNodes::new(&format!("fpsw{n}"))?;
         let _server = echo_server(&w.local, 9000)?;
         let mut config = w.mesh_config();
@@ -195,6 +204,19 @@ fn the_switches_keep_pairs_on_the_proxy() -> anyhow::Result<()> {
         }
         let (redirected, fast, _) = ways(&a1)?;
         assert_eq!((redirected, fast), (proxied, 3 - proxied), "{case}");
+        let status = a1.status()?;
+        let fast_path_of = |name: &str| {
+            status
+                .pods
+                .iter()
+                .find(|p| p.name == name)
+                .and_then(|p| p.fast_path)
+        };
+        assert_eq!(
+            [fast_path_of("client"), fast_path_of("local")],
+            shown.map(Some),
+            "{case}: status"
+        );
     }
     Ok(())
 }

@@ -124,8 +124,13 @@ impl FastPath {
 
     /// Whether the workload of `pod` allows the fast path.
     fn allows(&self, state: &MeshState, pod: &PodContext) -> bool {
-        pod.ips
-            .iter()
+        self.allows_at(state, &pod.ips)
+    }
+
+    /// Whether the workload at `ips` allows the fast path: its own
+    /// `fastPath` setting, else the agent's `--fast-path`.
+    pub fn allows_at(&self, state: &MeshState, ips: &[IpAddr]) -> bool {
+        ips.iter()
             .find_map(|ip| state.workloads.by_ip(*ip))
             .and_then(|w| w.workload.fast_path)
             .unwrap_or(self.default_on)
