@@ -173,7 +173,13 @@ fn the_switches_keep_pairs_on_the_proxy() -> anyhow::Result<()> {
     // the client and the server)
     type Case<'a> = (&'a str, Option<bool>, &'a [&'a str], u64, [bool; 2]);
     let cases: [Case; 3] = [
-        ("off mesh-wide", None, &["--fast-path", "off"], 3, [false; 2]),
+        (
+            "off mesh-wide",
+            None,
+            &["--fast-path", "off"],
+            3,
+            [false; 2],
+        ),
         (
             "the server's workload opts out",
             Some(false),
