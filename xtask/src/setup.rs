@@ -7,6 +7,7 @@
 pub mod apt;
 mod bpf_linker;
 mod mounts;
+mod qemu;
 mod rust;
 
 use std::path::Path;

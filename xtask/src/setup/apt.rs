@@ -101,20 +101,28 @@ pub fn ensure_packages(progress: &mut Progress) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
 
     let Choice { install, skipped } = choose(wanted, removals)?;
+    if !install.is_empty() {
+        progress.installing(&format!("Debian packages {}", install.join(" ")));
+        install_packages(&install)?;
+    }
     if let Some(Skipped { packages, because }) = skipped {
-        println!(
-            "warning: not installing {}: apt would remove {}, which this machine has; \
-             `cargo xtask vm-test` needs them (install them by hand once the conflict \
-             is resolved); everything else works without them",
-            packages.join(" "),
-            because.join(" ")
-        );
+        let mut left = Vec::new();
+        for package in packages {
+            if !super::qemu::install_matching(&package, progress)? {
+                left.push(package);
+            }
+        }
+        if !left.is_empty() {
+            println!(
+                "warning: not installing {}: apt would remove {}, which this machine has; \
+                 `cargo xtask vm-test` needs them (install them by hand once the conflict \
+                 is resolved); everything else works without them",
+                left.join(" "),
+                because.join(" ")
+            );
+        }
     }
-    if install.is_empty() {
-        return Ok(());
-    }
-    progress.installing(&format!("Debian packages {}", install.join(" ")));
-    install_packages(&install)
+    Ok(())
 }
 
 /// `apt-get install` of `names`, never prompting, without recommends, and
@@ -168,26 +176,45 @@ fn choose(
     let (required, optional): (Vec<_>, Vec<_>) = wanted
         .into_iter()
         .partition(|(_, need)| *need == Need::Tests);
-    let required = names(&required);
-    let still_removed = match (optional.is_empty(), required.is_empty()) {
+    let mut install = names(&required);
+    let still_removed = match (optional.is_empty(), install.is_empty()) {
         (true, _) => removed.clone(),
         (false, true) => Vec::new(),
-        (false, false) => simulate(&required)?,
+        (false, false) => simulate(&install)?,
     };
     if !still_removed.is_empty() {
         bail!(
             "installing {} would make apt remove {}, which this machine has; setup \
              removes nothing: resolve the conflict by hand (e.g. upgrade the installed \
              packages first) and re-run `cargo xtask setup`",
-            required.join(" "),
+            install.join(" "),
             still_removed.join(" ")
         );
     }
+    // Each optional package on its own: one that conflicts must not keep
+    // the others out.
+    let mut skipped = Vec::new();
+    let mut because = Vec::new();
+    for (name, _) in optional {
+        let mut with = install.clone();
+        with.push(name.clone());
+        let removed = simulate(&with)?;
+        if removed.is_empty() {
+            install = with;
+        } else {
+            skipped.push(name);
+            for name in removed {
+                if !because.contains(&name) {
+                    because.push(name);
+                }
+            }
+        }
+    }
     Ok(Choice {
-        install: required,
-        skipped: Some(Skipped {
-            packages: names(&optional),
-            because: removed,
+        install,
+        skipped: (!skipped.is_empty()).then_some(Skipped {
+            packages: skipped,
+            because,
         }),
     })
 }
@@ -198,7 +225,7 @@ fn names(wanted: &[(String, Need)]) -> Vec<String> {
 
 /// The installed packages apt would remove to install `names`, from a
 /// simulated run (`apt-get -s`, which changes nothing).
-fn removals(names: &[String]) -> Result<Vec<String>> {
+pub(super) fn removals(names: &[String]) -> Result<Vec<String>> {
     let plan = cmd::output(
         apt("apt-get")
             .args(["install", "-s", "-q", "--no-install-recommends"])
@@ -218,14 +245,14 @@ fn simulated_removals(plan: &str) -> Vec<String> {
 }
 
 /// An apt command that never prompts.
-fn apt(program: &str) -> Command {
+pub(super) fn apt(program: &str) -> Command {
     let mut cmd = Command::new(program);
     cmd.env("DEBIAN_FRONTEND", "noninteractive");
     cmd
 }
 
 /// Whether dpkg reports `name` as installed.
-fn is_installed(name: &str) -> bool {
+pub(super) fn is_installed(name: &str) -> bool {
     cmd::probe(Command::new("dpkg-query").args(["-W", "-f=${Status}", name]))
         .is_some_and(|status| status_is_installed(&status))
 }
@@ -316,6 +343,15 @@ mod tests {
         let skipped = choice.skipped.expect("qemu skipped");
         assert_eq!(skipped.packages, ["qemu-system-x86"]);
         assert_eq!(skipped.because, ["qemu-utils"]);
+        // One conflicting VM package does not keep the others out.
+        let mut more = wanted();
+        more.push(("busybox-static".to_owned(), Need::VmTest));
+        let choice = choose(more, simulate).expect("a choice");
+        assert_eq!(choice.install, ["iproute2", "busybox-static"]);
+        assert_eq!(
+            choice.skipped.expect("qemu skipped").packages,
+            ["qemu-system-x86"]
+        );
     }
 
     #[test]

@@ -198,6 +198,13 @@ fn link_tree(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `program` (`apt-get`, `apt-cache`) on the kernel cache's private apt
+/// configuration, its lists updated first (once per run): how setup
+/// fetches backported packages the system's sources do not offer.
+pub fn private_apt(program: &str) -> Result<Command> {
+    Ok(PrivateApt::new(&cache_dir()?.join("apt"))?.command(program))
+}
+
 /// An apt configuration of its own (sources, lists, cache, empty status)
 /// under a cache directory: `apt-get update` and `download` with it leave
 /// the system's apt state alone.

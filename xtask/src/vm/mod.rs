@@ -23,6 +23,7 @@
 
 mod initramfs;
 mod kernels;
+pub use kernels::private_apt;
 mod qemu;
 mod report;
 
