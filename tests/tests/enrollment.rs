@@ -313,9 +313,30 @@ fn a_pod_that_leaves_takes_its_tunnels_and_pooled_connections_with_it() -> anyho
         let (leaving, staying) = (&leaving, &staying);
         let outbound = scope.spawn(move || stream(leaving, &["hold", &out_dst, "25"]));
         let inbound = scope.spawn(move || stream(staying, &["hold", &in_dst, "25"]));
-        wait_until("both connections open on both legs", || {
+        let opened = wait_until("both connections open on both legs", || {
+            anyhow::ensure!(
+                !outbound.is_finished() && !inbound.is_finished(),
+                "a client ended before both connections were open"
+            );
             Ok(agent.status()?.connections_open >= 4)
-        })?;
+        });
+        if let Err(err) = opened {
+            // Say what each client saw: a refusal, an early close, or
+            // nothing yet.
+            let seen = |client: std::thread::ScopedJoinHandle<'_, anyhow::Result<String>>| {
+                if client.is_finished() {
+                    format!("{:?}", client.join().map_err(|_| "panicked"))
+                } else {
+                    "still holding".to_owned()
+                }
+            };
+            anyhow::bail!(
+                "{err:#} (open legs: {:?}; outbound client: {}; inbound client: {})",
+                agent.status().map(|s| s.connections_open).ok(),
+                seen(outbound),
+                seen(inbound)
+            );
+        }
         // Its pooled connection out and the one served in.
         assert_eq!(hbone_connections(leaving)?, 2);
         let closed_before = sum(&scrape(&agent)?, "istio_tcp_connections_closed_total");
