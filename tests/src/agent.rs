@@ -13,7 +13,7 @@ use std::{
 use dataplane_user::{
     control::{self, Request, Response},
     enroll::PodSpec,
-    inspect::{CertInfo, Endpoints, StatusReport},
+    inspect::{CertInfo, Endpoints, PodCaptureState, StatusReport},
     redirect::PinLayout,
 };
 
@@ -177,6 +177,15 @@ impl Agent {
         let response = self.call(&Request::Status)?;
         anyhow::ensure!(response.ok, "status refused: {:?}", response.error);
         Ok(serde_json::from_value(response.report.unwrap_or_default())?)
+    }
+
+    /// What its status report says of the pod named `name`.
+    pub fn pod_status(&self, name: &str) -> anyhow::Result<PodCaptureState> {
+        self.status()?
+            .pods
+            .into_iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| anyhow::anyhow!("status lists no pod `{name}`"))
     }
 
     /// The workload certificates it holds (`dataplane certs --json`).

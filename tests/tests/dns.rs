@@ -314,16 +314,9 @@ fn a_pod_without_dns_capture_reaches_its_server_untouched() -> anyhow::Result<()
     let client = query(&w.client, "udp", server, "www.up.test.", "A", None)?;
     assert_eq!(a(&client), [IpAddr::from(UPSTREAM_TAG)]);
     assert_eq!(direct.queries(), 2);
-    let status = w.agent.status()?;
-    let dns_of = |name: &str| {
-        status
-            .pods
-            .iter()
-            .find(|p| p.name == name)
-            .and_then(|p| p.dns_capture)
-    };
-    assert_eq!(dns_of("client"), Some(true));
-    assert_eq!(dns_of("plain"), Some(false));
+    let dns_of = |name| w.agent.pod_status(name).map(|p| p.dns_capture);
+    assert_eq!(dns_of("client")?, Some(true));
+    assert_eq!(dns_of("plain")?, Some(false));
     Ok(())
 }
 

@@ -210,16 +210,9 @@ fn the_switches_keep_pairs_on_the_proxy() -> anyhow::Result<()> {
         }
         let (redirected, fast, _) = ways(&a1)?;
         assert_eq!((redirected, fast), (proxied, 3 - proxied), "{case}");
-        let status = a1.status()?;
-        let fast_path_of = |name: &str| {
-            status
-                .pods
-                .iter()
-                .find(|p| p.name == name)
-                .and_then(|p| p.fast_path)
-        };
+        let fast_path_of = |name| a1.pod_status(name).map(|p| p.fast_path);
         assert_eq!(
-            [fast_path_of("client"), fast_path_of("local")],
+            [fast_path_of("client")?, fast_path_of("local")?],
             shown.map(Some),
             "{case}: status"
         );

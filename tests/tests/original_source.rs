@@ -54,19 +54,6 @@ fn echo_from_node(
     })?
 }
 
-/// What `status` says of the pod `name`.
-fn pod_status(
-    agent: &dataplane_tests::Agent,
-    name: &str,
-) -> anyhow::Result<dataplane_user::inspect::PodCaptureState> {
-    agent
-        .status()?
-        .pods
-        .into_iter()
-        .find(|p| p.name == name)
-        .ok_or_else(|| anyhow::anyhow!("status lists no pod `{name}`"))
-}
-
 #[test]
 fn apps_see_their_clients_own_addresses() -> anyhow::Result<()> {
     let w = TwoNodes::new("osrc")?;
@@ -132,7 +119,7 @@ fn apps_see_their_clients_own_addresses() -> anyhow::Result<()> {
         );
     }
 
-    let pod = pod_status(&a2, "remote")?;
+    let pod = a2.pod_status("remote")?;
     assert_eq!(pod.original_source, Some(true), "status: {pod:?}");
     Ok(())
 }
@@ -151,7 +138,7 @@ fn the_opt_out_keeps_the_pods_own_address() -> anyhow::Result<()> {
     echo(&w.plain, addr(&w.remote, 9000), 64, 2)?;
     assert_eq!(seen_by(&remote)?, IpAddr::from(w.remote.ip4), "plaintext");
 
-    let pod = pod_status(&a2, "remote")?;
+    let pod = a2.pod_status("remote")?;
     assert_eq!(pod.original_source, Some(false), "status: {pod:?}");
     Ok(())
 }

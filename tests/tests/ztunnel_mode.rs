@@ -114,12 +114,7 @@ impl World {
 
 /// What the status of `agent` says of pod `name`: (captured, reason).
 fn pod_state(agent: &Agent, name: &str) -> anyhow::Result<(bool, String)> {
-    let pod = agent
-        .status()?
-        .pods
-        .into_iter()
-        .find(|p| p.name == name)
-        .ok_or_else(|| anyhow::anyhow!("status lists no pod `{name}`"))?;
+    let pod = agent.pod_status(name)?;
     Ok((pod.captured, pod.reason))
 }
 

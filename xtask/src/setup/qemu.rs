@@ -36,11 +36,24 @@ pub fn install_matching(package: &str, progress: &mut Progress) -> Result<bool> 
         return Ok(false);
     };
     let dir = debs_dir()?;
+    let installed = fetch_and_install(&version, suite, &dir, progress);
+    let _ = fs::remove_dir_all(&dir);
+    installed
+}
+
+/// Fetches the packages of `version` (and `seabios` of `suite`) into `dir`
+/// and installs them unless apt would remove something.
+fn fetch_and_install(
+    version: &str,
+    suite: &str,
+    dir: &std::path::Path,
+    progress: &mut Progress,
+) -> Result<bool> {
     let mut wanted: Vec<String> = MATCHING.iter().map(|p| format!("{p}={version}")).collect();
     wanted.push(format!("seabios/{suite}"));
     let mut download = crate::vm::private_apt("apt-get")?;
     download
-        .current_dir(&dir)
+        .current_dir(dir)
         .args(["-q", "download"])
         .args(&wanted);
     if let Err(err) = cmd::run(&mut download) {
@@ -50,7 +63,7 @@ pub fn install_matching(package: &str, progress: &mut Progress) -> Result<bool> 
         );
         return Ok(false);
     }
-    let files: Vec<String> = fs::read_dir(&dir)?
+    let files: Vec<String> = fs::read_dir(dir)?
         .filter_map(|entry| entry.ok())
         .map(|entry| entry.path())
         .filter(|path| path.extension().is_some_and(|e| e == "deb"))
@@ -68,7 +81,6 @@ pub fn install_matching(package: &str, progress: &mut Progress) -> Result<bool> 
         "qemu {version} from {suite} (matching qemu-utils)"
     ));
     apt::install_packages(&files)?;
-    let _ = fs::remove_dir_all(&dir);
     Ok(true)
 }
 
