@@ -43,6 +43,7 @@ use crate::{
     state::MeshState,
     telemetry::{self, Metrics, StateCollector},
     tls::{self, ClientConfigCache},
+    workers::{Threading, Workers},
     xds::{XdsClient, XdsMetrics},
     zds::ZdsConfig,
 };
@@ -71,6 +72,9 @@ pub enum AgentError {
     /// Re-adopting enrolled pods failed.
     #[error(transparent)]
     Enroll(#[from] EnrollError),
+    /// The connection worker threads could not start.
+    #[error(transparent)]
+    Workers(#[from] crate::workers::WorkersError),
     /// The DNS settings are unusable.
     #[error(transparent)]
     Dns(#[from] crate::dns::DnsError),
@@ -249,6 +253,13 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     // From here on the enrollment actor owns the pods and the kernel
     // programs; everything else sends it commands.
     let instance_dir = args.state.state_dir.join(&args.state.instance);
+    let workers = Arc::new(match args.threading {
+        Threading::Pinned => Workers::pinned(args.worker_threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, usize::from),
+            usize::from,
+        ))?,
+        Threading::Shared => Workers::shared(tokio::runtime::Handle::current()),
+    });
     let enroller = Enroller::start(
         Enrollments::new(
             redirector,
@@ -259,6 +270,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
                 mesh: Arc::clone(&mesh),
                 dns,
                 external,
+                workers,
             },
             StateFile::in_dir(&instance_dir),
         ),

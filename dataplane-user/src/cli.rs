@@ -312,10 +312,21 @@ pub struct RunArgs {
     /// from one source address; over it that source's oldest is reset.
     #[arg(long, env = "DATAPLANE_MAX_PENDING_HANDSHAKES_PER_SOURCE", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_pending_handshakes_per_source: u32,
-    /// Threads serving connections [default: one per CPU]. `1` runs
-    /// everything on one thread (no work stealing between threads).
+    /// Threads serving connections [default: one per CPU the agent may
+    /// use]. Under `--threading shared`, `1` runs everything on one thread.
     #[arg(long, env = "DATAPLANE_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub worker_threads: Option<u16>,
+    /// How connections are spread over the worker threads: `pinned` puts
+    /// each pod on one single-threaded worker (its connections never
+    /// change threads; pods spread over the workers), `shared` runs all on
+    /// one work-stealing pool (one pod may use every thread).
+    #[arg(
+        long,
+        env = "DATAPLANE_THREADING",
+        value_enum,
+        default_value = "pinned"
+    )]
+    pub threading: crate::workers::Threading,
     /// Socket mark of the agent's own sockets, which capture never touches.
     #[arg(long, env = "DATAPLANE_PROXY_MARK", default_value_t = dataplane_common::DEFAULT_PROXY_MARK, value_parser = parse_u32)]
     pub proxy_mark: u32,

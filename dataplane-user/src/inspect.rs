@@ -250,6 +250,9 @@ pub struct PodCaptureState {
     /// capture, an external proxy) or the pod is no longer enrolled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fast_path: Option<bool>,
+    /// The connection worker thread serving it (`--threading pinned`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<usize>,
 }
 
 /// A workload certificate, without its key.
@@ -347,6 +350,7 @@ impl AgentView {
                     original_source: Some(pod.original_source),
                     original_source_error: pod.original_source_error.clone(),
                     fast_path: fast_path.map(|fast| fast.allows_at(&state, &pod.spec.ips)),
+                    worker: pod.worker,
                 }
             })
             .collect();
@@ -360,6 +364,7 @@ impl AgentView {
             original_source: None,
             original_source_error: None,
             fast_path: None,
+            worker: None,
         }));
         let errors = recent::global().last_minute();
         let config_error = self.mesh.config_error();

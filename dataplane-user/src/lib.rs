@@ -69,5 +69,6 @@ pub mod state;
 pub mod telemetry;
 pub mod tls;
 pub mod version;
+pub mod workers;
 pub mod xds;
 pub mod zds;

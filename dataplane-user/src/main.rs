@@ -12,6 +12,7 @@ use dataplane_user::{
     logging,
     redirect::{self, PinLayout},
     render, version,
+    workers::Threading,
 };
 
 /// Exit code when the host lacks something the agent needs.
@@ -56,12 +57,17 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => {
             logging::init(args.log_format);
-            let runtime = match args.worker_threads {
-                // One thread: no work stealing, no cross-thread wake-ups.
-                Some(1) => tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?,
-                threads => {
+            let runtime = match (args.threading, args.worker_threads) {
+                // Connections run on workers of their own (started by the
+                // agent); the main runtime only enrolls, watches and
+                // answers. One thread: no work stealing, no cross-thread
+                // wake-ups.
+                (Threading::Pinned, _) | (Threading::Shared, Some(1)) => {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?
+                }
+                (Threading::Shared, threads) => {
                     let mut builder = tokio::runtime::Builder::new_multi_thread();
                     if let Some(n) = threads {
                         builder.worker_threads(usize::from(n));

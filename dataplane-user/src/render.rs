@@ -138,6 +138,9 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
         if let Some(on) = pod.fast_path {
             let _ = writeln!(out, "    fast path: {}", if on { "on" } else { "off" });
         }
+        if let Some(worker) = pod.worker {
+            let _ = writeln!(out, "    worker: {worker}");
+        }
     }
     let _ = writeln!(out, "conns     {} open", report.connections_open);
     match &report.config_error {
@@ -287,6 +290,7 @@ mod tests {
                 original_source: None,
                 original_source_error: None,
                 fast_path: None,
+                worker: None,
             }],
             connections_open: 3,
             config_origin: "/etc/mesh.yaml".into(),

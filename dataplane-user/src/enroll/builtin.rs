@@ -95,9 +95,12 @@ impl Enrollments {
             uid: spec.uid.clone(),
             source,
         })?;
-        let engine = PodEngine::start(ctx, served, table).map_err(|source| EnrollError::Serve {
-            uid: spec.uid.clone(),
-            source,
+        let placement = self.settings.workers.place();
+        let engine = PodEngine::start(ctx, served, table, placement).map_err(|source| {
+            EnrollError::Serve {
+                uid: spec.uid.clone(),
+                source,
+            }
         })?;
         let dns = PodDns::for_pod(
             self.settings.dns.as_ref(),

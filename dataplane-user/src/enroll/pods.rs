@@ -57,6 +57,8 @@ pub struct EngineSettings {
     pub dns: Option<Arc<DnsSettings>>,
     /// `--engine ztunnel`: a stock ztunnel serves the pods, fed over ZDS.
     pub external: Option<ExternalEngine>,
+    /// The threads pods' connections run on.
+    pub workers: Arc<crate::workers::Workers>,
 }
 
 /// Every pod this agent instance has enrolled, and the kernel programs
@@ -584,6 +586,10 @@ fn status_of(pod: &EnrolledPod) -> PodStatus {
         dns_capture: pod.dns.is_some(),
         original_source: pod.original.routing.is_some(),
         original_source_error: pod.original.error.clone(),
+        worker: match &pod.serving {
+            Serving::Builtin(builtin) => builtin.engine.worker(),
+            Serving::External(_) => None,
+        },
         external: match &pod.serving {
             Serving::External(ext) => Some(external_status(ext)),
             Serving::Builtin(_) => None,

@@ -80,6 +80,10 @@ pub struct PodStatus {
     /// on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_source_error: Option<String>,
+    /// The connection worker serving it (`--threading pinned`, the
+    /// built-in engine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<usize>,
     /// How the external proxy serves it (`--engine ztunnel` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external: Option<ExternalStatus>,

@@ -54,6 +54,7 @@ use crate::{
     redirect::OrigDstTable,
     relay::{relay_plain, reset_on_close},
     telemetry::{FailReason, Flow},
+    workers::Placement,
 };
 
 /// How long a connection to the destination may take before the client's
@@ -241,21 +242,27 @@ impl PodListeners {
 #[derive(Debug)]
 pub struct PodEngine {
     tasks: JoinSet<()>,
+    /// The worker the pod's tasks run on (counted there until dropped).
+    placement: Placement,
     /// Closed with the pod: its connections would otherwise live on in
     /// their own tasks.
     pool: Arc<crate::hbone::HbonePool<PodTlsDialer>>,
 }
 
 impl PodEngine {
-    /// Starts serving. Must run inside a tokio runtime. `orig_dst` is the
-    /// kernel programs' record; without it (iptables capture, for the
-    /// benchmarks' baseline) original destinations come from netfilter, for
-    /// every connection of the pod ([`orig_dst::OrigDst`]).
+    /// Starts serving on the runtime of `placement` (its listeners are
+    /// registered there, and every task of the pod runs there). `orig_dst`
+    /// is the kernel programs' record; without it (iptables capture, for
+    /// the benchmarks' baseline) original destinations come from netfilter,
+    /// for every connection of the pod ([`orig_dst::OrigDst`]).
     pub fn start(
         ctx: Arc<PodContext>,
         listeners: PodListeners,
         orig_dst: Option<OrigDstTable>,
+        placement: Placement,
     ) -> io::Result<Self> {
+        let runtime = placement.handle().clone();
+        let _registered_there = runtime.enter();
         let mut tasks = JoinSet::new();
         let to_tokio = |l: std::net::TcpListener| {
             l.set_nonblocking(true)?;
@@ -267,25 +274,24 @@ impl PodEngine {
         }
         let orig_dst = Arc::new(orig_dst::OrigDst::new(orig_dst));
         for listener in outbound {
-            tasks.spawn(outbound::serve(
-                listener,
-                Arc::clone(&ctx),
-                Arc::clone(&orig_dst),
-            ));
+            tasks.spawn_on(
+                outbound::serve(listener, Arc::clone(&ctx), Arc::clone(&orig_dst)),
+                &runtime,
+            );
         }
-        tasks.spawn(inbound::serve(
-            to_tokio(listeners.inbound)?,
-            Arc::clone(&ctx),
-            orig_dst,
-        ));
-        tasks.spawn(inbound_hbone::serve(
-            to_tokio(listeners.hbone)?,
-            Arc::clone(&ctx),
-        ));
-        tasks.spawn(ctx.pool.eviction());
-        info!(pod = %ctx.identity.name, namespace = %ctx.identity.namespace, "in-pod listeners serving");
+        tasks.spawn_on(
+            inbound::serve(to_tokio(listeners.inbound)?, Arc::clone(&ctx), orig_dst),
+            &runtime,
+        );
+        tasks.spawn_on(
+            inbound_hbone::serve(to_tokio(listeners.hbone)?, Arc::clone(&ctx)),
+            &runtime,
+        );
+        tasks.spawn_on(ctx.pool.eviction(), &runtime);
+        info!(pod = %ctx.identity.name, namespace = %ctx.identity.namespace, worker = ?placement.worker(), "in-pod listeners serving");
         Ok(Self {
             tasks,
+            placement,
             pool: Arc::clone(&ctx.pool),
         })
     }
@@ -303,6 +309,12 @@ impl PodEngine {
     /// listeners keep running until [`PodEngine::stop`].
     pub fn close_pool(&self) -> usize {
         self.pool.close()
+    }
+
+    /// The pinned worker serving the pod, `None` under `--threading
+    /// shared`.
+    pub fn worker(&self) -> Option<usize> {
+        self.placement.worker()
     }
 }
 
