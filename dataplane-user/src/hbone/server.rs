@@ -19,7 +19,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use h2::server::SendResponse;
+use h2::{SendStream, server::SendResponse};
 use http::{Request, Response, StatusCode};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
@@ -39,7 +39,7 @@ use crate::{
     logging::Chain,
     policy::{self, LiveConnections},
     relay::relay_tunnel,
-    telemetry::{Direction, FailReason, Flow, Metrics, Peer, Protocol, ServiceRef},
+    telemetry::{Direction, FailReason, Flow, Metrics, OpenFlow, Peer, Protocol, ServiceRef},
 };
 
 /// Dials the app for an accepted tunnel.
@@ -189,9 +189,63 @@ where
 
 async fn handle_stream(
     request: Request<h2::RecvStream>,
-    mut respond: SendResponse<Bytes>,
+    respond: SendResponse<Bytes>,
     ctx: Arc<ServerContext>,
 ) {
+    // Boxed: the checks, the policy decision and the dial hold the
+    // request's head and last only until the tunnel opens. The task keeps
+    // just the relay's state for the connection's life, and most open
+    // connections are idle ones.
+    let Some(accepted) = Box::pin(accept_stream(request, respond, &ctx)).await else {
+        return;
+    };
+    let Accepted {
+        app,
+        send,
+        body,
+        dst,
+        open,
+    } = accepted;
+    let (_live, kill) = match &ctx.live {
+        Some(live) => {
+            let (guard, kill) = live.register(ctx.peer_identity.as_ref(), canonical(ctx.peer), dst);
+            (Some(guard), Some(kill))
+        }
+        None => (None, None),
+    };
+    let meter = open.meter_from_server();
+    let result = match kill {
+        Some(kill) => tokio::select! {
+            result = relay_tunnel(app, send, body, meter) => result,
+            // Dropping `open` records the connection as closed by the agent.
+            () = kill.notified() => return,
+        },
+        None => relay_tunnel(app, send, body, meter).await,
+    };
+    // The relay's `sent` went from the app (the server) into the tunnel.
+    match result {
+        Ok(t) => open.close(t.received, t.sent, None),
+        Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
+    }
+}
+
+/// A CONNECT stream that was allowed and whose app answered: what its
+/// relay needs.
+struct Accepted {
+    app: TcpStream,
+    send: SendStream<Bytes>,
+    body: h2::RecvStream,
+    dst: SocketAddr,
+    open: OpenFlow,
+}
+
+/// Checks the request, asks policy, dials the app and answers 200; or
+/// answers the refusal and records it (`None`).
+async fn accept_stream(
+    request: Request<h2::RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    ctx: &ServerContext,
+) -> Option<Accepted> {
     let mut flow = Flow {
         direction: Direction::Inbound,
         protocol: Protocol::Hbone,
@@ -201,17 +255,18 @@ async fn handle_stream(
         destination: Arc::clone(&ctx.destination),
         service: None,
     };
-    let (dst, head) = match check(&request, &ctx) {
+    let (dst, head) = match check(&request, ctx) {
         Ok(checked) => checked,
         Err((status, reason)) => {
-            return reject(
+            reject(
                 &mut respond,
                 status,
-                &ctx,
+                ctx,
                 &flow,
                 FailReason::BadRequest,
                 &reason,
             );
+            return None;
         }
     };
     record_head(&head);
@@ -228,14 +283,15 @@ async fn handle_stream(
     };
     if let Err(reason) = (ctx.authorize)(&authz) {
         let status = StatusCode::UNAUTHORIZED;
-        return reject(
+        reject(
             &mut respond,
             status,
-            &ctx,
+            ctx,
             &flow,
             FailReason::Denied,
             &reason,
         );
+        return None;
     }
     // The TCP peer is the client: its engine dials from inside the client
     // pod. `forwarded: for=` is never used for this, as any mesh identity
@@ -245,45 +301,32 @@ async fn handle_stream(
         Err(err) => {
             let reason = format!("app unreachable: {err}");
             let status = StatusCode::SERVICE_UNAVAILABLE;
-            return reject(
+            reject(
                 &mut respond,
                 status,
-                &ctx,
+                ctx,
                 &flow,
                 FailReason::AppUnreachable,
                 &reason,
             );
+            return None;
         }
     };
     let send = match respond.send_response(ok_with_baggage(&ctx.destination), false) {
         Ok(send) => send,
         Err(err) => {
             let reason = format!("cannot send 200: {err}");
-            return flow.refuse(&ctx.metrics, FailReason::Tunnel, &reason);
+            flow.refuse(&ctx.metrics, FailReason::Tunnel, &reason);
+            return None;
         }
     };
-    let open = flow.open(&ctx.metrics);
-    let (_live, kill) = match &ctx.live {
-        Some(live) => {
-            let (guard, kill) = live.register(ctx.peer_identity.as_ref(), canonical(ctx.peer), dst);
-            (Some(guard), Some(kill))
-        }
-        None => (None, None),
-    };
-    let meter = open.meter_from_server();
-    let result = match kill {
-        Some(kill) => tokio::select! {
-            result = relay_tunnel(app, send, request.into_body(), meter) => result,
-            // Dropping `open` records the connection as closed by the agent.
-            () = kill.notified() => return,
-        },
-        None => relay_tunnel(app, send, request.into_body(), meter).await,
-    };
-    // The relay's `sent` went from the app (the server) into the tunnel.
-    match result {
-        Ok(t) => open.close(t.received, t.sent, None),
-        Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
-    }
+    Some(Accepted {
+        app,
+        send,
+        body: request.into_body(),
+        dst,
+        open: flow.open(&ctx.metrics),
+    })
 }
 
 /// Validates method and authority; returns the destination and the

@@ -99,23 +99,46 @@ impl EndpointChoice for Live<'_> {
 }
 
 /// Carries out `plan` for the client connection `stream`.
-async fn execute(stream: TcpStream, mut flow: Flow, plan: OutboundPlan, ctx: &PodContext) {
+async fn execute(stream: TcpStream, flow: Flow, plan: OutboundPlan, ctx: &PodContext) {
+    // Boxed: choosing and opening the way holds the plan and the failover
+    // state, and a direct hop's whole relay; a tunnel's task then keeps
+    // only the tunnel relay's state for the connection's life (most open
+    // connections are idle ones).
+    if let Some((stream, flow, tunnel)) = Box::pin(open_way(stream, flow, plan, ctx)).await {
+        tunnel_relay(stream, flow, tunnel, ctx).await;
+    }
+}
+
+/// Refuses, relays a direct hop, or opens the tunnel the plan says;
+/// returns an open tunnel (with its client and flow) for the caller to
+/// relay, `None` once the connection was dealt with here.
+async fn open_way(
+    stream: TcpStream,
+    mut flow: Flow,
+    plan: OutboundPlan,
+    ctx: &PodContext,
+) -> Option<(TcpStream, Flow, Tunnel)> {
     flow.dst = Some(plan.dst);
     flow.service = plan.service.clone();
     let hops = match plan.action {
-        Action::Refuse { reason, detail } => return refuse(stream, &flow, ctx, reason, &detail),
+        Action::Refuse { reason, detail } => {
+            refuse(stream, &flow, ctx, reason, &detail);
+            return None;
+        }
         Action::Hop(Hop::Direct { dst, workload }) => {
             flow.destination = destination(workload.as_deref().map(|w| &w.peer));
-            return connect_and_relay(stream, flow, (None, dst), ctx).await;
+            connect_and_relay(stream, flow, (None, dst), ctx).await;
+            return None;
         }
         Action::Hop(Hop::Tunnel(hop)) => {
             flow.destination = Arc::clone(&hop.workload.peer);
             flow.protocol = Protocol::Hbone;
             return match open_tunnel(ctx, &hop, &flow).await {
-                Ok(tunnel) => tunnel_relay(stream, flow, tunnel, ctx).await,
+                Ok(tunnel) => Some((stream, flow, tunnel)),
                 Err(err) => {
                     let reason = Chain(&err).to_string();
-                    refuse(stream, &flow, ctx, FailReason::Tunnel, &reason)
+                    refuse(stream, &flow, ctx, FailReason::Tunnel, &reason);
+                    None
                 }
             };
         }
@@ -131,14 +154,15 @@ async fn execute(stream: TcpStream, mut flow: Flow, plan: OutboundPlan, ctx: &Po
         let hop = match hop {
             Hop::Direct { dst, workload } => {
                 flow.destination = destination(workload.as_deref().map(|w| &w.peer));
-                return connect_and_relay(stream, flow, (None, dst), ctx).await;
+                connect_and_relay(stream, flow, (None, dst), ctx).await;
+                return None;
             }
             Hop::Tunnel(hop) => hop,
         };
         flow.destination = Arc::clone(&hop.workload.peer);
         flow.protocol = Protocol::Hbone;
         match open_tunnel(ctx, &hop, &flow).await {
-            Ok(tunnel) => return tunnel_relay(stream, flow, tunnel, ctx).await,
+            Ok(tunnel) => return Some((stream, flow, tunnel)),
             // The endpoint's node did not answer: skip it for a while and
             // try the next one.
             Err(PoolError::Dial { addr, .. }) => {
@@ -149,13 +173,15 @@ async fn execute(stream: TcpStream, mut flow: Flow, plan: OutboundPlan, ctx: &Po
             }
             Err(err) => {
                 let reason = Chain(&err).to_string();
-                return refuse(stream, &flow, ctx, FailReason::Tunnel, &reason);
+                refuse(stream, &flow, ctx, FailReason::Tunnel, &reason);
+                return None;
             }
         }
     }
     flow.dst = Some(plan.dst);
     let reason = format!("no endpoint of service {service} is reachable");
     refuse(stream, &flow, ctx, FailReason::NoEndpoints, &reason);
+    None
 }
 
 /// The connection's far end in telemetry: the workload, or nobody known.
