@@ -158,7 +158,12 @@ where
                         trace_id = tracing::field::Empty,
                         forwarded_for = tracing::field::Empty,
                     );
-                    tokio::spawn(handle_stream(request, respond, ctx).instrument(span));
+                    // Boxed here: the stream's set-up (the request's head,
+                    // the checks, policy, the dial) lives in this box, freed
+                    // once the tunnel is open; the task then holds only the
+                    // relay for the connection's life.
+                    let accept = Box::pin(accept_stream(request, respond, Arc::clone(&ctx)));
+                    tokio::spawn(handle_stream(accept, ctx).instrument(span));
                 }
                 Some(Err(err)) => return Err(err),
                 None => return Ok(()),
@@ -187,16 +192,16 @@ where
     }
 }
 
-async fn handle_stream(
-    request: Request<h2::RecvStream>,
-    respond: SendResponse<Bytes>,
-    ctx: Arc<ServerContext>,
-) {
-    // Boxed: the checks, the policy decision and the dial hold the
-    // request's head and last only until the tunnel opens. The task keeps
-    // just the relay's state for the connection's life, and most open
-    // connections are idle ones.
-    let Some(accepted) = Box::pin(accept_stream(request, respond, &ctx)).await else {
+/// Relays a CONNECT stream once `accept` opened it.
+async fn handle_stream<F>(accept: Pin<Box<F>>, ctx: Arc<ServerContext>)
+where
+    F: Future<Output = Option<Accepted>>,
+{
+    let accepted = {
+        let accept = accept;
+        accept.await
+    };
+    let Some(accepted) = accepted else {
         return;
     };
     let Accepted {
@@ -244,8 +249,9 @@ struct Accepted {
 async fn accept_stream(
     request: Request<h2::RecvStream>,
     mut respond: SendResponse<Bytes>,
-    ctx: &ServerContext,
+    ctx: Arc<ServerContext>,
 ) -> Option<Accepted> {
+    let ctx = &*ctx;
     let mut flow = Flow {
         direction: Direction::Inbound,
         protocol: Protocol::Hbone,

@@ -7,7 +7,10 @@
 
 pub mod plan;
 
-use std::{net::IpAddr, sync::Arc};
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
 
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{Instrument, info_span, warn};
@@ -44,37 +47,20 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
         let src = ctx.client_addr(peer);
         let span =
             info_span!("outbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, %src);
+        // Created here, boxed: until its tunnel is open the connection's
+        // state (the plan, failover, a direct hop's whole relay) lives in
+        // this box, freed once the tunnel opens. The task then holds only
+        // the tunnel relay for the connection's life, and most open
+        // connections are idle ones.
+        let way = Box::pin(decide(stream, dst, src, Arc::clone(&ctx)));
         connections.spawn(
             async move {
-                // One snapshot decides the connection (and is let go before
-                // it is relayed).
-                let state = ctx.mesh.state();
-                let flow = Flow {
-                    direction: Direction::Outbound,
-                    protocol: Protocol::Tcp,
-                    src,
-                    dst: None,
-                    source: ctx.own_peer(&state),
-                    destination: Arc::default(),
-                    service: None,
+                let opened = {
+                    let way = way;
+                    way.await
                 };
-                match dst {
-                    Ok(Some(dst)) => {
-                        let plan = plan(&state, &ctx.spiffe, src.ip(), dst, &Live(&ctx.mesh.dead));
-                        if let Some(fast) = ctx.mesh.fast_path.get() {
-                            fast.consider(&ctx, &state, src, &plan);
-                        }
-                        drop(state);
-                        execute(stream, flow, plan, &ctx).await;
-                    }
-                    Ok(None) => refuse(
-                        stream,
-                        &flow,
-                        &ctx,
-                        FailReason::NoOriginalDestination,
-                        "no original destination recorded for this connection",
-                    ),
-                    Err(err) => refuse(stream, &flow, &ctx, FailReason::Internal, &err),
+                if let Some((stream, flow, tunnel)) = opened {
+                    tunnel_relay(stream, flow, tunnel, &ctx).await;
                 }
             }
             .instrument(span),
@@ -98,15 +84,45 @@ impl EndpointChoice for Live<'_> {
     }
 }
 
-/// Carries out `plan` for the client connection `stream`.
-async fn execute(stream: TcpStream, flow: Flow, plan: OutboundPlan, ctx: &PodContext) {
-    // Boxed: choosing and opening the way holds the plan and the failover
-    // state, and a direct hop's whole relay; a tunnel's task then keeps
-    // only the tunnel relay's state for the connection's life (most open
-    // connections are idle ones).
-    if let Some((stream, flow, tunnel)) = Box::pin(open_way(stream, flow, plan, ctx)).await {
-        tunnel_relay(stream, flow, tunnel, ctx).await;
-    }
+/// Decides the connection `stream` from `src` to its original
+/// destination `dst` and carries the decision out up to an open tunnel,
+/// which it returns for the caller to relay; `None` once the connection
+/// was dealt with (refused, or relayed directly).
+async fn decide(
+    stream: TcpStream,
+    dst: Result<Option<SocketAddr>, String>,
+    src: SocketAddr,
+    ctx: Arc<PodContext>,
+) -> Option<(TcpStream, Flow, Tunnel)> {
+    // One snapshot decides the connection (and is let go before it is
+    // relayed).
+    let state = ctx.mesh.state();
+    let flow = Flow {
+        direction: Direction::Outbound,
+        protocol: Protocol::Tcp,
+        src,
+        dst: None,
+        source: ctx.own_peer(&state),
+        destination: Arc::default(),
+        service: None,
+    };
+    let (reason, detail) = match dst {
+        Ok(Some(dst)) => {
+            let plan = plan(&state, &ctx.spiffe, src.ip(), dst, &Live(&ctx.mesh.dead));
+            if let Some(fast) = ctx.mesh.fast_path.get() {
+                fast.consider(&ctx, &state, src, &plan);
+            }
+            drop(state);
+            return open_way(stream, flow, plan, &ctx).await;
+        }
+        Ok(None) => (
+            FailReason::NoOriginalDestination,
+            "no original destination recorded for this connection".to_owned(),
+        ),
+        Err(err) => (FailReason::Internal, err),
+    };
+    refuse(stream, &flow, &ctx, reason, &detail);
+    None
 }
 
 /// Refuses, relays a direct hop, or opens the tunnel the plan says;
