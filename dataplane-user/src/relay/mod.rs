@@ -14,7 +14,7 @@
 pub mod plain;
 pub mod tunnel;
 
-use std::{io, time::Duration};
+use std::{future::poll_fn, io, time::Duration};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::{io::Interest, net::TcpStream};
@@ -47,9 +47,15 @@ pub struct Transferred {
 }
 
 /// Writes all of `bytes`, waiting for the writer to take them.
+///
+/// The relays wait for readiness through the socket's own waker slots
+/// (`poll_read_ready`, `poll_write_ready`: each socket has one reader and
+/// one writer in a relay), not `readable()`/`writable()`, whose futures
+/// carry a waiter node of 152 bytes: that state stays in every open
+/// connection's task.
 async fn flush(writer: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
     while !bytes.is_empty() {
-        writer.writable().await?;
+        poll_fn(|cx| writer.poll_write_ready(cx)).await?;
         match writer.try_write(bytes) {
             Ok(n) => bytes = &bytes[n..],
             Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}

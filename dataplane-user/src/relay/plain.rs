@@ -14,7 +14,7 @@
 //! once they are out. Ten thousand idle connections therefore hold no
 //! relay memory (they held 128 KiB each, zeroed, before).
 
-use std::{cell::RefCell, io, net::Shutdown};
+use std::{cell::RefCell, future::poll_fn, io, net::Shutdown};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
@@ -105,7 +105,7 @@ async fn pipe(
         // Once the writer's side has half-closed nothing reads it; its
         // reset must still end the relay, not wait for the next write.
         let readable = tokio::select! {
-            readable = reader.readable() => readable,
+            readable = poll_fn(|cx| reader.poll_read_ready(cx)) => readable,
             err = failed(writer) => return Err(classify(err, other, total)),
         };
         if let Err(err) = readable {

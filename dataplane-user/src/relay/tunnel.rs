@@ -87,7 +87,7 @@ async fn tcp_to_stream(
         // While the TCP side is quiet, a reset of the stream (or the end of
         // its connection) must still reach it, not wait for its next byte.
         let readable = tokio::select! {
-            readable = tcp.readable() => readable,
+            readable = poll_fn(|cx| tcp.poll_read_ready(cx)) => readable,
             reset = poll_fn(|cx| send.poll_reset(cx)) => {
                 return Err(TunnelRelayError::Stream { source: reset_error(reset) });
             }

@@ -47,11 +47,12 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
         let src = ctx.client_addr(peer);
         let span =
             info_span!("outbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, %src);
-        // Created here, boxed: until its tunnel is open the connection's
-        // state (the plan, failover, a direct hop's whole relay) lives in
-        // this box, freed once the tunnel opens. The task then holds only
-        // the tunnel relay for the connection's life, and most open
-        // connections are idle ones.
+        // Created here, boxed: until its way is open the connection's
+        // state (the plan, failover, the tunnel's opening) lives in this
+        // box, freed once the way is open. The task then holds only a
+        // relay for the connection's life, and most open connections are
+        // idle ones. (An async function's arguments stay in its state
+        // for its whole life, so the box is made before the task.)
         let way = Box::pin(decide(stream, dst, src, Arc::clone(&ctx)));
         connections.spawn(
             async move {
@@ -59,8 +60,17 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                     let way = way;
                     way.await
                 };
-                if let Some((stream, flow, tunnel)) = opened {
-                    tunnel_relay(stream, flow, tunnel, &ctx).await;
+                // Both relays inline: the task is as large as the larger
+                // of them, and neither kind of connection pays for a box
+                // on top.
+                match opened {
+                    Some(Way::Tunnel(stream, flow, tunnel)) => {
+                        tunnel_relay(stream, flow, tunnel, &ctx).await;
+                    }
+                    Some(Way::Direct(stream, flow, dst)) => {
+                        connect_and_relay(stream, flow, (None, dst), &ctx).await;
+                    }
+                    None => {}
                 }
             }
             .instrument(span),
@@ -84,16 +94,25 @@ impl EndpointChoice for Live<'_> {
     }
 }
 
+/// How an outbound connection goes once its way is open: what the
+/// connection's task relays.
+enum Way {
+    /// Through this open tunnel.
+    Tunnel(TcpStream, Flow, Tunnel),
+    /// Straight to this address, from the pod.
+    Direct(TcpStream, Flow, SocketAddr),
+}
+
 /// Decides the connection `stream` from `src` to its original
-/// destination `dst` and carries the decision out up to an open tunnel,
-/// which it returns for the caller to relay; `None` once the connection
-/// was dealt with (refused, or relayed directly).
+/// destination `dst` and carries the decision out up to the relay (a
+/// tunnel open, or a direct hop chosen), which it returns for the caller;
+/// `None` once the connection was refused.
 async fn decide(
     stream: TcpStream,
     dst: Result<Option<SocketAddr>, String>,
     src: SocketAddr,
     ctx: Arc<PodContext>,
-) -> Option<(TcpStream, Flow, Tunnel)> {
+) -> Option<Way> {
     // One snapshot decides the connection (and is let go before it is
     // relayed).
     let state = ctx.mesh.state();
@@ -125,15 +144,15 @@ async fn decide(
     None
 }
 
-/// Refuses, relays a direct hop, or opens the tunnel the plan says;
-/// returns an open tunnel (with its client and flow) for the caller to
-/// relay, `None` once the connection was dealt with here.
+/// Refuses, chooses a direct hop, or opens the tunnel the plan says;
+/// returns the way for the caller to relay, `None` once the connection was
+/// refused.
 async fn open_way(
     stream: TcpStream,
     mut flow: Flow,
     plan: OutboundPlan,
     ctx: &PodContext,
-) -> Option<(TcpStream, Flow, Tunnel)> {
+) -> Option<Way> {
     flow.dst = Some(plan.dst);
     flow.service = plan.service.clone();
     let hops = match plan.action {
@@ -143,14 +162,13 @@ async fn open_way(
         }
         Action::Hop(Hop::Direct { dst, workload }) => {
             flow.destination = destination(workload.as_deref().map(|w| &w.peer));
-            connect_and_relay(stream, flow, (None, dst), ctx).await;
-            return None;
+            return Some(Way::Direct(stream, flow, dst));
         }
         Action::Hop(Hop::Tunnel(hop)) => {
             flow.destination = Arc::clone(&hop.workload.peer);
             flow.protocol = Protocol::Hbone;
             return match open_tunnel(ctx, &hop, &flow).await {
-                Ok(tunnel) => Some((stream, flow, tunnel)),
+                Ok(tunnel) => Some(Way::Tunnel(stream, flow, tunnel)),
                 Err(err) => {
                     let reason = Chain(&err).to_string();
                     refuse(stream, &flow, ctx, FailReason::Tunnel, &reason);
@@ -170,15 +188,14 @@ async fn open_way(
         let hop = match hop {
             Hop::Direct { dst, workload } => {
                 flow.destination = destination(workload.as_deref().map(|w| &w.peer));
-                connect_and_relay(stream, flow, (None, dst), ctx).await;
-                return None;
+                return Some(Way::Direct(stream, flow, dst));
             }
             Hop::Tunnel(hop) => hop,
         };
         flow.destination = Arc::clone(&hop.workload.peer);
         flow.protocol = Protocol::Hbone;
         match open_tunnel(ctx, &hop, &flow).await {
-            Ok(tunnel) => return Some((stream, flow, tunnel)),
+            Ok(tunnel) => return Some(Way::Tunnel(stream, flow, tunnel)),
             // The endpoint's node did not answer: skip it for a while and
             // try the next one.
             Err(PoolError::Dial { addr, .. }) => {
