@@ -106,14 +106,12 @@ impl Workers {
                 worker: None,
             },
             Inner::Pinned { first, more } => {
-                let pods = |w: &Worker| w.pods.load(Ordering::Relaxed);
-                let (index, worker) = (1..).zip(more).fold((0, first), |best, (index, worker)| {
-                    if pods(worker) < pods(best.1) {
-                        (index, worker)
-                    } else {
-                        best
-                    }
-                });
+                // `min_by_key` keeps the first of equals.
+                let (index, worker) = std::iter::once(first)
+                    .chain(more)
+                    .enumerate()
+                    .min_by_key(|(_, w)| w.pods.load(Ordering::Relaxed))
+                    .unwrap_or((0, first));
                 worker.pods.fetch_add(1, Ordering::Relaxed);
                 Placement {
                     handle: worker.handle.clone(),
@@ -124,7 +122,8 @@ impl Workers {
     }
 
     /// Pods placed on each pinned worker now (empty when shared).
-    pub fn load(&self) -> Vec<usize> {
+    #[cfg(test)]
+    fn load(&self) -> Vec<usize> {
         match &self.inner {
             Inner::Shared(_) => Vec::new(),
             Inner::Pinned { first, more } => std::iter::once(first)

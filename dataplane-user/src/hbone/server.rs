@@ -197,20 +197,22 @@ async fn handle_stream<F>(accept: Pin<Box<F>>, ctx: Arc<ServerContext>)
 where
     F: Future<Output = Option<Accepted>>,
 {
+    // Moved out and dropped here, so the set-up's box is freed before the
+    // relay starts.
     let accepted = {
         let accept = accept;
         accept.await
     };
-    let Some(accepted) = accepted else {
-        return;
-    };
-    let Accepted {
+    let Some(Accepted {
         app,
         send,
         body,
         dst,
         open,
-    } = accepted;
+    }) = accepted
+    else {
+        return;
+    };
     let (_live, kill) = match &ctx.live {
         Some(live) => {
             let (guard, kill) = live.register(ctx.peer_identity.as_ref(), canonical(ctx.peer), dst);
