@@ -43,7 +43,9 @@ use std::{
 pub use agent::Agent;
 pub use cgroup::Cgroup;
 pub use netns::Netns;
-pub use process::{ChildGuard, agent_binary, probe_binary, spawn_in, spawn_logged_in};
+pub use process::{
+    ChildGuard, agent_binary, probe_binary, spawn_in, spawn_in_passing, spawn_logged_in,
+};
 pub use responder::Responder;
 
 /// A name unique to this process and call: `dpt-<tag>-<pid>-<n>`.

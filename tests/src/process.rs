@@ -5,7 +5,10 @@ use anyhow::Context as _;
 use std::{
     fs::File,
     io::Read,
-    os::{fd::AsRawFd, unix::process::CommandExt},
+    os::{
+        fd::{AsRawFd, BorrowedFd, RawFd},
+        unix::process::CommandExt,
+    },
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -168,7 +171,22 @@ pub fn spawn_in(
     cgroup: Option<&Path>,
 ) -> anyhow::Result<ChildGuard> {
     command.stdout(Stdio::piped()).stderr(Stdio::piped());
-    spawn_joined(command, netns, cgroup)
+    spawn_joined(command, netns, cgroup, None)
+}
+
+/// As [`spawn_in`], handing the child `pass` as its descriptor 3. The
+/// descriptor is placed after the namespace and cgroup are joined: placing
+/// it first (a `pre_exec` of the caller's, which runs before ours) would
+/// overwrite the namespace or `cgroup.procs` descriptor whenever that one
+/// happened to be 3 in the parent.
+pub fn spawn_in_passing(
+    mut command: Command,
+    netns: Option<&Path>,
+    cgroup: Option<&Path>,
+    pass: BorrowedFd<'_>,
+) -> anyhow::Result<ChildGuard> {
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    spawn_joined(command, netns, cgroup, Some(pass.as_raw_fd()))
 }
 
 /// As [`spawn_in`], for a long-running program that logs much: its stdout
@@ -185,13 +203,14 @@ pub fn spawn_logged_in(
         .open(log)
         .with_context(|| format!("opening log {}", log.display()))?;
     command.stdout(file.try_clone()?).stderr(file);
-    spawn_joined(command, netns, cgroup)
+    spawn_joined(command, netns, cgroup, None)
 }
 
 fn spawn_joined(
     mut command: Command,
     netns: Option<&Path>,
     cgroup: Option<&Path>,
+    pass: Option<RawFd>,
 ) -> anyhow::Result<ChildGuard> {
     let netns_file = netns
         .map(|path| File::open(path).with_context(|| format!("opening netns {}", path.display())))
@@ -218,6 +237,12 @@ fn spawn_joined(
             }
             if let Some(fd) = netns_fd
                 && libc::setns(fd, libc::CLONE_NEWNET) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // dup2 onto itself keeps close-on-exec, hence the fcntl.
+            if let Some(fd) = pass
+                && (libc::dup2(fd, 3) < 0 || libc::fcntl(3, libc::F_SETFD, 0) < 0)
             {
                 return Err(std::io::Error::last_os_error());
             }

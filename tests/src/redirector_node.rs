@@ -19,7 +19,7 @@ use std::{
     os::{
         fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
         linux::fs::MetadataExt,
-        unix::{net::UnixStream, process::CommandExt},
+        unix::net::UnixStream,
     },
     process::Command,
     time::Duration,
@@ -34,7 +34,7 @@ use dataplane_user::redirect::{
 };
 
 use crate::{
-    BpffsDir, Netns, Responder, probe_binary, spawn_in,
+    BpffsDir, Netns, Responder, probe_binary, spawn_in, spawn_in_passing,
     topology::{Node, Pod},
 };
 
@@ -359,20 +359,14 @@ pub fn assert_eperm(dial: &Dial, what: &str) {
 pub fn listener_in_pod(pod: &Pod, addr: &str) -> anyhow::Result<TcpListener> {
     let (ours, theirs) = UnixStream::pair()?;
     ours.set_read_timeout(Some(LIMIT))?;
-    let theirs_fd = theirs.as_raw_fd();
     let mut cmd = Command::new(probe_binary()?);
     cmd.args(["listen", addr]);
-    // SAFETY: dup2 and fcntl are async-signal-safe calls on a descriptor
-    // opened before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(theirs_fd, 3) < 0 || libc::fcntl(3, libc::F_SETFD, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = spawn_in(cmd, Some(pod.netns.path()), Some(pod.cgroup.path()))?;
+    let child = spawn_in_passing(
+        cmd,
+        Some(pod.netns.path()),
+        Some(pod.cgroup.path()),
+        theirs.as_fd(),
+    )?;
     drop(theirs);
     let mut byte = [0u8; 1];
     let mut iov = [IoSliceMut::new(&mut byte)];
