@@ -90,6 +90,11 @@ pub const FAST_CONN_CAPACITY: u32 = 65_536;
 /// Size of the close-record ring buffer in bytes (a power of two, a
 /// multiple of the page size): 3,276 records of 80 bytes plus headers.
 pub const FAST_CLOSED_BYTES: u32 = 256 * 1024;
+/// Bytes of close records waiting in the ring at which a new record wakes
+/// the agent (about 200 records); fewer wait for its periodic drain. A
+/// wake-up per closed connection, thousands a second, costs the agent more
+/// than reporting the connections does.
+pub const FAST_CLOSED_WAKE_BYTES: u64 = 16 * 1024;
 
 /// `cgroup/connect4`: rewrites enrolled pods' outbound IPv4 TCP connections
 /// to the outbound listener.

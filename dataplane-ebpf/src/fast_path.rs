@@ -16,12 +16,13 @@
 //!   client's own `sockops` recorded, and only toward that namespace.
 
 use aya_ebpf::{
-    bindings::bpf_sock_ops,
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, bpf_sock_ops},
     helpers::{bpf_get_socket_cookie, bpf_ktime_get_ns},
     programs::{SockAddrContext, SockOpsContext},
 };
 use dataplane_common::{
     Counter, FastClose, FastConn, FastKey, IpAddr16, POD_CAPTURE_INBOUND, SockTuple,
+    maps::FAST_CLOSED_WAKE_BYTES,
 };
 
 use crate::maps::{
@@ -145,7 +146,14 @@ pub fn on_close(ctx: &SockOpsContext, cookie: u64, tuple: Option<SockTuple>) {
         tuple,
         _pad: [0; 4],
     };
-    match FAST_CLOSED.output::<FastClose>(&record, 0) {
+    // The agent is woken by a batch, not by each record; it drains the
+    // ring on a timer too, so a lone record waits at most that long.
+    let wake = if FAST_CLOSED.query(BPF_RB_AVAIL_DATA.into()) >= FAST_CLOSED_WAKE_BYTES {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    match FAST_CLOSED.output::<FastClose>(&record, wake.into()) {
         Ok(()) => count(Counter::FastPathClosed),
         Err(_) => count(Counter::FastPathRecordLost),
     }
