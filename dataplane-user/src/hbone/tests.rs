@@ -14,6 +14,7 @@ use tokio::{
 use super::{pool::PoolSpread, *};
 use crate::relay::{TunnelRelayError, relay_tunnel as relay};
 
+mod slow_readers;
 mod spread;
 
 struct TcpDialer;

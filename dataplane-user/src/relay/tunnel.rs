@@ -15,15 +15,34 @@
 //! peer has granted window (`reserve_capacity`/`poll_capacity`), and receive
 //! window is released only once bytes are written to the TCP side, so a
 //! slow reader on either side stalls the sender instead of growing buffers.
+//!
+//! The relay is a hand-written [`Future`], not an `async fn`: it lives as
+//! long as the connection, idle or not, on both agents of every tunnel, so
+//! its size is memory per idle connection. Its state is the two ends, the
+//! meter, and one small state per direction (about 200 bytes, against
+//! about a kilobyte for the `async fn` with its joined and selected
+//! futures). Each direction waits through the wakers the ends keep
+//! themselves (`poll_read_ready`/`poll_write_ready` for the socket,
+//! `poll_data`, `poll_capacity` and `poll_reset` for the stream), which
+//! cost nothing while idle. Only the watch for a failure of a TCP side
+//! nobody reads any more (see [`Tcp`]) needs a future of its own, and it
+//! is boxed and made only while needed.
 
-use std::{future::poll_fn, io, net::Shutdown};
+use std::{
+    future::Future,
+    io,
+    net::Shutdown,
+    ops::Deref,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
-use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
-use super::{Meter, Transferred, close_normally, failed, flush, reset_on_close};
+use super::{Meter, Transferred, close_normally, failed, reset_on_close};
 
 /// Largest read from the TCP side.
 const CHUNK: usize = 64 * 1024;
@@ -58,84 +77,317 @@ pub enum TunnelRelayError {
 /// tunnel's bytes written to TCP. On a failure, or if the relay is dropped
 /// before it finished, the TCP side is reset (and the stream too: h2 resets
 /// a stream whose handles are dropped before it closed).
-pub async fn relay(
-    tcp: TcpStream,
+pub fn relay(tcp: TcpStream, send: SendStream<Bytes>, recv: RecvStream, meter: Meter) -> Relay {
+    reset_on_close(&tcp);
+    Relay {
+        ends: Some(Ends {
+            tcp: Tcp::Alone(tcp),
+            send,
+            recv,
+            meter,
+            forward: Forward::Reading,
+            backward: Backward::Receiving,
+            sent: 0,
+            received: 0,
+        }),
+    }
+}
+
+/// The future [`relay`] returns. Once it has finished it holds nothing:
+/// the ends are closed as the result is returned, and polling it again
+/// stays pending, as a fused future does.
+pub struct Relay {
+    ends: Option<Ends>,
+}
+
+/// Everything a running relay holds.
+struct Ends {
+    tcp: Tcp,
     send: SendStream<Bytes>,
     recv: RecvStream,
     meter: Meter,
-) -> Result<Transferred, TunnelRelayError> {
-    reset_on_close(&tcp);
-    let (sent, received) = tokio::try_join!(
-        tcp_to_stream(&tcp, send, &meter.forward),
-        stream_to_tcp(recv, &tcp, &meter.backward)
-    )?;
-    // END_STREAM and FIN both ways: the only end that may look clean.
-    close_normally(&tcp);
-    Ok(Transferred { sent, received })
+    forward: Forward,
+    backward: Backward,
+    /// TCP bytes sent into the stream.
+    sent: u64,
+    /// Stream bytes written to TCP.
+    received: u64,
 }
 
-/// TCP to the stream. No buffer is held while the connection is idle: one
-/// is allocated when the socket turns readable.
-async fn tcp_to_stream(
-    tcp: &TcpStream,
-    mut send: SendStream<Bytes>,
-    counter: &Counter,
-) -> Result<u64, TunnelRelayError> {
-    let mut total = 0u64;
-    loop {
-        let mut buf = BytesMut::new();
-        // While the TCP side is quiet, a reset of the stream (or the end of
-        // its connection) must still reach it, not wait for its next byte.
-        let readable = tokio::select! {
-            readable = poll_fn(|cx| tcp.poll_read_ready(cx)) => readable,
-            reset = poll_fn(|cx| send.poll_reset(cx)) => {
-                return Err(TunnelRelayError::Stream { source: reset_error(reset) });
-            }
-        };
-        let read = match readable {
-            Ok(()) => {
-                buf.reserve(CHUNK);
-                tcp.try_read_buf(&mut buf)
-            }
-            Err(err) => Err(err),
-        };
-        let n = match read {
-            Ok(n) => n,
-            Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(source) => {
-                send.send_reset(Reason::CANCEL);
-                return Err(TunnelRelayError::Tcp { source });
-            }
-        };
-        if n == 0 {
-            send.send_data(Bytes::new(), true)
-                .map_err(|source| TunnelRelayError::Stream { source })?;
-            return Ok(total);
+/// TCP to the stream.
+enum Forward {
+    /// Waiting for the socket to turn readable; no buffer is held until it
+    /// does.
+    Reading,
+    /// Bytes read, waiting for the stream's window to send the rest.
+    Sending(Bytes),
+    /// The socket's FIN was passed on as END_STREAM.
+    Done,
+}
+
+/// The stream to TCP.
+enum Backward {
+    /// Waiting for the stream's data.
+    Receiving,
+    /// Writing `data`, what is left of a frame of `len` bytes whose window
+    /// is released once all of it is written.
+    Writing { data: Bytes, len: usize },
+    /// END_STREAM was passed on as a FIN.
+    Done,
+}
+
+/// The relay's TCP socket, and the watch for its failure when needed.
+///
+/// Once the socket's read side has ended (or while its bytes wait for the
+/// stream's window) nothing reads it, and a reset arriving on it would
+/// only be learnt at the next write to it, which may never come (the
+/// client is waiting for the reply). Read readiness cannot tell: it stays
+/// ready for good after the FIN. Tokio offers the error readiness only as
+/// a future (`ready(Interest::ERROR)`, see [`failed`]), which borrows the
+/// socket; so while the watch is needed the socket is shared with the
+/// watch's box, and both go once the relay reads or writes the socket
+/// again. An idle connection, both ways open, holds neither.
+enum Tcp {
+    /// The relay's alone.
+    Alone(TcpStream),
+    /// Shared with the watch for its failure (if its box is not dropped
+    /// yet).
+    Watched(Arc<TcpStream>, Option<FailedWatch>),
+}
+
+type FailedWatch = Pin<Box<dyn Future<Output = io::Error> + Send>>;
+
+impl Deref for Tcp {
+    type Target = TcpStream;
+
+    fn deref(&self) -> &TcpStream {
+        match self {
+            Tcp::Alone(stream) => stream,
+            Tcp::Watched(stream, _) => stream,
         }
-        let mut chunk = if n < COPY_BELOW {
-            Bytes::copy_from_slice(&buf)
-        } else {
-            buf.freeze()
+    }
+}
+
+impl Tcp {
+    /// The socket with its failure watched.
+    fn watched(self) -> Tcp {
+        let stream = match self {
+            watched @ Tcp::Watched(_, Some(_)) => return watched,
+            Tcp::Watched(stream, None) => stream,
+            Tcp::Alone(stream) => Arc::new(stream),
         };
-        while !chunk.is_empty() {
-            send.reserve_capacity(chunk.len());
-            let granted = match poll_fn(|cx| send.poll_capacity(cx)).await {
-                Some(Ok(granted)) => granted,
-                Some(Err(source)) => return Err(TunnelRelayError::Stream { source }),
-                None => {
-                    // The stream can take no more data: the peer reset it.
-                    let reset = poll_fn(|cx| send.poll_reset(cx)).await;
-                    return Err(TunnelRelayError::Stream {
+        let watched = Arc::clone(&stream);
+        let watch: FailedWatch = Box::pin(async move { failed(&watched).await });
+        Tcp::Watched(stream, Some(watch))
+    }
+
+    /// The socket without its watch, back alone.
+    fn alone(self) -> Tcp {
+        match self {
+            Tcp::Watched(stream, watch) => {
+                // The watch's share of the socket goes with it.
+                drop(watch);
+                match Arc::try_unwrap(stream) {
+                    Ok(stream) => Tcp::Alone(stream),
+                    Err(stream) => Tcp::Watched(stream, None),
+                }
+            }
+            alone => alone,
+        }
+    }
+
+    /// Polls the watch, if there is one.
+    fn poll_failed(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        match self {
+            Tcp::Watched(_, Some(watch)) => watch.as_mut().poll(cx),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+impl Future for Relay {
+    type Output = Result<Transferred, TunnelRelayError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let Some(mut ends) = this.ends.take() else {
+            return Poll::Pending;
+        };
+        let result = ends.poll_directions(cx);
+        if result.is_pending() {
+            // The watch is needed while the stream's data is awaited and
+            // nothing reads the socket (see `Tcp`), and only then.
+            let unread = !matches!(ends.forward, Forward::Reading);
+            let awaiting = matches!(ends.backward, Backward::Receiving);
+            ends.tcp = if unread && awaiting {
+                ends.tcp.watched()
+            } else {
+                ends.tcp.alone()
+            };
+            if let Poll::Ready(source) = ends.tcp.poll_failed(cx) {
+                ends.tcp_failed();
+                return Poll::Ready(Err(TunnelRelayError::Tcp { source }));
+            }
+            this.ends = Some(ends);
+            return Poll::Pending;
+        }
+        // `ends` is dropped as the result goes: on a failure the socket is
+        // reset and the stream too (its handles dropped before it closed).
+        result.map_ok(|()| {
+            // END_STREAM and FIN both ways: the only end that may look
+            // clean.
+            close_normally(&ends.tcp);
+            Transferred {
+                sent: ends.sent,
+                received: ends.received,
+            }
+        })
+    }
+}
+
+impl Ends {
+    /// Drives both directions; ready once both finished, or at the first
+    /// failure.
+    fn poll_directions(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), TunnelRelayError>> {
+        let forward = self.poll_forward(cx)?;
+        let backward = self.poll_backward(cx)?;
+        if forward.is_ready() && backward.is_ready() {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// TCP to the stream; ready once the FIN was passed on.
+    fn poll_forward(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), TunnelRelayError>> {
+        loop {
+            match &mut self.forward {
+                Forward::Done => return Poll::Ready(Ok(())),
+                Forward::Reading => {
+                    let Some(chunk) = ready!(self.poll_read(cx))? else {
+                        self.send
+                            .send_data(Bytes::new(), true)
+                            .map_err(|source| TunnelRelayError::Stream { source })?;
+                        self.forward = Forward::Done;
+                        continue;
+                    };
+                    self.send.reserve_capacity(chunk.len());
+                    self.forward = Forward::Sending(chunk);
+                }
+                Forward::Sending(chunk) => {
+                    let granted = match ready!(self.send.poll_capacity(cx)) {
+                        Some(Ok(granted)) => granted,
+                        Some(Err(source)) => {
+                            return Poll::Ready(Err(TunnelRelayError::Stream { source }));
+                        }
+                        None => {
+                            // The stream can take no more data: the peer
+                            // reset it.
+                            let reset = ready!(self.send.poll_reset(cx));
+                            return Poll::Ready(Err(TunnelRelayError::Stream {
+                                source: reset_error(reset),
+                            }));
+                        }
+                    };
+                    let piece = chunk.split_to(granted.min(chunk.len()));
+                    let rest = chunk.len();
+                    let len = piece.len() as u64;
+                    self.sent += len;
+                    self.meter.forward.inc_by(len);
+                    self.send
+                        .send_data(piece, false)
+                        .map_err(|source| TunnelRelayError::Stream { source })?;
+                    if rest == 0 {
+                        self.forward = Forward::Reading;
+                    } else {
+                        self.send.reserve_capacity(rest);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One read from the TCP side: its bytes, or `None` at its FIN. While
+    /// the socket is quiet, a reset of the stream (or the end of its
+    /// connection) must still reach it, not wait for its next byte.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, TunnelRelayError>> {
+        loop {
+            let readable = match self.tcp.poll_read_ready(cx) {
+                Poll::Ready(readable) => readable,
+                Poll::Pending => {
+                    let reset = ready!(self.send.poll_reset(cx));
+                    return Poll::Ready(Err(TunnelRelayError::Stream {
                         source: reset_error(reset),
-                    });
+                    }));
                 }
             };
-            let piece = chunk.split_to(granted.min(chunk.len()));
-            total += piece.len() as u64;
-            counter.inc_by(piece.len() as u64);
-            send.send_data(piece, false)
-                .map_err(|source| TunnelRelayError::Stream { source })?;
+            // Allocated only now: an idle connection holds no buffer.
+            let mut buf = BytesMut::new();
+            let read = readable.and_then(|()| {
+                buf.reserve(CHUNK);
+                self.tcp.try_read_buf(&mut buf)
+            });
+            return Poll::Ready(match read {
+                Ok(0) => Ok(None),
+                Ok(n) if n < COPY_BELOW => Ok(Some(Bytes::copy_from_slice(&buf))),
+                Ok(_) => Ok(Some(buf.freeze())),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(source) => {
+                    self.send.send_reset(Reason::CANCEL);
+                    Err(TunnelRelayError::Tcp { source })
+                }
+            });
         }
+    }
+
+    /// The stream to TCP; ready once END_STREAM was passed on as a FIN.
+    fn poll_backward(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), TunnelRelayError>> {
+        loop {
+            match &mut self.backward {
+                Backward::Done => return Poll::Ready(Ok(())),
+                Backward::Receiving => match ready!(self.recv.poll_data(cx)) {
+                    Some(Ok(data)) => {
+                        let len = data.len();
+                        self.backward = Backward::Writing { data, len };
+                    }
+                    Some(Err(source)) => {
+                        return Poll::Ready(Err(TunnelRelayError::Stream { source }));
+                    }
+                    None => {
+                        let _ = socket2::SockRef::from(&*self.tcp).shutdown(Shutdown::Write);
+                        self.backward = Backward::Done;
+                    }
+                },
+                Backward::Writing { data, len } => {
+                    while !data.is_empty() {
+                        let written = match ready!(self.tcp.poll_write_ready(cx)) {
+                            Ok(()) => self.tcp.try_write(data),
+                            Err(err) => Err(err),
+                        };
+                        match written {
+                            Ok(n) => data.advance(n),
+                            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+                            Err(source) => {
+                                recv_reset(&mut self.recv);
+                                return Poll::Ready(Err(TunnelRelayError::Tcp { source }));
+                            }
+                        }
+                    }
+                    let len = *len;
+                    self.received += len as u64;
+                    self.meter.backward.inc_by(len as u64);
+                    // Only now may the peer send more.
+                    let _ = self.recv.flow_control().release_capacity(len);
+                    self.backward = Backward::Receiving;
+                }
+            }
+        }
+    }
+
+    /// The watched TCP side failed: the stream is reset.
+    fn tcp_failed(&mut self) {
+        recv_reset(&mut self.recv);
+        self.send.send_reset(Reason::CANCEL);
     }
 }
 
@@ -148,47 +400,22 @@ fn reset_error(reset: Result<Reason, h2::Error>) -> h2::Error {
     }
 }
 
-async fn stream_to_tcp(
-    mut recv: RecvStream,
-    tcp: &TcpStream,
-    counter: &Counter,
-) -> Result<u64, TunnelRelayError> {
-    let mut total = 0u64;
-    loop {
-        // The TCP side may have half-closed and be waiting for the reply:
-        // its reset must still reach the stream.
-        let next = tokio::select! {
-            next = recv.data() => Ok(next),
-            err = failed(tcp) => Err(err),
-        };
-        let data = match next {
-            Ok(Some(data)) => data,
-            Ok(None) => break,
-            Err(source) => {
-                recv_reset(&mut recv);
-                return Err(TunnelRelayError::Tcp { source });
-            }
-        };
-        let data = match data {
-            Ok(data) => data,
-            Err(source) => return Err(TunnelRelayError::Stream { source }),
-        };
-        let len = data.len();
-        if let Err(source) = flush(tcp, &data).await {
-            recv_reset(&mut recv);
-            return Err(TunnelRelayError::Tcp { source });
-        }
-        total += len as u64;
-        counter.inc_by(len as u64);
-        // Only now may the peer send more.
-        let _ = recv.flow_control().release_capacity(len);
-    }
-    let _ = socket2::SockRef::from(tcp).shutdown(Shutdown::Write);
-    Ok(total)
-}
-
 /// The TCP side cannot take data any more: stop the peer sending by
 /// refusing further window (the stream is reset when both halves drop).
 fn recv_reset(recv: &mut RecvStream) {
     let _ = recv.flow_control().release_capacity(0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The relay's state is what every tunnelled connection holds on each
+    /// agent for its whole life, idle or not.
+    #[test]
+    fn the_relay_state_stays_small() {
+        let size = std::mem::size_of::<Relay>();
+        println!("tunnel relay future: {size} bytes");
+        assert!(size <= 256, "the tunnel relay grew to {size} bytes");
+    }
 }
