@@ -24,7 +24,7 @@ use http::{Request, Response, StatusCode};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::TcpStream,
-    sync::watch,
+    sync::{Notify, watch},
     time::{Instant, MissedTickBehavior},
 };
 use tracing::{Instrument, debug, info_span};
@@ -37,8 +37,8 @@ use crate::{
     addr::{canonical, is_engine_port},
     identity::Identity,
     logging::Chain,
-    policy::{self, LiveConnections},
-    relay::relay_tunnel,
+    policy::{self, LiveConnections, LiveGuard},
+    relay::{relay_tunnel, tunnel::Relay},
     telemetry::{Direction, FailReason, Flow, Metrics, OpenFlow, Peer, Protocol, ServiceRef},
 };
 
@@ -203,31 +203,26 @@ where
         let accept = accept;
         accept.await
     };
-    let Some(Accepted {
-        app,
-        send,
-        body,
-        dst,
+    // Moved whole into what the task keeps: the parts of `Accepted` a
+    // destructuring here would leave behind (its socket and stream handles
+    // moved out) would stay in the task's state, unused, as long as the
+    // connection lives.
+    let Some(Running {
+        relay,
         open,
-    }) = accepted
+        _live,
+        kill,
+    }) = accepted.map(|accepted| accepted.start(&ctx))
     else {
         return;
     };
-    let (_live, kill) = match &ctx.live {
-        Some(live) => {
-            let (guard, kill) = live.register(ctx.peer_identity.as_ref(), canonical(ctx.peer), dst);
-            (Some(guard), Some(kill))
-        }
-        None => (None, None),
-    };
-    let meter = open.meter_from_server();
     let result = match kill {
         Some(kill) => tokio::select! {
-            result = relay_tunnel(app, send, body, meter) => result,
+            result = relay => result,
             // Dropping `open` records the connection as closed by the agent.
             () = kill.notified() => return,
         },
-        None => relay_tunnel(app, send, body, meter).await,
+        None => relay.await,
     };
     // The relay's `sent` went from the app (the server) into the tunnel.
     match result {
@@ -244,6 +239,45 @@ struct Accepted {
     body: h2::RecvStream,
     dst: SocketAddr,
     open: OpenFlow,
+}
+
+/// What a stream's task holds while its tunnel is relayed.
+struct Running {
+    relay: Relay,
+    open: OpenFlow,
+    /// The connection's entry among the live ones, while it lives.
+    _live: Option<LiveGuard>,
+    /// Notified once policy no longer allows the connection.
+    kill: Option<Arc<Notify>>,
+}
+
+impl Accepted {
+    /// Registers the connection as live (if policy is watched) and makes
+    /// its relay.
+    fn start(self, ctx: &ServerContext) -> Running {
+        let Accepted {
+            app,
+            send,
+            body,
+            dst,
+            open,
+        } = self;
+        let (_live, kill) = match &ctx.live {
+            Some(live) => {
+                let (guard, kill) =
+                    live.register(ctx.peer_identity.as_ref(), canonical(ctx.peer), dst);
+                (Some(guard), Some(kill))
+            }
+            None => (None, None),
+        };
+        let meter = open.meter_from_server();
+        Running {
+            relay: relay_tunnel(app, send, body, meter),
+            open,
+            _live,
+            kill,
+        }
+    }
 }
 
 /// Checks the request, asks policy, dials the app and answers 200; or
