@@ -10,11 +10,27 @@
 //! traffic before it closes, and hold no buffer while a connection is
 //! idle. What they share lives here, owned by
 //! neither direction of the proxy nor by the HBONE protocol code.
+//!
+//! Both are hand-written futures, not `async fn`s: a relay lives as long
+//! as its connection, so its state is memory per idle connection. They
+//! wait for readiness through the wakers the ends keep themselves
+//! (`poll_read_ready`, `poll_write_ready`: each socket has one reader and
+//! one writer in a relay; h2's `poll_*` for a stream), which cost nothing
+//! while idle, not through `readable()`/`writable()`, whose futures carry
+//! a waiter node of 152 bytes, nor through joined and selected futures.
 
 pub mod plain;
 pub mod tunnel;
 
-use std::{future::poll_fn, io, time::Duration};
+use std::{
+    future::Future,
+    io,
+    ops::Deref,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::{io::Interest, net::TcpStream};
@@ -46,25 +62,6 @@ pub struct Transferred {
     pub received: u64,
 }
 
-/// Writes all of `bytes`, waiting for the writer to take them.
-///
-/// The relays wait for readiness through the socket's own waker slots
-/// (`poll_read_ready`, `poll_write_ready`: each socket has one reader and
-/// one writer in a relay), not `readable()`/`writable()`, whose futures
-/// carry a waiter node of 152 bytes: that state stays in every open
-/// connection's task.
-async fn flush(writer: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
-    while !bytes.is_empty() {
-        poll_fn(|cx| writer.poll_write_ready(cx)).await?;
-        match writer.try_write(bytes) {
-            Ok(n) => bytes = &bytes[n..],
-            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
-            Err(err) => return Err(err),
-        }
-    }
-    Ok(())
-}
-
 /// Resolves once `stream` has failed (its peer reset it), with the error.
 ///
 /// A relay waits on one side at a time per direction; once a side has
@@ -80,6 +77,80 @@ async fn failed(stream: &TcpStream) -> io::Error {
         Ok(Some(err)) | Err(err) => err,
         // Reported and consumed by a read or write in the meantime.
         Ok(None) => io::ErrorKind::ConnectionReset.into(),
+    }
+}
+
+/// A relay's TCP socket, and the watch for its failure when needed.
+///
+/// Once a socket's read side has ended (or while its bytes wait to be
+/// passed on) nothing reads it, and a reset arriving on it would
+/// only be learnt at the next write to it, which may never come (the
+/// client is waiting for the reply). Read readiness cannot tell: it stays
+/// ready for good after the FIN. Tokio offers the error readiness only as
+/// a future (`ready(Interest::ERROR)`, see [`failed`]), which borrows the
+/// socket; so while the watch is needed the socket is shared with the
+/// watch's box, and both go once the relay reads or writes the socket
+/// again. An idle connection, both ways open, holds neither.
+pub(super) enum Socket {
+    /// The relay's alone.
+    Alone(TcpStream),
+    /// Shared with the watch for its failure (if its box is not dropped
+    /// yet).
+    Watched(Arc<TcpStream>, Option<FailedWatch>),
+}
+
+type FailedWatch = Pin<Box<dyn Future<Output = io::Error> + Send>>;
+
+impl Deref for Socket {
+    type Target = TcpStream;
+
+    fn deref(&self) -> &TcpStream {
+        match self {
+            Socket::Alone(stream) => stream,
+            Socket::Watched(stream, _) => stream,
+        }
+    }
+}
+
+impl Socket {
+    /// A socket nothing watches yet.
+    pub(super) fn new(stream: TcpStream) -> Socket {
+        Socket::Alone(stream)
+    }
+
+    /// The socket with its failure watched.
+    pub(super) fn watched(self) -> Socket {
+        let stream = match self {
+            watched @ Socket::Watched(_, Some(_)) => return watched,
+            Socket::Watched(stream, None) => stream,
+            Socket::Alone(stream) => Arc::new(stream),
+        };
+        let watched = Arc::clone(&stream);
+        let watch: FailedWatch = Box::pin(async move { failed(&watched).await });
+        Socket::Watched(stream, Some(watch))
+    }
+
+    /// The socket without its watch, back alone.
+    pub(super) fn alone(self) -> Socket {
+        match self {
+            Socket::Watched(stream, watch) => {
+                // The watch's share of the socket goes with it.
+                drop(watch);
+                match Arc::try_unwrap(stream) {
+                    Ok(stream) => Socket::Alone(stream),
+                    Err(stream) => Socket::Watched(stream, None),
+                }
+            }
+            alone => alone,
+        }
+    }
+
+    /// Polls the watch, if there is one.
+    pub(super) fn poll_failed(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        match self {
+            Socket::Watched(_, Some(watch)) => watch.as_mut().poll(cx),
+            _ => Poll::Pending,
+        }
     }
 }
 

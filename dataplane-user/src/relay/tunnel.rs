@@ -25,16 +25,14 @@
 //! themselves (`poll_read_ready`/`poll_write_ready` for the socket,
 //! `poll_data`, `poll_capacity` and `poll_reset` for the stream), which
 //! cost nothing while idle. Only the watch for a failure of a TCP side
-//! nobody reads any more (see [`Tcp`]) needs a future of its own, and it
+//! nobody reads any more (see [`Socket`]) needs a future of its own, and it
 //! is boxed and made only while needed.
 
 use std::{
     future::Future,
     io,
     net::Shutdown,
-    ops::Deref,
     pin::Pin,
-    sync::Arc,
     task::{Context, Poll, ready},
 };
 
@@ -42,7 +40,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
 use tokio::net::TcpStream;
 
-use super::{Meter, Transferred, close_normally, failed, reset_on_close};
+use super::{Meter, Socket, Transferred, close_normally, reset_on_close};
 
 /// Largest read from the TCP side.
 const CHUNK: usize = 64 * 1024;
@@ -81,7 +79,7 @@ pub fn relay(tcp: TcpStream, send: SendStream<Bytes>, recv: RecvStream, meter: M
     reset_on_close(&tcp);
     Relay {
         ends: Some(Ends {
-            tcp: Tcp::Alone(tcp),
+            tcp: Socket::new(tcp),
             send,
             recv,
             meter,
@@ -102,7 +100,7 @@ pub struct Relay {
 
 /// Everything a running relay holds.
 struct Ends {
-    tcp: Tcp,
+    tcp: Socket,
     send: SendStream<Bytes>,
     recv: RecvStream,
     meter: Meter,
@@ -136,75 +134,6 @@ enum Backward {
     Done,
 }
 
-/// The relay's TCP socket, and the watch for its failure when needed.
-///
-/// Once the socket's read side has ended (or while its bytes wait for the
-/// stream's window) nothing reads it, and a reset arriving on it would
-/// only be learnt at the next write to it, which may never come (the
-/// client is waiting for the reply). Read readiness cannot tell: it stays
-/// ready for good after the FIN. Tokio offers the error readiness only as
-/// a future (`ready(Interest::ERROR)`, see [`failed`]), which borrows the
-/// socket; so while the watch is needed the socket is shared with the
-/// watch's box, and both go once the relay reads or writes the socket
-/// again. An idle connection, both ways open, holds neither.
-enum Tcp {
-    /// The relay's alone.
-    Alone(TcpStream),
-    /// Shared with the watch for its failure (if its box is not dropped
-    /// yet).
-    Watched(Arc<TcpStream>, Option<FailedWatch>),
-}
-
-type FailedWatch = Pin<Box<dyn Future<Output = io::Error> + Send>>;
-
-impl Deref for Tcp {
-    type Target = TcpStream;
-
-    fn deref(&self) -> &TcpStream {
-        match self {
-            Tcp::Alone(stream) => stream,
-            Tcp::Watched(stream, _) => stream,
-        }
-    }
-}
-
-impl Tcp {
-    /// The socket with its failure watched.
-    fn watched(self) -> Tcp {
-        let stream = match self {
-            watched @ Tcp::Watched(_, Some(_)) => return watched,
-            Tcp::Watched(stream, None) => stream,
-            Tcp::Alone(stream) => Arc::new(stream),
-        };
-        let watched = Arc::clone(&stream);
-        let watch: FailedWatch = Box::pin(async move { failed(&watched).await });
-        Tcp::Watched(stream, Some(watch))
-    }
-
-    /// The socket without its watch, back alone.
-    fn alone(self) -> Tcp {
-        match self {
-            Tcp::Watched(stream, watch) => {
-                // The watch's share of the socket goes with it.
-                drop(watch);
-                match Arc::try_unwrap(stream) {
-                    Ok(stream) => Tcp::Alone(stream),
-                    Err(stream) => Tcp::Watched(stream, None),
-                }
-            }
-            alone => alone,
-        }
-    }
-
-    /// Polls the watch, if there is one.
-    fn poll_failed(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
-        match self {
-            Tcp::Watched(_, Some(watch)) => watch.as_mut().poll(cx),
-            _ => Poll::Pending,
-        }
-    }
-}
-
 impl Future for Relay {
     type Output = Result<Transferred, TunnelRelayError>;
 
@@ -216,7 +145,7 @@ impl Future for Relay {
         let result = ends.poll_directions(cx);
         if result.is_pending() {
             // The watch is needed while the stream's data is awaited and
-            // nothing reads the socket (see `Tcp`), and only then.
+            // nothing reads the socket (see [`Socket`]), and only then.
             let unread = !matches!(ends.forward, Forward::Reading);
             let awaiting = matches!(ends.backward, Backward::Receiving);
             ends.tcp = if unread && awaiting {
