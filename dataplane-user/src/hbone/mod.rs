@@ -18,7 +18,7 @@ pub mod preface;
 pub mod server;
 pub mod wire;
 
-pub use pool::{Dialer, HbonePool, PoolError, PoolKey, Tunnel};
+pub use pool::{Dialer, HbonePool, PoolError, PoolKey, StreamSlot, Tunnel};
 pub use preface::PrefaceWatch;
 pub use server::{AppDialer, AuthorityResolver, Authorizer, ServerContext, serve_connection};
 

@@ -158,8 +158,17 @@ pub struct Tunnel {
     _slot: StreamSlot,
 }
 
+/// A tunnel's place among its connection's streams, which the pool counts
+/// to spread new streams; given back when dropped.
 #[derive(Debug)]
-struct StreamSlot(Arc<AtomicUsize>);
+pub struct StreamSlot(Arc<AtomicUsize>);
+
+impl Tunnel {
+    /// The stream's two halves, and its slot to hold while they are used.
+    pub fn into_parts(self) -> (h2::SendStream<Bytes>, h2::RecvStream, StreamSlot) {
+        (self.send, self.recv, self._slot)
+    }
+}
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {

@@ -52,8 +52,12 @@ use crate::{
     logging::Chain,
     mesh::MeshContext,
     redirect::OrigDstTable,
-    relay::{relay_plain, reset_on_close},
-    telemetry::{FailReason, Flow},
+    relay::{
+        Transferred,
+        plain::{PlainRelayError, Relay as PlainRelay},
+        relay_plain, reset_on_close,
+    },
+    telemetry::{FailReason, Flow, OpenFlow},
     workers::Placement,
 };
 
@@ -373,22 +377,44 @@ async fn connect_and_relay(
     (client, dst): (Option<IpAddr>, SocketAddr),
     ctx: &PodContext,
 ) {
+    if let Some((relay, open)) = connect_direct(downstream, flow, (client, dst), ctx).await {
+        record_plain(relay.await, open);
+    }
+}
+
+/// The connect half of [`connect_and_relay`]: connects to `dst` and
+/// returns the relay to run with the connection's record, or refuses the
+/// connection (`None`).
+async fn connect_direct(
+    downstream: TcpStream,
+    flow: Flow,
+    (client, dst): (Option<IpAddr>, SocketAddr),
+    ctx: &PodContext,
+) -> Option<(PlainRelay, OpenFlow)> {
     let connect = tokio::time::timeout(CONNECT_TIMEOUT, ctx.connect_app(client, dst));
     let upstream = match Box::pin(connect).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(err)) => {
             let reason = format!("connect failed: {err}");
-            return refuse(downstream, &flow, ctx, FailReason::ConnectFailed, &reason);
+            refuse(downstream, &flow, ctx, FailReason::ConnectFailed, &reason);
+            return None;
         }
         Err(_) => {
             let reason = "connect timed out";
-            return refuse(downstream, &flow, ctx, FailReason::ConnectTimeout, reason);
+            refuse(downstream, &flow, ctx, FailReason::ConnectTimeout, reason);
+            return None;
         }
     };
     let open = flow.open(&ctx.mesh.metrics);
     let _ = downstream.set_nodelay(true);
     debug!(%dst, "connected");
-    match relay_plain(downstream, upstream, open.meter_from_client()).await {
+    let relay = relay_plain(downstream, upstream, open.meter_from_client());
+    Some((relay, open))
+}
+
+/// Writes the record of a plain relay that ended.
+fn record_plain(result: Result<Transferred, PlainRelayError>, open: OpenFlow) {
+    match result {
         Ok(t) => open.close(t.sent, t.received, None),
         Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
     }

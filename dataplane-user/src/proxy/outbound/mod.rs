@@ -5,6 +5,7 @@
 //! endpoint when one's node does not answer, or a refusal. One span per
 //! connection, one access record when it closes or is refused.
 
+mod connection;
 pub mod plan;
 
 use std::{
@@ -17,7 +18,7 @@ use tracing::{Instrument, info_span, warn};
 
 pub use plan::{Action, EndpointChoice, Hop, OutboundPlan, TunnelHop, plan};
 
-use super::{PodContext, connect_and_relay, finish, orig_dst::OrigDst, reap, refuse};
+use super::{PodContext, connect_direct, finish, orig_dst::OrigDst, reap, refuse};
 use crate::{
     hbone::{PoolError, PoolKey, Tunnel, wire::Baggage},
     logging::Chain,
@@ -25,6 +26,7 @@ use crate::{
     state::{DeadEndpoints, ServiceEntry},
     telemetry::{Direction, FailReason, Flow, Peer, Protocol},
 };
+use connection::{Connection, Relaying};
 
 /// Serves one outbound capture listener until the agent drains.
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst: Arc<OrigDst>) {
@@ -47,34 +49,9 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
         let src = ctx.client_addr(peer);
         let span =
             info_span!("outbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, %src);
-        // Created here, boxed: until its way is open the connection's
-        // state (the plan, failover, the tunnel's opening) lives in this
-        // box, freed once the way is open. The task then holds only a
-        // relay for the connection's life, and most open connections are
-        // idle ones. (An async function's arguments stay in its state
-        // for its whole life, so the box is made before the task.)
-        let way = Box::pin(decide(stream, dst, src, Arc::clone(&ctx)));
-        connections.spawn(
-            async move {
-                let opened = {
-                    let way = way;
-                    way.await
-                };
-                // Both relays inline: the task is as large as the larger
-                // of them, and neither kind of connection pays for a box
-                // on top.
-                match opened {
-                    Some(Way::Tunnel(stream, flow, tunnel)) => {
-                        tunnel_relay(stream, flow, tunnel, &ctx).await;
-                    }
-                    Some(Way::Direct(stream, flow, dst)) => {
-                        connect_and_relay(stream, flow, (None, dst), &ctx).await;
-                    }
-                    None => {}
-                }
-            }
-            .instrument(span),
-        );
+        // Boxed before the task is made (see [`connection`]).
+        let opening = Box::pin(open(stream, dst, src, Arc::clone(&ctx)));
+        connections.spawn(Connection::new(opening, ctx).instrument(span));
         reap(&mut connections);
     }
     finish(listener, connections).await;
@@ -247,15 +224,25 @@ async fn open_tunnel(ctx: &PodContext, hop: &TunnelHop, flow: &Flow) -> Result<T
     .await
 }
 
-/// Relays through an open tunnel; the flow's record is written as it ends.
-async fn tunnel_relay(stream: TcpStream, flow: Flow, tunnel: Tunnel, ctx: &PodContext) {
-    let open = flow.open(&ctx.mesh.metrics);
-    let _ = stream.set_nodelay(true);
-    let Tunnel { send, recv, .. } = tunnel;
-    match relay_tunnel(stream, send, recv, open.meter_from_client()).await {
-        Ok(t) => open.close(t.sent, t.received, None),
-        // Dropping the flow records that the agent closed it.
-        Err(_) if ctx.pool.is_closed() => drop(open),
-        Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
+/// Opens the connection's way ([`decide`]) up to its relay: the tunnel's
+/// relay, or the direct connection made and its relay.
+async fn open(
+    stream: TcpStream,
+    dst: Result<Option<SocketAddr>, String>,
+    src: SocketAddr,
+    ctx: Arc<PodContext>,
+) -> Option<Relaying> {
+    match decide(stream, dst, src, Arc::clone(&ctx)).await? {
+        Way::Tunnel(stream, flow, tunnel) => {
+            let open = flow.open(&ctx.mesh.metrics);
+            let _ = stream.set_nodelay(true);
+            let (send, recv, slot) = tunnel.into_parts();
+            let relay = relay_tunnel(stream, send, recv, open.meter_from_client());
+            Some(Relaying::Tunnel(relay, open, slot))
+        }
+        Way::Direct(stream, flow, dst) => {
+            let (relay, open) = connect_direct(stream, flow, (None, dst), &ctx).await?;
+            Some(Relaying::Plain(relay, open))
+        }
     }
 }
