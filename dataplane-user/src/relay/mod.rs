@@ -80,6 +80,16 @@ async fn failed(stream: &TcpStream) -> io::Error {
     }
 }
 
+/// Ready once both directions of a relay are (each is ready when it has
+/// finished).
+fn both(forward: Poll<()>, backward: Poll<()>) -> Poll<()> {
+    if forward.is_ready() && backward.is_ready() {
+        Poll::Ready(())
+    } else {
+        Poll::Pending
+    }
+}
+
 /// A relay's TCP socket, and the watch for its failure when needed.
 ///
 /// Once a socket's read side has ended (or while its bytes wait to be

@@ -28,7 +28,7 @@ use std::{
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
-use super::{Meter, Socket, Transferred, close_normally, reset_on_close};
+use super::{Meter, Socket, Transferred, both, close_normally, reset_on_close};
 
 /// Largest read: the per-thread scratch buffer's size.
 const BUFFER_SIZE: usize = 64 * 1024;
@@ -195,11 +195,7 @@ impl Ends {
             counter: &self.meter.backward,
         }
         .poll(&mut self.backward, cx)?;
-        if forward.is_ready() && backward.is_ready() {
-            Poll::Ready(Ok(()))
-        } else {
-            Poll::Pending
-        }
+        both(forward, backward).map(Ok)
     }
 }
 

@@ -40,7 +40,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
 use tokio::net::TcpStream;
 
-use super::{Meter, Socket, Transferred, close_normally, reset_on_close};
+use super::{Meter, Socket, Transferred, both, close_normally, reset_on_close};
 
 /// Largest read from the TCP side.
 const CHUNK: usize = 64 * 1024;
@@ -180,11 +180,7 @@ impl Ends {
     fn poll_directions(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), TunnelRelayError>> {
         let forward = self.poll_forward(cx)?;
         let backward = self.poll_backward(cx)?;
-        if forward.is_ready() && backward.is_ready() {
-            Poll::Ready(Ok(()))
-        } else {
-            Poll::Pending
-        }
+        both(forward, backward).map(Ok)
     }
 
     /// TCP to the stream; ready once the FIN was passed on.

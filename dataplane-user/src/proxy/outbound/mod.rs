@@ -50,7 +50,10 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
         let span =
             info_span!("outbound", pod = %ctx.identity.name, ns = %ctx.identity.namespace, %src);
         // Boxed before the task is made (see [`connection`]).
-        let opening = Box::pin(open(stream, dst, src, Arc::clone(&ctx)));
+        let opening = {
+            let ctx = Arc::clone(&ctx);
+            Box::pin(async move { relaying(decide(stream, dst, src, &ctx).await?, &ctx).await })
+        };
         connections.spawn(Connection::new(opening, ctx).instrument(span));
         reap(&mut connections);
     }
@@ -88,7 +91,7 @@ async fn decide(
     stream: TcpStream,
     dst: Result<Option<SocketAddr>, String>,
     src: SocketAddr,
-    ctx: Arc<PodContext>,
+    ctx: &PodContext,
 ) -> Option<Way> {
     // One snapshot decides the connection (and is let go before it is
     // relayed).
@@ -106,10 +109,10 @@ async fn decide(
         Ok(Some(dst)) => {
             let plan = plan(&state, &ctx.spiffe, src.ip(), dst, &Live(&ctx.mesh.dead));
             if let Some(fast) = ctx.mesh.fast_path.get() {
-                fast.consider(&ctx, &state, src, &plan);
+                fast.consider(ctx, &state, src, &plan);
             }
             drop(state);
-            return open_way(stream, flow, plan, &ctx).await;
+            return open_way(stream, flow, plan, ctx).await;
         }
         Ok(None) => (
             FailReason::NoOriginalDestination,
@@ -117,7 +120,7 @@ async fn decide(
         ),
         Err(err) => (FailReason::Internal, err),
     };
-    refuse(stream, &flow, &ctx, reason, &detail);
+    refuse(stream, &flow, ctx, reason, &detail);
     None
 }
 
@@ -224,15 +227,10 @@ async fn open_tunnel(ctx: &PodContext, hop: &TunnelHop, flow: &Flow) -> Result<T
     .await
 }
 
-/// Opens the connection's way ([`decide`]) up to its relay: the tunnel's
-/// relay, or the direct connection made and its relay.
-async fn open(
-    stream: TcpStream,
-    dst: Result<Option<SocketAddr>, String>,
-    src: SocketAddr,
-    ctx: Arc<PodContext>,
-) -> Option<Relaying> {
-    match decide(stream, dst, src, Arc::clone(&ctx)).await? {
+/// What relays an open `way`: the tunnel's relay, or the direct
+/// connection made and its relay (`None` if it could not be made).
+async fn relaying(way: Way, ctx: &PodContext) -> Option<Relaying> {
+    match way {
         Way::Tunnel(stream, flow, tunnel) => {
             let open = flow.open(&ctx.mesh.metrics);
             let _ = stream.set_nodelay(true);
@@ -241,7 +239,7 @@ async fn open(
             Some(Relaying::Tunnel(relay, open, slot))
         }
         Way::Direct(stream, flow, dst) => {
-            let (relay, open) = connect_direct(stream, flow, (None, dst), &ctx).await?;
+            let (relay, open) = connect_direct(stream, flow, (None, dst), ctx).await?;
             Some(Relaying::Plain(relay, open))
         }
     }
