@@ -52,11 +52,7 @@ use crate::{
     logging::Chain,
     mesh::MeshContext,
     redirect::OrigDstTable,
-    relay::{
-        Transferred,
-        plain::{PlainRelayError, Relay as PlainRelay},
-        relay_plain, reset_on_close,
-    },
+    relay::{Transferred, plain::Relay as PlainRelay, relay_plain, reset_on_close},
     telemetry::{FailReason, Flow, OpenFlow},
     workers::Placement,
 };
@@ -378,7 +374,7 @@ async fn connect_and_relay(
     ctx: &PodContext,
 ) {
     if let Some((relay, open)) = connect_direct(downstream, flow, (client, dst), ctx).await {
-        record_plain(relay.await, open);
+        record(relay.await, open);
     }
 }
 
@@ -412,8 +408,9 @@ async fn connect_direct(
     Some((relay, open))
 }
 
-/// Writes the record of a plain relay that ended.
-fn record_plain(result: Result<Transferred, PlainRelayError>, open: OpenFlow) {
+/// Writes the record of a relay that ended, naming its failure if it
+/// failed.
+fn record<E: std::error::Error + 'static>(result: Result<Transferred, E>, open: OpenFlow) {
     match result {
         Ok(t) => open.close(t.sent, t.received, None),
         Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),

@@ -18,8 +18,7 @@ use std::{
 
 use crate::{
     hbone::StreamSlot,
-    logging::Chain,
-    proxy::PodContext,
+    proxy::{PodContext, record},
     relay::{
         Transferred, plain,
         tunnel::{self, TunnelRelayError},
@@ -97,7 +96,7 @@ impl Future for Connection {
                 State::Plain(relay, open) => {
                     let result = ready!(Pin::new(relay).poll(cx));
                     if let Some(open) = open.take() {
-                        super::super::record_plain(result, open);
+                        record(result, open);
                     }
                     this.state = State::Done;
                 }
@@ -110,10 +109,9 @@ impl Future for Connection {
 /// Writes the record of a tunnel relay that ended.
 fn record_tunnel(result: Result<Transferred, TunnelRelayError>, open: OpenFlow, ctx: &PodContext) {
     match result {
-        Ok(t) => open.close(t.sent, t.received, None),
         // Dropping the flow records that the agent closed it.
         Err(_) if ctx.pool.is_closed() => drop(open),
-        Err(err) => open.close(0, 0, Some(&Chain(&err).to_string())),
+        result => record(result, open),
     }
 }
 
