@@ -217,9 +217,15 @@ fn pool_connect(c: &mut Criterion) {
         let key = key.clone();
         let baggage = baggage.clone();
         async move {
-            pool.connect(&key, "10.2.0.12:9000", (source, None), &baggage)
-                .await
-                .expect("tunnel")
+            pool.connect(
+                &key,
+                "10.2.0.12:9000",
+                (source, None),
+                &baggage,
+                &Bytes::new(),
+            )
+            .await
+            .expect("tunnel")
         }
     };
     // Warm: the connection is dialled once, here.

@@ -382,3 +382,145 @@ fn stock_ztunnel_captures_and_tunnels_enrolled_pods() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Our engine and a stock ztunnel carry each other's HBONE. Node1's agent
+/// runs our engine, its mesh and its pods' certificates from istiod;
+/// node2's pod is served by a stock ztunnel on the same istiod. Each
+/// client speaks first, so our engine sends its first bytes with the
+/// CONNECT request, before ztunnel's 200 (HTTP/2 allows it; ztunnel
+/// buffers them until its connection to the app is up).
+#[test]
+#[ignore = "needs a ztunnel binary in DATAPLANE_ZTUNNEL"]
+fn our_engine_and_a_stock_ztunnel_tunnel_both_ways() -> anyhow::Result<()> {
+    let binary = ztunnel_binary()?;
+    let w = TwoNodes::new("ztmx")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let pki = TestPki::generate()?;
+    let mut istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
+    let mut mesh = w.mesh_config();
+    for workload in &mut mesh.workloads {
+        workload.netns = None;
+    }
+    rt.block_on(async {
+        istiod
+            .publish(ADDRESS_TYPE, address_resources(&mesh, "1"), &[])
+            .await?;
+        istiod
+            .publish(AUTHORIZATION_TYPE, authorization_resources(&mesh, "1"), &[])
+            .await
+    })?;
+
+    // Node1: our engine, its mesh and certificates from istiod; its pods
+    // are enrolled over the control socket.
+    let root = w.dir.path().join("root-cert.pem");
+    std::fs::write(&root, &pki.root_pem)?;
+    let token = w.dir.path().join("istio-token");
+    std::fs::write(&token, "engine-node1-token\n")?;
+    let empty = w.dir.path().join("empty.yaml");
+    std::fs::write(&empty, "workloads: []\n")?;
+    let (address, root, token) = (
+        istiod.addr.to_string(),
+        root.display().to_string(),
+        token.display().to_string(),
+    );
+    let a1 = w.agent(
+        "zm",
+        1,
+        &empty,
+        &[
+            "--xds",
+            "--cert-source",
+            "istio",
+            "--istiod-address",
+            &address,
+            "--istiod-server-name",
+            SERVER_NAME,
+            "--istiod-root-cert",
+            &root,
+            "--istiod-token",
+            &token,
+            "--pod-name",
+            "dataplane-node1",
+            "--instance-ip",
+            "127.0.0.1",
+        ],
+    )?;
+    for (pod, name) in [(&w.client, "client"), (&w.local, "local")] {
+        let mut spec = dataplane_tests::Agent::spec_for(pod, name);
+        spec.service_account = name.to_owned();
+        let response = a1.enroll(spec)?;
+        anyhow::ensure!(response.ok, "enrolling {name}: {:?}", response.error);
+    }
+
+    // Node2: a stock ztunnel serves its pod.
+    let config = w.config()?;
+    let zds2 = w.dir.path().join("zds2.sock");
+    let zds2_flag = zds2.display().to_string();
+    let a2 = w.agent(
+        "zm",
+        2,
+        &config,
+        &["--engine", "ztunnel", "--zds-socket", &zds2_flag],
+    )?;
+    let logs = TempDir::new("ztmxlog")?;
+    let home2 = ZtunnelHome::new(
+        logs.path(),
+        "node2",
+        rt.block_on(istiod.listen_in(w.n2.netns()))?,
+        &pki.root_pem,
+    )?;
+    let z2 = Ztunnel::start(&binary, &w.n2, "node2", &zds2, &home2, logs.path())?;
+    wait_captured(&a2, &z2)?;
+
+    let local = echo_server(&w.local, 9000)?;
+    let remote = echo_server(&w.remote, 9000)?;
+    // Our engine's tunnel, into ztunnel.
+    echo(&w.client, addr(&w.remote, 9000), 4096, 1)
+        .map_err(|e| anyhow::anyhow!("{e:#}\nztunnel log:\n{}", z2.log_tail()))?;
+    assert_eq!(
+        seen_by(&remote)?,
+        IpAddr::from(w.client.ip4),
+        "into ztunnel"
+    );
+    // ztunnel's tunnel, into our engine.
+    echo(&w.remote, addr(&w.local, 9000), 4096, 2)
+        .map_err(|e| anyhow::anyhow!("{e:#}\nztunnel log:\n{}", z2.log_tail()))?;
+    assert_eq!(seen_by(&local)?, IpAddr::from(w.remote.ip4), "from ztunnel");
+
+    // Both went through ztunnel in mutual TLS, its telemetry says, and
+    // through our engine, ours says.
+    let m2 = ztunnel_metrics(&w.n2)?;
+    let mtls = "connection_security_policy=\"mutual_tls\"";
+    assert!(
+        opened(&m2, &["reporter=\"destination\"", mtls]) >= 1,
+        "ztunnel did not serve our engine's tunnel:\n{m2}"
+    );
+    assert!(
+        opened(&m2, &["reporter=\"source\"", mtls]) >= 1,
+        "ztunnel did not open a tunnel to our engine:\n{m2}"
+    );
+    let ours = dataplane_tests::observe::scrape(&a1)?;
+    for reporter in ["source", "destination"] {
+        let count: f64 = ours
+            .iter()
+            .filter(|s| s.name == "istio_tcp_connections_opened_total")
+            .filter(|s| {
+                let has = |k: &str, v: &str| s.labels.iter().any(|(a, b)| a == k && b == v);
+                has("reporter", reporter) && has("connection_security_policy", "mutual_tls")
+            })
+            .map(|s| s.value)
+            .sum();
+        assert!(count >= 1.0, "our engine reported no {reporter} tunnel");
+    }
+    // And ztunnel took our client's first bytes before its 200.
+    let early: f64 = ours
+        .iter()
+        .filter(|s| s.name == "dataplane_hbone_early_data_total")
+        .map(|s| s.value)
+        .sum();
+    assert!(early >= 1.0, "no tunnel into ztunnel carried early bytes");
+    Ok(())
+}

@@ -14,6 +14,7 @@ use tokio::{
 use super::{pool::PoolSpread, *};
 use crate::relay::{TunnelRelayError, relay_tunnel as relay};
 
+mod early;
 mod slow_readers;
 mod spread;
 
@@ -133,23 +134,27 @@ async fn tcp_pair() -> std::io::Result<(TcpStream, TcpStream)> {
     Ok((app, engine))
 }
 
+/// Opens a tunnel to `authority` through the HBONE server at `server`,
+/// sending `early` with the request.
+async fn open_with<D: Dialer>(
+    pool: &Arc<HbonePool<D>>,
+    server: SocketAddr,
+    authority: &str,
+    early: &bytes::Bytes,
+) -> Result<Tunnel, PoolError> {
+    let src = SocketAddr::from(([127, 0, 0, 1], 40000));
+    let baggage = wire::Baggage::default();
+    pool.connect(&key(server), authority, (src, None), &baggage, early)
+        .await
+}
+
+/// [`open_with`] sending nothing early.
 async fn open(
     pool: &Arc<HbonePool<TcpDialer>>,
     server: SocketAddr,
     authority: &str,
 ) -> Result<Tunnel, PoolError> {
-    let src: SocketAddr = "127.0.0.1:40000".parse().map_err(|_| PoolError::Refused {
-        addr: server,
-        authority: authority.into(),
-        status: StatusCode::BAD_REQUEST,
-    })?;
-    pool.connect(
-        &key(server),
-        authority,
-        (src, None),
-        &wire::Baggage::default(),
-    )
-    .await
+    open_with(pool, server, authority, &bytes::Bytes::new()).await
 }
 
 #[tokio::test]

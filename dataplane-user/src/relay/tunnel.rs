@@ -98,6 +98,18 @@ pub struct Relay {
     ends: Option<Ends>,
 }
 
+impl Relay {
+    /// Counts `n` bytes from the TCP side that were sent into the stream
+    /// before the relay began (with the tunnel's request).
+    pub fn sent_before(mut self, n: u64) -> Self {
+        if let Some(ends) = &mut self.ends {
+            ends.sent += n;
+            ends.meter.forward.inc_by(n);
+        }
+        self
+    }
+}
+
 /// Everything a running relay holds.
 struct Ends {
     tcp: Socket,

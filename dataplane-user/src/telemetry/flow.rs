@@ -106,6 +106,8 @@ pub enum FailReason {
     BadRequest,
     /// The app behind an inbound tunnel could not be reached.
     AppUnreachable,
+    /// The client's connection failed (was reset) before it was relayed.
+    ClientFailed,
     /// Anything else (a socket could not be created, ...).
     Internal,
 }
@@ -124,7 +126,10 @@ impl FailReason {
             | Self::AppUnreachable => "CONNECT",
             Self::TlsHandshake => "TLS_FAILURE",
             Self::HandshakeTimeout | Self::BadRequest => "H2_HANDSHAKE_FAILURE",
-            Self::NoOriginalDestination | Self::EnginePort | Self::Internal => "-",
+            Self::NoOriginalDestination
+            | Self::EnginePort
+            | Self::ClientFailed
+            | Self::Internal => "-",
         }
     }
 
@@ -142,6 +147,7 @@ impl FailReason {
             Self::HandshakeTimeout => "handshake_timeout",
             Self::BadRequest => "bad_request",
             Self::AppUnreachable => "app_unreachable",
+            Self::ClientFailed => "client_failed",
             Self::Internal => "internal",
         }
     }

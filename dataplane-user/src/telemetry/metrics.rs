@@ -178,6 +178,7 @@ pub struct Metrics {
     handshakes_shed: Family<ReasonLabels, Counter>,
     accept_failures: Family<AcceptLabels, Counter>,
     handshakes_pending: Gauge,
+    early_data: Counter,
 }
 
 impl Default for Metrics {
@@ -267,6 +268,13 @@ impl Metrics {
             "Inbound HBONE connections in their TLS or HTTP/2 handshake now",
             handshakes_pending.clone(),
         );
+        let early_data = Counter::default();
+        registry.register(
+            "dataplane_hbone_early_data",
+            "Outbound HBONE tunnels whose CONNECT request carried the client's first bytes \
+             (sent before the response, saving a round trip)",
+            early_data.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
@@ -299,6 +307,7 @@ impl Metrics {
             handshakes_shed,
             accept_failures,
             handshakes_pending,
+            early_data,
         }
     }
 
@@ -370,6 +379,11 @@ impl Metrics {
         self.handshakes_shed
             .get_or_create(&ReasonLabels { reason })
             .inc();
+    }
+
+    /// Counts a tunnel whose request carried the client's first bytes.
+    pub fn early_data_sent(&self) {
+        self.early_data.inc();
     }
 
     /// Records how many inbound handshakes are pending.

@@ -11,14 +11,7 @@ async fn open_via<D: Dialer>(
     server: SocketAddr,
     app: SocketAddr,
 ) -> Result<Tunnel, PoolError> {
-    let src = SocketAddr::from(([127, 0, 0, 1], 40000));
-    pool.connect(
-        &key(server),
-        &app.to_string(),
-        (src, None),
-        &wire::Baggage::default(),
-    )
-    .await
+    open_with(pool, server, &app.to_string(), &bytes::Bytes::new()).await
 }
 
 fn spread(max_connections: usize) -> PoolSpread {

@@ -9,10 +9,12 @@ mod connection;
 pub mod plan;
 
 use std::{
+    io::{self, Read as _},
     net::{IpAddr, SocketAddr},
     sync::Arc,
 };
 
+use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{Instrument, info_span, warn};
 
@@ -77,8 +79,9 @@ impl EndpointChoice for Live<'_> {
 /// How an outbound connection goes once its way is open: what the
 /// connection's task relays.
 enum Way {
-    /// Through this open tunnel.
-    Tunnel(TcpStream, Flow, Tunnel),
+    /// Through this open tunnel, which already carried the client's first
+    /// bytes, this many.
+    Tunnel(TcpStream, Flow, Tunnel, u64),
     /// Straight to this address, from the pod.
     Direct(TcpStream, Flow, SocketAddr),
 }
@@ -147,8 +150,12 @@ async fn open_way(
         Action::Hop(Hop::Tunnel(hop)) => {
             flow.destination = Arc::clone(&hop.workload.peer);
             flow.protocol = Protocol::Hbone;
-            return match open_tunnel(ctx, &hop, &flow).await {
-                Ok(tunnel) => Some(Way::Tunnel(stream, flow, tunnel)),
+            let early = match early_bytes(&stream) {
+                Ok(early) => early,
+                Err(err) => return client_failed(stream, &flow, ctx, &err),
+            };
+            return match open_tunnel(ctx, &hop, &flow, &early).await {
+                Ok(tunnel) => Some(Way::Tunnel(stream, flow, tunnel, early.len() as u64)),
                 Err(err) => {
                     let reason = Chain(&err).to_string();
                     refuse(stream, &flow, ctx, FailReason::Tunnel, &reason);
@@ -163,6 +170,17 @@ async fn open_way(
         .as_deref()
         .map_or("-", |s| s.hostname.as_str())
         .to_owned();
+    // Bytes read here could not go to a direct hop, which has its own
+    // relay from the start: only a walk through tunnels alone sends them
+    // early.
+    let early = if hops.iter().all(|hop| matches!(hop, Hop::Tunnel(_))) {
+        match early_bytes(&stream) {
+            Ok(early) => early,
+            Err(err) => return client_failed(stream, &flow, ctx, &err),
+        }
+    } else {
+        Bytes::new()
+    };
     for hop in hops {
         flow.dst = Some(hop.dst());
         let hop = match hop {
@@ -174,8 +192,8 @@ async fn open_way(
         };
         flow.destination = Arc::clone(&hop.workload.peer);
         flow.protocol = Protocol::Hbone;
-        match open_tunnel(ctx, &hop, &flow).await {
-            Ok(tunnel) => return Some(Way::Tunnel(stream, flow, tunnel)),
+        match open_tunnel(ctx, &hop, &flow, &early).await {
+            Ok(tunnel) => return Some(Way::Tunnel(stream, flow, tunnel, early.len() as u64)),
             // The endpoint's node did not answer: skip it for a while and
             // try the next one.
             Err(PoolError::Dial { addr, .. }) => {
@@ -197,14 +215,48 @@ async fn open_way(
     None
 }
 
+/// The most of a client's first bytes that go with its tunnel's request:
+/// enough for a request head or a TLS ClientHello, within any HTTP/2
+/// peer's initial stream window (64 KiB less one).
+const EARLY_MAX: usize = 16 * 1024;
+
+/// What the client has sent so far, read without waiting (empty if
+/// nothing, or only its FIN, which the relay then reads again), to go
+/// with the tunnel's request.
+///
+/// Read from the socket itself: the runtime learns of a new socket's
+/// readiness only at its next turn, after the tunnel opened.
+fn early_bytes(stream: &TcpStream) -> io::Result<Bytes> {
+    let mut buf = [0u8; EARLY_MAX];
+    match (&*socket2::SockRef::from(stream)).read(&mut buf) {
+        Ok(n) => Ok(Bytes::copy_from_slice(&buf[..n])),
+        Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(Bytes::new()),
+        Err(err) => Err(err),
+    }
+}
+
+/// The client's connection failed (it was reset) before its tunnel
+/// opened: nothing is opened for it.
+fn client_failed(stream: TcpStream, flow: &Flow, ctx: &PodContext, err: &io::Error) -> Option<Way> {
+    let detail = format!("the client's connection failed before its tunnel opened: {err}");
+    refuse(stream, flow, ctx, FailReason::ClientFailed, &detail);
+    None
+}
+
 /// The connection's far end in telemetry: the workload, or nobody known.
 fn destination(peer: Option<&Arc<Peer>>) -> Arc<Peer> {
     peer.map(Arc::clone).unwrap_or_default()
 }
 
 /// Opens (or reuses a pooled connection for) the tunnel of `hop` for
-/// `flow`'s client (and the service it dialled, if it dialled one).
-async fn open_tunnel(ctx: &PodContext, hop: &TunnelHop, flow: &Flow) -> Result<Tunnel, PoolError> {
+/// `flow`'s client (and the service it dialled, if it dialled one),
+/// sending the client's `early` bytes with the request.
+async fn open_tunnel(
+    ctx: &PodContext,
+    hop: &TunnelHop,
+    flow: &Flow,
+    early: &Bytes,
+) -> Result<Tunnel, PoolError> {
     let forwarded = (
         flow.src,
         flow.service.as_deref().map(|s| s.hostname.as_str()),
@@ -222,7 +274,7 @@ async fn open_tunnel(ctx: &PodContext, hop: &TunnelHop, flow: &Flow) -> Result<T
     // the tunnel opens, not for the connection's whole life.
     Box::pin(
         ctx.pool
-            .connect(&key, &hop.dst.to_string(), forwarded, &baggage),
+            .connect(&key, &hop.dst.to_string(), forwarded, &baggage, early),
     )
     .await
 }
@@ -231,11 +283,15 @@ async fn open_tunnel(ctx: &PodContext, hop: &TunnelHop, flow: &Flow) -> Result<T
 /// connection made and its relay (`None` if it could not be made).
 async fn relaying(way: Way, ctx: &PodContext) -> Option<Relaying> {
     match way {
-        Way::Tunnel(stream, flow, tunnel) => {
+        Way::Tunnel(stream, flow, tunnel, early) => {
+            if early > 0 {
+                ctx.mesh.metrics.early_data_sent();
+            }
             let open = flow.open(&ctx.mesh.metrics);
             let _ = stream.set_nodelay(true);
             let (send, recv, slot) = tunnel.into_parts();
-            let relay = relay_tunnel(stream, send, recv, open.meter_from_client());
+            let relay =
+                relay_tunnel(stream, send, recv, open.meter_from_client()).sent_before(early);
             Some(Relaying::Tunnel(relay, open, slot))
         }
         Way::Direct(stream, flow, dst) => {
