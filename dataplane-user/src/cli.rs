@@ -153,6 +153,11 @@ pub struct PodAddArgs {
     /// `--dns-capture`].
     #[arg(long = "dns-capture")]
     pub dns_capture: Option<bool>,
+    /// Allow the same-node fast path for the pod (`true`/`false`)
+    /// [default: its workload's `fastPath`, else the agent's
+    /// `--fast-path`].
+    #[arg(long = "fast-path")]
+    pub fast_path: Option<bool>,
 }
 
 /// `dataplane redirect ...`

@@ -349,7 +349,8 @@ impl AgentView {
                     dns_capture: Some(pod.dns_capture),
                     original_source: Some(pod.original_source),
                     original_source_error: pod.original_source_error.clone(),
-                    fast_path: fast_path.map(|fast| fast.allows_at(&state, &pod.spec.ips)),
+                    fast_path: fast_path
+                        .map(|fast| fast.allows_pod(&state, pod.spec.fast_path, &pod.spec.ips)),
                     worker: pod.worker,
                 }
             })

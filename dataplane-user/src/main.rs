@@ -159,6 +159,7 @@ fn pod_command(command: PodCommand) -> anyhow::Result<()> {
                     inbound_ports: args.exclude_inbound_ports,
                 },
                 dns_capture: args.dns_capture,
+                fast_path: args.fast_path,
             };
             let response = control::call(
                 &socket,

@@ -419,6 +419,7 @@ impl Agent {
             node_addr: None,
             exclusions: Default::default(),
             dns_capture: None,
+            fast_path: None,
         }
     }
 }

@@ -219,3 +219,87 @@ fn the_switches_keep_pairs_on_the_proxy() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn a_pods_own_setting_decides_over_its_workload_and_the_agent() -> anyhow::Result<()> {
+    // Pods enrolled over the control socket (as the Kubernetes reconciler
+    // and the CNI plugin enroll them, with the pod's `dataplane/fast-path`
+    // annotation): (case, the client's and the server's own setting, the
+    // server's workload setting, agent flags, connections through the
+    // proxy out of three, `status`'s fast path for the client and the
+    // server).
+    type Case<'a> = (
+        &'a str,
+        [Option<bool>; 2],
+        Option<bool>,
+        &'a [&'a str],
+        u64,
+        [bool; 2],
+    );
+    let cases: [Case; 3] = [
+        (
+            "the server pod opts out",
+            [None, Some(false)],
+            None,
+            &[],
+            3,
+            [true, false],
+        ),
+        (
+            "the server pod opts in, its workload out",
+            [None, Some(true)],
+            Some(false),
+            &[],
+            1,
+            [true, true],
+        ),
+        (
+            "off mesh-wide, both pods opt in",
+            [Some(true), Some(true)],
+            None,
+            &["--fast-path", "off"],
+            1,
+            [true, true],
+        ),
+    ];
+    for (n, (case, own, workload_setting, flags, proxied, shown)) in cases.into_iter().enumerate() {
+        let w = TwoNodes::new(&format!("fpown{n}"))?;
+        let _server = echo_server(&w.local, 9000)?;
+        let mut config = w.mesh_config();
+        for workload in &mut config.workloads {
+            if workload.name == "client" || workload.name == "local" {
+                workload.netns = None;
+            }
+            if workload.name == "local" {
+                workload.fast_path = workload_setting;
+            }
+        }
+        let a1 = agent(&w, &format!("fpo{n}"), &config, flags)?;
+        for ((pod, name), setting) in [(&w.client, "client"), (&w.local, "local")]
+            .into_iter()
+            .zip(own)
+        {
+            let mut spec = Agent::spec_for(pod, name);
+            spec.service_account = name.to_owned();
+            spec.fast_path = setting;
+            let response = a1.enroll(spec)?;
+            anyhow::ensure!(
+                response.ok,
+                "{case}: enrolling {name}: {:?}",
+                response.error
+            );
+        }
+        for seed in 0..3 {
+            echo(&w.client, addr(&w.local, 9000), 10, seed)?;
+        }
+        let (redirected, fast, _) = ways(&a1)?;
+        assert_eq!((redirected, fast), (proxied, 3 - proxied), "{case}");
+        let fast_path_of = |name| a1.pod_status(name).map(|p| p.fast_path);
+        assert_eq!(
+            [fast_path_of("client")?, fast_path_of("local")?],
+            shown.map(Some),
+            "{case}: status"
+        );
+    }
+    Ok(())
+}

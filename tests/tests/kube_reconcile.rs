@@ -62,6 +62,7 @@ impl Recorder {
                     node_addr: None,
                     exclusions: Default::default(),
                     dns_capture: None,
+                    fast_path: None,
                 },
             );
         }

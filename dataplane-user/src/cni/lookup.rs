@@ -26,6 +26,9 @@ pub struct PodFacts {
     pub opt_in: OptIn,
     /// The pod's `ambient.istio.io/dns-capture` annotation, if set.
     pub dns_capture: Option<bool>,
+    /// The pod's [`FAST_PATH_ANNOTATION`](crate::enroll::FAST_PATH_ANNOTATION),
+    /// if set.
+    pub fast_path: Option<bool>,
 }
 
 /// Looks the pod and its namespace up through `kubeconfig`, within
@@ -66,6 +69,7 @@ async fn lookup_async(kubeconfig: &Path, pod_ref: &PodRef) -> Result<PodFacts, S
         .map_err(|e| format!("cannot get namespace {}: {}", pod_ref.namespace, Chain(&e)))?;
     let empty = Default::default();
     let spec = pod.spec.as_ref();
+    let annotations = pod.metadata.annotations.as_ref();
     let opt_in = optin::decide(OptInInput {
         pod_labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
         pod_annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
@@ -83,10 +87,8 @@ async fn lookup_async(kubeconfig: &Path, pod_ref: &PodRef) -> Result<PodFacts, S
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "default".into()),
         opt_in,
-        dns_capture: pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(crate::dns::annotation_setting),
+        dns_capture: annotations.and_then(crate::dns::annotation_setting),
+        fast_path: annotations
+            .and_then(|a| crate::enroll::annotation_flag(a, crate::enroll::FAST_PATH_ANNOTATION)),
     })
 }

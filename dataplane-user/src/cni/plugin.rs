@@ -213,7 +213,9 @@ fn add(env: &CniEnv, conf: &PluginConf) -> Result<String, CniError> {
         .map(|f| f.uid.clone())
         .or_else(|| pod.uid.clone())
         .unwrap_or_else(|| format!("cni-{container_id}"));
-    let dns_capture = facts.as_ref().and_then(|f| f.dns_capture);
+    let (dns_capture, fast_path) = facts
+        .as_ref()
+        .map_or((None, None), |f| (f.dns_capture, f.fast_path));
     let spec = PodSpec {
         uid,
         name: pod.name.clone(),
@@ -227,6 +229,7 @@ fn add(env: &CniEnv, conf: &PluginConf) -> Result<String, CniError> {
         node_addr: result.node_side(),
         exclusions: Default::default(),
         dns_capture,
+        fast_path,
     };
     let request = Request::Add {
         pod: Box::new(spec),

@@ -210,6 +210,7 @@ mod tests {
             node_addr: Some("10.1.0.1".parse().unwrap()),
             exclusions: Default::default(),
             dns_capture: None,
+            fast_path: Some(false),
         };
         for request in [
             Request::Add { pod: Box::new(pod) },

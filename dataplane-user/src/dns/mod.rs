@@ -284,17 +284,12 @@ impl PodDns {
     }
 }
 
-/// A pod's [`DNS_CAPTURE_ANNOTATION`]: `Some(true)`/`Some(false)` when set
-/// to a boolean (as Go's `strconv.ParseBool` reads it, which Istio's CNI
-/// agent uses), `None` when absent or not a boolean.
+/// A pod's [`DNS_CAPTURE_ANNOTATION`] (see
+/// [`annotation_flag`](crate::enroll::annotation_flag)).
 pub fn annotation_setting(
     annotations: &std::collections::BTreeMap<String, String>,
 ) -> Option<bool> {
-    match annotations.get(DNS_CAPTURE_ANNOTATION)?.as_str() {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
+    crate::enroll::annotation_flag(annotations, DNS_CAPTURE_ANNOTATION)
 }
 
 /// `IP` or `IP:PORT` (`[v6]:PORT`); port 53 when none is given.

@@ -80,6 +80,7 @@ impl Enrollments {
             }),
             spiffe: spiffe.clone(),
             ips: spec.ips.clone(),
+            fast_path: spec.fast_path,
             netns: netns.clone(),
             netns_cookie: cookie,
             mark: self.settings.proxy_mark,

@@ -27,7 +27,9 @@ use std::path::PathBuf;
 pub use actor::{EnrolledSnapshot, Enroller, PodsView, REAP_INTERVAL};
 pub use external::{ExternalEngine, ZtunnelEvent, ZtunnelEvents};
 pub use pods::{EngineSettings, Enrollments, HandedPod, OfferedPod};
-pub use spec::{DepartedPod, ExternalStatus, PodSpec, PodStatus};
+pub use spec::{
+    DepartedPod, ExternalStatus, FAST_PATH_ANNOTATION, PodSpec, PodStatus, annotation_flag,
+};
 pub use standalone::Standalone;
 pub use state::{StateFile, StateFileError};
 

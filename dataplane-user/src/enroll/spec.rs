@@ -44,6 +44,30 @@ pub struct PodSpec {
     /// `--dns-capture` default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_capture: Option<bool>,
+    /// Whether the pod's connections to and from other pods of this node
+    /// may take the kernel fast path (`None`: its workload's `fastPath`,
+    /// else the agent's `--fast-path`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fast_path: Option<bool>,
+}
+
+/// The pod annotation that turns the same-node fast path on or off for one
+/// pod ([`PodSpec::fast_path`]). Istio has none: a user who requires mutual
+/// TLS on every hop of one workload sets it to `"false"`.
+pub const FAST_PATH_ANNOTATION: &str = "dataplane/fast-path";
+
+/// The boolean value of the annotation `key`, read as Go's
+/// `strconv.ParseBool` reads it (which Istio's agents use for theirs);
+/// `None` when absent or not a boolean.
+pub fn annotation_flag(
+    annotations: &std::collections::BTreeMap<String, String>,
+    key: &str,
+) -> Option<bool> {
+    match annotations.get(key)?.as_str() {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
 }
 
 fn default_service_account() -> String {

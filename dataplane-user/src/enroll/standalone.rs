@@ -78,6 +78,8 @@ impl Standalone {
                     node_addr: None,
                     exclusions: Default::default(),
                     dns_capture: w.dns_capture,
+                    // The workload's `fastPath` decides, through the mesh.
+                    fast_path: None,
                 })
             })
             .collect()

@@ -122,18 +122,21 @@ impl FastPath {
         self.pod(cookie)
     }
 
-    /// Whether the workload of `pod` allows the fast path.
+    /// Whether `pod` allows the fast path.
     fn allows(&self, state: &MeshState, pod: &PodContext) -> bool {
-        self.allows_at(state, &pod.ips)
+        self.allows_pod(state, pod.fast_path, &pod.ips)
     }
 
-    /// Whether the workload at `ips` allows the fast path: its own
-    /// `fastPath` setting, else the agent's `--fast-path`.
-    pub fn allows_at(&self, state: &MeshState, ips: &[IpAddr]) -> bool {
-        ips.iter()
-            .find_map(|ip| state.workloads.by_ip(*ip))
-            .and_then(|w| w.workload.fast_path)
-            .unwrap_or(self.default_on)
+    /// Whether the pod at `ips` whose enrollment said `own` allows the fast
+    /// path: its own setting (its annotation), else its workload's
+    /// `fastPath`, else the agent's `--fast-path`.
+    pub fn allows_pod(&self, state: &MeshState, own: Option<bool>, ips: &[IpAddr]) -> bool {
+        own.or_else(|| {
+            ips.iter()
+                .find_map(|ip| state.workloads.by_ip(*ip))
+                .and_then(|w| w.workload.fast_path)
+        })
+        .unwrap_or(self.default_on)
     }
 
     /// Decides, for the connection from `client` of pod `ctx` that the

@@ -378,6 +378,10 @@ pub fn spec_of(pod: &PodView, trust_domain: &str, netns: PathBuf) -> PodSpec {
         node_addr: None,
         exclusions: Default::default(),
         dns_capture: crate::dns::annotation_setting(&pod.annotations),
+        fast_path: crate::enroll::annotation_flag(
+            &pod.annotations,
+            crate::enroll::FAST_PATH_ANNOTATION,
+        ),
     }
 }
 
@@ -443,6 +447,23 @@ mod tests {
             spec_of(&view, "cluster.local", "/x".into()).dns_capture,
             Some(false)
         );
+    }
+
+    #[test]
+    fn the_fast_path_annotation_reaches_the_pod_spec() {
+        let mut view = pod("u1", "shop");
+        assert_eq!(spec_of(&view, "cluster.local", "/x".into()).fast_path, None);
+        for (value, setting) in [("false", Some(false)), ("1", Some(true)), ("maybe", None)] {
+            view.annotations.insert(
+                crate::enroll::FAST_PATH_ANNOTATION.to_owned(),
+                value.to_owned(),
+            );
+            assert_eq!(
+                spec_of(&view, "cluster.local", "/x".into()).fast_path,
+                setting,
+                "{value}"
+            );
+        }
     }
 
     fn ambient() -> BTreeMap<String, String> {

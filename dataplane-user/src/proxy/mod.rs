@@ -98,6 +98,9 @@ pub struct PodContext {
     pub spiffe: crate::identity::Identity,
     /// The pod's IPs.
     pub ips: Vec<IpAddr>,
+    /// The pod's own fast-path setting, from its enrollment (its
+    /// annotation); `None`: its workload's, else the agent's.
+    pub fast_path: Option<bool>,
     /// The pod as a connection end in metrics and access records.
     pub peer: Arc<crate::telemetry::Peer>,
     /// The pod's network namespace.
