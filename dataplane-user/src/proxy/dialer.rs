@@ -51,7 +51,7 @@ impl Dialer for PodTlsDialer {
             let socket = socket?;
             let config = config?;
             let dial = async {
-                let tcp = socket.connect(addr).await?;
+                let tcp = super::pod_netns::connect(socket, addr).await?;
                 tcp.set_nodelay(true)?;
                 TlsConnector::from(config)
                     .connect(ServerName::IpAddress(addr.ip().into()), tcp)

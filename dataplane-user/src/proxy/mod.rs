@@ -162,7 +162,7 @@ impl PodContext {
             (Some(transparent), Some(client)) if original_source::applies(client, dst.ip()) => {
                 transparent.connect(&self.netns, client, dst).await
             }
-            _ => self.netns.connector(dst, self.mark)?.connect(dst).await,
+            _ => pod_netns::connect(self.netns.connector(dst, self.mark)?, dst).await,
         }
     }
 }

@@ -425,7 +425,7 @@ impl Transparent {
     ) -> io::Result<tokio::net::TcpStream> {
         let socket = netns.transparent_connector(src, app, self.mark)?;
         let Some(tuples) = &self.tuples else {
-            return socket.connect(app).await;
+            return super::pod_netns::connect(socket, app).await;
         };
         tuples
             .lock()
@@ -439,7 +439,7 @@ impl Transparent {
             tuples,
             tuple: Some((src, app)),
         };
-        let stream = socket.connect(app).await?;
+        let stream = super::pod_netns::connect(socket, app).await?;
         pending.tuple = None;
         Ok(stream)
     }

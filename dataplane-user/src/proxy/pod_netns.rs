@@ -140,11 +140,11 @@ impl PodNetns {
 
     /// A socket inside the pod, carrying the proxy `mark` so the kernel
     /// programs let it through, ready to connect to `dst`.
-    pub fn connector(&self, dst: SocketAddr, mark: u32) -> io::Result<tokio::net::TcpSocket> {
+    pub fn connector(&self, dst: SocketAddr, mark: u32) -> io::Result<Socket> {
         let socket = self.socket(Domain::for_address(dst))?;
         socket.set_mark(mark)?;
         socket.set_tcp_nodelay(true)?;
-        Ok(tokio::net::TcpSocket::from_std_stream(socket.into()))
+        Ok(socket)
     }
 
     /// A socket inside the pod bound to the client's address and `port`
@@ -164,7 +164,7 @@ impl PodNetns {
         src: SocketAddr,
         dst: SocketAddr,
         mark: u32,
-    ) -> io::Result<tokio::net::TcpSocket> {
+    ) -> io::Result<Socket> {
         let socket = self.socket(Domain::for_address(dst))?;
         socket.set_mark(mark)?;
         if dst.is_ipv4() {
@@ -175,6 +175,31 @@ impl PodNetns {
         socket.set_tcp_nodelay(true)?;
         socket.set_reuse_address(true)?;
         socket.bind(&src.into())?;
-        Ok(tokio::net::TcpSocket::from_std_stream(socket.into()))
+        Ok(socket)
     }
+}
+
+/// Connects `socket` (a [`PodNetns::connector`] or
+/// [`PodNetns::transparent_connector`]) to `dst`.
+///
+/// A connection to an address of the host's own (the app behind the pod's
+/// loopback) is established before `connect` returns: the handshake runs
+/// within the call. It is used at once, instead of after the runtime's
+/// next look at readiness, which under load comes only once every other
+/// ready task has run. Anything else is awaited as `TcpSocket::connect`
+/// awaits it.
+pub async fn connect(socket: Socket, dst: SocketAddr) -> io::Result<tokio::net::TcpStream> {
+    match socket.connect(&dst.into()) {
+        Ok(()) => {}
+        Err(err) if err.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(err) => return Err(err),
+    }
+    let stream = tokio::net::TcpStream::from_std(socket.into())?;
+    if stream.peer_addr().is_err() {
+        stream.writable().await?;
+        if let Some(err) = stream.take_error()? {
+            return Err(err);
+        }
+    }
+    Ok(stream)
 }
