@@ -300,3 +300,72 @@ async fn relaying(way: Way, ctx: &PodContext) -> Option<Relaying> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncWriteExt as _;
+
+    use super::*;
+
+    /// A connected loopback pair: (the client's end, the engine's end).
+    async fn pair() -> io::Result<(TcpStream, TcpStream)> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let client = TcpStream::connect(listener.local_addr()?).await?;
+        let (engine, _) = listener.accept().await?;
+        Ok((client, engine))
+    }
+
+    /// Waits (bounded) until `engine` has something to read, without
+    /// reading it.
+    async fn wait_readable(engine: &TcpStream) -> anyhow::Result<()> {
+        tokio::time::timeout(Duration::from_secs(10), engine.readable()).await??;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn early_bytes_are_what_the_client_sent_or_nothing() -> anyhow::Result<()> {
+        // Nothing sent yet: nothing, at once.
+        let (mut client, engine) = pair().await?;
+        assert!(early_bytes(&engine)?.is_empty());
+        // Sent: all of it, up to the bound.
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await?;
+        wait_readable(&engine).await?;
+        assert_eq!(&early_bytes(&engine)?[..], b"GET / HTTP/1.1\r\n\r\n");
+        let big = vec![7u8; 3 * EARLY_MAX];
+        client.write_all(&big).await?;
+        wait_readable(&engine).await?;
+        let early = early_bytes(&engine)?;
+        assert!(
+            !early.is_empty() && early.len() <= EARLY_MAX,
+            "{}",
+            early.len()
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_fin_alone_is_left_for_the_relay() -> anyhow::Result<()> {
+        let (mut client, engine) = pair().await?;
+        client.shutdown().await?;
+        wait_readable(&engine).await?;
+        assert!(early_bytes(&engine)?.is_empty());
+        // The relay still reads the end of the stream.
+        let mut buf = [0u8; 8];
+        assert_eq!(engine.try_read(&mut buf)?, 0);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_client_that_reset_is_an_error() -> anyhow::Result<()> {
+        let (client, engine) = pair().await?;
+        // SO_LINGER 0: the close is a reset.
+        socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO))?;
+        drop(client);
+        wait_readable(&engine).await?;
+        let err = early_bytes(&engine).err().map(|e| e.kind());
+        assert_eq!(err, Some(io::ErrorKind::ConnectionReset));
+        Ok(())
+    }
+}
