@@ -31,6 +31,21 @@ fn ways(agent: &Agent) -> anyhow::Result<(u64, u64, u64)> {
     ))
 }
 
+/// Checks that `proxied` of three connections from `client` to `local`
+/// went through the proxy and the rest took the fast path, and that
+/// `status` shows the fast path as `shown` for the client and the server.
+fn went_and_shown(a1: &Agent, case: &str, proxied: u64, shown: [bool; 2]) -> anyhow::Result<()> {
+    let (redirected, fast, _) = ways(a1)?;
+    assert_eq!((redirected, fast), (proxied, 3 - proxied), "{case}");
+    let fast_path_of = |name| a1.pod_status(name).map(|p| p.fast_path);
+    assert_eq!(
+        [fast_path_of("client")?, fast_path_of("local")?],
+        shown.map(Some),
+        "{case}: status"
+    );
+    Ok(())
+}
+
 #[test]
 fn a_same_node_pair_goes_socket_to_socket_after_the_first_connection() -> anyhow::Result<()> {
     let w = TwoNodes::new("fpsock")?;
@@ -208,14 +223,7 @@ fn the_switches_keep_pairs_on_the_proxy() -> anyhow::Result<()> {
         for seed in 0..3 {
             echo(&w.client, addr(&w.local, 9000), 10, seed)?;
         }
-        let (redirected, fast, _) = ways(&a1)?;
-        assert_eq!((redirected, fast), (proxied, 3 - proxied), "{case}");
-        let fast_path_of = |name| a1.pod_status(name).map(|p| p.fast_path);
-        assert_eq!(
-            [fast_path_of("client")?, fast_path_of("local")?],
-            shown.map(Some),
-            "{case}: status"
-        );
+        went_and_shown(&a1, case, proxied, shown)?;
     }
     Ok(())
 }
@@ -292,14 +300,7 @@ fn a_pods_own_setting_decides_over_its_workload_and_the_agent() -> anyhow::Resul
         for seed in 0..3 {
             echo(&w.client, addr(&w.local, 9000), 10, seed)?;
         }
-        let (redirected, fast, _) = ways(&a1)?;
-        assert_eq!((redirected, fast), (proxied, 3 - proxied), "{case}");
-        let fast_path_of = |name| a1.pod_status(name).map(|p| p.fast_path);
-        assert_eq!(
-            [fast_path_of("client")?, fast_path_of("local")?],
-            shown.map(Some),
-            "{case}: status"
-        );
+        went_and_shown(&a1, case, proxied, shown)?;
     }
     Ok(())
 }

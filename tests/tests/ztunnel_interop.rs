@@ -159,6 +159,31 @@ fn ztunnel_env(
     .collect()
 }
 
+/// The test istiod, on the runtime that drives it, with its CA, serving
+/// `w`'s workloads (istiod knows nothing of network namespaces) and no
+/// policies.
+fn istiod_serving(w: &TwoNodes) -> Result<(tokio::runtime::Runtime, TestPki, TestIstiod)> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let pki = TestPki::generate()?;
+    let istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
+    let mut mesh = w.mesh_config();
+    for workload in &mut mesh.workloads {
+        workload.netns = None;
+    }
+    rt.block_on(async {
+        istiod
+            .publish(ADDRESS_TYPE, address_resources(&mesh, "1"), &[])
+            .await?;
+        istiod
+            .publish(AUTHORIZATION_TYPE, authorization_resources(&mesh, "1"), &[])
+            .await
+    })?;
+    Ok((rt, pki, istiod))
+}
+
 /// The identities whose certificates istiod's CA signed for the ztunnel
 /// presenting `token`.
 fn signed_for(istiod: &TestIstiod, token: &str) -> Vec<String> {
@@ -272,26 +297,9 @@ fn stock_ztunnel_captures_and_tunnels_enrolled_pods() -> anyhow::Result<()> {
     let a1 = w.agent("zi", 1, &config, &e1)?;
     let a2 = w.agent("zi", 2, &config, &e2)?;
 
-    // istiod serves the mesh's workloads (istiod knows nothing of network
-    // namespaces) and no policies, on each node's loopback.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let pki = TestPki::generate()?;
-    let mut istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
-    let mut mesh = w.mesh_config();
-    for workload in &mut mesh.workloads {
-        workload.netns = None;
-    }
-    rt.block_on(async {
-        istiod
-            .publish(ADDRESS_TYPE, address_resources(&mesh, "1"), &[])
-            .await?;
-        istiod
-            .publish(AUTHORIZATION_TYPE, authorization_resources(&mesh, "1"), &[])
-            .await
-    })?;
+    // istiod serves the mesh's workloads and no policies, on each node's
+    // loopback.
+    let (rt, pki, mut istiod) = istiod_serving(&w)?;
     let logs = TempDir::new("ztlog")?;
     let home1 = ZtunnelHome::new(
         logs.path(),
@@ -394,24 +402,7 @@ fn stock_ztunnel_captures_and_tunnels_enrolled_pods() -> anyhow::Result<()> {
 fn our_engine_and_a_stock_ztunnel_tunnel_both_ways() -> anyhow::Result<()> {
     let binary = ztunnel_binary()?;
     let w = TwoNodes::new("ztmx")?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let pki = TestPki::generate()?;
-    let mut istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
-    let mut mesh = w.mesh_config();
-    for workload in &mut mesh.workloads {
-        workload.netns = None;
-    }
-    rt.block_on(async {
-        istiod
-            .publish(ADDRESS_TYPE, address_resources(&mesh, "1"), &[])
-            .await?;
-        istiod
-            .publish(AUTHORIZATION_TYPE, authorization_resources(&mesh, "1"), &[])
-            .await
-    })?;
+    let (rt, pki, mut istiod) = istiod_serving(&w)?;
 
     // Node1: our engine, its mesh and certificates from istiod; its pods
     // are enrolled over the control socket.
