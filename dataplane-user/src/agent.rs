@@ -641,6 +641,7 @@ fn mesh_context(
             busy_streams: args.hbone_pool_busy_streams.into(),
             max_connections: args.hbone_pool_max_connections.into(),
         },
+        early_data: args.hbone_early_data.is_on(),
         handshakes: Arc::new(PendingHandshakes::new(handshakes, Arc::clone(&metrics))),
         hbone_idle_timeout: args.hbone_idle_timeout,
         metrics,

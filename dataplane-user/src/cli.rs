@@ -220,10 +220,22 @@ pub struct RunArgs {
     /// go socket to socket in the kernel, with no proxy and no mutual TLS
     /// on that node-local hop (both identities are checked by this agent;
     /// the bytes never leave the node's kernel). `off` sends every byte
-    /// through the HBONE tunnel. A workload's `fastPath` setting overrides
-    /// it for that workload.
+    /// through the HBONE tunnel. A pod's `dataplane/fast-path` annotation,
+    /// else its workload's `fastPath` setting, overrides it for that pod.
     #[arg(long, env = "DATAPLANE_FAST_PATH", value_enum, default_value = "on")]
     pub fast_path: Toggle,
+    /// Send what a client has already sent when its HBONE tunnel opens (up
+    /// to 16 KiB) with the CONNECT request, before the 200, saving a round
+    /// trip between the nodes. HTTP/2 allows it and ztunnel and Envoy
+    /// accept it by default; `off` for a peer that rejects such data (an
+    /// Envoy waypoint whose router sets `reject_connect_request_early_data`).
+    #[arg(
+        long,
+        env = "DATAPLANE_HBONE_EARLY_DATA",
+        value_enum,
+        default_value = "on"
+    )]
+    pub hbone_early_data: Toggle,
     /// Source addresses of kubelet health probes, never captured inbound
     /// (repeatable). The node-side address of each pod is always exempt.
     #[arg(

@@ -47,6 +47,9 @@ pub struct MeshContext {
     pub pool_idle_timeout: Duration,
     /// How pools spread streams over connections to one destination.
     pub pool_spread: crate::hbone::pool::PoolSpread,
+    /// Whether a client's first bytes go with its tunnel's CONNECT request
+    /// (`--hbone-early-data`).
+    pub early_data: bool,
     /// Inbound HBONE connections still in their handshake, within bounds.
     pub handshakes: Arc<PendingHandshakes>,
     /// An inbound HBONE connection without an open stream this long is

@@ -307,3 +307,30 @@ fn certificate_rotation_under_load_drops_nothing() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn the_first_bytes_go_with_the_request_unless_turned_off() -> anyhow::Result<()> {
+    // The client writes as soon as it is connected, long before its agent
+    // has accepted and decided the connection, so its bytes are there to
+    // go with the CONNECT request; over five connections, a miss of all
+    // would take a client descheduled between its connect and its write
+    // every time.
+    let cases: [(&[&str], bool); 2] = [(&[], true), (&["--hbone-early-data", "off"], false)];
+    for (n, (flags, on)) in cases.into_iter().enumerate() {
+        let mesh = TwoNodes::new(&format!("hbearly{n}"))?;
+        let config = mesh.config()?;
+        let a1 = mesh.agent(&format!("he{n}"), 1, &config, flags)?;
+        let _a2 = mesh.agent(&format!("he{n}"), 2, &config, &[])?;
+        let _remote = echo_server(&mesh.remote, 9000)?;
+        for seed in 0..5 {
+            echo(&mesh.client, addr(&mesh.remote, 9000), 1024, seed)?;
+        }
+        let early = sum_matching(&scrape(&a1)?, "dataplane_hbone_early_data_total", &[]);
+        if on {
+            assert!(early >= 1.0, "no tunnel carried early bytes");
+        } else {
+            assert_eq!(early, 0.0, "early bytes sent although turned off");
+        }
+    }
+    Ok(())
+}

@@ -150,7 +150,7 @@ async fn open_way(
         Action::Hop(Hop::Tunnel(hop)) => {
             flow.destination = Arc::clone(&hop.workload.peer);
             flow.protocol = Protocol::Hbone;
-            let early = match early_bytes(&stream) {
+            let early = match early_bytes(&stream, ctx) {
                 Ok(early) => early,
                 Err(err) => return client_failed(stream, &flow, ctx, &err),
             };
@@ -174,7 +174,7 @@ async fn open_way(
     // relay from the start: only a walk through tunnels alone sends them
     // early.
     let early = if hops.iter().all(|hop| matches!(hop, Hop::Tunnel(_))) {
-        match early_bytes(&stream) {
+        match early_bytes(&stream, ctx) {
             Ok(early) => early,
             Err(err) => return client_failed(stream, &flow, ctx, &err),
         }
@@ -220,13 +220,21 @@ async fn open_way(
 /// peer's initial stream window (64 KiB less one).
 const EARLY_MAX: usize = 16 * 1024;
 
+/// What the client has sent so far, to go with the tunnel's request:
+/// nothing when the agent sends no early data.
+fn early_bytes(stream: &TcpStream, ctx: &PodContext) -> io::Result<Bytes> {
+    if !ctx.mesh.early_data {
+        return Ok(Bytes::new());
+    }
+    read_early(stream)
+}
+
 /// What the client has sent so far, read without waiting (empty if
-/// nothing, or only its FIN, which the relay then reads again), to go
-/// with the tunnel's request.
+/// nothing, or only its FIN, which the relay then reads again).
 ///
 /// Read from the socket itself: the runtime learns of a new socket's
 /// readiness only at its next turn, after the tunnel opened.
-fn early_bytes(stream: &TcpStream) -> io::Result<Bytes> {
+fn read_early(stream: &TcpStream) -> io::Result<Bytes> {
     let mut buf = [0u8; EARLY_MAX];
     match (&*socket2::SockRef::from(stream)).read(&mut buf) {
         Ok(n) => Ok(Bytes::copy_from_slice(&buf[..n])),
@@ -328,15 +336,15 @@ mod tests {
     async fn early_bytes_are_what_the_client_sent_or_nothing() -> anyhow::Result<()> {
         // Nothing sent yet: nothing, at once.
         let (mut client, engine) = pair().await?;
-        assert!(early_bytes(&engine)?.is_empty());
+        assert!(read_early(&engine)?.is_empty());
         // Sent: all of it, up to the bound.
         client.write_all(b"GET / HTTP/1.1\r\n\r\n").await?;
         wait_readable(&engine).await?;
-        assert_eq!(&early_bytes(&engine)?[..], b"GET / HTTP/1.1\r\n\r\n");
+        assert_eq!(&read_early(&engine)?[..], b"GET / HTTP/1.1\r\n\r\n");
         let big = vec![7u8; 3 * EARLY_MAX];
         client.write_all(&big).await?;
         wait_readable(&engine).await?;
-        let early = early_bytes(&engine)?;
+        let early = read_early(&engine)?;
         assert!(
             !early.is_empty() && early.len() <= EARLY_MAX,
             "{}",
@@ -350,7 +358,7 @@ mod tests {
         let (mut client, engine) = pair().await?;
         client.shutdown().await?;
         wait_readable(&engine).await?;
-        assert!(early_bytes(&engine)?.is_empty());
+        assert!(read_early(&engine)?.is_empty());
         // The relay still reads the end of the stream.
         let mut buf = [0u8; 8];
         assert_eq!(engine.try_read(&mut buf)?, 0);
@@ -364,7 +372,7 @@ mod tests {
         socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO))?;
         drop(client);
         wait_readable(&engine).await?;
-        let err = early_bytes(&engine).err().map(|e| e.kind());
+        let err = read_early(&engine).err().map(|e| e.kind());
         assert_eq!(err, Some(io::ErrorKind::ConnectionReset));
         Ok(())
     }
