@@ -72,7 +72,7 @@ async fn lookup_async(kubeconfig: &Path, pod_ref: &PodRef) -> Result<PodFacts, S
     let annotations = pod.metadata.annotations.as_ref();
     let opt_in = optin::decide(OptInInput {
         pod_labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
-        pod_annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
+        pod_annotations: annotations.unwrap_or(&empty),
         host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
         namespace_labels: namespace.metadata.labels.as_ref().unwrap_or(&empty),
     });

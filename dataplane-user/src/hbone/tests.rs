@@ -149,8 +149,8 @@ async fn open_with<D: Dialer>(
 }
 
 /// [`open_with`] sending nothing early.
-async fn open(
-    pool: &Arc<HbonePool<TcpDialer>>,
+async fn open<D: Dialer>(
+    pool: &Arc<HbonePool<D>>,
     server: SocketAddr,
     authority: &str,
 ) -> Result<Tunnel, PoolError> {

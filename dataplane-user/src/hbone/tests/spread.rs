@@ -5,15 +5,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
 
-/// [`open`] through a pool of any dialer.
-async fn open_via<D: Dialer>(
-    pool: &Arc<HbonePool<D>>,
-    server: SocketAddr,
-    app: SocketAddr,
-) -> Result<Tunnel, PoolError> {
-    open_with(pool, server, &app.to_string(), &bytes::Bytes::new()).await
-}
-
 fn spread(max_connections: usize) -> PoolSpread {
     PoolSpread {
         busy_streams: 2,
@@ -104,7 +95,7 @@ async fn fifty_tunnels_at_once_dial_one_at_a_time_up_to_the_bound() -> anyhow::R
     let mut opens = tokio::task::JoinSet::new();
     for _ in 0..50 {
         let pool = Arc::clone(&pool);
-        opens.spawn(async move { open_via(&pool, server, app).await });
+        opens.spawn(async move { open(&pool, server, &app.to_string()).await });
     }
     let mut tunnels = Vec::new();
     while let Some(joined) = opens.join_next().await {
@@ -157,7 +148,7 @@ async fn a_failed_spreading_dial_shares_a_busy_connection() -> anyhow::Result<()
     let pool = HbonePool::with_spread(dialer, Duration::from_secs(30), spread(4));
     let mut tunnels = Vec::new();
     for _ in 0..4 {
-        tunnels.push(open_via(&pool, server, app).await?);
+        tunnels.push(open(&pool, server, &app.to_string()).await?);
     }
     assert_eq!(pool.load(&key(server)), [4]);
     assert!(pool.dials() >= 2, "spreading was tried");
