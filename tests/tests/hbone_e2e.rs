@@ -310,11 +310,11 @@ fn certificate_rotation_under_load_drops_nothing() -> anyhow::Result<()> {
 
 #[test]
 fn the_first_bytes_go_with_the_request_unless_turned_off() -> anyhow::Result<()> {
-    // The client writes as soon as it is connected, long before its agent
-    // has accepted and decided the connection, so its bytes are there to
-    // go with the CONNECT request; over five connections, a miss of all
-    // would take a client descheduled between its connect and its write
-    // every time.
+    // The client (`echo-text`) writes as soon as it is connected, on the
+    // same thread, before its agent has accepted and decided the
+    // connection, so its bytes are there to go with the CONNECT request;
+    // over five connections, a miss of all would take a client
+    // descheduled between its connect and its write every time.
     let cases: [(&[&str], bool); 2] = [(&[], true), (&["--hbone-early-data", "off"], false)];
     for (n, (flags, on)) in cases.into_iter().enumerate() {
         let mesh = TwoNodes::new(&format!("hbearly{n}"))?;
@@ -322,8 +322,10 @@ fn the_first_bytes_go_with_the_request_unless_turned_off() -> anyhow::Result<()>
         let a1 = mesh.agent(&format!("he{n}"), 1, &config, flags)?;
         let _a2 = mesh.agent(&format!("he{n}"), 2, &config, &[])?;
         let _remote = echo_server(&mesh.remote, 9000)?;
-        for seed in 0..5 {
-            echo(&mesh.client, addr(&mesh.remote, 9000), 1024, seed)?;
+        let dst = addr(&mesh.remote, 9000).to_string();
+        for _ in 0..5 {
+            let reply = stream(&mesh.client, &["echo-text", &dst, "first bytes"])?;
+            assert_eq!(reply, "first bytes");
         }
         let early = sum_matching(&scrape(&a1)?, "dataplane_hbone_early_data_total", &[]);
         if on {

@@ -32,7 +32,7 @@ use dataplane_tests::{
     responder::Responder,
     spawn_logged_in,
     topology::Node,
-    traffic::{echo, echo_server},
+    traffic::{echo, echo_server, stream},
 };
 use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 
@@ -468,9 +468,17 @@ fn our_engine_and_a_stock_ztunnel_tunnel_both_ways() -> anyhow::Result<()> {
 
     let local = echo_server(&w.local, 9000)?;
     let remote = echo_server(&w.remote, 9000)?;
-    // Our engine's tunnel, into ztunnel.
+    // Our engine's tunnel, into ztunnel; then clients that write as soon
+    // as they are connected (`echo-text`), whose bytes go with the
+    // request.
     echo(&w.client, addr(&w.remote, 9000), 4096, 1)
         .map_err(|e| anyhow::anyhow!("{e:#}\nztunnel log:\n{}", z2.log_tail()))?;
+    let remote_dst = addr(&w.remote, 9000).to_string();
+    for _ in 0..5 {
+        let reply = stream(&w.client, &["echo-text", &remote_dst, "first bytes"])
+            .map_err(|e| anyhow::anyhow!("{e:#}\nztunnel log:\n{}", z2.log_tail()))?;
+        assert_eq!(reply, "first bytes", "into ztunnel, early");
+    }
     assert_eq!(
         seen_by(&remote)?,
         IpAddr::from(w.client.ip4),
