@@ -110,6 +110,10 @@ counters! {
     FastPathClosed = 25 => "fast_path_closed",
     /// A fast-path close record lost (the ring buffer was full).
     FastPathRecordLost = 26 => "fast_path_record_lost",
+    /// A fast-path `connect()` to a service VIP whose endpoints are all
+    /// pods of this node: the kernel chose the endpoint and rewrote the
+    /// destination to it (also counted in `fast_path_outbound`).
+    FastPathService = 27 => "fast_path_service",
 }
 
 /// Number of slots in the `REDIRECT_STATS` array: room for counters added

@@ -73,7 +73,72 @@ pub struct FastClose {
     pub _pad: [u8; 4],
 }
 
+/// Most endpoints a [`FastService`] holds; a service with more stays on
+/// the proxy.
+pub const FAST_SERVICE_MAX_ENDPOINTS: usize = 8;
+
+/// One endpoint of a [`FastService`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastEndpoint {
+    /// The endpoint's address, in the VIP's family (IPv4-mapped for IPv4).
+    pub addr: IpAddr16,
+    /// Cookie of the endpoint pod's network namespace: the endpoint is
+    /// taken only while its address still belongs to that pod.
+    pub dst_netns_cookie: u64,
+    /// The endpoint's (target) port, host byte order.
+    pub port: u16,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 6],
+}
+
+/// An allowed (client pod, service VIP and port) pair: every endpoint is a
+/// pod of this node that the client may reach on the fast path.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastService {
+    /// The verdict generation it was made in (as [`FastVerdict`]'s).
+    pub generation: u64,
+    /// How many of `endpoints` are valid (1 to
+    /// [`FAST_SERVICE_MAX_ENDPOINTS`]).
+    pub count: u32,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 4],
+    /// The endpoints the kernel chooses among, uniformly.
+    pub endpoints: [FastEndpoint; FAST_SERVICE_MAX_ENDPOINTS],
+}
+
+/// The VIP a fast-path client socket dialled, by socket cookie.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastVip {
+    /// The VIP as `connect()` gave it.
+    pub addr: IpAddr16,
+    /// The service port, host byte order.
+    pub port: u16,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 2],
+}
+
+/// The close record of a fast-path connection to a service VIP: a
+/// [`FastClose`] followed by the VIP (a reader that knows only
+/// [`FastClose`] reads the prefix).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastCloseVip {
+    /// The connection as for any fast-path close.
+    pub close: FastClose,
+    /// The VIP and port the client dialled.
+    pub vip: FastVip,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 4],
+}
+
 const _: () = {
+    assert!(core::mem::size_of::<FastEndpoint>() == 32);
+    assert!(core::mem::size_of::<FastService>() == 16 + 32 * FAST_SERVICE_MAX_ENDPOINTS);
+    assert!(core::mem::size_of::<FastVip>() == 20);
+    assert!(core::mem::size_of::<FastCloseVip>() == 104);
     assert!(core::mem::size_of::<FastKey>() == 32);
     assert!(core::mem::size_of::<FastVerdict>() == 16);
     assert!(core::mem::size_of::<FastConn>() == 24);
@@ -88,4 +153,8 @@ mod pod {
     unsafe impl aya::Pod for super::FastVerdict {}
     unsafe impl aya::Pod for super::FastConn {}
     unsafe impl aya::Pod for super::FastClose {}
+    unsafe impl aya::Pod for super::FastEndpoint {}
+    unsafe impl aya::Pod for super::FastService {}
+    unsafe impl aya::Pod for super::FastVip {}
+    unsafe impl aya::Pod for super::FastCloseVip {}
 }

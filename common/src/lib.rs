@@ -19,7 +19,10 @@ pub mod fast_path;
 pub mod maps;
 
 pub use counters::{COUNTER_SLOTS, Counter};
-pub use fast_path::{FastClose, FastConn, FastKey, FastVerdict};
+pub use fast_path::{
+    FAST_SERVICE_MAX_ENDPOINTS, FastClose, FastCloseVip, FastConn, FastEndpoint, FastKey,
+    FastService, FastVerdict, FastVip,
+};
 
 /// Port of the in-pod listener that receives captured outbound connections.
 pub const OUTBOUND_PORT: u16 = 15001;

@@ -81,14 +81,25 @@ pub const FAST_BY_COOKIE: &str = "FAST_BY_COOKIE";
 /// (client side first), for `sk_lookup` and for the agent's re-check when
 /// policies change.
 pub const FAST_BY_TUPLE: &str = "FAST_BY_TUPLE";
-/// `RingBuf` of `FastClose` records.
+/// `RingBuf` of `FastClose` records (`FastCloseVip` for connections to a
+/// service VIP).
 pub const FAST_CLOSED: &str = "FAST_CLOSED";
+/// `LruHashMap<FastKey, FastService>`: (client pod, service VIP and port)
+/// pairs the agent allowed onto the fast path, with the endpoints to
+/// choose from.
+pub const FAST_SERVICES: &str = "FAST_SERVICES";
+/// `LruHashMap<u64 socket cookie, FastVip>`: the VIP each fast-path client
+/// socket to a service dialled, from `connect()` to close.
+pub const FAST_VIP_BY_COOKIE: &str = "FAST_VIP_BY_COOKIE";
+/// Capacity of [`FAST_SERVICES`] (about 300 bytes an entry).
+pub const FAST_SERVICE_CAPACITY: u32 = 8_192;
 /// Capacity of the verdict cache.
 pub const FAST_VERDICT_CAPACITY: u32 = 65_536;
 /// Capacity of the open fast-path connection records.
 pub const FAST_CONN_CAPACITY: u32 = 65_536;
 /// Size of the close-record ring buffer in bytes (a power of two, a
-/// multiple of the page size): 3,276 records of 80 bytes plus headers.
+/// multiple of the page size): 3,276 records of 80 bytes plus headers
+/// (2,520 of the 104-byte records of connections to a service VIP).
 pub const FAST_CLOSED_BYTES: u32 = 256 * 1024;
 /// Bytes of close records waiting in the ring at which a new record wakes
 /// the agent (about 200 records); fewer wait for its periodic drain. A

@@ -48,5 +48,15 @@ pub fn dp_connect4(ctx: SockAddrContext) -> i32 {
             }
             ALLOW
         }
+        // The fast path chose an endpoint of the family dialled
+        // (IPv4-mapped here).
+        Outbound::Endpoint(addr, port) => {
+            // SAFETY: as above.
+            unsafe {
+                (*sa).user_ip4 = addr.words[3];
+                (*sa).user_port = u32::from(port.to_be());
+            }
+            ALLOW
+        }
     }
 }

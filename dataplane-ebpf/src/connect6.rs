@@ -55,5 +55,13 @@ pub fn dp_connect6(ctx: SockAddrContext) -> i32 {
             }
             ALLOW
         }
+        Outbound::Endpoint(addr, port) => {
+            // SAFETY: as above.
+            unsafe {
+                write_ip6(&raw mut (*sa).user_ip6, addr.words);
+                (*sa).user_port = u32::from(port.to_be());
+            }
+            ALLOW
+        }
     }
 }

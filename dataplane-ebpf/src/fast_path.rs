@@ -13,21 +13,28 @@
 //! - a verdict older than the agent's current generation is void, so one
 //!   write of the generation revokes every cached verdict at once;
 //! - the destination's `sk_lookup` lets through only the exact tuple the
-//!   client's own `sockops` recorded, and only toward that namespace.
+//!   client's own `sockops` recorded, and only toward that namespace;
+//! - a service VIP's verdict lists its endpoints with their pods'
+//!   namespaces; `connect4/6` choose one and rewrite the destination to it
+//!   (kube-proxy's translation of the VIP then never applies), and
+//!   `getpeername` reports the VIP, as after kube-proxy's translation.
 
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, bpf_sock_ops},
-    helpers::{bpf_get_socket_cookie, bpf_ktime_get_ns},
+    helpers::{bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns},
     programs::{SockAddrContext, SockOpsContext},
 };
 use dataplane_common::{
-    Counter, FastClose, FastConn, FastKey, IpAddr16, POD_CAPTURE_INBOUND, SockTuple,
-    maps::FAST_CLOSED_WAKE_BYTES,
+    Counter, FAST_SERVICE_MAX_ENDPOINTS, FastClose, FastCloseVip, FastConn, FastKey, FastVip,
+    IpAddr16, POD_CAPTURE_INBOUND, SockTuple, maps::FAST_CLOSED_WAKE_BYTES,
 };
 
 use crate::maps::{
-    FAST_BY_COOKIE, FAST_BY_TUPLE, FAST_CLOSED, FAST_GENERATION, FAST_VERDICTS, POD_INBOUND, count,
+    FAST_BY_COOKIE, FAST_BY_TUPLE, FAST_CLOSED, FAST_GENERATION, FAST_SERVICES, FAST_VERDICTS,
+    FAST_VIP_BY_COOKIE, POD_INBOUND, count,
 };
+
+const _: () = assert!(FAST_SERVICE_MAX_ENDPOINTS.is_power_of_two());
 
 /// TCP states (`include/net/tcp_states.h`) a socket can close from.
 const TCP_SYN_SENT: u32 = 2;
@@ -36,52 +43,150 @@ const TCP_CLOSE_WAIT: u32 = 8;
 const TCP_LAST_ACK: u32 = 9;
 const TCP_CLOSING: u32 = 11;
 
+/// What the fast path does with one `connect()`.
+pub enum Admit {
+    /// Nothing: the connection takes the proxy path.
+    No,
+    /// The connection goes to the address dialled, socket to socket.
+    AsDialled,
+    /// The connection goes to this endpoint (address, port in host order)
+    /// of the service VIP dialled, socket to socket.
+    Endpoint(IpAddr16, u16),
+}
+
 /// Whether the client socket of `ctx` (in namespace `netns`) may reach
-/// `dst:port` directly; when it may, the socket is recorded as a fast-path
-/// client and `true` is returned.
+/// `dst:port` directly, or one endpoint of the service there; when it may,
+/// the socket is recorded as a fast-path client.
 #[inline(always)]
-pub fn admit_connect(ctx: &SockAddrContext, netns: u64, dst: IpAddr16, port: u16) -> bool {
+pub fn admit_connect(ctx: &SockAddrContext, netns: u64, dst: IpAddr16, port: u16) -> Admit {
     let key = FastKey {
         netns_cookie: netns,
         dst_addr: dst,
         dst_port: port,
         _pad: [0; 6],
     };
+    let generation = match FAST_GENERATION.get(0) {
+        Some(generation) => *generation,
+        None => return Admit::No,
+    };
     let Some(verdict) = FAST_VERDICTS.get_ptr(key) else {
-        return false;
+        return admit_service(ctx, &key, generation);
     };
     // SAFETY: a pointer from a successful lookup; the value is copied.
     let verdict = unsafe { *verdict };
-    let generation = match FAST_GENERATION.get(0) {
-        Some(generation) => *generation,
-        None => return false,
-    };
-    if verdict.generation != generation {
-        return false;
+    if verdict.generation != generation || !owned_by(dst, verdict.dst_netns_cookie) {
+        return Admit::No;
     }
-    let Some(pod) = POD_INBOUND.get_ptr(dst) else {
+    if !record_client(ctx, netns, verdict.dst_netns_cookie) {
+        return Admit::No;
+    }
+    count(Counter::FastPathOutbound);
+    Admit::AsDialled
+}
+
+/// The service form of [`admit_connect`]: one of the endpoints the agent
+/// allowed for the VIP of `key`, chosen uniformly at random.
+#[inline(always)]
+fn admit_service(ctx: &SockAddrContext, key: &FastKey, generation: u64) -> Admit {
+    let Some(service) = FAST_SERVICES.get_ptr(key) else {
+        return Admit::No;
+    };
+    // SAFETY: a pointer from a successful lookup; two fields are read.
+    let (made_in, endpoints) = unsafe { ((*service).generation, (*service).count) };
+    if made_in != generation || endpoints == 0 || endpoints as usize > FAST_SERVICE_MAX_ENDPOINTS {
+        return Admit::No;
+    }
+    // SAFETY: helper without arguments.
+    let pick = (unsafe { bpf_get_prandom_u32() } % endpoints) as usize;
+    // The verifier does not bound a remainder, so the index is masked (a
+    // no-op: pick < endpoints <= the maximum, a power of two). The
+    // compiler knows the mask is a no-op and would drop it; reading the
+    // value back through a volatile load hides that from it.
+    // SAFETY: a read of an initialised local.
+    let pick = unsafe { core::ptr::read_volatile(&pick) } & (FAST_SERVICE_MAX_ENDPOINTS - 1);
+    // SAFETY: a pointer from a successful lookup; one element is copied.
+    let Some(endpoint) = (unsafe { (*service).endpoints.get(pick).copied() }) else {
+        return Admit::No;
+    };
+    // A socket cannot change family: an endpoint of the other one (which
+    // the agent never writes) stays on the proxy.
+    if endpoint.addr.is_ipv4_mapped() != key.dst_addr.is_ipv4_mapped()
+        || !owned_by(endpoint.addr, endpoint.dst_netns_cookie)
+    {
+        return Admit::No;
+    }
+    // SAFETY: helper valid for sock_addr programs since 4.20.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+    let vip = FastVip {
+        addr: key.dst_addr,
+        port: key.dst_port,
+        _pad: [0; 2],
+    };
+    if FAST_VIP_BY_COOKIE.insert(cookie, vip, 0).is_err() {
+        count(Counter::MapUpdateFailed);
+        return Admit::No;
+    }
+    if !record_client(ctx, key.netns_cookie, endpoint.dst_netns_cookie) {
+        let _ = FAST_VIP_BY_COOKIE.remove(cookie);
+        return Admit::No;
+    }
+    count(Counter::FastPathOutbound);
+    count(Counter::FastPathService);
+    Admit::Endpoint(endpoint.addr, endpoint.port)
+}
+
+/// Whether `addr` is the address of an enrolled pod of namespace `netns`
+/// that captures inbound traffic (an address reused by another pod never
+/// inherits a verdict).
+#[inline(always)]
+fn owned_by(addr: IpAddr16, netns: u64) -> bool {
+    let Some(pod) = POD_INBOUND.get_ptr(addr) else {
         return false;
     };
-    // SAFETY: as above.
+    // SAFETY: a pointer from a successful lookup; two fields are read.
     let (pod_netns, pod_flags) = unsafe { ((*pod).netns_cookie, (*pod).flags) };
-    if pod_netns != verdict.dst_netns_cookie || pod_flags & POD_CAPTURE_INBOUND == 0 {
-        return false;
+    pod_netns == netns && pod_flags & POD_CAPTURE_INBOUND != 0
+}
+
+/// Records the socket of `ctx` as a fast-path client from namespace
+/// `netns` to the pod of namespace `dst_netns`. A repeated `connect()` on a
+/// socket whose SYN already left keeps the first record: the kernel
+/// ignores the address then, and the record holds the SYN's time (which
+/// its close record needs). A record without a SYN is stale (a connect
+/// that failed before sending one) and is replaced.
+#[inline(always)]
+fn record_client(ctx: &SockAddrContext, netns: u64, dst_netns: u64) -> bool {
+    // SAFETY: helper valid for sock_addr programs since 4.20.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+    if let Some(conn) = FAST_BY_COOKIE.get_ptr(cookie) {
+        // SAFETY: a pointer from a successful lookup; one field is read.
+        if unsafe { (*conn).start_ns } != 0 {
+            return true;
+        }
     }
     let conn = FastConn {
         src_netns_cookie: netns,
-        dst_netns_cookie: pod_netns,
+        dst_netns_cookie: dst_netns,
         start_ns: 0,
     };
-    // SAFETY: helper valid for sock_addr programs since 4.20.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
     if FAST_BY_COOKIE.insert(cookie, conn, 0).is_err() {
         // Without the record the destination would capture the SYN: take
         // the proxy path instead.
         count(Counter::MapUpdateFailed);
         return false;
     }
-    count(Counter::FastPathOutbound);
     true
+}
+
+/// The VIP and port the fast-path client socket of `ctx` dialled, if it
+/// dialled a service (`getpeername` reports it instead of the endpoint).
+#[inline(always)]
+pub fn dialled_vip(ctx: &SockAddrContext) -> Option<(IpAddr16, u16)> {
+    // SAFETY: helper valid for sock_addr programs since 4.20.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+    let vip = FAST_VIP_BY_COOKIE.get_ptr(cookie)?;
+    // SAFETY: a pointer from a successful lookup; the fields are copied.
+    Some(unsafe { ((*vip).addr, (*vip).port) })
 }
 
 /// At `TCP_CONNECT_CB`: a fast-path client's record keyed by its tuple, so
@@ -114,6 +219,13 @@ pub fn on_close(ctx: &SockOpsContext, cookie: u64, tuple: Option<SockTuple>) {
     // SAFETY: as above.
     let conn = unsafe { *conn };
     let _ = FAST_BY_COOKIE.remove(cookie);
+    let vip = FAST_VIP_BY_COOKIE.get_ptr(cookie).map(|vip| {
+        // SAFETY: a pointer from a successful lookup; the value is copied.
+        unsafe { *vip }
+    });
+    if vip.is_some() {
+        let _ = FAST_VIP_BY_COOKIE.remove(cookie);
+    }
     let Some(tuple) = tuple else {
         return;
     };
@@ -153,7 +265,18 @@ pub fn on_close(ctx: &SockOpsContext, cookie: u64, tuple: Option<SockTuple>) {
     } else {
         BPF_RB_NO_WAKEUP
     };
-    match FAST_CLOSED.output::<FastClose>(&record, wake.into()) {
+    let written = match vip {
+        Some(vip) => FAST_CLOSED.output::<FastCloseVip>(
+            &FastCloseVip {
+                close: record,
+                vip,
+                _pad: [0; 4],
+            },
+            wake.into(),
+        ),
+        None => FAST_CLOSED.output::<FastClose>(&record, wake.into()),
+    };
+    match written {
         Ok(()) => count(Counter::FastPathClosed),
         Err(_) => count(Counter::FastPathRecordLost),
     }

@@ -4,8 +4,10 @@
 //!
 //! Only sockets with a cookie-keyed original destination (recorded by
 //! `connect4`/`connect6`) whose current peer is the loopback outbound
-//! listener are rewritten; everything else is left alone. These hooks must
-//! always return 1.
+//! listener are rewritten, and fast-path sockets to a service VIP, whose
+//! peer is the endpoint the kernel chose (they report the VIP, as a
+//! connection kube-proxy translated does); everything else is left alone.
+//! These hooks must always return 1.
 
 use aya_ebpf::{
     helpers::bpf_get_socket_cookie, macros::cgroup_sock_addr, programs::SockAddrContext,
@@ -14,17 +16,24 @@ use dataplane_common::{Counter, IpAddr16};
 
 use crate::{
     dns_capture::recorded_server,
+    fast_path::dialled_vip,
     maps::{ORIG_DST_COOKIE, agent_config},
-    peer_rewrite::{rewrite4, rewrite6},
+    peer_rewrite::{report4, report6, rewrite4, rewrite6},
 };
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn dp_getpeername4(ctx: SockAddrContext) -> i32 {
+    if let Some((vip, port)) = dialled_vip(&ctx) {
+        return report4(&ctx, vip, port, Counter::PeerRewritten);
+    }
     rewrite4(&ctx, original_peer, Counter::PeerRewritten)
 }
 
 #[cgroup_sock_addr(getpeername6)]
 pub fn dp_getpeername6(ctx: SockAddrContext) -> i32 {
+    if let Some((vip, port)) = dialled_vip(&ctx) {
+        return report6(&ctx, vip, port, Counter::PeerRewritten);
+    }
     rewrite6(&ctx, original_peer, Counter::PeerRewritten)
 }
 

@@ -6,12 +6,13 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, SockHash},
 };
 use dataplane_common::{
-    AgentConfig, COUNTER_SLOTS, Counter, DnsOrigDst, EnrolledNetns, FastConn, FastKey, FastVerdict,
-    IpAddr16, ListenerKey, NetnsAddr, NetnsPort, OrigDst, PodInbound, PodPort, SockTuple,
+    AgentConfig, COUNTER_SLOTS, Counter, DnsOrigDst, EnrolledNetns, FastConn, FastKey, FastService,
+    FastVerdict, FastVip, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, OrigDst, PodInbound,
+    PodPort, SockTuple,
     maps::{
         DNS_ORIG_CAPACITY, ENROLLED_CAPACITY, EXCLUSION_CAPACITY, FAST_CLOSED_BYTES,
-        FAST_CONN_CAPACITY, FAST_VERDICT_CAPACITY, LISTENERS_CAPACITY, ORIG_DST_CAPACITY,
-        POD_IP_CAPACITY, PROBE_SOURCES_CAPACITY, TPROXY_CAPACITY,
+        FAST_CONN_CAPACITY, FAST_SERVICE_CAPACITY, FAST_VERDICT_CAPACITY, LISTENERS_CAPACITY,
+        ORIG_DST_CAPACITY, POD_IP_CAPACITY, PROBE_SOURCES_CAPACITY, TPROXY_CAPACITY,
     },
 };
 
@@ -76,6 +77,14 @@ pub static FAST_BY_COOKIE: LruHashMap<u64, FastConn> =
 
 #[map]
 pub static FAST_BY_TUPLE: LruHashMap<SockTuple, FastConn> =
+    LruHashMap::with_max_entries(FAST_CONN_CAPACITY, 0);
+
+#[map]
+pub static FAST_SERVICES: LruHashMap<FastKey, FastService> =
+    LruHashMap::with_max_entries(FAST_SERVICE_CAPACITY, 0);
+
+#[map]
+pub static FAST_VIP_BY_COOKIE: LruHashMap<u64, FastVip> =
     LruHashMap::with_max_entries(FAST_CONN_CAPACITY, 0);
 
 #[map]

@@ -16,6 +16,7 @@ use dataplane_common::{
     NETNS_ADDR_BITS, NetnsAddr, NetnsPort, OrigDst,
 };
 
+use crate::fast_path::Admit;
 use crate::maps::{
     ENROLLED_NETNS, ORIG_DST_COOKIE, OUT_EXCL_CIDRS, OUT_EXCL_PORTS, agent_config, count,
 };
@@ -37,6 +38,9 @@ pub enum Outbound {
     /// Rewrite the destination to the pod's loopback outbound listener on
     /// this port (host order). The original destination is already recorded.
     Redirect(u16),
+    /// Rewrite the destination to this endpoint (address, port in host
+    /// order) of the service dialled: the fast path chose it.
+    Endpoint(IpAddr16, u16),
 }
 
 /// Runs the decision chain for a TCP `connect()` to `dst:port` (`port` in
@@ -110,8 +114,12 @@ pub fn decide(ctx: &SockAddrContext, dst: IpAddr16, port: u16, family: u16) -> O
     // A pair the agent allowed onto the same-node fast path: no proxy.
     // Only while the engine is up, so fail-closed still holds when it is
     // down.
-    if engine_ready && crate::fast_path::admit_connect(ctx, netns, dst, port) {
-        return Outbound::Pass;
+    if engine_ready {
+        match crate::fast_path::admit_connect(ctx, netns, dst, port) {
+            Admit::No => {}
+            Admit::AsDialled => return Outbound::Pass,
+            Admit::Endpoint(addr, port) => return Outbound::Endpoint(addr, port),
+        }
     }
     if !engine_ready {
         if cfg.flags & AGENT_FAIL_OPEN != 0 {

@@ -36,9 +36,17 @@ pub fn rewrite4(
     let Some((addr, port)) = find(ctx, u16::from_be(port_be as u16)) else {
         return DONE;
     };
+    report4(ctx, addr, port, counter)
+}
+
+/// Reports `addr:port` (IPv4-mapped; anything else is left alone) to the
+/// IPv4 caller of `ctx`.
+#[inline(always)]
+pub fn report4(ctx: &SockAddrContext, addr: IpAddr16, port: u16, counter: Counter) -> i32 {
     if !addr.is_ipv4_mapped() {
         return DONE;
     }
+    let sa = ctx.sock_addr;
     // SAFETY: user_ip4/user_port are writable in these programs.
     unsafe {
         (*sa).user_ip4 = addr.words[3];
@@ -66,6 +74,13 @@ pub fn rewrite6(
     let Some((addr, port)) = find(ctx, u16::from_be(port_be as u16)) else {
         return DONE;
     };
+    report6(ctx, addr, port, counter)
+}
+
+/// Reports `addr:port` to the IPv6 caller of `ctx`.
+#[inline(always)]
+pub fn report6(ctx: &SockAddrContext, addr: IpAddr16, port: u16, counter: Counter) -> i32 {
+    let sa = ctx.sock_addr;
     // SAFETY: user_ip6/user_port are writable in these programs, with
     // 32-bit stores.
     unsafe {

@@ -6,11 +6,13 @@
 //! resets open fast-path connections it now denies, and the switches keep
 //! traffic on the proxy.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use dataplane_tests::{
     Agent,
-    mesh::{NAMESPACE, TwoNodes, addr, policy, to_ports},
+    mesh::{
+        ECHO_VIP, NAMESPACE, TwoNodes, addr, endpoint_of, hbone_workload, policy, service, to_ports,
+    },
     observe::{scrape, sum_matching},
     traffic::{echo, echo_server, stream, wait_until},
 };
@@ -302,5 +304,77 @@ fn a_pods_own_setting_decides_over_its_workload_and_the_agent() -> anyhow::Resul
         }
         went_and_shown(&a1, case, proxied, shown)?;
     }
+    Ok(())
+}
+
+/// A VIP of a service whose endpoints are all on node1.
+const PAIR_VIP4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
+/// [`PAIR_VIP4`] as an address.
+const PAIR_VIP: IpAddr = IpAddr::V4(PAIR_VIP4);
+
+#[test]
+fn a_service_whose_endpoints_are_all_on_the_node_goes_socket_to_socket() -> anyhow::Result<()> {
+    let mut w = TwoNodes::new("fpsvc")?;
+    let local2 = w.n1.add_pod("fpsvc")?;
+    // `pair` has both endpoints on node1; `echo` has one on node2.
+    let pair = service("pair", NAMESPACE, PAIR_VIP, &[(80, 9000)]);
+    let mut config = w.echo_config();
+    for workload in config.workloads.iter_mut().filter(|w| w.name == "local") {
+        endpoint_of(workload, &pair);
+    }
+    let mut second = hbone_workload(&local2, "local2", "node1");
+    endpoint_of(&mut second, &pair);
+    config.workloads.push(second);
+    config.services.push(pair);
+    let a1 = agent(&w, "fpv", &config, &[])?;
+    let _first = echo_server(&w.local, 9000)?;
+    let _second = echo_server(&local2, 9000)?;
+    let vip = SocketAddr::new(PAIR_VIP, 80);
+
+    // The first connection goes through the proxy and decides the pair.
+    echo(&w.client, vip, 100, 1)?;
+    assert_eq!(ways(&a1)?, (1, 0, 0));
+    // The next ones go socket to socket, to an endpoint the kernel chose,
+    // IPv4 and IPv4-mapped alike.
+    for seed in 2..21 {
+        echo(&w.client, vip, 100, seed)?;
+    }
+    let mapped = SocketAddr::new(PAIR_VIP4.to_ipv6_mapped().into(), 80);
+    echo(&w.client, mapped, 100, 21)?;
+    let (redirected, fast, _) = ways(&a1)?;
+    assert_eq!((redirected, fast), (1, 20));
+    assert_eq!(a1.counter("fast_path_service")?, 20);
+    // The application sees the VIP as its peer, as after kube-proxy.
+    let peer = stream(&w.client, &["peer", &vip.to_string()])?;
+    assert_eq!(peer.trim(), vip.to_string());
+
+    // Each close is the service's, and both endpoints had a share (the
+    // chance that 21 uniform choices all fell on one is 1 in 10^6).
+    let hostname = "pair.test.svc.cluster.local";
+    let closed = |samples: &_, workload| {
+        let labels = [
+            ("connection_security_policy", "fast_path"),
+            ("reporter", "source"),
+            ("destination_service", hostname),
+            ("destination_workload", workload),
+        ];
+        sum_matching(samples, "istio_tcp_connections_closed_total", &labels)
+    };
+    wait_until("21 fast-path closes of the service", || {
+        let samples = scrape(&a1)?;
+        Ok(closed(&samples, "local") + closed(&samples, "local2") >= 21.0)
+    })?;
+    let samples = scrape(&a1)?;
+    let shares = [closed(&samples, "local"), closed(&samples, "local2")];
+    assert!(shares.iter().all(|n| *n >= 1.0), "shares {shares:?}");
+    assert_eq!(shares[0] + shares[1], 21.0);
+
+    // A service with an endpoint on another node stays on the proxy.
+    let echo_vip = SocketAddr::new(ECHO_VIP, 80);
+    for seed in 30..33 {
+        echo(&w.client, echo_vip, 10, seed)?;
+    }
+    let (redirected, fast, _) = ways(&a1)?;
+    assert_eq!((redirected, fast), (4, 21));
     Ok(())
 }

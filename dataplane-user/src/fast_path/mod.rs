@@ -9,10 +9,20 @@
 //! through the proxy like any other. While the engine plans it, [`FastPath::consider`]
 //! decides the (client pod, destination address, port) pair once: both
 //! pods are this agent's, the destination is the workload itself (no
-//! service VIP, whose endpoint is chosen per connection, and no waypoint),
-//! its identity is the one the plan expects, both workloads allow the fast
-//! path, and the policies allow the client's identity. The verdict goes into
-//! the kernel, and the pair's later connections go socket to socket.
+//! waypoint), its identity is the one the plan expects, both workloads
+//! allow the fast path, and the policies allow the client's identity. The
+//! verdict goes into the kernel, and the pair's later connections go socket
+//! to socket.
+//!
+//! A service VIP goes the same way when every endpoint of it passes those
+//! checks and the engine's choice among them is even (no locality
+//! preference orders them, none is dead, at most
+//! [`FAST_SERVICE_MAX_ENDPOINTS`]): the verdict lists the endpoints, and
+//! the kernel picks one per connection, uniformly at random, and rewrites
+//! the destination to it. Round robin and random both give each endpoint
+//! an equal share, so the kernel's choice changes no endpoint's load. A
+//! service with one endpoint elsewhere stays on the proxy, which alone can
+//! tunnel to it.
 //!
 //! Why that is safe without mutual TLS on the node-local hop: both
 //! identities are held by this agent, which checked them; the client is
@@ -35,14 +45,15 @@ use std::{
     sync::{Arc, Mutex, RwLock, Weak},
 };
 
-use dataplane_common::{FastConn, IpAddr16, SockTuple};
+use dataplane_common::{FAST_SERVICE_MAX_ENDPOINTS, FastConn, IpAddr16, SockTuple};
 use tracing::{debug, info, warn};
 
 use crate::{
+    identity::Identity,
     policy::Request,
     proxy::{
         PodContext,
-        outbound::{Action, Hop, OutboundPlan},
+        outbound::{Action, Hop, OutboundPlan, TunnelHop},
     },
     redirect::{FastPathTable, PinLayout, RedirectError},
     state::MeshState,
@@ -149,40 +160,134 @@ impl FastPath {
         client: SocketAddr,
         plan: &OutboundPlan,
     ) {
-        let Action::Hop(Hop::Tunnel(hop)) = &plan.action else {
-            return;
-        };
-        // A VIP's endpoint is chosen per connection, and a waypoint must
-        // see the traffic it fronts: both stay on the proxy.
-        if plan.service.is_some() || hop.via.ip().to_canonical() != plan.dst.ip().to_canonical() {
+        match (&plan.action, &plan.service) {
+            (Action::Hop(Hop::Tunnel(hop)), None) => {
+                self.consider_workload(ctx, state, client, plan.dst, hop);
+            }
+            (Action::Failover(hops), Some(_)) => {
+                self.consider_service(ctx, state, client, plan.dst, hops);
+            }
+            // A passthrough service, a direct hop or a refusal: nothing
+            // the fast path could carry.
+            _ => {}
+        }
+    }
+
+    /// [`Self::consider`] for a workload dialled at its own address `dst`.
+    fn consider_workload(
+        &self,
+        ctx: &PodContext,
+        state: &MeshState,
+        client: SocketAddr,
+        dst: SocketAddr,
+        hop: &TunnelHop,
+    ) {
+        // A waypoint must see the traffic it fronts.
+        if hop.via.ip().to_canonical() != dst.ip().to_canonical() {
             return;
         }
-        let Some(server) = self.pod_at(plan.dst.ip()) else {
+        let Some(server) = self.peer_pod(ctx, state, client, dst, &hop.dst_identity) else {
             return;
         };
-        if server.spiffe != hop.dst_identity || server.netns_cookie == ctx.netns_cookie {
+        if !self.allows(state, ctx) {
             return;
         }
-        if !self.allows(state, ctx) || !self.allows(state, &server) {
+        let result = lock(&self.table).allow(ctx.netns_cookie, dst, server.netns_cookie);
+        match result {
+            Ok(()) => {
+                debug!(pod = %ctx.identity.name, %dst, server = %server.identity.name, "fast path allowed")
+            }
+            Err(err) => {
+                warn!(pod = %ctx.identity.name, %dst, error = %err, "cannot cache the fast-path verdict; connections stay on the proxy")
+            }
+        }
+    }
+
+    /// [`Self::consider`] for the service VIP `vip`, whose endpoints the
+    /// plan lists as `hops`. Only a service whose every endpoint is a pod
+    /// of this node the client may reach, among which the engine's choice
+    /// is even (no locality order, none dead), goes on the fast path: the
+    /// kernel then chooses among them uniformly, as the engine would, and
+    /// never has to know about a remote endpoint.
+    fn consider_service(
+        &self,
+        ctx: &PodContext,
+        state: &MeshState,
+        client: SocketAddr,
+        vip: SocketAddr,
+        hops: &[Hop],
+    ) {
+        // Cheap refusals first: this runs for every proxied connection to a
+        // service, most of which have remote endpoints.
+        let local_tunnels = hops.iter().all(|hop| match hop {
+            // `via` differs from the endpoint for a waypoint.
+            Hop::Tunnel(hop) => hop.via.ip() == hop.dst.ip() && self.pod_at(hop.dst.ip()).is_some(),
+            Hop::Direct { .. } => false,
+        });
+        if !local_tunnels || hops.len() > FAST_SERVICE_MAX_ENDPOINTS || !self.allows(state, ctx) {
             return;
+        }
+        let Some(entry) = state.services.by_vip(vip.ip()) else {
+            return;
+        };
+        let source = state.workloads.by_ip(client.ip()).map(Arc::as_ref);
+        let Some(endpoints) =
+            entry.even_candidates(vip.port(), source, |ip| ctx.mesh.dead.is_dead(ip))
+        else {
+            return;
+        };
+        if endpoints.len() != hops.len() {
+            return;
+        }
+        let mut allowed = Vec::with_capacity(endpoints.len());
+        for endpoint in &endpoints {
+            // A socket keeps its family: the endpoint must have the VIP's.
+            if endpoint.addr.is_ipv4() != vip.is_ipv4() {
+                return;
+            }
+            let identity = &endpoint.workload.identity;
+            let Some(server) = self.peer_pod(ctx, state, client, endpoint.addr, identity) else {
+                return;
+            };
+            allowed.push((endpoint.addr, server.netns_cookie));
+        }
+        let result = lock(&self.table).allow_service(ctx.netns_cookie, vip, &allowed);
+        match result {
+            Ok(()) => {
+                debug!(pod = %ctx.identity.name, %vip, endpoints = allowed.len(), "fast path allowed to every endpoint of the service")
+            }
+            Err(err) => {
+                warn!(pod = %ctx.identity.name, %vip, error = %err, "cannot cache the fast-path verdict; connections stay on the proxy")
+            }
+        }
+    }
+
+    /// The pod of this node at `dst` that the client `ctx` may reach on
+    /// the fast path: it is another pod than the client, it holds
+    /// `identity`, it allows the fast path, and the policies allow the
+    /// client's identity to `dst`.
+    fn peer_pod(
+        &self,
+        ctx: &PodContext,
+        state: &MeshState,
+        client: SocketAddr,
+        dst: SocketAddr,
+        identity: &Identity,
+    ) -> Option<Arc<PodContext>> {
+        let server = self.pod_at(dst.ip())?;
+        if server.spiffe != *identity || server.netns_cookie == ctx.netns_cookie {
+            return None;
+        }
+        if !self.allows(state, &server) {
+            return None;
         }
         let request = Request {
             peer: Some(&ctx.spiffe),
             src: client,
-            dst: plan.dst,
+            dst,
         };
-        if state.authorize(&request).is_err() {
-            return;
-        }
-        let result = lock(&self.table).allow(ctx.netns_cookie, plan.dst, server.netns_cookie);
-        match result {
-            Ok(()) => {
-                debug!(pod = %ctx.identity.name, dst = %plan.dst, server = %server.identity.name, "fast path allowed")
-            }
-            Err(err) => {
-                warn!(pod = %ctx.identity.name, dst = %plan.dst, error = %err, "cannot cache the fast-path verdict; connections stay on the proxy")
-            }
-        }
+        state.authorize(&request).ok()?;
+        Some(server)
     }
 
     /// The mesh changed: voids every verdict, then resets the open

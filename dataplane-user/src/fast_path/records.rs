@@ -14,7 +14,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use dataplane_common::FastClose;
+use dataplane_common::{FastClose, FastCloseVip, FastVip};
 use tokio::io::{Interest, unix::AsyncFd};
 use tracing::warn;
 
@@ -58,8 +58,8 @@ pub(super) fn spawn(fast_path: Arc<FastPath>, ring: RingBuf<MapData>, mesh: Weak
             };
             let report = |ring: &mut RingBuf<MapData>| {
                 while let Some(item) = ring.next() {
-                    if let Some(record) = parse(&item) {
-                        fast_path.report(&mesh, &record);
+                    if let Some((record, vip)) = parse(&item) {
+                        fast_path.report(&mesh, &record, vip.as_ref());
                     }
                 }
             };
@@ -74,19 +74,30 @@ pub(super) fn spawn(fast_path: Arc<FastPath>, ring: RingBuf<MapData>, mesh: Weak
     });
 }
 
-/// The record in `bytes`, if it has the record's size.
-fn parse(bytes: &[u8]) -> Option<FastClose> {
+/// The record in `bytes`, if it has a record's size, with the service VIP
+/// dialled when it is a [`FastCloseVip`].
+fn parse(bytes: &[u8]) -> Option<(FastClose, Option<FastVip>)> {
+    if bytes.len() >= size_of::<FastCloseVip>() {
+        // SAFETY: `FastCloseVip` is plain old data of which any bit
+        // pattern is valid; the length was checked; the read is
+        // unaligned-safe.
+        let record = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<FastCloseVip>()) };
+        return Some((record.close, Some(record.vip)));
+    }
     if bytes.len() < size_of::<FastClose>() {
         return None;
     }
-    // SAFETY: `FastClose` is plain old data of which any bit pattern is
-    // valid; the length was checked; the read is unaligned-safe.
-    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<FastClose>()) })
+    // SAFETY: as above, for `FastClose`.
+    Some((
+        unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<FastClose>()) },
+        None,
+    ))
 }
 
 impl FastPath {
-    /// One closed fast-path connection into metrics and the access log.
-    fn report(&self, mesh: &Arc<MeshContext>, record: &FastClose) {
+    /// One closed fast-path connection into metrics and the access log,
+    /// attributed to the service of `vip` when it dialled one.
+    fn report(&self, mesh: &Arc<MeshContext>, record: &FastClose, vip: Option<&FastVip>) {
         let state = mesh.state();
         let tuple = &record.tuple;
         let src = socket_addr(tuple.src_addr, tuple.src_port);
@@ -98,6 +109,11 @@ impl FastPath {
         let source = end(record.src_netns_cookie, src.ip());
         let destination = end(record.dst_netns_cookie, dst.ip());
         let duration = Duration::from_nanos(record.duration_ns);
+        let service = vip.and_then(|vip| {
+            let vip = socket_addr(vip.addr, vip.port);
+            let entry = state.services.by_vip(vip.ip())?;
+            Some(Arc::clone(&entry.label))
+        });
         for direction in [Direction::Outbound, Direction::Inbound] {
             Flow {
                 direction,
@@ -106,7 +122,7 @@ impl FastPath {
                 dst: Some(dst),
                 source: Arc::clone(&source),
                 destination: Arc::clone(&destination),
-                service: None,
+                service: service.clone(),
             }
             .record_closed(
                 &mesh.metrics,

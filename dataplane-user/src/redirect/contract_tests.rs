@@ -17,9 +17,9 @@ use std::{
 
 use aya_obj::generated::{BPF_F_NO_PREALLOC, bpf_map_type};
 use dataplane_common::{
-    AgentConfig, COUNTER_SLOTS, DnsOrigDst, EnrolledNetns, FastConn, FastKey, FastVerdict,
-    IpAddr16, ListenerKey, NetnsAddr, NetnsPort, OrigDst, PodInbound, PodPort, SockTuple,
-    maps as m,
+    AgentConfig, COUNTER_SLOTS, DnsOrigDst, EnrolledNetns, FastConn, FastKey, FastService,
+    FastVerdict, FastVip, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, OrigDst, PodInbound,
+    PodPort, SockTuple, maps as m,
 };
 
 use super::{EMBEDDED_OBJECT, MapDefinition, map_definitions, pins::MAP_PINS};
@@ -116,6 +116,14 @@ fn expected() -> BTreeMap<String, MapDefinition> {
         (
             m::FAST_BY_TUPLE,
             def::<SockTuple, FastConn>(BPF_MAP_TYPE_LRU_HASH, m::FAST_CONN_CAPACITY, 0),
+        ),
+        (
+            m::FAST_SERVICES,
+            def::<FastKey, FastService>(BPF_MAP_TYPE_LRU_HASH, m::FAST_SERVICE_CAPACITY, 0),
+        ),
+        (
+            m::FAST_VIP_BY_COOKIE,
+            def::<u64, FastVip>(BPF_MAP_TYPE_LRU_HASH, m::FAST_CONN_CAPACITY, 0),
         ),
         // A ring buffer has neither key nor value; its size is its byte
         // count.

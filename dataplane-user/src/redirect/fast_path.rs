@@ -9,8 +9,9 @@ use std::net::SocketAddr;
 
 use aya::maps::{Array, HashMap, MapData, RingBuf};
 use dataplane_common::{
-    FastConn, FastKey, FastVerdict, SockTuple,
-    maps::{FAST_BY_TUPLE, FAST_CLOSED, FAST_GENERATION, FAST_VERDICTS},
+    FAST_SERVICE_MAX_ENDPOINTS, FastConn, FastEndpoint, FastKey, FastService, FastVerdict,
+    SockTuple,
+    maps::{FAST_BY_TUPLE, FAST_CLOSED, FAST_GENERATION, FAST_SERVICES, FAST_VERDICTS},
 };
 
 use super::{
@@ -23,6 +24,7 @@ use super::{
 /// The verdict cache, its generation and the open-connection records.
 pub struct FastPathTable {
     verdicts: HashMap<MapData, FastKey, FastVerdict>,
+    services: HashMap<MapData, FastKey, FastService>,
     generation_map: Array<MapData, u64>,
     open: HashMap<MapData, SockTuple, FastConn>,
     generation: u64,
@@ -50,6 +52,7 @@ impl FastPathTable {
             })?;
         let mut table = Self {
             verdicts: open_pinned(pins, FAST_VERDICTS)?,
+            services: open_pinned(pins, FAST_SERVICES)?,
             generation_map,
             open: open_pinned(pins, FAST_BY_TUPLE)?,
             generation,
@@ -72,12 +75,7 @@ impl FastPathTable {
         dst: SocketAddr,
         dst_netns: u64,
     ) -> Result<(), RedirectError> {
-        let key = FastKey {
-            netns_cookie: src_netns,
-            dst_addr: addr16(dst.ip()),
-            dst_port: dst.port(),
-            _pad: [0; 6],
-        };
+        let key = fast_key(src_netns, dst);
         let verdict = FastVerdict {
             dst_netns_cookie: dst_netns,
             generation: self.generation,
@@ -86,6 +84,38 @@ impl FastPathTable {
             .insert(key, verdict, 0)
             .map_err(|source| RedirectError::Map {
                 name: FAST_VERDICTS,
+                source,
+            })
+    }
+
+    /// Caches "allowed" for connections from the pod of namespace
+    /// `src_netns` to the service VIP and port `vip`, whose endpoints are
+    /// `endpoints` (address, and namespace of the pod that owns it; at
+    /// most [`FAST_SERVICE_MAX_ENDPOINTS`], which the caller checks).
+    pub fn allow_service(
+        &mut self,
+        src_netns: u64,
+        vip: SocketAddr,
+        endpoints: &[(SocketAddr, u64)],
+    ) -> Result<(), RedirectError> {
+        let mut service = FastService {
+            generation: self.generation,
+            ..FastService::default()
+        };
+        for (slot, (addr, netns)) in service.endpoints.iter_mut().zip(endpoints) {
+            *slot = FastEndpoint {
+                addr: addr16(addr.ip()),
+                dst_netns_cookie: *netns,
+                port: addr.port(),
+                _pad: [0; 6],
+            };
+        }
+        // Never more than the slots: `zip` stopped there too.
+        service.count = endpoints.len().min(FAST_SERVICE_MAX_ENDPOINTS) as u32;
+        self.services
+            .insert(fast_key(src_netns, vip), service, 0)
+            .map_err(|source| RedirectError::Map {
+                name: FAST_SERVICES,
                 source,
             })
     }
@@ -106,6 +136,10 @@ impl FastPathTable {
         for key in keys {
             ignore_missing(self.verdicts.remove(&key), FAST_VERDICTS)?;
         }
+        let keys = collect_keys(self.services.keys(), FAST_SERVICES)?;
+        for key in keys {
+            ignore_missing(self.services.remove(&key), FAST_SERVICES)?;
+        }
         Ok(())
     }
 
@@ -119,5 +153,16 @@ impl FastPathTable {
                 name: FAST_BY_TUPLE,
                 source,
             })
+    }
+}
+
+/// The cache key of connections from the pod of namespace `src_netns` to
+/// `dst`.
+fn fast_key(src_netns: u64, dst: SocketAddr) -> FastKey {
+    FastKey {
+        netns_cookie: src_netns,
+        dst_addr: addr16(dst.ip()),
+        dst_port: dst.port(),
+        _pad: [0; 6],
     }
 }

@@ -16,7 +16,7 @@ pub const LAYOUT_VERSION: &str = "v2";
 /// pinned ...` and `ls`. Every map of the object is pinned, so a restarted
 /// agent re-adopts all of its state (`contract_tests` fails when a map of the
 /// object is missing here).
-pub(crate) const MAP_PINS: [(&str, &str); 18] = {
+pub(crate) const MAP_PINS: [(&str, &str); 20] = {
     use dataplane_common::maps as m;
     [
         (m::ENROLLED_NETNS, "enrolled_netns_by_cookie"),
@@ -37,6 +37,8 @@ pub(crate) const MAP_PINS: [(&str, &str); 18] = {
         (m::FAST_BY_COOKIE, "fast_path_clients_by_socket_cookie"),
         (m::FAST_BY_TUPLE, "fast_path_connections_by_tuple"),
         (m::FAST_CLOSED, "fast_path_closed_connections"),
+        (m::FAST_SERVICES, "fast_path_service_verdicts"),
+        (m::FAST_VIP_BY_COOKIE, "fast_path_vip_by_socket_cookie"),
     ]
 };
 

@@ -70,6 +70,41 @@ impl ServiceEntry {
         source: Option<&MeshWorkload>,
         is_dead: impl Fn(IpAddr) -> bool,
     ) -> Vec<Endpoint> {
+        let mut ordered = self.ranked(port, start, source);
+        // Stable: live ones first, then the best locality, keeping the
+        // rotation order among equals.
+        ordered.sort_by_key(|(rank, e)| (is_dead(e.addr.ip()), std::cmp::Reverse(*rank)));
+        ordered.into_iter().map(|(_, e)| e).collect()
+    }
+
+    /// The candidates for a connection from `source` to `port` when the
+    /// engine's choice among them is even: every one equally close to the
+    /// client and none dead, so any of them is as likely to be first as
+    /// another. `None` when locality or a dead endpoint would order them,
+    /// or there is none.
+    pub fn even_candidates(
+        &self,
+        port: u16,
+        source: Option<&MeshWorkload>,
+        is_dead: impl Fn(IpAddr) -> bool,
+    ) -> Option<Vec<Endpoint>> {
+        let ranked = self.ranked(port, 0, source);
+        let first = ranked.first()?.0;
+        ranked
+            .into_iter()
+            .map(|(rank, e)| (rank == first && !is_dead(e.addr.ip())).then_some(e))
+            .collect()
+    }
+
+    /// The endpoints for `port` with their locality rank for `source`,
+    /// rotated to begin at `start`; `strict` routing drops the ones that
+    /// do not share every preference.
+    fn ranked(
+        &self,
+        port: u16,
+        start: usize,
+        source: Option<&MeshWorkload>,
+    ) -> Vec<(usize, Endpoint)> {
         let n = self.endpoints.len();
         if n == 0 {
             return Vec::new();
@@ -77,7 +112,7 @@ impl ServiceEntry {
         let key = self.service.key();
         let routing = &self.service.routing;
         let wanted = routing.preferences.len();
-        let mut ordered: Vec<(usize, Endpoint)> = (0..n)
+        (0..n)
             .filter_map(|i| {
                 let workload = &self.endpoints[(start + i) % n];
                 let (matched, rank) = match (routing.mode, source) {
@@ -106,11 +141,7 @@ impl ServiceEntry {
                 };
                 Some((rank, endpoint))
             })
-            .collect();
-        // Stable: live ones first, then the best locality, keeping the
-        // rotation order among equals.
-        ordered.sort_by_key(|(rank, e)| (is_dead(e.addr.ip()), std::cmp::Reverse(*rank)));
-        ordered.into_iter().map(|(_, e)| e).collect()
+            .collect()
     }
 
     /// Its endpoints (healthy ones, unless its health policy allows all).

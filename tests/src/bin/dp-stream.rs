@@ -6,6 +6,9 @@
 //!   reply is exactly what was sent. Prints `ok BYTES`.
 //! - `dp-stream echo-text ADDR TEXT`: sends TEXT, half-closes, prints what
 //!   comes back.
+//! - `dp-stream peer ADDR`: sends one byte, half-closes, reads the reply
+//!   to its end and prints the peer address the socket reports
+//!   (`getpeername`).
 //! - `dp-stream hold ADDR SECONDS`: sends one byte and waits for the
 //!   connection to end (EOF or reset); prints `closed`, or `open` if it
 //!   was still open after SECONDS.
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
         [cmd, addr, bytes, seed] if cmd == "echo" => echo(addr, bytes, seed),
         [cmd, addr] if cmd == "expect-reset" => expect_reset(addr),
         [cmd, addr, text] if cmd == "echo-text" => echo_text(addr, text),
+        [cmd, addr] if cmd == "peer" => peer(addr),
         [cmd, addr, secs] if cmd == "hold" => hold(addr, secs, false),
         [cmd, addr, secs] if cmd == "hold-end" => hold(addr, secs, true),
         [cmd, addr, bytes, pace, when] if cmd == "transfer" => transfer(addr, bytes, pace, when),
@@ -128,10 +132,23 @@ fn echo(addr: &str, bytes: &str, seed: &str) -> Result<String, String> {
 }
 
 fn echo_text(addr: &str, text: &str) -> Result<String, String> {
+    let reply = send_and_read(&mut connect(addr)?, text.as_bytes())?;
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+/// The peer address the socket reports, once a one-byte exchange ended.
+fn peer(addr: &str) -> Result<String, String> {
     let mut stream = connect(addr)?;
-    stream
-        .write_all(text.as_bytes())
-        .map_err(|e| format!("write: {e}"))?;
+    let peer = stream
+        .peer_addr()
+        .map_err(|e| format!("getpeername: {e}"))?;
+    send_and_read(&mut stream, b"x")?;
+    Ok(peer.to_string())
+}
+
+/// Sends `bytes`, half-closes and reads the reply to its end.
+fn send_and_read(stream: &mut TcpStream, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    stream.write_all(bytes).map_err(|e| format!("write: {e}"))?;
     stream
         .shutdown(Shutdown::Write)
         .map_err(|e| format!("shutdown: {e}"))?;
@@ -139,7 +156,7 @@ fn echo_text(addr: &str, text: &str) -> Result<String, String> {
     stream
         .read_to_end(&mut reply)
         .map_err(|e| format!("read: {e}"))?;
-    Ok(String::from_utf8_lossy(&reply).into_owned())
+    Ok(reply)
 }
 
 /// Holds a connection open until the peer ends it or `secs` pass: `open`,

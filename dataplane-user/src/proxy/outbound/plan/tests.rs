@@ -265,6 +265,36 @@ fn locality_routing_and_health_policy_choose_endpoints() {
     assert_eq!(order("10.1.0.1", "10.96.1.4:80"), ["direct 10.96.1.4:80"]);
 }
 
+#[test]
+fn the_choice_is_even_only_among_equally_close_live_endpoints() {
+    let state = MeshState::from_config(&LocalConfig::parse(LOCALITY, "locality").unwrap()).unwrap();
+    let client = state.workloads.by_ip("10.1.0.1".parse().unwrap());
+    let client = client.map(std::sync::Arc::as_ref);
+    let even = |vip: &str, dead: &[&str]| {
+        let entry = state.services.by_vip(vip.parse().unwrap()).unwrap();
+        let dead: Vec<IpAddr> = dead.iter().map(|ip| ip.parse().unwrap()).collect();
+        entry
+            .even_candidates(80, client, |ip| dead.contains(&ip))
+            .map(|endpoints| {
+                endpoints
+                    .iter()
+                    .map(|e| e.addr.ip().to_string())
+                    .collect::<Vec<_>>()
+            })
+    };
+    // No routing preference: every endpoint is as good as another.
+    assert_eq!(
+        even("10.96.1.3", &[]).unwrap(),
+        ["10.1.0.2", "10.1.0.3", "10.1.0.4", "10.1.0.5"]
+    );
+    // ...unless one is dead, which the engine tries last.
+    assert_eq!(even("10.96.1.3", &["10.1.0.4"]), None);
+    // Strict keeps the client's zone, where both are equally close.
+    assert_eq!(even("10.96.1.1", &[]).unwrap(), ["10.1.0.2", "10.1.0.3"]);
+    // Failover orders them by closeness: no even choice.
+    assert_eq!(even("10.96.1.2", &[]), None);
+}
+
 /// `api` sits behind the waypoint service `waypoint` (two instances); the
 /// `shop` service names the same waypoint by hostname; `db` names one by
 /// an address nobody has.
