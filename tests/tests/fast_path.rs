@@ -6,15 +6,15 @@
 //! resets open fast-path connections it now denies, and the switches keep
 //! traffic on the proxy.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use dataplane_tests::{
     Agent,
     mesh::{
         ECHO_VIP, NAMESPACE, TwoNodes, addr, endpoint_of, hbone_workload, policy, service, to_ports,
     },
-    observe::{scrape, sum_matching},
-    traffic::{echo, echo_server, stream, wait_until},
+    observe::{scrape, sum_matching, value},
+    traffic::{echo, echo_server, stream, try_stream, wait_until},
 };
 use dataplane_user::config::{Action, LocalConfig, Scope};
 
@@ -311,24 +311,30 @@ fn a_pods_own_setting_decides_over_its_workload_and_the_agent() -> anyhow::Resul
 const PAIR_VIP4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
 /// [`PAIR_VIP4`] as an address.
 const PAIR_VIP: IpAddr = IpAddr::V4(PAIR_VIP4);
+/// The same service's IPv6 VIP.
+const PAIR_VIP6: IpAddr = IpAddr::V6(Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 0x20));
 
 #[test]
 fn a_service_whose_endpoints_are_all_on_the_node_goes_socket_to_socket() -> anyhow::Result<()> {
     let mut w = TwoNodes::new("fpsvc")?;
     let local2 = w.n1.add_pod("fpsvc")?;
-    // `pair` has both endpoints on node1; `echo` has one on node2.
-    let pair = service("pair", NAMESPACE, PAIR_VIP, &[(80, 9000)]);
+    // `pair` (dual-stack) has both endpoints on node1, `local2` on target
+    // port 9001; `echo` has one endpoint on node2.
+    let mut pair = service("pair", NAMESPACE, PAIR_VIP, &[(80, 9000)]);
+    pair.vips.push(PAIR_VIP6);
     let mut config = w.echo_config();
     for workload in config.workloads.iter_mut().filter(|w| w.name == "local") {
         endpoint_of(workload, &pair);
     }
     let mut second = hbone_workload(&local2, "local2", "node1");
-    endpoint_of(&mut second, &pair);
+    second
+        .services
+        .insert(pair.key(), [(80, 9001)].into_iter().collect());
     config.workloads.push(second);
     config.services.push(pair);
     let a1 = agent(&w, "fpv", &config, &[])?;
     let _first = echo_server(&w.local, 9000)?;
-    let _second = echo_server(&local2, 9000)?;
+    let _second = echo_server(&local2, 9001)?;
     let vip = SocketAddr::new(PAIR_VIP, 80);
 
     // The first connection goes through the proxy and decides the pair.
@@ -376,5 +382,42 @@ fn a_service_whose_endpoints_are_all_on_the_node_goes_socket_to_socket() -> anyh
     }
     let (redirected, fast, _) = ways(&a1)?;
     assert_eq!((redirected, fast), (4, 21));
+
+    // The IPv6 VIP is a destination of its own, with the endpoints' IPv6
+    // addresses.
+    let vip6 = SocketAddr::new(PAIR_VIP6, 80);
+    for seed in 40..43 {
+        echo(&w.client, vip6, 100, seed)?;
+    }
+    let (redirected, fast, _) = ways(&a1)?;
+    assert_eq!((redirected, fast), (5, 23));
+    assert_eq!(a1.counter("fast_path_service")?, 23);
+
+    // A policy that denies one endpoint keeps the whole service on the
+    // proxy (which refuses the connections that reach `local2`).
+    let applied = || -> anyhow::Result<f64> {
+        let samples = scrape(&a1)?;
+        let labels = [("result", "applied")];
+        Ok(value(&samples, "dataplane_config_reloads_total", &labels).unwrap_or(0.0))
+    };
+    let before = applied()?;
+    let mut denied = config.clone();
+    denied.policies = vec![policy(
+        "no-9001",
+        NAMESPACE,
+        Scope::Namespace,
+        Action::Deny,
+        to_ports(&[9001]),
+    )];
+    w.write(&denied)?;
+    wait_until("the policy to apply", || Ok(applied()? > before))?;
+    for seed in 50..54 {
+        let _ = try_stream(
+            &w.client,
+            &["echo", &vip.to_string(), "10", &seed.to_string()],
+        )?;
+    }
+    let (redirected, fast, _) = ways(&a1)?;
+    assert_eq!((redirected, fast), (9, 23));
     Ok(())
 }

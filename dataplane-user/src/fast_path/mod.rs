@@ -241,15 +241,25 @@ impl FastPath {
         }
         let mut allowed = Vec::with_capacity(endpoints.len());
         for endpoint in &endpoints {
-            // A socket keeps its family: the endpoint must have the VIP's.
-            if endpoint.addr.is_ipv4() != vip.is_ipv4() {
-                return;
-            }
-            let identity = &endpoint.workload.identity;
-            let Some(server) = self.peer_pod(ctx, state, client, endpoint.addr, identity) else {
+            // A socket keeps its family, so the kernel needs the endpoint's
+            // address of the VIP's family (the engine, which dials anew,
+            // takes the first one a dual-stack workload lists).
+            let Some(ip) = endpoint
+                .workload
+                .workload
+                .workload_ips
+                .iter()
+                .map(|ip| ip.to_canonical())
+                .find(|ip| ip.is_ipv4() == vip.is_ipv4())
+            else {
                 return;
             };
-            allowed.push((endpoint.addr, server.netns_cookie));
+            let addr = SocketAddr::new(ip, endpoint.addr.port());
+            let identity = &endpoint.workload.identity;
+            let Some(server) = self.peer_pod(ctx, state, client, addr, identity) else {
+                return;
+            };
+            allowed.push((addr, server.netns_cookie));
         }
         let result = lock(&self.table).allow_service(ctx.netns_cookie, vip, &allowed);
         match result {
