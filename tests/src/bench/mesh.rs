@@ -20,7 +20,7 @@ use std::{
 use super::{agent::MeasuredAgent, iptables, process::BenchProcess, sweep::PREFIX};
 use crate::{
     TempDir,
-    mesh::{config_of, hbone_workload, write_config},
+    mesh::{NAMESPACE, config_of, endpoint_of, hbone_workload, service, write_config},
     topology::{Node, Pod, link_nodes},
 };
 
@@ -28,6 +28,9 @@ use crate::{
 pub const ECHO_PORT: u16 = 9000;
 /// The sink server's port in every server pod.
 pub const SINK_PORT: u16 = 9001;
+
+/// The VIP of the service whose only endpoint is the fast-path server.
+const FAST_PATH_VIP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 96, 0, 99));
 
 /// The proxy mark the agents run with (their default).
 const PROXY_MARK: u32 = dataplane_common::DEFAULT_PROXY_MARK;
@@ -99,6 +102,10 @@ pub enum Protocol {
     /// path (ebpf mode only): socket to socket once the pair's first
     /// connection decided it.
     FastPath,
+    /// The fast-path server reached through a service VIP whose only
+    /// endpoint it is: the kernel chooses the endpoint and rewrites the
+    /// destination per connection.
+    FastPathVip,
 }
 
 impl Protocol {
@@ -108,7 +115,13 @@ impl Protocol {
             Protocol::Plain => "plain",
             Protocol::Hbone => "hbone",
             Protocol::FastPath => "fast-path",
+            Protocol::FastPathVip => "fast-path-vip",
         }
+    }
+
+    /// Whether it is one of the fast paths (no proxy once decided).
+    pub fn is_fast_path(self) -> bool {
+        matches!(self, Protocol::FastPath | Protocol::FastPathVip)
     }
 
     /// Whether a cluster of `mode` has a server for it at `placement`.
@@ -116,7 +129,9 @@ impl Protocol {
         match self {
             Protocol::Plain => true,
             Protocol::Hbone => mode != Mode::Direct,
-            Protocol::FastPath => mode == Mode::Ebpf && placement == Placement::SameNode,
+            Protocol::FastPath | Protocol::FastPathVip => {
+                mode == Mode::Ebpf && placement == Placement::SameNode
+            }
         }
     }
 }
@@ -237,7 +252,18 @@ impl ModeMesh {
             workload.fast_path = Some(s.protocol == Protocol::FastPath);
             workloads.push(workload);
         }
-        let config = config_of(workloads);
+        let mut config = config_of(workloads);
+        // The fast-path server behind a VIP of its own.
+        let ports = [(ECHO_PORT, ECHO_PORT), (SINK_PORT, SINK_PORT)];
+        let fast = service("fast", NAMESPACE, FAST_PATH_VIP, &ports);
+        for workload in config
+            .workloads
+            .iter_mut()
+            .filter(|w| w.name == "server-fast")
+        {
+            endpoint_of(workload, &fast);
+        }
+        config.services.push(fast);
         self.config = Some(write_config(self.dir.path(), "mesh.yaml", &config)?);
         if self.mode == Mode::Iptables {
             let enrolled = std::iter::once(&self.client).chain(
@@ -314,8 +340,11 @@ impl ModeMesh {
             (ECHO_PORT, "conn", &["1", "1", "1"]),
             (SINK_PORT, "bulk", &["1", "1"]),
         ];
-        for (port, verb, rest) in runs {
-            let addr = self.addr(Placement::SameNode, Protocol::FastPath, port)?;
+        let each = [Protocol::FastPath, Protocol::FastPathVip]
+            .into_iter()
+            .flat_map(|protocol| runs.map(|run| (protocol, run)));
+        for (protocol, (port, verb, rest)) in each {
+            let addr = self.addr(Placement::SameNode, protocol, port)?;
             let mut cmd = Command::new(&self.load_binary);
             cmd.arg(verb).arg(addr.to_string()).args(rest);
             let (netns, cgroup) = self.client_paths();
@@ -343,6 +372,11 @@ impl ModeMesh {
     }
 
     fn server_entry(&self, placement: Placement, protocol: Protocol) -> anyhow::Result<&ServerPod> {
+        // The VIP's endpoint is the fast-path server.
+        let protocol = match protocol {
+            Protocol::FastPathVip => Protocol::FastPath,
+            other => other,
+        };
         self.servers
             .iter()
             .find(|s| s.placement == placement && s.protocol == protocol)
@@ -363,10 +397,12 @@ impl ModeMesh {
         protocol: Protocol,
         port: u16,
     ) -> anyhow::Result<SocketAddr> {
-        Ok(SocketAddr::new(
-            self.server(placement, protocol)?.ip4.into(),
-            port,
-        ))
+        let server = self.server(placement, protocol)?;
+        let ip = match protocol {
+            Protocol::FastPathVip => FAST_PATH_VIP,
+            _ => server.ip4.into(),
+        };
+        Ok(SocketAddr::new(ip, port))
     }
 
     /// The agents (none in direct mode): node 1's, then node 2's.

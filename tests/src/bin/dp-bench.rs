@@ -137,13 +137,7 @@ fn run() -> anyhow::Result<ExitCode> {
         plan.rounds,
         plan.workloads.len()
     );
-    // Per placement: one direct variant, two (plain, HBONE) per capture.
-    let per_placement: usize = Mode::ALL
-        .into_iter()
-        .filter(|m| plan.modes.is_empty() || plan.modes.contains(m))
-        .map(|m| if m == Mode::Direct { 1 } else { 2 })
-        .sum();
-    let total = plan.rounds * plan.workloads.len() * 2 * per_placement;
+    let total = plan.rounds * plan.workloads.len() * plan::variants_per_workload(&plan);
     let mut done = 0;
     let samples = plan::run_rounds(&mut clusters, &plan, |sample| {
         done += 1;

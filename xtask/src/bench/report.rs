@@ -182,7 +182,7 @@ fn header(md: &mut String, meta: &Value) {
     );
     let _ = writeln!(
         md,
-        "- `plain`: destination not in the mesh, the client's engine passes it through as TCP; `hbone`: mTLS HTTP/2 CONNECT tunnel between the two engines (same engine in both capture modes; the ebpf agents run with `--fast-path off`, so same-node HBONE is the proxied path); `fast-path`: a same-node HBONE pair whose workloads opt into the kernel fast path (socket to socket after the pair's first connection)"
+        "- `plain`: destination not in the mesh, the client's engine passes it through as TCP; `hbone`: mTLS HTTP/2 CONNECT tunnel between the two engines (same engine in both capture modes; the ebpf agents run with `--fast-path off`, so same-node HBONE is the proxied path); `fast-path`: a same-node HBONE pair whose workloads opt into the kernel fast path (socket to socket after the pair's first connection); `fast-path-vip`: the same server dialled at a service VIP whose only endpoint it is (the kernel chooses the endpoint and rewrites the destination per connection)"
     );
     let _ = writeln!(
         md,

@@ -40,13 +40,15 @@ impl Variant {
     }
 
     /// Rows in report order: placements, then direct, iptables and ebpf
-    /// for plain, then for HBONE, then the fast path.
+    /// for plain, then for HBONE, then the fast path, then the fast path
+    /// through a VIP.
     pub fn order_key(&self) -> (u8, u8, u8) {
         let placement = u8::from(self.placement != "same-node");
         let protocol = match (self.mode.as_str(), self.protocol.as_str()) {
             ("direct", _) | (_, "plain") => 0,
             (_, "hbone") => 1,
-            _ => 2,
+            (_, "fast-path") => 2,
+            _ => 3,
         };
         let mode = match self.mode.as_str() {
             "direct" => 0,

@@ -92,6 +92,8 @@ const fn over_direct(
 const HBONE: (&str, &str) = ("cross-node", "hbone");
 /// The same-node fast path.
 const FAST: (&str, &str) = ("same-node", "fast-path");
+/// The same-node fast path through a service VIP.
+const FAST_VIP: (&str, &str) = ("same-node", "fast-path-vip");
 
 const TARGETS: &[Target] = &[
     ei(
@@ -187,6 +189,22 @@ const TARGETS: &[Target] = &[
         "bulk-1",
         "Gbit/s",
         FAST,
+        Goal::AtLeast(0.8),
+        "Istio ~0.25x",
+    ),
+    over_direct(
+        "same-node fast path via a service VIP, connection rate / direct",
+        "conn-rate",
+        "conn/s",
+        FAST_VIP,
+        Goal::AtLeast(0.8),
+        "Istio ~0.25x",
+    ),
+    over_direct(
+        "same-node fast path via a service VIP, single-stream throughput / direct",
+        "bulk-1",
+        "Gbit/s",
+        FAST_VIP,
         Goal::AtLeast(0.8),
         "Istio ~0.25x",
     ),
