@@ -110,10 +110,14 @@ counters! {
     FastPathClosed = 25 => "fast_path_closed",
     /// A fast-path close record lost (the ring buffer was full).
     FastPathRecordLost = 26 => "fast_path_record_lost",
-    /// A fast-path `connect()` to a service VIP whose endpoints are all
-    /// pods of this node: the kernel chose the endpoint and rewrote the
-    /// destination to it (also counted in `fast_path_outbound`).
+    /// A fast-path `connect()` to a service VIP: the kernel drew one of
+    /// the service's endpoints on this node and rewrote the destination to
+    /// it (also counted in `fast_path_outbound`).
     FastPathService = 27 => "fast_path_service",
+    /// A `connect()` to a service VIP whose fast-path verdict covers some
+    /// of its endpoints, where the kernel's draw fell on an endpoint
+    /// elsewhere: left to the proxy, which chooses among those.
+    FastPathServiceProxied = 28 => "fast_path_service_proxied",
 }
 
 /// Number of slots in the `REDIRECT_STATS` array: room for counters added

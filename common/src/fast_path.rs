@@ -92,8 +92,9 @@ pub struct FastEndpoint {
     pub _pad: [u8; 6],
 }
 
-/// An allowed (client pod, service VIP and port) pair: every endpoint is a
-/// pod of this node that the client may reach on the fast path.
+/// An allowed (client pod, service VIP and port) pair: `endpoints` are
+/// the service's endpoints on this node that the client may reach on the
+/// fast path; the service may have others, which only the proxy reaches.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FastService {
@@ -102,9 +103,12 @@ pub struct FastService {
     /// How many of `endpoints` are valid (1 to
     /// [`FAST_SERVICE_MAX_ENDPOINTS`]).
     pub count: u32,
-    /// Explicit padding; always zero.
-    pub _pad: [u8; 4],
-    /// The endpoints the kernel chooses among, uniformly.
+    /// How many endpoints the service has in all (at least `count`): the
+    /// kernel draws one of them uniformly; a draw past `count` is an
+    /// endpoint elsewhere, and the connection goes to the proxy, which
+    /// then chooses among the others only.
+    pub choices: u32,
+    /// The endpoints the kernel connects to directly.
     pub endpoints: [FastEndpoint; FAST_SERVICE_MAX_ENDPOINTS],
 }
 

@@ -14,9 +14,10 @@
 //!   write of the generation revokes every cached verdict at once;
 //! - the destination's `sk_lookup` lets through only the exact tuple the
 //!   client's own `sockops` recorded, and only toward that namespace;
-//! - a service VIP's verdict lists its endpoints with their pods'
-//!   namespaces; `connect4/6` choose one and rewrite the destination to it
-//!   (kube-proxy's translation of the VIP then never applies), and
+//! - a service VIP's verdict lists its endpoints on this node with their
+//!   pods' namespaces and how many endpoints it has in all; `connect4/6`
+//!   draw one of all, and for one of this node's rewrite the destination
+//!   to it (kube-proxy's translation of the VIP then never applies), and
 //!   `getpeername` reports the VIP, as after kube-proxy's translation.
 
 use aya_ebpf::{
@@ -84,22 +85,38 @@ pub fn admit_connect(ctx: &SockAddrContext, netns: u64, dst: IpAddr16, port: u16
     Admit::AsDialled
 }
 
-/// The service form of [`admit_connect`]: one of the endpoints the agent
-/// allowed for the VIP of `key`, chosen uniformly at random.
+/// The service form of [`admit_connect`]: a uniform draw among all the
+/// service's endpoints; one of the endpoints the agent allowed for the VIP
+/// of `key` is taken, any other is left to the proxy.
 #[inline(always)]
 fn admit_service(ctx: &SockAddrContext, key: &FastKey, generation: u64) -> Admit {
     let Some(service) = FAST_SERVICES.get_ptr(key) else {
         return Admit::No;
     };
-    // SAFETY: a pointer from a successful lookup; two fields are read.
-    let (made_in, endpoints) = unsafe { ((*service).generation, (*service).count) };
-    if made_in != generation || endpoints == 0 || endpoints as usize > FAST_SERVICE_MAX_ENDPOINTS {
+    // SAFETY: a pointer from a successful lookup; three fields are read.
+    let (made_in, here, choices) =
+        unsafe { ((*service).generation, (*service).count, (*service).choices) };
+    if made_in != generation
+        || here == 0
+        || here as usize > FAST_SERVICE_MAX_ENDPOINTS
+        || choices < here
+    {
         return Admit::No;
     }
     // SAFETY: helper without arguments.
-    let pick = (unsafe { bpf_get_prandom_u32() } % endpoints) as usize;
+    let draw = unsafe { bpf_get_prandom_u32() };
+    // `choices >= here > 0`; said again so that no panic path is left.
+    let Some(pick) = draw.checked_rem(choices) else {
+        return Admit::No;
+    };
+    if pick >= here {
+        // An endpoint elsewhere: the proxy's share.
+        count(Counter::FastPathServiceProxied);
+        return Admit::No;
+    }
+    let pick = pick as usize;
     // The verifier does not bound a remainder, so the index is masked (a
-    // no-op: pick < endpoints <= the maximum, a power of two). The
+    // no-op: pick < here <= the maximum, a power of two). The
     // compiler knows the mask is a no-op and would drop it; reading the
     // value back through a volatile load hides that from it.
     // SAFETY: a read of an initialised local.

@@ -13,7 +13,7 @@ use dataplane_tests::{
     mesh::{
         ECHO_VIP, NAMESPACE, TwoNodes, addr, endpoint_of, hbone_workload, policy, service, to_ports,
     },
-    observe::{scrape, sum_matching, value},
+    observe::{Sample, scrape, sum_matching, value},
     traffic::{echo, echo_server, stream, try_stream, wait_until},
 };
 use dataplane_user::config::{Action, LocalConfig, Scope};
@@ -307,6 +307,18 @@ fn a_pods_own_setting_decides_over_its_workload_and_the_agent() -> anyhow::Resul
     Ok(())
 }
 
+/// Closed connections to the service `hostname` reported by their source,
+/// with `policy` as their `connection_security_policy`, to `workload`.
+fn closes(samples: &[Sample], hostname: &str, policy: &str, workload: &str) -> f64 {
+    let labels = [
+        ("reporter", "source"),
+        ("destination_service", hostname),
+        ("connection_security_policy", policy),
+        ("destination_workload", workload),
+    ];
+    sum_matching(samples, "istio_tcp_connections_closed_total", &labels)
+}
+
 /// A VIP of a service whose endpoints are all on node1.
 const PAIR_VIP4: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 20);
 /// [`PAIR_VIP4`] as an address.
@@ -356,15 +368,13 @@ fn a_service_whose_endpoints_are_all_on_the_node_goes_socket_to_socket() -> anyh
 
     // Each close is the service's, and both endpoints had a share (the
     // chance that 21 uniform choices all fell on one is 1 in 10^6).
-    let hostname = "pair.test.svc.cluster.local";
     let closed = |samples: &_, workload| {
-        let labels = [
-            ("connection_security_policy", "fast_path"),
-            ("reporter", "source"),
-            ("destination_service", hostname),
-            ("destination_workload", workload),
-        ];
-        sum_matching(samples, "istio_tcp_connections_closed_total", &labels)
+        closes(
+            samples,
+            "pair.test.svc.cluster.local",
+            "fast_path",
+            workload,
+        )
     };
     wait_until("21 fast-path closes of the service", || {
         let samples = scrape(&a1)?;
@@ -375,14 +385,6 @@ fn a_service_whose_endpoints_are_all_on_the_node_goes_socket_to_socket() -> anyh
     assert!(shares.iter().all(|n| *n >= 1.0), "shares {shares:?}");
     assert_eq!(shares[0] + shares[1], 21.0);
 
-    // A service with an endpoint on another node stays on the proxy.
-    let echo_vip = SocketAddr::new(ECHO_VIP, 80);
-    for seed in 30..33 {
-        echo(&w.client, echo_vip, 10, seed)?;
-    }
-    let (redirected, fast, _) = ways(&a1)?;
-    assert_eq!((redirected, fast), (4, 21));
-
     // The IPv6 VIP is a destination of its own, with the endpoints' IPv6
     // addresses.
     let vip6 = SocketAddr::new(PAIR_VIP6, 80);
@@ -390,11 +392,12 @@ fn a_service_whose_endpoints_are_all_on_the_node_goes_socket_to_socket() -> anyh
         echo(&w.client, vip6, 100, seed)?;
     }
     let (redirected, fast, _) = ways(&a1)?;
-    assert_eq!((redirected, fast), (5, 23));
+    assert_eq!((redirected, fast), (2, 23));
     assert_eq!(a1.counter("fast_path_service")?, 23);
 
-    // A policy that denies one endpoint keeps the whole service on the
-    // proxy (which refuses the connections that reach `local2`).
+    // A policy that denies `local2` leaves it to the proxy, which refuses
+    // the connections the kernel draws for it; the kernel keeps taking
+    // `local`.
     let applied = || -> anyhow::Result<f64> {
         let samples = scrape(&a1)?;
         let labels = [("result", "applied")];
@@ -411,13 +414,87 @@ fn a_service_whose_endpoints_are_all_on_the_node_goes_socket_to_socket() -> anyh
     )];
     w.write(&denied)?;
     wait_until("the policy to apply", || Ok(applied()? > before))?;
-    for seed in 50..54 {
-        let _ = try_stream(
+    // The verdicts went with the old state: a connection through the proxy
+    // decides anew.
+    let attempt = |seed: u64| {
+        try_stream(
             &w.client,
             &["echo", &vip.to_string(), "10", &seed.to_string()],
-        )?;
+        )
+    };
+    wait_until("a connection through the proxy", || {
+        attempt(50)?;
+        Ok(ways(&a1)?.0 > redirected)
+    })?;
+    let ((redirected, fast, _), left) = (ways(&a1)?, a1.counter("fast_path_service_proxied")?);
+    let mut delivered = 0;
+    for seed in 51..71 {
+        delivered += u64::from(attempt(seed)?.code == Some(0));
     }
-    let (redirected, fast, _) = ways(&a1)?;
-    assert_eq!((redirected, fast), (9, 23));
+    let (taken, proxied) = (
+        ways(&a1)?.1 - fast,
+        a1.counter("fast_path_service_proxied")? - left,
+    );
+    assert_eq!(taken + proxied, 20);
+    assert!(
+        taken >= 1 && proxied >= 1,
+        "taken {taken}, proxied {proxied}"
+    );
+    assert_eq!(ways(&a1)?.0 - redirected, proxied);
+    // Only the kernel's reached an app: the proxy's all went to `local2`.
+    assert_eq!(delivered, taken);
+    Ok(())
+}
+
+#[test]
+fn a_service_with_an_endpoint_elsewhere_shares_its_connections_with_the_proxy() -> anyhow::Result<()>
+{
+    // `echo` has one endpoint on each node.
+    let w = TwoNodes::new("fpsplit")?;
+    let path = w.write(&w.echo_config())?;
+    let a1 = w.agent("fpx", 1, &path, &[])?;
+    let _a2 = w.agent("fpx", 2, &path, &[])?;
+    let _local = echo_server(&w.local, 9000)?;
+    let _remote = echo_server(&w.remote, 9000)?;
+    let vip = SocketAddr::new(ECHO_VIP, 80);
+
+    // The first connection goes through the proxy and decides the pair;
+    // then the kernel draws between the two endpoints for each connection,
+    // takes the local one's and leaves the remote one's to the proxy.
+    echo(&w.client, vip, 10, 1)?;
+    assert_eq!(ways(&a1)?, (1, 0, 0));
+    for seed in 2..22 {
+        echo(&w.client, vip, 10, seed)?;
+    }
+    let taken = a1.counter("fast_path_service")?;
+    let left = a1.counter("fast_path_service_proxied")?;
+    assert_eq!(taken + left, 20);
+    // The chance that 20 uniform draws all fell on one is 1 in 500,000.
+    assert!(taken >= 1 && left >= 1, "taken {taken}, left {left}");
+    assert_eq!(ways(&a1)?.0, 1 + left);
+
+    // The proxy gave its share to the remote endpoint alone, so each
+    // endpoint got what it would have got from the proxy.
+    let closed = |samples: &_, policy, workload| {
+        closes(samples, "echo.test.svc.cluster.local", policy, workload)
+    };
+    let all = |samples: &_| {
+        closed(samples, "fast_path", "local")
+            + closed(samples, "mutual_tls", "local")
+            + closed(samples, "mutual_tls", "remote")
+    };
+    wait_until(
+        "21 closes in the metrics",
+        || Ok(all(&scrape(&a1)?) >= 21.0),
+    )?;
+    let samples = scrape(&a1)?;
+    assert_eq!(closed(&samples, "fast_path", "local"), taken as f64);
+    // The deciding connection may have gone to either.
+    let proxied_local = closed(&samples, "mutual_tls", "local");
+    assert!(proxied_local <= 1.0, "{proxied_local} proxied to local");
+    assert_eq!(
+        closed(&samples, "mutual_tls", "remote") + proxied_local,
+        (1 + left) as f64
+    );
     Ok(())
 }

@@ -14,15 +14,15 @@
 //! verdict goes into the kernel, and the pair's later connections go socket
 //! to socket.
 //!
-//! A service VIP goes the same way when every endpoint of it passes those
-//! checks and the engine's choice among them is even (no locality
-//! preference orders them, none is dead, at most
-//! [`FAST_SERVICE_MAX_ENDPOINTS`]): the verdict lists the endpoints, and
-//! the kernel picks one per connection, uniformly at random, and rewrites
-//! the destination to it. Round robin and random both give each endpoint
-//! an equal share, so the kernel's choice changes no endpoint's load. A
-//! service with one endpoint elsewhere stays on the proxy, which alone can
-//! tunnel to it.
+//! A service VIP goes the same way for its endpoints on this node that
+//! pass those checks (at most [`FAST_SERVICE_MAX_ENDPOINTS`]), when the
+//! engine's choice among all its endpoints is even (no locality preference
+//! orders them, none is dead): the verdict lists those endpoints and how
+//! many the service has in all. The kernel draws one of all per
+//! connection, uniformly at random; for one of this node's it rewrites the
+//! destination to it, any other draw goes to the proxy, which then
+//! chooses among the endpoints the kernel does not take. Round robin and
+//! random both give each endpoint an equal share, and so does this split.
 //!
 //! Why that is safe without mutual TLS on the node-local hop: both
 //! identities are held by this agent, which checked them; the client is
@@ -65,8 +65,13 @@ pub use destroy::DestroyError;
 pub struct FastPath {
     table: Mutex<FastPathTable>,
     pods: RwLock<Pods>,
+    split: RwLock<SplitServices>,
     default_on: bool,
 }
+
+/// (client pod's namespace, VIP) -> the service's endpoints the kernel
+/// takes, for the services it shares with the proxy.
+type SplitServices = HashMap<(u64, SocketAddr), Arc<[IpAddr]>>;
 
 /// This agent's pods by network namespace and by address. Weak: a pod
 /// whose engine stopped is gone from here without a word.
@@ -92,6 +97,7 @@ impl FastPath {
         Ok(Self {
             table: Mutex::new(FastPathTable::open(pins)?),
             pods: RwLock::default(),
+            split: RwLock::default(),
             default_on,
         })
     }
@@ -204,11 +210,13 @@ impl FastPath {
     }
 
     /// [`Self::consider`] for the service VIP `vip`, whose endpoints the
-    /// plan lists as `hops`. Only a service whose every endpoint is a pod
-    /// of this node the client may reach, among which the engine's choice
-    /// is even (no locality order, none dead), goes on the fast path: the
-    /// kernel then chooses among them uniformly, as the engine would, and
-    /// never has to know about a remote endpoint.
+    /// plan lists as `hops`. The endpoints that are pods of this node the
+    /// client may reach go on the fast path, provided the engine's choice
+    /// among all the endpoints is even (no locality order, none dead): the
+    /// kernel then draws among all of them uniformly, as the engine would,
+    /// connects directly when the draw is one of this node's, and leaves
+    /// the others to the proxy, which then chooses among those only
+    /// ([`Self::taken_by_kernel`]). Each endpoint keeps its share.
     fn consider_service(
         &self,
         ctx: &PodContext,
@@ -218,13 +226,13 @@ impl FastPath {
         hops: &[Hop],
     ) {
         // Cheap refusals first: this runs for every proxied connection to a
-        // service, most of which have remote endpoints.
-        let local_tunnels = hops.iter().all(|hop| match hop {
-            // `via` differs from the endpoint for a waypoint.
-            Hop::Tunnel(hop) => hop.via.ip() == hop.dst.ip() && self.pod_at(hop.dst.ip()).is_some(),
-            Hop::Direct { .. } => false,
-        });
-        if !local_tunnels || hops.len() > FAST_SERVICE_MAX_ENDPOINTS || !self.allows(state, ctx) {
+        // service. A waypoint must see the traffic it fronts (its hops are
+        // tunnels whose `via` is not the endpoint).
+        let fronted = hops
+            .iter()
+            .any(|hop| matches!(hop, Hop::Tunnel(t) if t.via.ip() != t.dst.ip()));
+        let any_here = hops.iter().any(|hop| self.pod_at(hop.dst().ip()).is_some());
+        if fronted || !any_here || !self.allows(state, ctx) {
             return;
         }
         let Some(entry) = state.services.by_vip(vip.ip()) else {
@@ -239,8 +247,12 @@ impl FastPath {
         if endpoints.len() != hops.len() {
             return;
         }
-        let mut allowed = Vec::with_capacity(endpoints.len());
+        let mut here = Vec::new();
+        let mut taken = Vec::new();
         for endpoint in &endpoints {
+            if here.len() == FAST_SERVICE_MAX_ENDPOINTS || !endpoint.workload.speaks_hbone() {
+                continue;
+            }
             // A socket keeps its family, so the kernel needs the endpoint's
             // address of the VIP's family (the engine, which dials anew,
             // takes the first one a dual-stack workload lists).
@@ -252,24 +264,46 @@ impl FastPath {
                 .map(|ip| ip.to_canonical())
                 .find(|ip| ip.is_ipv4() == vip.is_ipv4())
             else {
-                return;
+                continue;
             };
             let addr = SocketAddr::new(ip, endpoint.addr.port());
             let identity = &endpoint.workload.identity;
-            let Some(server) = self.peer_pod(ctx, state, client, addr, identity) else {
-                return;
-            };
-            allowed.push((addr, server.netns_cookie));
+            // An endpoint that fails a check stays the proxy's to reach.
+            if let Some(server) = self.peer_pod(ctx, state, client, addr, identity) {
+                here.push((addr, server.netns_cookie));
+                taken.push(endpoint.addr.ip());
+            }
         }
-        let result = lock(&self.table).allow_service(ctx.netns_cookie, vip, &allowed);
+        if here.is_empty() {
+            return;
+        }
+        let key = (ctx.netns_cookie, vip);
+        // The proxy learns what the kernel takes before the kernel does,
+        // so it never chooses those while the verdict holds.
+        if here.len() < endpoints.len() {
+            write(&self.split).insert(key, taken.into());
+        } else {
+            write(&self.split).remove(&key);
+        }
+        let result = lock(&self.table).allow_service(ctx.netns_cookie, vip, &here, endpoints.len());
         match result {
             Ok(()) => {
-                debug!(pod = %ctx.identity.name, %vip, endpoints = allowed.len(), "fast path allowed to every endpoint of the service")
+                debug!(pod = %ctx.identity.name, %vip, here = here.len(), endpoints = endpoints.len(), "fast path allowed to the service's endpoints on this node")
             }
             Err(err) => {
+                write(&self.split).remove(&key);
                 warn!(pod = %ctx.identity.name, %vip, error = %err, "cannot cache the fast-path verdict; connections stay on the proxy")
             }
         }
+    }
+
+    /// The endpoints of the service at `vip` (as the engine addresses
+    /// them) that the kernel connects the client pod of namespace `netns`
+    /// to directly, when it leaves the service's other endpoints to the
+    /// proxy: a connection from that pod the proxy sees is one the kernel
+    /// drew for the others, so the proxy chooses among those.
+    pub fn taken_by_kernel(&self, netns: u64, vip: SocketAddr) -> Option<Arc<[IpAddr]>> {
+        read(&self.split).get(&(netns, vip)).cloned()
     }
 
     /// The pod of this node at `dst` that the client `ctx` may reach on
@@ -305,7 +339,11 @@ impl FastPath {
     pub fn revoke(&self, state: &MeshState) -> usize {
         let open = {
             let mut table = lock(&self.table);
-            if let Err(err) = table.revoke_all() {
+            let revoked = table.revoke_all();
+            // With the verdicts void the kernel takes no endpoint: the
+            // proxy chooses among all again.
+            write(&self.split).clear();
+            if let Err(err) = revoked {
                 // The generation could not be bumped: verdicts of the old
                 // state stay. Say so loudly; the next change retries.
                 warn!(error = %err, "cannot void the fast-path verdicts; the previous mesh state still decides them");

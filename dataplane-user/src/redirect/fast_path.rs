@@ -89,14 +89,16 @@ impl FastPathTable {
     }
 
     /// Caches "allowed" for connections from the pod of namespace
-    /// `src_netns` to the service VIP and port `vip`, whose endpoints are
-    /// `endpoints` (address, and namespace of the pod that owns it; at
-    /// most [`FAST_SERVICE_MAX_ENDPOINTS`], which the caller checks).
+    /// `src_netns` to the service VIP and port `vip`: `endpoints` are its
+    /// endpoints on this node (address, and namespace of the pod that owns
+    /// it; at most [`FAST_SERVICE_MAX_ENDPOINTS`], which the caller
+    /// checks), `choices` how many it has in all.
     pub fn allow_service(
         &mut self,
         src_netns: u64,
         vip: SocketAddr,
         endpoints: &[(SocketAddr, u64)],
+        choices: usize,
     ) -> Result<(), RedirectError> {
         let mut service = FastService {
             generation: self.generation,
@@ -112,6 +114,9 @@ impl FastPathTable {
         }
         // Never more than the slots: `zip` stopped there too.
         service.count = endpoints.len().min(FAST_SERVICE_MAX_ENDPOINTS) as u32;
+        service.choices = u32::try_from(choices)
+            .unwrap_or(u32::MAX)
+            .max(service.count);
         self.services
             .insert(fast_key(src_netns, vip), service, 0)
             .map_err(|source| RedirectError::Map {

@@ -62,17 +62,26 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
     finish(listener, connections).await;
 }
 
-/// The endpoint choice of a live connection: the agent's dead-endpoint
-/// marks, and each service's own balancing state.
-struct Live<'a>(&'a DeadEndpoints);
+/// The endpoint choice of a live connection from one pod: the agent's
+/// dead-endpoint marks, each service's own balancing state, and what the
+/// kernel's fast path already takes.
+struct Live<'a> {
+    dead: &'a DeadEndpoints,
+    ctx: &'a PodContext,
+}
 
 impl EndpointChoice for Live<'_> {
     fn is_dead(&self, ip: IpAddr) -> bool {
-        self.0.is_dead(ip)
+        self.dead.is_dead(ip)
     }
 
     fn start(&self, service: &ServiceEntry) -> usize {
         service.next_start()
+    }
+
+    fn taken_by_kernel(&self, vip: SocketAddr) -> Option<Arc<[IpAddr]>> {
+        let fast = self.ctx.mesh.fast_path.get()?;
+        fast.taken_by_kernel(self.ctx.netns_cookie, vip)
     }
 }
 
@@ -110,7 +119,11 @@ async fn decide(
     };
     let (reason, detail) = match dst {
         Ok(Some(dst)) => {
-            let plan = plan(&state, &ctx.spiffe, src.ip(), dst, &Live(&ctx.mesh.dead));
+            let choice = Live {
+                dead: &ctx.mesh.dead,
+                ctx,
+            };
+            let plan = plan(&state, &ctx.spiffe, src.ip(), dst, &choice);
             if let Some(fast) = ctx.mesh.fast_path.get() {
                 fast.consider(ctx, &state, src, &plan);
             }

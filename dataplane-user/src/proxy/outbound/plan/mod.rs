@@ -11,7 +11,9 @@
 //! - a service VIP: its endpoints in the order to try (the load-balancing
 //!   choice first, endpoints recently found dead last), each a tunnel or a
 //!   direct hop, with the service's subjectAltNames accepted besides each
-//!   endpoint's identity;
+//!   endpoint's identity; when the kernel's fast path takes some endpoints
+//!   of it for this client, the connection is one it left to the proxy,
+//!   which then takes turns among the others;
 //! - refused: a capture port of the engine (dialling it would loop), a
 //!   service without endpoints.
 //!
@@ -30,7 +32,7 @@ use crate::{
     addr::{canonical, is_capture_port},
     config::{RoutingMode, Waypoint},
     identity::Identity,
-    state::{MeshState, MeshWorkload, ServiceEntry},
+    state::{Endpoint, MeshState, MeshWorkload, ServiceEntry},
     telemetry::{FailReason, ServiceRef},
 };
 
@@ -43,6 +45,13 @@ pub trait EndpointChoice {
     /// Which of `service`'s endpoints load balancing starts at (any
     /// number: it is taken modulo the endpoint count).
     fn start(&self, service: &ServiceEntry) -> usize;
+    /// The endpoints of the service at `vip` (as the plan addresses them)
+    /// that the kernel's fast path takes for this client, leaving the
+    /// others to the proxy; `None` when it takes none.
+    fn taken_by_kernel(&self, vip: SocketAddr) -> Option<Arc<[IpAddr]>> {
+        let _ = vip;
+        None
+    }
 }
 
 /// What to do with one outbound connection.
@@ -163,9 +172,11 @@ pub fn plan(
             );
         }
         let client = state.workloads.by_ip(src).map(Arc::as_ref);
-        let endpoints = entry.candidates(dst.port(), choice.start(entry), client, |ip| {
-            choice.is_dead(ip)
-        });
+        let start = choice.start(entry);
+        let endpoints = match choice.taken_by_kernel(dst) {
+            Some(taken) => others_first(entry, dst.port(), start, client, choice, &taken),
+            None => entry.candidates(dst.port(), start, client, |ip| choice.is_dead(ip)),
+        };
         if endpoints.is_empty() {
             let action = Action::Refuse {
                 reason: FailReason::NoEndpoints,
@@ -193,6 +204,36 @@ pub fn plan(
         }),
     };
     outcome(None, action)
+}
+
+/// The order of a service's endpoints for a connection the kernel's fast
+/// path left to the proxy: it drew an endpoint it does not take, so the
+/// connection is for one of those, in turn from `start`, live ones first;
+/// the kernel's (`taken`) come last, should every other fail.
+fn others_first(
+    entry: &ServiceEntry,
+    port: u16,
+    start: usize,
+    client: Option<&MeshWorkload>,
+    choice: &impl EndpointChoice,
+    taken: &[IpAddr],
+) -> Vec<Endpoint> {
+    // From the first endpoint, so the turn goes over the others alone
+    // (rotating all of them first would favour whichever follows a run of
+    // taken ones).
+    let (mut others, kernels): (Vec<_>, Vec<_>) = entry
+        .candidates(port, 0, client, |ip| choice.is_dead(ip))
+        .into_iter()
+        .partition(|e| !taken.contains(&e.addr.ip()));
+    let live = others
+        .iter()
+        .take_while(|e| !choice.is_dead(e.addr.ip()))
+        .count();
+    if live > 0 {
+        others[..live].rotate_left(start % live);
+    }
+    others.extend(kernels);
+    others
 }
 
 /// Tunnels to `waypoint`'s instances (live ones first, in load-balancing

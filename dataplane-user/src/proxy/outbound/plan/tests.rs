@@ -6,7 +6,11 @@
     reason = "a bad fixture should fail the test loudly"
 )]
 
-use std::{collections::HashSet, net::IpAddr};
+use std::{
+    collections::HashSet,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
 
 use super::*;
 use crate::config::LocalConfig;
@@ -293,6 +297,68 @@ fn the_choice_is_even_only_among_equally_close_live_endpoints() {
     assert_eq!(even("10.96.1.1", &[]).unwrap(), ["10.1.0.2", "10.1.0.3"]);
     // Failover orders them by closeness: no even choice.
     assert_eq!(even("10.96.1.2", &[]), None);
+}
+
+/// A choice whose fast path takes some endpoints of every service.
+struct Split {
+    fixed: Fixed,
+    taken: Arc<[IpAddr]>,
+}
+
+impl EndpointChoice for Split {
+    fn is_dead(&self, ip: IpAddr) -> bool {
+        self.fixed.is_dead(ip)
+    }
+
+    fn start(&self, service: &ServiceEntry) -> usize {
+        self.fixed.start(service)
+    }
+
+    fn taken_by_kernel(&self, _: SocketAddr) -> Option<Arc<[IpAddr]>> {
+        Some(Arc::clone(&self.taken))
+    }
+}
+
+#[test]
+fn the_proxy_takes_turns_among_the_endpoints_the_fast_path_leaves_it() {
+    let state = MeshState::from_config(&LocalConfig::parse(LOCALITY, "locality").unwrap()).unwrap();
+    let source = Identity::new("cluster.local", "shop", "default").unwrap();
+    let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+    let order = |start: usize, dead: &[&str]| -> Vec<String> {
+        let choice = Split {
+            fixed: Fixed {
+                dead: dead.iter().map(|d| ip(d)).collect(),
+                start,
+            },
+            taken: [ip("10.1.0.2"), ip("10.1.0.4")].into(),
+        };
+        let dst = "10.96.1.3:80".parse().unwrap();
+        match plan(&state, &source, ip("10.1.0.1"), dst, &choice).action {
+            Action::Failover(hops) => hops.iter().map(|h| h.dst().ip().to_string()).collect(),
+            other => vec![format!("{other:?}")],
+        }
+    };
+    // The others in turn, whatever runs of taken ones lie between them;
+    // the taken ones last.
+    for (start, first, second) in [(0, "3", "5"), (1, "5", "3"), (2, "3", "5"), (3, "5", "3")] {
+        assert_eq!(
+            order(start, &[]),
+            [
+                format!("10.1.0.{first}"),
+                format!("10.1.0.{second}"),
+                "10.1.0.2".to_owned(),
+                "10.1.0.4".to_owned()
+            ],
+            "start {start}"
+        );
+    }
+    // A dead one of the others is tried after the live one, every time.
+    for start in 0..2 {
+        assert_eq!(
+            order(start, &["10.1.0.3"]),
+            ["10.1.0.5", "10.1.0.3", "10.1.0.2", "10.1.0.4"]
+        );
+    }
 }
 
 /// `api` sits behind the waypoint service `waypoint` (two instances); the
