@@ -280,10 +280,18 @@ impl FastPath {
         let key = (ctx.netns_cookie, vip);
         // The proxy learns what the kernel takes before the kernel does,
         // so it never chooses those while the verdict holds.
-        if here.len() < endpoints.len() {
-            write(&self.split).insert(key, taken.into());
-        } else {
-            write(&self.split).remove(&key);
+        let shared = here.len() < endpoints.len();
+        // Most calls find the entry as they would write it: skip the write
+        // lock then, since every proxied connection of the pair gets here.
+        let known = read(&self.split).get(&key).map(|known| **known == *taken);
+        match (shared, known) {
+            (true, Some(true)) | (false, None) => {}
+            (true, _) => {
+                write(&self.split).insert(key, taken.into());
+            }
+            (false, Some(_)) => {
+                write(&self.split).remove(&key);
+            }
         }
         let result = lock(&self.table).allow_service(ctx.netns_cookie, vip, &here, endpoints.len());
         match result {
