@@ -10,7 +10,10 @@
 //!   exists;
 //! - `BPF_LINK_DETACH` (5.9), which detaches a link at once (dropping the
 //!   last reference to a pinned link frees it later, from a work queue);
-//! - `BPF_OBJ_PIN` and `BPF_OBJ_GET` for those links.
+//! - `BPF_OBJ_PIN` and `BPF_OBJ_GET` for those links;
+//! - `BPF_MAP_LOOKUP_AND_DELETE_ELEM` on a hash map (5.14; aya 0.14 issues
+//!   it only for queues and stacks): one call where a lookup and a delete
+//!   took two.
 //!
 //! Every attribute struct is the `repr(C)` prefix of `union bpf_attr` for its
 //! command; the kernel treats the bytes it is not given as zero.
@@ -107,6 +110,16 @@ struct ObjPinAttr {
     pad: u32,
 }
 
+/// The `BPF_MAP_*_ELEM` member of `union bpf_attr`.
+#[repr(C)]
+struct MapElemAttr {
+    map_fd: u32,
+    pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
 /// A failed program load: the OS error and what the verifier said.
 #[derive(Debug)]
 pub(crate) struct LoadError {
@@ -179,6 +192,39 @@ pub(crate) fn link_create(
 /// an invalid one).
 pub(crate) fn link_detach(link: u32) -> io::Result<()> {
     sys_bpf(bpf_cmd::BPF_LINK_DETACH, &LinkDetachAttr { link_fd: link }).map(|_| ())
+}
+
+/// `BPF_MAP_LOOKUP_AND_DELETE_ELEM`: removes `key` from the hash map
+/// `map` and returns its value. `ENOENT` when the key is absent; kernels
+/// before 5.14 refuse the command on hash maps ([`unsupported`]).
+///
+/// `K` and `V` must be the map's key and value types (plain `repr(C)` data
+/// of the map's sizes), as for aya's typed maps.
+pub(crate) fn map_lookup_and_delete<K: Copy, V: Copy + Default>(
+    map: BorrowedFd<'_>,
+    key: &K,
+) -> io::Result<V> {
+    let mut value = V::default();
+    let attr = MapElemAttr {
+        map_fd: fd_u32(map)?,
+        pad: 0,
+        key: std::ptr::from_ref(key) as u64,
+        value: std::ptr::from_mut(&mut value) as u64,
+        flags: 0,
+    };
+    sys_bpf(bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_ELEM, &attr)?;
+    Ok(value)
+}
+
+/// Whether `error` says the kernel lacks a command or does not offer it
+/// for this kind of object (`ENOTSUPP`, 524, is the kernel's own code and
+/// reaches user space as is; older kernels also answer `EINVAL`).
+pub(crate) fn unsupported(error: &io::Error) -> bool {
+    const ENOTSUPP: i32 = 524;
+    matches!(
+        error.raw_os_error(),
+        Some(ENOTSUPP | libc::EOPNOTSUPP | libc::EINVAL)
+    )
 }
 
 /// `BPF_OBJ_GET`: opens the object pinned at `path`.

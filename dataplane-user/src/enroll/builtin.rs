@@ -88,6 +88,7 @@ impl Enrollments {
             mesh,
             pool,
             server_tls,
+            baggage: Default::default(),
         });
         if let Some(fast_path) = ctx.mesh.fast_path.get() {
             fast_path.register(&ctx);

@@ -51,7 +51,7 @@ fn reads_what_the_client_side_sends() {
             "10.1.0.12:8080",
             source,
             Some("web.shop.svc.cluster.local"),
-            &shop_baggage(),
+            &shop_baggage().value().unwrap(),
             &traceparent,
         )
         .unwrap();

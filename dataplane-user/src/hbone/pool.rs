@@ -264,7 +264,7 @@ impl<D: Dialer> HbonePool<D> {
         key: &PoolKey,
         authority: &str,
         (source, service): (SocketAddr, Option<&str>),
-        baggage: &wire::Baggage,
+        baggage: &http::HeaderValue,
         early: &Bytes,
     ) -> Result<Tunnel, PoolError> {
         let addr = key.dst_addr;

@@ -20,7 +20,7 @@ use std::{
 
 use bytes::Bytes;
 use h2::{SendStream, server::SendResponse};
-use http::{Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::TcpStream,
@@ -95,6 +95,10 @@ pub struct ServerContext {
     pub source: Arc<Peer>,
     /// The workload this server belongs to.
     pub destination: Arc<Peer>,
+    /// What the 200 says of `destination` in `baggage`
+    /// ([`ServerContext::baggage_of`]), formatted once for all the
+    /// connection's streams.
+    pub destination_baggage: Option<HeaderValue>,
     /// A connection without an open stream for this long is closed.
     pub idle_timeout: Duration,
 }
@@ -354,7 +358,8 @@ async fn accept_stream(
             return None;
         }
     };
-    let send = match respond.send_response(ok_with_baggage(&ctx.destination), false) {
+    let send = match respond.send_response(ok_with_baggage(ctx.destination_baggage.as_ref()), false)
+    {
         Ok(send) => send,
         Err(err) => {
             let reason = format!("cannot send 200: {err}");
@@ -433,13 +438,20 @@ fn reject(
     flow.refuse(&ctx.metrics, reason, &detail);
 }
 
+impl ServerContext {
+    /// The `baggage` a 200 carries for `destination`, as Istio's node
+    /// proxy answers; `None` (left out) if it cannot be a header.
+    pub fn baggage_of(destination: &Peer) -> Option<HeaderValue> {
+        wire::Baggage::of(destination, "", "").value().ok()
+    }
+}
+
 /// The 200 that opens a tunnel, carrying what the destination is in
-/// `baggage`, as Istio's node proxy answers.
-fn ok_with_baggage(destination: &Peer) -> Response<()> {
+/// `baggage`.
+fn ok_with_baggage(baggage: Option<&HeaderValue>) -> Response<()> {
     let mut response = status_only(StatusCode::OK);
-    let baggage = wire::Baggage::of(destination, "", "");
-    if let Ok(value) = http::HeaderValue::from_str(&baggage.header()) {
-        response.headers_mut().insert("baggage", value);
+    if let Some(value) = baggage {
+        response.headers_mut().insert("baggage", value.clone());
     }
     response
 }

@@ -54,6 +54,15 @@ async fn hbone_server_with(
             let Ok(local) = stream.local_addr() else {
                 continue;
             };
+            let destination = Arc::new(crate::telemetry::Peer {
+                workload: Some("web-0".into()),
+                namespace: Some("shop".into()),
+                canonical_service: Some("web".into()),
+                canonical_revision: Some("v2".into()),
+                cluster: Some("east".into()),
+                region: Some("eu".into()),
+                ..crate::telemetry::Peer::default()
+            });
             let ctx = ServerContext {
                 local,
                 peer,
@@ -76,15 +85,8 @@ async fn hbone_server_with(
                 shutdown,
                 metrics: Arc::new(crate::telemetry::Metrics::new()),
                 source: Arc::default(),
-                destination: Arc::new(crate::telemetry::Peer {
-                    workload: Some("web-0".into()),
-                    namespace: Some("shop".into()),
-                    canonical_service: Some("web".into()),
-                    canonical_revision: Some("v2".into()),
-                    cluster: Some("east".into()),
-                    region: Some("eu".into()),
-                    ..crate::telemetry::Peer::default()
-                }),
+                destination_baggage: ServerContext::baggage_of(&destination),
+                destination,
                 idle_timeout: std::time::Duration::from_secs(60),
             };
             tokio::spawn(async move {
@@ -143,7 +145,7 @@ async fn open_with<D: Dialer>(
     early: &bytes::Bytes,
 ) -> Result<Tunnel, PoolError> {
     let src = SocketAddr::from(([127, 0, 0, 1], 40000));
-    let baggage = wire::Baggage::default();
+    let baggage = http::HeaderValue::from_static("k8s.cluster.name=Kubernetes");
     pool.connect(&key(server), authority, (src, None), &baggage, early)
         .await
 }

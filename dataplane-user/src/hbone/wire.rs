@@ -1,9 +1,17 @@
 //! HBONE on the wire: the CONNECT request's authority and headers, and
 //! the HTTP/2 settings both sides use (values from Istio's ztunnel).
 
-use std::net::SocketAddr;
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
 
-use http::{HeaderValue, Method, Request, Version};
+use http::{
+    HeaderName, HeaderValue, Method, Request, Uri, Version,
+    header::{self, InvalidHeaderValue},
+};
+
+use crate::telemetry::Peer;
 
 /// Per-stream receive window: 4 MiB.
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
@@ -58,10 +66,15 @@ impl Baggage {
         value
     }
 
+    /// [`Baggage::header`] as a header value, ready to send.
+    pub fn value(&self) -> Result<HeaderValue, InvalidHeaderValue> {
+        HeaderValue::try_from(self.header())
+    }
+
     /// What Istio's node proxy says of a workload: its pod's namespace
     /// and name (from enrollment; empty takes the mesh's), and the mesh's
     /// facts about it (`peer`), with `Kubernetes` and `latest` as defaults.
-    pub fn of(peer: &crate::telemetry::Peer, namespace: &str, pod: &str) -> Self {
+    pub fn of(peer: &Peer, namespace: &str, pod: &str) -> Self {
         let or = |value: &Option<String>, default: &str| {
             value.clone().unwrap_or_else(|| default.to_owned())
         };
@@ -82,44 +95,103 @@ impl Baggage {
     }
 }
 
+/// A pod's `baggage` value, built once for the mesh's current view of
+/// the pod rather than formatted again for every tunnel it opens.
+///
+/// The view is an `Arc<Peer>` that the mesh state replaces, never
+/// mutates, so the value stays right as long as the `Arc` is the same;
+/// holding it keeps its address from being reused by another peer.
+#[derive(Debug, Default)]
+pub struct BaggageCache(Mutex<Option<(Arc<Peer>, HeaderValue)>>);
+
+impl BaggageCache {
+    /// The value for `peer`: the cached one when `peer` is the view it
+    /// was built from, else `build`'s, which then replaces it. A value
+    /// that is not a valid header is not cached.
+    pub fn get(
+        &self,
+        peer: &Arc<Peer>,
+        build: impl FnOnce() -> Baggage,
+    ) -> Result<HeaderValue, InvalidHeaderValue> {
+        // A poisoned lock only means a panic elsewhere mid-update of a
+        // cache: rebuilding is always correct.
+        let mut slot = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((cached, value)) = slot.as_ref()
+            && Arc::ptr_eq(cached, peer)
+        {
+            return Ok(value.clone());
+        }
+        let value = build().value()?;
+        *slot = Some((Arc::clone(peer), value.clone()));
+        Ok(value)
+    }
+}
+
 /// Builds the CONNECT request for a tunnel to `authority` on behalf of the
 /// client at `source`; `service` is the hostname of the service the client
 /// dialled, when it dialled one (`forwarded: for="<source>";host=<service>`,
 /// as Istio's node proxy sends it, so the far side attributes the
-/// connection to that service).
+/// connection to that service). `baggage` is the client's
+/// ([`Baggage::value`], usually from a [`BaggageCache`]).
 pub fn connect_request(
     authority: &str,
     source: SocketAddr,
     service: Option<&str>,
-    baggage: &Baggage,
+    baggage: &HeaderValue,
     traceparent: &str,
 ) -> Result<Request<()>, http::Error> {
     let forwarded = match service {
         Some(host) => format!("for=\"{source}\";host={host}"),
         None => format!("for=\"{source}\""),
     };
-    Request::builder()
-        .method(Method::CONNECT)
-        .uri(authority)
-        .version(Version::HTTP_2)
-        .header("forwarded", HeaderValue::from_str(&forwarded)?)
-        .header("baggage", baggage.header())
-        .header("traceparent", HeaderValue::from_str(traceparent)?)
-        .body(())
+    // Built in place rather than through `Request::builder`, with the
+    // header names as constants and room for the three headers made once:
+    // this runs for every tunnel.
+    let mut request = Request::new(());
+    *request.method_mut() = Method::CONNECT;
+    *request.uri_mut() = Uri::try_from(authority)?;
+    *request.version_mut() = Version::HTTP_2;
+    let headers = request.headers_mut();
+    headers.reserve(3);
+    headers.insert(header::FORWARDED, HeaderValue::try_from(forwarded)?);
+    headers.insert(HeaderName::from_static("baggage"), baggage.clone());
+    headers.insert(
+        HeaderName::from_static("traceparent"),
+        HeaderValue::from_str(traceparent)?,
+    );
+    Ok(request)
 }
 
 /// A fresh W3C `traceparent` (version 00, random trace and span ids,
 /// sampled flag off).
 pub fn new_traceparent() -> String {
-    let trace: u128 = rand_u128();
-    let span: u64 = rand_u128() as u64;
-    format!("00-{trace:032x}-{span:016x}-00")
+    let [trace_hi, trace_lo, span] = random_words();
+    let mut value = String::with_capacity(55);
+    value.push_str("00-");
+    push_hex(&mut value, trace_hi);
+    push_hex(&mut value, trace_lo);
+    value.push('-');
+    push_hex(&mut value, span);
+    value.push_str("-00");
+    value
 }
 
-fn rand_u128() -> u128 {
+/// `word` as 16 lower-case hex digits.
+fn push_hex(out: &mut String, word: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..16).rev() {
+        out.push(char::from(DIGITS[((word >> (shift * 4)) & 0xf) as usize]));
+    }
+}
+
+/// Three words for trace and span ids.
+fn random_words() -> [u64; 3] {
     // Trace ids need uniqueness, not secrecy: the std hasher's per-process
-    // random keys plus a counter and the clock give that without a new
-    // dependency.
+    // random keys over a counter and the clock give that without a new
+    // dependency. One clock read serves all three words.
     use std::{
         collections::hash_map::RandomState,
         hash::{BuildHasher, Hasher},
@@ -127,16 +199,18 @@ fn rand_u128() -> u128 {
     };
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let state = RandomState::new();
-    let mut hi = state.build_hasher();
-    hi.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    let mut lo = state.build_hasher();
-    lo.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default(),
-    );
-    (u128::from(hi.finish()) << 64) | u128::from(lo.finish())
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    [0u8, 1, 2].map(|word| {
+        let mut hasher = state.build_hasher();
+        hasher.write_u8(word);
+        hasher.write_u64(count);
+        hasher.write_u128(now);
+        hasher.finish()
+    })
 }
 
 #[cfg(test)]
@@ -161,7 +235,7 @@ mod tests {
             "10.1.0.12:8080",
             "10.1.0.11:40000".parse().unwrap(),
             None,
-            &baggage,
+            &baggage.value().unwrap(),
             &new_traceparent(),
         )
         .unwrap();
@@ -172,7 +246,7 @@ mod tests {
             "10.1.0.12:8080",
             "[fd00::11]:40000".parse().unwrap(),
             Some("web.shop.svc.cluster.local"),
-            &baggage,
+            &baggage.value().unwrap(),
             &new_traceparent(),
         )
         .unwrap();
@@ -190,5 +264,39 @@ mod tests {
         assert_eq!(tp.len(), 55);
         assert!(tp.starts_with("00-"));
         assert_ne!(tp, new_traceparent());
+    }
+
+    #[test]
+    fn a_pods_baggage_is_built_once_per_view_of_it() {
+        let cache = BaggageCache::default();
+        let peer = |service: &str| {
+            Arc::new(Peer {
+                canonical_service: Some(service.into()),
+                ..Peer::default()
+            })
+        };
+        let (web, builds) = (peer("web"), std::cell::Cell::new(0));
+        let get = |peer: &Arc<Peer>| {
+            cache
+                .get(peer, || {
+                    builds.set(builds.get() + 1);
+                    Baggage::of(peer, "shop", "web-0")
+                })
+                .unwrap()
+        };
+        let first = get(&web);
+        assert!(first.to_str().unwrap().contains("service.name=web,"));
+        assert_eq!(get(&web), first);
+        assert_eq!(builds.get(), 1, "the same view is not formatted again");
+        // The mesh replaced its view of the pod: equal fields or not, the
+        // value is built for the new one.
+        let shop = peer("shop");
+        assert!(get(&shop).to_str().unwrap().contains("service.name=shop,"));
+        assert_eq!(builds.get(), 2);
+        // A value that cannot be a header is refused and not cached.
+        let bad = peer("web\n");
+        assert!(cache.get(&bad, || Baggage::of(&bad, "", "")).is_err());
+        assert!(get(&shop).to_str().unwrap().contains("service.name=shop,"));
+        assert_eq!(builds.get(), 2);
     }
 }

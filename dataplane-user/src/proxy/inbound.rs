@@ -13,7 +13,6 @@ use super::{PodContext, accept, connect_and_relay, finish, orig_dst::OrigDst, re
 use crate::{
     addr::{canonical, is_engine_port},
     policy::Request,
-    relay::reset_on_close,
     telemetry::{Direction, FailReason, Flow, Peer, Protocol},
 };
 
@@ -21,12 +20,13 @@ use crate::{
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst: Arc<OrigDst>) {
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = ctx.mesh.shutdown.clone();
+    // Until its relay finishes cleanly, a client's connection may only end
+    // in a reset.
+    let inherited = super::prepare_listener(&listener, "inbound");
     while let Some((stream, peer)) =
         accept(&listener, &mut shutdown, "inbound", &ctx.mesh.metrics).await
     {
-        // Until its relay finishes cleanly, the client's connection may
-        // only end in a reset.
-        reset_on_close(&stream);
+        super::prepare_accepted(&stream, inherited);
         let ctx = Arc::clone(&ctx);
         let orig_dst = Arc::clone(&orig_dst);
         let src = canonical(peer);

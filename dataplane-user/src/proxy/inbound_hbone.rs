@@ -97,6 +97,7 @@ async fn serve_connection(
         principal: peer_identity.as_ref().map(Identity::to_uri),
         ..(*ctx.mesh.peer_at(canonical(peer).ip())).clone()
     });
+    let destination = ctx.own_peer(&ctx.mesh.state());
     let server = ServerContext {
         local,
         peer,
@@ -124,7 +125,8 @@ async fn serve_connection(
         shutdown: ctx.mesh.shutdown.clone(),
         metrics: Arc::clone(&ctx.mesh.metrics),
         source,
-        destination: ctx.own_peer(&ctx.mesh.state()),
+        destination_baggage: ServerContext::baggage_of(&destination),
+        destination,
         idle_timeout: ctx.mesh.hbone_idle_timeout,
     };
     // The handshake is complete once the client's preface and SETTINGS are

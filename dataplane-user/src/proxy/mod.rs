@@ -119,6 +119,8 @@ pub struct PodContext {
     pub pool: Arc<crate::hbone::HbonePool<PodTlsDialer>>,
     /// The pod's HBONE server TLS configuration.
     pub server_tls: Arc<rustls::ServerConfig>,
+    /// The `baggage` its tunnels carry, formatted once per view of it.
+    pub baggage: crate::hbone::wire::BaggageCache,
 }
 
 impl PodContext {
@@ -336,6 +338,36 @@ impl Drop for PodEngine {
 /// at once, so retrying without a pause would spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
+/// Prepares a listener of client connections (15001, 15006): every
+/// socket it accepts is then born reset-on-close
+/// ([`crate::relay::reset_on_close`]) and without Nagle's delay, because
+/// the kernel copies a listener's socket options into each connection it
+/// accepts. That is one `setsockopt` per listener and start instead of two
+/// per connection, and it leaves no moment between accept and the first
+/// `setsockopt` in which a killed agent would close the client with a FIN.
+/// Done at every start, since a listener handed over by an older agent
+/// may lack them. `false` if the kernel refused: each accepted socket must
+/// then be prepared by [`prepare_accepted`].
+fn prepare_listener(listener: &TcpListener, name: &'static str) -> bool {
+    let socket = socket2::SockRef::from(listener);
+    let prepared = socket
+        .set_linger(Some(Duration::ZERO))
+        .and_then(|()| socket.set_tcp_nodelay(true));
+    if let Err(err) = &prepared {
+        warn!(listener = name, error = %err, "cannot set the listener's socket options; setting them on each connection");
+    }
+    prepared.is_ok()
+}
+
+/// What [`prepare_listener`] gives accepted sockets, for one accepted from
+/// a listener it could not prepare (`inherited` false).
+fn prepare_accepted(stream: &TcpStream, inherited: bool) {
+    if !inherited {
+        reset_on_close(stream);
+        let _ = stream.set_nodelay(true);
+    }
+}
+
 /// The next connection on `listener`, or `None` once the agent starts
 /// draining (or can no longer say). Accept errors (a full backlog, no
 /// file descriptors) are logged and accepting goes on.
@@ -405,7 +437,6 @@ async fn connect_direct(
         }
     };
     let open = flow.open(&ctx.mesh.metrics);
-    let _ = downstream.set_nodelay(true);
     debug!(%dst, "connected");
     let relay = relay_plain(downstream, upstream, open.meter_from_client());
     Some((relay, open))
@@ -437,4 +468,39 @@ async fn finish(listener: TcpListener, mut connections: JoinSet<()>) {
 /// Collects finished connection tasks so the set does not grow.
 fn reap(connections: &mut JoinSet<()>) {
     while connections.try_join_next().is_some() {}
+}
+
+#[cfg(test)]
+#[expect(
+    clippy::unwrap_used,
+    reason = "a failed set-up should fail the test loudly"
+)]
+mod tests {
+    use std::io::Read as _;
+
+    use super::*;
+
+    /// What [`prepare_listener`] relies on: the kernel copies the
+    /// listener's `SO_LINGER` and `TCP_NODELAY` into each accepted socket,
+    /// so a client closed before its relay started is reset.
+    #[tokio::test]
+    async fn a_prepared_listener_accepts_sockets_that_reset_and_do_not_delay() {
+        for (prepared, ip) in [(true, "127.0.0.1"), (false, "127.0.0.1"), (true, "::1")] {
+            let listener = TcpListener::bind((ip.parse::<IpAddr>().unwrap(), 0))
+                .await
+                .unwrap();
+            let inherited = prepared && prepare_listener(&listener, "test");
+            assert_eq!(inherited, prepared);
+            let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (accepted, _) = listener.accept().await.unwrap();
+            prepare_accepted(&accepted, inherited);
+            let socket = socket2::SockRef::from(&accepted);
+            assert_eq!(socket.linger().unwrap(), Some(Duration::ZERO));
+            assert!(socket.tcp_nodelay().unwrap());
+            // Closed before any relay: the client sees a reset, not an end.
+            drop(accepted);
+            let err = client.read(&mut [0; 1]).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{ip}");
+        }
+    }
 }

@@ -1,9 +1,15 @@
 //! Recovering a captured connection's original destination from the
 //! tuple-keyed `ORIG_DST` map, given the accepted socket's addresses.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::{
+    net::{IpAddr, Ipv6Addr, SocketAddr},
+    os::fd::{AsFd, OwnedFd},
+};
 
-use aya::maps::{HashMap, MapData};
+use aya::{
+    maps::{HashMap, MapData},
+    sys::SyscallError,
+};
 use dataplane_common::{AF_INET, OrigDst, SockTuple, maps::ORIG_DST};
 
 use super::{PinLayout, RedirectError, keys::addr16};
@@ -12,6 +18,11 @@ use super::{PinLayout, RedirectError, keys::addr16};
 /// engine holds its own descriptor independent of the loader.
 pub struct OrigDstTable {
     map: HashMap<MapData, SockTuple, OrigDst>,
+    /// The same map, for the one command aya does not issue on it.
+    fd: OwnedFd,
+    /// Whether the kernel takes a record in one call (5.14); cleared on
+    /// the first refusal, after which a lookup and a delete take two.
+    take_in_one: bool,
 }
 
 impl std::fmt::Debug for OrigDstTable {
@@ -23,8 +34,19 @@ impl std::fmt::Debug for OrigDstTable {
 impl OrigDstTable {
     /// Opens the pinned map of the instance laid out by `pins`.
     pub fn open(pins: &PinLayout) -> Result<Self, RedirectError> {
+        let path = pins.map(ORIG_DST);
+        let fd = crate::bpf_syscall::obj_get(&path).map_err(|io_error| RedirectError::Map {
+            name: ORIG_DST,
+            source: SyscallError {
+                call: "bpf_obj_get",
+                io_error,
+            }
+            .into(),
+        })?;
         Ok(Self {
             map: super::stats::open_pinned(pins, ORIG_DST)?,
+            fd,
+            take_in_one: true,
         })
     }
 
@@ -38,6 +60,23 @@ impl OrigDstTable {
         local: SocketAddr,
     ) -> Result<Option<SocketAddr>, RedirectError> {
         let key = tuple_of(peer, local);
+        if self.take_in_one {
+            match crate::bpf_syscall::map_lookup_and_delete::<_, OrigDst>(self.fd.as_fd(), &key) {
+                Ok(orig) => return Ok(Some(socket_addr_of(&orig))),
+                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+                Err(err) if crate::bpf_syscall::unsupported(&err) => self.take_in_one = false,
+                Err(io_error) => {
+                    return Err(RedirectError::Map {
+                        name: ORIG_DST,
+                        source: SyscallError {
+                            call: "bpf_map_lookup_and_delete_elem",
+                            io_error,
+                        }
+                        .into(),
+                    });
+                }
+            }
+        }
         match self.map.get(&key, 0) {
             Ok(orig) => {
                 // A failed delete only leaves the record to LRU eviction.

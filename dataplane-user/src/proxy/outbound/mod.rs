@@ -24,7 +24,7 @@ use super::{PodContext, connect_direct, finish, orig_dst::OrigDst, reap, refuse}
 use crate::{
     hbone::{PoolError, PoolKey, Tunnel, wire::Baggage},
     logging::Chain,
-    relay::{relay_tunnel, reset_on_close},
+    relay::relay_tunnel,
     state::{DeadEndpoints, ServiceEntry},
     telemetry::{Direction, FailReason, Flow, Peer, Protocol},
 };
@@ -34,17 +34,23 @@ use connection::{Connection, Relaying};
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst: Arc<OrigDst>) {
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = ctx.mesh.shutdown.clone();
+    // Until its relay finishes cleanly, a client's connection may only end
+    // in a reset (the agent could be killed while the tunnel opens).
+    let inherited = super::prepare_listener(&listener, "outbound");
+    // The capture listeners are bound to one loopback address, which is
+    // then every accepted socket's local address: no need to ask for it.
+    let bound = listener
+        .local_addr()
+        .ok()
+        .filter(|a| !a.ip().is_unspecified());
     while let Some((stream, peer)) =
         super::accept(&listener, &mut shutdown, "outbound", &ctx.mesh.metrics).await
     {
-        // Until its relay finishes cleanly, the client's connection may
-        // only end in a reset (the agent could be killed while the
-        // tunnel opens).
-        reset_on_close(&stream);
+        super::prepare_accepted(&stream, inherited);
         // The record is looked up here, in order, before the next accept;
         // it was written before the client's SYN left.
-        let dst = stream
-            .local_addr()
+        let dst = bound
+            .map_or_else(|| stream.local_addr(), Ok)
             .map_err(|e| format!("cannot read the accepted socket's local address: {e}"))
             .and_then(|local| orig_dst.outbound(&stream, peer, local));
         let ctx = Arc::clone(&ctx);
@@ -288,14 +294,24 @@ async fn open_tunnel(
         alt_identities: Arc::clone(&hop.alt_identities),
         dst_addr: hop.via,
     };
+    let authority = hop.dst.to_string();
     // What the mesh says of the pod (canonical service and revision, its
     // cluster), as Istio's node proxy fills it in.
-    let baggage = Baggage::of(&flow.source, &ctx.identity.namespace, &ctx.identity.name);
+    let source = &flow.source;
+    let baggage = ctx
+        .baggage
+        .get(source, || {
+            Baggage::of(source, &ctx.identity.namespace, &ctx.identity.name)
+        })
+        .map_err(|err| PoolError::Request {
+            authority: authority.clone(),
+            source: err.into(),
+        })?;
     // Boxed: the dial and handshake state is large and only lives while
     // the tunnel opens, not for the connection's whole life.
     Box::pin(
         ctx.pool
-            .connect(&key, &hop.dst.to_string(), forwarded, &baggage, early),
+            .connect(&key, &authority, forwarded, &baggage, early),
     )
     .await
 }
@@ -309,7 +325,6 @@ async fn relaying(way: Way, ctx: &PodContext) -> Option<Relaying> {
                 ctx.mesh.metrics.early_data_sent();
             }
             let open = flow.open(&ctx.mesh.metrics);
-            let _ = stream.set_nodelay(true);
             let (send, recv, slot) = tunnel.into_parts();
             let relay =
                 relay_tunnel(stream, send, recv, open.meter_from_client()).sent_before(early);
