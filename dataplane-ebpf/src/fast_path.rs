@@ -78,7 +78,9 @@ pub fn admit_connect(ctx: &SockAddrContext, netns: u64, dst: IpAddr16, port: u16
     if verdict.generation != generation || !owned_by(dst, verdict.dst_netns_cookie) {
         return Admit::No;
     }
-    if !record_client(ctx, netns, verdict.dst_netns_cookie) {
+    // SAFETY: helper valid for sock_addr programs since 4.20.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+    if !record_client(cookie, netns, verdict.dst_netns_cookie) {
         return Admit::No;
     }
     count(Counter::FastPathOutbound);
@@ -143,7 +145,7 @@ fn admit_service(ctx: &SockAddrContext, key: &FastKey, generation: u64) -> Admit
         count(Counter::MapUpdateFailed);
         return Admit::No;
     }
-    if !record_client(ctx, key.netns_cookie, endpoint.dst_netns_cookie) {
+    if !record_client(cookie, key.netns_cookie, endpoint.dst_netns_cookie) {
         let _ = FAST_VIP_BY_COOKIE.remove(cookie);
         return Admit::No;
     }
@@ -165,16 +167,14 @@ fn owned_by(addr: IpAddr16, netns: u64) -> bool {
     pod_netns == netns && pod_flags & POD_CAPTURE_INBOUND != 0
 }
 
-/// Records the socket of `ctx` as a fast-path client from namespace
+/// Records the socket of `cookie` as a fast-path client from namespace
 /// `netns` to the pod of namespace `dst_netns`. A repeated `connect()` on a
 /// socket whose SYN already left keeps the first record: the kernel
 /// ignores the address then, and the record holds the SYN's time (which
 /// its close record needs). A record without a SYN is stale (a connect
 /// that failed before sending one) and is replaced.
 #[inline(always)]
-fn record_client(ctx: &SockAddrContext, netns: u64, dst_netns: u64) -> bool {
-    // SAFETY: helper valid for sock_addr programs since 4.20.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+fn record_client(cookie: u64, netns: u64, dst_netns: u64) -> bool {
     if let Some(conn) = FAST_BY_COOKIE.get_ptr(cookie) {
         // SAFETY: a pointer from a successful lookup; one field is read.
         if unsafe { (*conn).start_ns } != 0 {
