@@ -64,7 +64,10 @@ impl OrigDstTable {
             match crate::bpf_syscall::map_lookup_and_delete::<_, OrigDst>(self.fd.as_fd(), &key) {
                 Ok(orig) => return Ok(Some(socket_addr_of(&orig))),
                 Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-                Err(err) if crate::bpf_syscall::unsupported(&err) => self.take_in_one = false,
+                Err(err) if crate::bpf_syscall::unsupported(&err) => {
+                    tracing::info!(error = %err, "this kernel cannot read and delete a hash map entry in one call (5.14); original destinations are taken with a lookup and a delete");
+                    self.take_in_one = false;
+                }
                 Err(io_error) => {
                     return Err(RedirectError::Map {
                         name: ORIG_DST,
