@@ -198,9 +198,9 @@ pub(crate) fn link_detach(link: u32) -> io::Result<()> {
 /// `map` and returns its value. `ENOENT` when the key is absent; kernels
 /// before 5.14 refuse the command on hash maps ([`unsupported`]).
 ///
-/// `K` and `V` must be the map's key and value types (plain `repr(C)` data
-/// of the map's sizes), as for aya's typed maps.
-pub(crate) fn map_lookup_and_delete<K: Copy, V: Copy + Default>(
+/// `K` and `V` must be the map's key and value types, as for aya's typed
+/// maps (whose `Pod` bound says they are plain data).
+pub(crate) fn map_lookup_and_delete<K: aya::Pod, V: aya::Pod + Default>(
     map: BorrowedFd<'_>,
     key: &K,
 ) -> io::Result<V> {

@@ -35,14 +35,8 @@ impl OrigDstTable {
     /// Opens the pinned map of the instance laid out by `pins`.
     pub fn open(pins: &PinLayout) -> Result<Self, RedirectError> {
         let path = pins.map(ORIG_DST);
-        let fd = crate::bpf_syscall::obj_get(&path).map_err(|io_error| RedirectError::Map {
-            name: ORIG_DST,
-            source: SyscallError {
-                call: "bpf_obj_get",
-                io_error,
-            }
-            .into(),
-        })?;
+        let fd = crate::bpf_syscall::obj_get(&path)
+            .map_err(|io_error| syscall_error("bpf_obj_get", io_error))?;
         Ok(Self {
             map: super::stats::open_pinned(pins, ORIG_DST)?,
             fd,
@@ -69,14 +63,7 @@ impl OrigDstTable {
                     self.take_in_one = false;
                 }
                 Err(io_error) => {
-                    return Err(RedirectError::Map {
-                        name: ORIG_DST,
-                        source: SyscallError {
-                            call: "bpf_map_lookup_and_delete_elem",
-                            io_error,
-                        }
-                        .into(),
-                    });
+                    return Err(syscall_error("bpf_map_lookup_and_delete_elem", io_error));
                 }
             }
         }
@@ -93,6 +80,11 @@ impl OrigDstTable {
             }),
         }
     }
+}
+
+/// A `bpf()` call of ours on `ORIG_DST` that failed, as aya reports its own.
+fn syscall_error(call: &'static str, io_error: std::io::Error) -> RedirectError {
+    super::error::map_err(ORIG_DST)(SyscallError { call, io_error }.into())
 }
 
 /// The key the kernel wrote for a connection from `client` to `connected_to`
