@@ -155,6 +155,41 @@ pub struct OrigDst {
     pub family: u16,
 }
 
+/// Key of `ORIG_DST`: a captured connection's tuple within the client's
+/// network namespace.
+///
+/// The tuple alone does not name a connection on a node: every pod's apps
+/// connect from loopback to the same `127.0.0.1` listener address inside
+/// their own namespace, and two namespaces' port choices for the same
+/// tuple are drawn from the same kernel-wide sequence, so two pods dialling
+/// at the same moment often get the same source port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OrigDstKey {
+    /// Cookie of the client's (and its outbound listener's) network
+    /// namespace; 0 for a pod with [`ENROLLED_ORIG_DST_BY_TUPLE`].
+    pub netns_cookie: u64,
+    /// The connection as the client sees it.
+    pub tuple: SockTuple,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 4],
+}
+
+/// Value of `ORIG_DST_COOKIE`: where a captured socket was going, and the
+/// namespace part of its [`OrigDstKey`] (which `sockops`, unable to ask the
+/// kernel for the namespace before 5.15, copies from here).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CapturedDst {
+    /// Cookie of the socket's network namespace, or 0 for a pod whose
+    /// records are keyed by tuple alone ([`ENROLLED_ORIG_DST_BY_TUPLE`]).
+    pub netns_cookie: u64,
+    /// The destination before the rewrite.
+    pub orig: OrigDst,
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 4],
+}
+
 /// Settings of one agent instance that every kernel program reads. Lives in
 /// slot 0 of the `AGENT_CONFIG` array.
 #[repr(C)]
@@ -205,6 +240,11 @@ pub const ENROLLED_ENGINE_READY: u32 = 1 << 1;
 /// [`EnrolledNetns::flags`] bit: capture the pod's DNS (UDP and TCP to port
 /// 53) into the agent's in-pod resolver on [`AgentConfig::dns_port`].
 pub const ENROLLED_CAPTURE_DNS: u32 = 1 << 2;
+/// [`EnrolledNetns::flags`] bit: key the pod's `ORIG_DST` records by tuple
+/// alone (namespace cookie 0). Set for pods served by an external proxy,
+/// which reads them through `getsockopt(SO_ORIGINAL_DST)`: before 5.15 a
+/// `cgroup/getsockopt` program cannot ask for the socket's namespace.
+pub const ENROLLED_ORIG_DST_BY_TUPLE: u32 = 1 << 3;
 
 /// The DNS port the kernel programs capture.
 pub const DNS_PORT: u16 = 53;
@@ -323,6 +363,8 @@ const _: () = {
     assert!(core::mem::size_of::<IpAddr16>() == 16);
     assert!(core::mem::size_of::<SockTuple>() == 36);
     assert!(core::mem::size_of::<OrigDst>() == 20);
+    assert!(core::mem::size_of::<OrigDstKey>() == 48);
+    assert!(core::mem::size_of::<CapturedDst>() == 32);
     assert!(core::mem::size_of::<AgentConfig>() == 20);
     assert!(core::mem::size_of::<EnrolledNetns>() == 8);
     assert!(core::mem::size_of::<NetnsPort>() == 16);
@@ -341,6 +383,8 @@ mod pod {
     unsafe impl aya::Pod for super::IpAddr16 {}
     unsafe impl aya::Pod for super::SockTuple {}
     unsafe impl aya::Pod for super::OrigDst {}
+    unsafe impl aya::Pod for super::OrigDstKey {}
+    unsafe impl aya::Pod for super::CapturedDst {}
     unsafe impl aya::Pod for super::AgentConfig {}
     unsafe impl aya::Pod for super::EnrolledNetns {}
     unsafe impl aya::Pod for super::NetnsPort {}

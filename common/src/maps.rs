@@ -7,13 +7,14 @@
 
 /// `HashMap<u64 netns cookie, EnrolledNetns>`: network namespaces in the mesh.
 pub const ENROLLED_NETNS: &str = "ENROLLED_NETNS";
-/// `LruHashMap<u64 socket cookie, OrigDst>`: original destination of a
-/// captured client socket, for `sockops` (to re-key it by tuple) and for
-/// `getpeername` (for the socket's lifetime, until LRU eviction).
+/// `LruHashMap<u64 socket cookie, CapturedDst>`: original destination of a
+/// captured client socket and its namespace, for `sockops` (to re-key it by
+/// tuple) and for `getpeername` (for the socket's lifetime, until LRU
+/// eviction).
 pub const ORIG_DST_COOKIE: &str = "ORIG_DST_COOKIE";
-/// `LruHashMap<SockTuple, OrigDst>`: original destination by connection tuple,
-/// read by the engine when it accepts a captured connection and by
-/// `getsockopt(SO_ORIGINAL_DST)`.
+/// `LruHashMap<OrigDstKey, OrigDst>`: original destination by namespace and
+/// connection tuple, read by the engine when it accepts a captured
+/// connection and by `getsockopt(SO_ORIGINAL_DST)`.
 pub const ORIG_DST: &str = "ORIG_DST";
 /// `Array<AgentConfig>` with one slot.
 pub const AGENT_CONFIG: &str = "AGENT_CONFIG";

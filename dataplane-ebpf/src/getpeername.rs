@@ -53,6 +53,6 @@ fn original_peer(ctx: &SockAddrContext, port: u16) -> Option<(IpAddr16, u16)> {
     let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
     let orig = ORIG_DST_COOKIE.get_ptr(cookie)?;
     // SAFETY: a pointer from a successful lookup; the fields are copied.
-    let (addr, port) = unsafe { ((*orig).addr, (*orig).port) };
+    let (addr, port) = unsafe { ((*orig).orig.addr, (*orig).orig.port) };
     Some((addr, port))
 }

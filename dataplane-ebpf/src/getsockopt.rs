@@ -4,6 +4,10 @@
 //! record, so unmodified proxies written for iptables `REDIRECT` work
 //! (minimum kernel 5.3).
 //!
+//! The pods of such proxies have their records keyed by tuple alone
+//! (`ENROLLED_ORIG_DST_BY_TUPLE`, namespace cookie 0): this program cannot
+//! ask for the socket's namespace before 5.15.
+//!
 //! The kernel runs its own `getsockopt` first (which fails: no conntrack
 //! entry exists for a socket-level redirect) and then this program with the
 //! user's buffer. Every other option, and a socket without a record, passes
@@ -11,7 +15,8 @@
 
 use aya_ebpf::{bindings::bpf_sock, macros::cgroup_sockopt, programs::SockoptContext};
 use dataplane_common::{
-    AF_INET, AF_INET6, Counter, IpAddr16, OrigDst, SO_ORIGINAL_DST, SOL_IP, SOL_IPV6, SockTuple,
+    AF_INET, AF_INET6, Counter, IpAddr16, OrigDst, OrigDstKey, SO_ORIGINAL_DST, SOL_IP, SOL_IPV6,
+    SockTuple,
 };
 
 use crate::{
@@ -45,7 +50,12 @@ fn answer(ctx: &SockoptContext) {
     let Some(tuple) = accepted_tuple(sk) else {
         return;
     };
-    let Some(orig) = ORIG_DST.get_ptr(tuple) else {
+    let key = OrigDstKey {
+        netns_cookie: 0,
+        tuple,
+        _pad: [0; 4],
+    };
+    let Some(orig) = ORIG_DST.get_ptr(key) else {
         return;
     };
     // SAFETY: a pointer from a successful lookup; the value is copied.

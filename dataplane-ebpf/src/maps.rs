@@ -6,9 +6,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, SockHash},
 };
 use dataplane_common::{
-    AgentConfig, COUNTER_SLOTS, Counter, DnsOrigDst, EnrolledNetns, FastConn, FastKey, FastService,
-    FastVerdict, FastVip, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, OrigDst, PodInbound,
-    PodPort, SockTuple,
+    AgentConfig, COUNTER_SLOTS, CapturedDst, Counter, DnsOrigDst, EnrolledNetns, FastConn, FastKey,
+    FastService, FastVerdict, FastVip, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, OrigDst,
+    OrigDstKey, PodInbound, PodPort, SockTuple,
     maps::{
         DNS_ORIG_CAPACITY, ENROLLED_CAPACITY, EXCLUSION_CAPACITY, FAST_CLOSED_BYTES,
         FAST_CONN_CAPACITY, FAST_SERVICE_CAPACITY, FAST_VERDICT_CAPACITY, LISTENERS_CAPACITY,
@@ -21,7 +21,7 @@ pub static ENROLLED_NETNS: HashMap<u64, EnrolledNetns> =
     HashMap::with_max_entries(ENROLLED_CAPACITY, 0);
 
 #[map]
-pub static ORIG_DST_COOKIE: LruHashMap<u64, OrigDst> =
+pub static ORIG_DST_COOKIE: LruHashMap<u64, CapturedDst> =
     LruHashMap::with_max_entries(ORIG_DST_CAPACITY, 0);
 
 #[map]
@@ -29,7 +29,7 @@ pub static DNS_ORIG_COOKIE: LruHashMap<u64, DnsOrigDst> =
     LruHashMap::with_max_entries(DNS_ORIG_CAPACITY, 0);
 
 #[map]
-pub static ORIG_DST: LruHashMap<SockTuple, OrigDst> =
+pub static ORIG_DST: LruHashMap<OrigDstKey, OrigDst> =
     LruHashMap::with_max_entries(ORIG_DST_CAPACITY, 0);
 
 #[map]

@@ -12,8 +12,8 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use dataplane_common::{
-    AGENT_FAIL_OPEN, Counter, ENROLLED_CAPTURE_OUTBOUND, ENROLLED_ENGINE_READY, IpAddr16,
-    NETNS_ADDR_BITS, NetnsAddr, NetnsPort, OrigDst,
+    AGENT_FAIL_OPEN, CapturedDst, Counter, ENROLLED_CAPTURE_OUTBOUND, ENROLLED_ENGINE_READY,
+    ENROLLED_ORIG_DST_BY_TUPLE, IpAddr16, NETNS_ADDR_BITS, NetnsAddr, NetnsPort, OrigDst,
 };
 
 use crate::fast_path::Admit;
@@ -130,10 +130,18 @@ pub fn decide(ctx: &SockAddrContext, dst: IpAddr16, port: u16, family: u16) -> O
         // kernel refuses the connection; nothing leaves uncaptured.
         count(Counter::EngineDownRefused);
     }
-    let orig = OrigDst {
-        addr: dst,
-        port,
-        family,
+    let orig = CapturedDst {
+        netns_cookie: if flags & ENROLLED_ORIG_DST_BY_TUPLE != 0 {
+            0
+        } else {
+            netns
+        },
+        orig: OrigDst {
+            addr: dst,
+            port,
+            family,
+        },
+        _pad: [0; 4],
     };
     // SAFETY: helper valid for sock_addr programs since 4.20.
     let cookie = unsafe { bpf_get_socket_cookie(sa.cast()) };

@@ -23,7 +23,7 @@ use aya_ebpf::{
     macros::sock_ops,
     programs::SockOpsContext,
 };
-use dataplane_common::{AF_INET, AF_INET6, Counter, IpAddr16, SockTuple};
+use dataplane_common::{AF_INET, AF_INET6, Counter, IpAddr16, OrigDstKey, SockTuple};
 
 use crate::{
     ctx_words::read_ip6,
@@ -99,13 +99,18 @@ fn tuple_of(ctx: &SockOpsContext) -> Option<SockTuple> {
 
 #[inline(always)]
 fn record_orig_dst(ctx: &SockOpsContext, cookie: u64, tuple: SockTuple) {
-    let Some(orig) = ORIG_DST_COOKIE.get_ptr(cookie) else {
+    let Some(captured) = ORIG_DST_COOKIE.get_ptr(cookie) else {
         return;
     };
     // SAFETY: a pointer from a successful lookup; the value is copied out at
     // once.
-    let orig = unsafe { *orig };
-    if ORIG_DST.insert(tuple, orig, 0).is_ok() {
+    let captured = unsafe { *captured };
+    let key = OrigDstKey {
+        netns_cookie: captured.netns_cookie,
+        tuple,
+        _pad: [0; 4],
+    };
+    if ORIG_DST.insert(key, captured.orig, 0).is_ok() {
         count(Counter::OrigDstRecorded);
     } else {
         count(Counter::MapUpdateFailed);

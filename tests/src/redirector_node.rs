@@ -30,7 +30,8 @@ use dataplane_common::{
     EnrolledNetns, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, PodInbound, PodPort, maps as m,
 };
 use dataplane_user::redirect::{
-    Exclusions, ExitMode, OrigDstTable, PinLayout, PodCapture, Redirector, RedirectorOptions,
+    Exclusions, ExitMode, ExternalPodCapture, OrigDstTable, PinLayout, PodCapture, Redirector,
+    RedirectorOptions,
 };
 
 use crate::{
@@ -86,6 +87,9 @@ pub struct PlayedEngine {
     pub inbound_fd: Option<OwnedFd>,
     /// See `outbound_fd`.
     pub hbone_fd: Option<OwnedFd>,
+    /// The app pod's namespace, whose original destinations the outbound
+    /// listener reads.
+    netns_cookie: u64,
 }
 
 impl PlayedEngine {
@@ -115,6 +119,7 @@ impl PlayedEngine {
             outbound_fd: Some(outbound_fd),
             inbound_fd: Some(inbound_fd),
             hbone_fd: Some(hbone_fd),
+            netns_cookie: app.netns.cookie()?,
         })
     }
 
@@ -125,7 +130,7 @@ impl PlayedEngine {
             .outbound_listener
             .take()
             .ok_or_else(|| anyhow::anyhow!("outbound listener already taken"))?;
-        let mut table = OrigDstTable::open(pins)?;
+        let mut table = OrigDstTable::open(pins, self.netns_cookie)?;
         self.outbound = Some(Responder::start(listener, move |req| {
             match table.take(req.peer, req.local) {
                 Ok(Some(orig)) => format!("orig={orig}").into_bytes(),
@@ -270,6 +275,27 @@ impl RedirectorNode {
             dns_capture: false,
         };
         self.redirector()?.enroll_pod(&capture)?;
+        Ok(())
+    }
+
+    /// Enrolls the app pod with both IPs as a pod served by an external
+    /// proxy (whose original destinations are read with
+    /// `getsockopt(SO_ORIGINAL_DST)`), its outbound capture on. Its inbound
+    /// listeners are not registered.
+    pub fn enroll_external(&mut self) -> anyhow::Result<()> {
+        let ips = [IpAddr::V4(self.app.ip4), IpAddr::V6(self.app.ip6)];
+        let netns = File::open(self.app.netns.path())?;
+        let capture = ExternalPodCapture {
+            netns_cookie: self.app.netns.cookie()?,
+            netns: netns.as_fd(),
+            ips: &ips,
+            node_addr: Some(self.app.node_side),
+            exclusions: &Exclusions::default(),
+            dns_capture: false,
+        };
+        let redirector = self.redirector()?;
+        redirector.enroll_external_pod(&capture)?;
+        redirector.set_engine_ready(true)?;
         Ok(())
     }
 

@@ -46,7 +46,7 @@ impl Sandbox {
             cgroup.path().to_path_buf(),
             pins.clone(),
         ))?;
-        let mut table = OrigDstTable::open(&pins)?;
+        let mut table = OrigDstTable::open(&pins, netns.cookie()?)?;
         let capture_listener = netns.run(|| TcpListener::bind("127.0.0.1:15001"))??;
         let capture = Responder::start(capture_listener, move |req| {
             match table.take(req.peer, req.local) {
@@ -131,7 +131,7 @@ fn original_destination_record_is_consumed_once() -> anyhow::Result<()> {
         .capture
         .next_request(LIMIT)
         .ok_or_else(|| anyhow::anyhow!("no request"))?;
-    let mut table = OrigDstTable::open(&sb.pins)?;
+    let mut table = OrigDstTable::open(&sb.pins, sb.netns.cookie()?)?;
     assert_eq!(table.take(req.peer, req.local)?, None);
     Ok(())
 }
@@ -191,5 +191,53 @@ fn unenroll_restores_direct_traffic() -> anyhow::Result<()> {
     redirector.unenroll_netns(cookie)?;
     redirector.unenroll_netns(cookie)?; // idempotent
     assert_eq!(sb.probe(REAL_DST, true, &[])?, "direct");
+    Ok(())
+}
+
+#[test]
+fn two_namespaces_dialling_from_the_same_tuple_keep_their_own_destinations() -> anyhow::Result<()> {
+    use std::io::{Read as _, Write as _};
+
+    use dataplane_tests::{probe_binary, spawn_in};
+    // Apps in two pods connect from the same source port: both connections
+    // are 127.0.0.1:P -> 127.0.0.1:15001 inside their own namespace, which
+    // is what two pods dialling at once often get from the kernel's port
+    // choice. Each pod's engine must find its own pod's destination.
+    const SOURCE_PORT: &str = "40123";
+    const OTHER_DST: &str = "10.99.0.2:9090";
+    let mut sb = Sandbox::new("c4twin")?;
+    sb.enroll()?;
+    let other = Netns::new("c4twin")?;
+    let other_listener = other.run(|| TcpListener::bind("127.0.0.1:15001"))??;
+    sb.redirector
+        .as_mut()
+        .ok_or_else(|| anyhow::anyhow!("redirector gone"))?
+        .enroll_netns(other.cookie()?)?;
+
+    // The other pod's connection waits in its listener's queue, its record
+    // written, while the first pod's goes through its engine.
+    let mut cmd = std::process::Command::new(probe_binary()?);
+    cmd.args(["connect", OTHER_DST, "hello", "--bind-port", SOURCE_PORT]);
+    let other_client = spawn_in(cmd, Some(other.path()), Some(sb.cgroup.path()))?;
+    dataplane_tests::traffic::wait_until("the other pod's record", || {
+        Ok(sb.counter("orig_dst_recorded")? == 1)
+    })?;
+    assert_eq!(
+        sb.probe(REAL_DST, true, &["--bind-port", SOURCE_PORT])?,
+        format!("orig={REAL_DST}")
+    );
+
+    let (mut conn, peer) = other_listener.accept()?;
+    assert_eq!(peer.port().to_string(), SOURCE_PORT);
+    let mut table = OrigDstTable::open(&sb.pins, other.cookie()?)?;
+    let found = table.take(peer, conn.local_addr()?)?;
+    conn.set_read_timeout(Some(LIMIT))?;
+    let mut request = Vec::new();
+    conn.read_to_end(&mut request)?;
+    conn.write_all(format!("orig={found:?}").as_bytes())?;
+    drop(conn);
+    let out = other_client.wait(LIMIT)?;
+    assert_eq!(found, Some(OTHER_DST.parse()?), "{out:?}");
+    assert_eq!(out.code, Some(0), "{out:?}");
     Ok(())
 }

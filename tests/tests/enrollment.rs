@@ -331,10 +331,11 @@ fn a_pod_that_leaves_takes_its_tunnels_and_pooled_connections_with_it() -> anyho
                 }
             };
             anyhow::bail!(
-                "{err:#} (open legs: {:?}; outbound client: {}; inbound client: {})",
+                "{err:#} (open legs: {:?}; outbound client: {}; inbound client: {})\nthe agent's log:\n{}",
                 agent.status().map(|s| s.connections_open).ok(),
                 seen(outbound),
-                seen(inbound)
+                seen(inbound),
+                agent.log_text()
             );
         }
         // Its pooled connection out and the one served in.

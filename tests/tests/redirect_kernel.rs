@@ -19,7 +19,8 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use dataplane_common::{
-    DEFAULT_PROXY_MARK, OrigDst, SO_ORIGINAL_DST, SOL_IP, SOL_IPV6, SockTuple, maps as m,
+    CapturedDst, DEFAULT_PROXY_MARK, OrigDst, OrigDstKey, SO_ORIGINAL_DST, SOL_IP, SOL_IPV6,
+    maps as m,
 };
 use dataplane_tests::{
     probe_binary,
@@ -104,8 +105,9 @@ fn outbound_v4_is_captured_with_its_original_destination() -> anyhow::Result<()>
     // when the client socket reaches TCP_CLOSE, which happens in the kernel
     // shortly after the client exits.
     let records = || -> anyhow::Result<usize> {
-        let by_cookie: BpfHashMap<MapData, u64, OrigDst> = open_map(&w.pins, m::ORIG_DST_COOKIE)?;
-        let by_tuple: BpfHashMap<MapData, SockTuple, OrigDst> = open_map(&w.pins, m::ORIG_DST)?;
+        let by_cookie: BpfHashMap<MapData, u64, CapturedDst> =
+            open_map(&w.pins, m::ORIG_DST_COOKIE)?;
+        let by_tuple: BpfHashMap<MapData, OrigDstKey, OrigDst> = open_map(&w.pins, m::ORIG_DST)?;
         Ok(by_cookie.keys().count() + by_tuple.keys().count())
     };
     wait_until("the original destination records to go", || {
@@ -146,9 +148,10 @@ fn outbound_v4_mapped_is_captured_through_an_ipv6_socket() -> anyhow::Result<()>
 #[test]
 fn so_original_dst_is_answered_and_other_options_are_untouched() -> anyhow::Result<()> {
     let mut w = RedirectorNode::unserved("rkoptv", |_| {})?;
-    w.enroll(&Exclusions::default())?;
+    w.enroll_external()?;
     // An unmodified proxy: accept from the outbound listener and ask the
-    // kernel where the connection was going.
+    // kernel where the connection was going (the pod's records are keyed
+    // for it: by tuple alone).
     let listener = w
         .engine
         .outbound_listener

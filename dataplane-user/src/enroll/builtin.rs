@@ -49,7 +49,7 @@ impl Enrollments {
         )
         .map_err(|e| identity_err(Box::new(e)))?;
         let table = match self.redirector {
-            Some(_) => Some(OrigDstTable::open(&self.pins)?),
+            Some(_) => Some(OrigDstTable::open(&self.pins, cookie)?),
             None => None,
         };
         let original = PodOriginalSource::set_up(self.settings.original_source.as_ref(), &netns)

@@ -17,9 +17,9 @@ use std::{
 
 use aya_obj::generated::{BPF_F_NO_PREALLOC, bpf_map_type};
 use dataplane_common::{
-    AgentConfig, COUNTER_SLOTS, DnsOrigDst, EnrolledNetns, FastConn, FastKey, FastService,
-    FastVerdict, FastVip, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, OrigDst, PodInbound,
-    PodPort, SockTuple, maps as m,
+    AgentConfig, COUNTER_SLOTS, CapturedDst, DnsOrigDst, EnrolledNetns, FastConn, FastKey,
+    FastService, FastVerdict, FastVip, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, OrigDst,
+    OrigDstKey, PodInbound, PodPort, SockTuple, maps as m,
 };
 
 use super::{EMBEDDED_OBJECT, MapDefinition, map_definitions, pins::MAP_PINS};
@@ -54,11 +54,11 @@ fn expected() -> BTreeMap<String, MapDefinition> {
         ),
         (
             m::ORIG_DST_COOKIE,
-            def::<u64, OrigDst>(BPF_MAP_TYPE_LRU_HASH, m::ORIG_DST_CAPACITY, 0),
+            def::<u64, CapturedDst>(BPF_MAP_TYPE_LRU_HASH, m::ORIG_DST_CAPACITY, 0),
         ),
         (
             m::ORIG_DST,
-            def::<SockTuple, OrigDst>(BPF_MAP_TYPE_LRU_HASH, m::ORIG_DST_CAPACITY, 0),
+            def::<OrigDstKey, OrigDst>(BPF_MAP_TYPE_LRU_HASH, m::ORIG_DST_CAPACITY, 0),
         ),
         (
             m::AGENT_CONFIG,

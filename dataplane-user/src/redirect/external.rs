@@ -127,7 +127,7 @@ impl Redirector {
         pod: &ExternalPodCapture<'_>,
     ) -> Result<(), RedirectError> {
         proxy_syn::attach(&mut self.ebpf, pod.netns_cookie, pod.netns)?;
-        self.enroll_with(pod, None)
+        self.enroll_with(pod, None, super::pods::Server::External)
     }
 
     /// Registers (or replaces) the pod's inbound listeners for every one of

@@ -1,5 +1,13 @@
 //! Recovering a captured connection's original destination from the
-//! tuple-keyed `ORIG_DST` map, given the accepted socket's addresses.
+//! `ORIG_DST` map, keyed by the pod's network namespace and the connection
+//! tuple, given the accepted socket's addresses.
+//!
+//! The namespace is part of the key because the tuple repeats across pods:
+//! every pod's apps connect from loopback to the same `127.0.0.1:15001`
+//! inside their own namespace, and the kernel draws two namespaces' source
+//! ports for the same tuple from one sequence, so two pods dialling at the
+//! same moment often get the same port (seen: one pod's connection refused
+//! for want of a record, the other's record overwritten).
 
 use std::{
     net::{IpAddr, Ipv6Addr, SocketAddr},
@@ -10,14 +18,17 @@ use aya::{
     maps::{HashMap, MapData},
     sys::SyscallError,
 };
-use dataplane_common::{AF_INET, OrigDst, SockTuple, maps::ORIG_DST};
+use dataplane_common::{AF_INET, OrigDst, OrigDstKey, SockTuple, maps::ORIG_DST};
 
 use super::{PinLayout, RedirectError, keys::addr16};
 
-/// A handle on an instance's pinned `ORIG_DST` map. Opened by path, so the
-/// engine holds its own descriptor independent of the loader.
+/// A handle on an instance's pinned `ORIG_DST` map, for the connections of
+/// one network namespace. Opened by path, so the engine holds its own
+/// descriptor independent of the loader.
 pub struct OrigDstTable {
-    map: HashMap<MapData, SockTuple, OrigDst>,
+    map: HashMap<MapData, OrigDstKey, OrigDst>,
+    /// The namespace whose records [`OrigDstTable::take`] reads.
+    netns_cookie: u64,
     /// The same map, for the one command aya does not issue on it.
     fd: OwnedFd,
     /// Whether the kernel takes a record in one call (5.14); cleared on
@@ -32,14 +43,16 @@ impl std::fmt::Debug for OrigDstTable {
 }
 
 impl OrigDstTable {
-    /// Opens the pinned map of the instance laid out by `pins`.
-    pub fn open(pins: &PinLayout) -> Result<Self, RedirectError> {
+    /// Opens the pinned map of the instance laid out by `pins`, for the
+    /// connections from the network namespace with cookie `netns_cookie`.
+    pub fn open(pins: &PinLayout, netns_cookie: u64) -> Result<Self, RedirectError> {
         let path = pins.map(ORIG_DST);
         let fd = crate::bpf_syscall::obj_get(&path)
             .map_err(|io_error| syscall_error("bpf_obj_get", io_error))?;
         Ok(Self {
             map: super::stats::open_pinned(pins, ORIG_DST)?,
             fd,
+            netns_cookie,
             take_in_one: true,
         })
     }
@@ -53,7 +66,11 @@ impl OrigDstTable {
         peer: SocketAddr,
         local: SocketAddr,
     ) -> Result<Option<SocketAddr>, RedirectError> {
-        let key = tuple_of(peer, local);
+        let key = OrigDstKey {
+            netns_cookie: self.netns_cookie,
+            tuple: tuple_of(peer, local),
+            _pad: [0; 4],
+        };
         if self.take_in_one {
             match crate::bpf_syscall::map_lookup_and_delete::<_, OrigDst>(self.fd.as_fd(), &key) {
                 Ok(orig) => return Ok(Some(socket_addr_of(&orig))),

@@ -1,6 +1,6 @@
 //! Where an agent instance keeps its kernel state in bpffs.
 //!
-//! `<bpffs>/dataplane/<instance>/v2/{maps,links}/<name>`: one directory per
+//! `<bpffs>/dataplane/<instance>/v3/{maps,links}/<name>`: one directory per
 //! agent instance so two agents (two simulated nodes) can share a kernel, and
 //! a layout version. An agent never adopts a pinned map whose definition
 //! differs from its object's (`adopt` checks every one and refuses to
@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 /// Version of the pinned map layout.
-pub const LAYOUT_VERSION: &str = "v2";
+pub const LAYOUT_VERSION: &str = "v3";
 
 /// Pinned file names, chosen to explain themselves in `bpftool map show
 /// pinned ...` and `ls`. Every map of the object is pinned, so a restarted

@@ -27,8 +27,8 @@ use std::{
 use aya::maps::lpm_trie::Key;
 use dataplane_common::{
     AgentConfig, ENROLLED_CAPTURE_DNS, ENROLLED_CAPTURE_OUTBOUND, ENROLLED_ENGINE_READY,
-    EnrolledNetns, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, POD_CAPTURE_INBOUND, PodInbound,
-    PodPort,
+    ENROLLED_ORIG_DST_BY_TUPLE, EnrolledNetns, IpAddr16, ListenerKey, NetnsAddr, NetnsPort,
+    POD_CAPTURE_INBOUND, PodInbound, PodPort,
     maps::{ENROLLED_NETNS, IN_EXCL_PORTS, LISTENERS, OUT_EXCL_CIDRS, OUT_EXCL_PORTS, POD_INBOUND},
 };
 use tracing::{debug, info};
@@ -234,7 +234,7 @@ impl Redirector {
             exclusions: pod.exclusions,
             dns_capture: pod.dns_capture,
         };
-        self.enroll_with(&spec, Some(listeners))
+        self.enroll_with(&spec, Some(listeners), Server::Engine)
     }
 
     /// [`Redirector::enroll_pod`] with the listeners given, or (`None`)
@@ -245,6 +245,7 @@ impl Redirector {
         &mut self,
         pod: &ExternalPodCapture<'_>,
         listeners: Option<RoleListeners<'_>>,
+        server: Server,
     ) -> Result<(), RedirectError> {
         let cookie = pod.netns_cookie;
         if let Some(listeners) = listeners {
@@ -270,7 +271,7 @@ impl Redirector {
         self.write_entries(pod, &wanted, listeners)?;
         links::attach_sk_lookup(&mut self.ebpf, &self.pins, cookie, pod.netns)?;
         let ready = wanted.listeners == listener_keys(&wanted.ips, &self.config);
-        self.set_enrolled(cookie, enrolled_flags(pod.dns_capture, ready))?;
+        self.set_enrolled(cookie, enrolled_flags(pod.dns_capture, ready, server))?;
         let stale = previous.minus(&wanted);
         self.remove_entries(cookie, &stale)?;
         info!(
@@ -505,9 +506,23 @@ fn pod_port(pod_addr: IpAddr16, port: u16) -> PodPort {
     }
 }
 
+/// Who accepts a captured pod's outbound connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Server {
+    /// Our engine, which reads each original destination under the pod's
+    /// namespace ([`super::OrigDstTable`]).
+    Engine,
+    /// An external in-pod proxy, whose `getsockopt(SO_ORIGINAL_DST)` finds
+    /// it under the tuple alone (`ENROLLED_ORIG_DST_BY_TUPLE`).
+    External,
+}
+
 /// `ENROLLED_NETNS` flags of a captured pod.
-pub(super) fn enrolled_flags(dns_capture: bool, engine_ready: bool) -> u32 {
+pub(super) fn enrolled_flags(dns_capture: bool, engine_ready: bool, server: Server) -> u32 {
     let mut flags = ENROLLED_CAPTURE_OUTBOUND;
+    if server == Server::External {
+        flags |= ENROLLED_ORIG_DST_BY_TUPLE;
+    }
     if dns_capture {
         flags |= ENROLLED_CAPTURE_DNS;
     }

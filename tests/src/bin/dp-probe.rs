@@ -4,8 +4,9 @@
 //!
 //! Usage:
 //!
-//! - `dp-probe connect ADDR PAYLOAD [--mark N] [--print-peer]`: connects to
-//!   ADDR (optionally setting SO_MARK first), sends PAYLOAD, half-closes,
+//! - `dp-probe connect ADDR PAYLOAD [--mark N] [--bind-port P] [--print-peer]`:
+//!   connects to ADDR (optionally setting SO_MARK and binding source port P
+//!   first), sends PAYLOAD, half-closes,
 //!   prints everything received to stdout, and exits 0. With `--print-peer`
 //!   it first prints `peer=<getpeername()>` and a newline. ADDR may be an
 //!   IPv4-mapped IPv6 address (`[::ffff:10.1.0.12]:80`), which is dialled
@@ -21,7 +22,7 @@
 use std::{
     io::{IoSlice, Read, Write},
     net::{Shutdown, SocketAddr, TcpListener, TcpStream},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::AsRawFd,
     process::ExitCode,
     time::Duration,
 };
@@ -40,14 +41,14 @@ fn main() -> ExitCode {
     }
 }
 
-const USAGE: &str =
-    "usage: dp-probe connect ADDR PAYLOAD [--mark N] [--print-peer] | dp-probe listen ADDR";
+const USAGE: &str = "usage: dp-probe connect ADDR PAYLOAD [--mark N] [--bind-port P] [--print-peer] | dp-probe listen ADDR";
 
 fn run(args: &[String]) -> Result<(), String> {
     match args {
         [cmd, addr, payload, rest @ ..] if cmd == "connect" => {
             let addr = parse_addr(addr)?;
             let mut mark = None;
+            let mut bind_port = None;
             let mut print_peer = false;
             let mut rest = rest.iter();
             while let Some(flag) = rest.next() {
@@ -56,11 +57,19 @@ fn run(args: &[String]) -> Result<(), String> {
                         let value = rest.next().ok_or("--mark needs a value")?;
                         mark = Some(parse_mark(value)?);
                     }
+                    "--bind-port" => {
+                        let value = rest.next().ok_or("--bind-port needs a value")?;
+                        let port = value
+                            .parse()
+                            .map_err(|e| format!("bad port {value}: {e}"))?;
+                        bind_port = Some(port);
+                    }
                     "--print-peer" => print_peer = true,
                     other => return Err(format!("unexpected argument {other:?}; {USAGE}")),
                 }
             }
-            let mut stream = connect(addr, mark).map_err(|e| format!("connect {addr}: {e}"))?;
+            let mut stream =
+                connect(addr, mark, bind_port).map_err(|e| format!("connect {addr}: {e}"))?;
             let mut out = Vec::new();
             if print_peer {
                 let peer = stream
@@ -121,25 +130,26 @@ fn hand_over(listener: &TcpListener) -> nix::Result<()> {
     Ok(())
 }
 
-/// A blocking TCP connect, with SO_MARK set before `connect()` when asked.
-fn connect(addr: SocketAddr, mark: Option<u32>) -> std::io::Result<TcpStream> {
-    let Some(mark) = mark else {
-        return TcpStream::connect(addr);
-    };
-    let domain = if addr.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    // SAFETY: plain socket(2); the fd is owned immediately.
-    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
+/// A blocking TCP connect, with SO_MARK set and the source port bound
+/// before `connect()` when asked.
+fn connect(
+    addr: SocketAddr,
+    mark: Option<u32>,
+    bind_port: Option<u16>,
+) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, SockAddr, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    if let Some(mark) = mark {
+        socket.set_mark(mark)?;
     }
-    // SAFETY: fd is a fresh, valid descriptor nobody else owns.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    nix::sys::socket::setsockopt(&owned, nix::sys::socket::sockopt::Mark, &mark)?;
-    let sockaddr = nix::sys::socket::SockaddrStorage::from(addr);
-    nix::sys::socket::connect(fd, &sockaddr)?;
-    Ok(TcpStream::from(owned))
+    if let Some(port) = bind_port {
+        let any: SocketAddr = if addr.is_ipv4() {
+            ([0u8; 4], port).into()
+        } else {
+            ([0u16; 8], port).into()
+        };
+        socket.bind(&SockAddr::from(any))?;
+    }
+    socket.connect(&SockAddr::from(addr))?;
+    Ok(socket.into())
 }
