@@ -241,9 +241,10 @@ pub const ENROLLED_ENGINE_READY: u32 = 1 << 1;
 /// 53) into the agent's in-pod resolver on [`AgentConfig::dns_port`].
 pub const ENROLLED_CAPTURE_DNS: u32 = 1 << 2;
 /// [`EnrolledNetns::flags`] bit: key the pod's `ORIG_DST` records by tuple
-/// alone (namespace cookie 0). Set for pods served by an external proxy,
-/// which reads them through `getsockopt(SO_ORIGINAL_DST)`: before 5.15 a
-/// `cgroup/getsockopt` program cannot ask for the socket's namespace.
+/// alone (namespace cookie 0). Set, on kernels before 5.15, for pods served
+/// by an external proxy, which reads them through
+/// `getsockopt(SO_ORIGINAL_DST)`: there a `cgroup/getsockopt` program
+/// cannot ask for the socket's namespace.
 pub const ENROLLED_ORIG_DST_BY_TUPLE: u32 = 1 << 3;
 
 /// The DNS port the kernel programs capture.

@@ -116,8 +116,12 @@ pub const PROG_CONNECT6: &str = "dp_connect6";
 /// `sockops`: at TCP connect time, re-keys the original destination from
 /// the socket cookie to the connection tuple.
 pub const PROG_SOCKOPS: &str = "dp_sockops";
-/// `cgroup/getsockopt`: answers `SO_ORIGINAL_DST` (v4 and v6).
+/// `cgroup/getsockopt`: answers `SO_ORIGINAL_DST` (v4 and v6) from the
+/// record under the socket's namespace (5.15).
 pub const PROG_GETSOCKOPT: &str = "dp_getsockopt";
+/// `cgroup/getsockopt` before 5.15: answers from the records keyed by
+/// tuple alone (namespace 0), those of pods served by external proxies.
+pub const PROG_GETSOCKOPT_BY_TUPLE: &str = "dp_gsopt_tuple";
 /// `cgroup/getpeername4`: apps see the peer they dialled.
 pub const PROG_GETPEERNAME4: &str = "dp_getpeername4";
 /// `cgroup/getpeername6`: the same for IPv6 sockets.

@@ -1,19 +1,29 @@
 //! `cgroup/getsockopt`: answers `getsockopt(SOL_IP, SO_ORIGINAL_DST)` and
 //! `getsockopt(SOL_IPV6, IP6T_SO_ORIGINAL_DST)` on a socket the engine
 //! accepted from the outbound listener, from the tuple-keyed `ORIG_DST`
-//! record, so unmodified proxies written for iptables `REDIRECT` work
-//! (minimum kernel 5.3).
+//! record, so unmodified proxies written for iptables `REDIRECT` work.
 //!
-//! The pods of such proxies have their records keyed by tuple alone
-//! (`ENROLLED_ORIG_DST_BY_TUPLE`, namespace cookie 0): this program cannot
-//! ask for the socket's namespace before 5.15.
+//! Records are keyed by the client's namespace as well as the tuple, and
+//! the accepted socket lives in that namespace (the outbound listener is
+//! the pod's). Two programs, of which the agent attaches one:
+//!
+//! - `dp_getsockopt` asks for the socket's namespace (5.15:
+//!   `bpf_get_netns_cookie` in sockopt programs);
+//! - `dp_gsopt_tuple`, for older kernels (5.3), looks under namespace 0,
+//!   where the pods of external proxies then have their records
+//!   (`ENROLLED_ORIG_DST_BY_TUPLE`): there, two such pods that dial from
+//!   the same source port at the same moment can still take each other's
+//!   record.
 //!
 //! The kernel runs its own `getsockopt` first (which fails: no conntrack
 //! entry exists for a socket-level redirect) and then this program with the
 //! user's buffer. Every other option, and a socket without a record, passes
 //! through untouched.
 
-use aya_ebpf::{bindings::bpf_sock, macros::cgroup_sockopt, programs::SockoptContext};
+use aya_ebpf::{
+    bindings::bpf_sock, helpers::bpf_get_netns_cookie, macros::cgroup_sockopt,
+    programs::SockoptContext,
+};
 use dataplane_common::{
     AF_INET, AF_INET6, Counter, IpAddr16, OrigDst, OrigDstKey, SO_ORIGINAL_DST, SOL_IP, SOL_IPV6,
     SockTuple,
@@ -30,12 +40,22 @@ const PASS: i32 = 1;
 
 #[cgroup_sockopt(getsockopt)]
 pub fn dp_getsockopt(ctx: SockoptContext) -> i32 {
-    answer(&ctx);
+    // SAFETY: helper valid for cgroup sockopt programs since 5.15; it
+    // returns the namespace of the context's socket.
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.sockopt.cast()) };
+    answer(&ctx, netns_cookie);
     PASS
 }
 
+#[cgroup_sockopt(getsockopt)]
+pub fn dp_gsopt_tuple(ctx: SockoptContext) -> i32 {
+    answer(&ctx, 0);
+    PASS
+}
+
+/// Answers `SO_ORIGINAL_DST` from the record under `netns_cookie`.
 #[inline(always)]
-fn answer(ctx: &SockoptContext) {
+fn answer(ctx: &SockoptContext, netns_cookie: u64) {
     let so = ctx.sockopt;
     // SAFETY: context field reads, checked by the verifier.
     let (level, optname) = unsafe { ((*so).level, (*so).optname) };
@@ -51,7 +71,7 @@ fn answer(ctx: &SockoptContext) {
         return;
     };
     let key = OrigDstKey {
-        netns_cookie: 0,
+        netns_cookie,
         tuple,
         _pad: [0; 4],
     };

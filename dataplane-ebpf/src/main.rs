@@ -5,7 +5,8 @@
 //! | `dp_connect4`     | `cgroup/connect4`      | 5.7 (netns cookie in sock_addr) |
 //! | `dp_connect6`     | `cgroup/connect6`      | 5.7 (netns cookie in sock_addr) |
 //! | `dp_sockops`      | `sockops`              | 4.20 (socket cookie in sock_ops) |
-//! | `dp_getsockopt`   | `cgroup/getsockopt`    | 5.3 |
+//! | `dp_getsockopt`   | `cgroup/getsockopt`    | 5.15 (netns cookie in sockopt) |
+//! | `dp_gsopt_tuple`  | `cgroup/getsockopt`, instead of `dp_getsockopt` before 5.15 | 5.3 |
 //! | `dp_getpeername4` | `cgroup/getpeername4`  | 5.8 |
 //! | `dp_getpeername6` | `cgroup/getpeername6`  | 5.8 |
 //! | `dp_sk_lookup`    | `sk_lookup` (per netns) | 5.9 |

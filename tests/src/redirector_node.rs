@@ -278,18 +278,20 @@ impl RedirectorNode {
         Ok(())
     }
 
-    /// Enrolls the app pod with both IPs as a pod served by an external
-    /// proxy (whose original destinations are read with
+    /// Enrolls the pod `pick` chooses, with both IPs, as a pod served by an
+    /// external proxy (whose original destinations are read with
     /// `getsockopt(SO_ORIGINAL_DST)`), its outbound capture on. Its inbound
     /// listeners are not registered.
-    pub fn enroll_external(&mut self) -> anyhow::Result<()> {
-        let ips = [IpAddr::V4(self.app.ip4), IpAddr::V6(self.app.ip6)];
-        let netns = File::open(self.app.netns.path())?;
+    pub fn enroll_external(&mut self, pick: impl Fn(&Self) -> &Pod) -> anyhow::Result<()> {
+        let pod = pick(self);
+        let ips = [IpAddr::V4(pod.ip4), IpAddr::V6(pod.ip6)];
+        let netns = File::open(pod.netns.path())?;
+        let (netns_cookie, node_side) = (pod.netns.cookie()?, pod.node_side);
         let capture = ExternalPodCapture {
-            netns_cookie: self.app.netns.cookie()?,
+            netns_cookie,
             netns: netns.as_fd(),
             ips: &ips,
-            node_addr: Some(self.app.node_side),
+            node_addr: Some(node_side),
             exclusions: &Exclusions::default(),
             dns_capture: false,
         };

@@ -49,6 +49,11 @@ fn every_required_feature_is_present_and_fallbacks_match_the_release() {
         version < (5, 14),
         "SO_NETNS_COOKIE is in 5.14: {support:?}"
     );
+    assert_eq!(
+        support.fallbacks.contains(&Fallback::OrigDstByTuple),
+        version < (5, 15),
+        "bpf_get_netns_cookie in cgroup/getsockopt programs is in 5.15: {support:?}"
+    );
 }
 
 #[test]
@@ -127,5 +132,13 @@ fn the_agent_logs_the_fallbacks_it_uses() -> anyhow::Result<()> {
         version < (5, 11),
         "{log}"
     );
+    assert_eq!(
+        log.contains("keyed by connection tuple alone"),
+        version < (5, 15),
+        "{log}"
+    );
+    // The getsockopt program attached (the attach line lists them) is the
+    // one the kernel can run.
+    assert_eq!(log.contains("dp_gsopt_tuple"), version < (5, 15), "{log}");
     Ok(())
 }

@@ -23,15 +23,19 @@ use dataplane_common::{
     maps as m,
 };
 use dataplane_tests::{
-    probe_binary,
+    ChildGuard, probe_binary,
     redirector_node::{
         APP_PORT, LIMIT, RedirectorNode, accept_one, assert_eperm, assert_refused, at, dial,
-        dial_in, mapped, open_map, pod_entries, sk_lookup_links,
+        dial_in, listener_in_pod, mapped, open_map, pod_entries, sk_lookup_links,
     },
     spawn_in,
+    topology::Pod,
     traffic::wait_until,
 };
-use dataplane_user::redirect::{Exclusions, ExitMode, PodCapture, Redirector, RedirectorOptions};
+use dataplane_user::{
+    features,
+    redirect::{Exclusions, ExitMode, PodCapture, Redirector, RedirectorOptions},
+};
 
 /// `getsockopt(level, SO_ORIGINAL_DST)` with a buffer of `len` bytes.
 fn original_dst(stream: &TcpStream, level: i32, len: usize) -> std::io::Result<SocketAddr> {
@@ -148,7 +152,7 @@ fn outbound_v4_mapped_is_captured_through_an_ipv6_socket() -> anyhow::Result<()>
 #[test]
 fn so_original_dst_is_answered_and_other_options_are_untouched() -> anyhow::Result<()> {
     let mut w = RedirectorNode::unserved("rkoptv", |_| {})?;
-    w.enroll_external()?;
+    w.enroll_external(|w| &w.app)?;
     // An unmodified proxy: accept from the outbound listener and ask the
     // kernel where the connection was going (the pod's records are keyed
     // for it: by tuple alone).
@@ -199,6 +203,62 @@ fn so_original_dst_is_answered_and_other_options_are_untouched() -> anyhow::Resu
         assert_eq!(out.stdout, "proxied");
     }
     assert_eq!(w.counter("orig_dst_answered")?, 3);
+    Ok(())
+}
+
+#[test]
+fn external_proxies_of_two_pods_dialling_from_the_same_tuple_get_their_own_destinations()
+-> anyhow::Result<()> {
+    let mut w = RedirectorNode::unserved("rkotwin", |_| {})?;
+    w.enroll_external(|w| &w.app)?;
+    w.enroll_external(|w| &w.other)?;
+    let app_listener = w
+        .engine
+        .outbound_listener
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no outbound listener"))?;
+    let other_listener = listener_in_pod(&w.other, "[::]:15001")?;
+    let app_dst = SocketAddr::new(w.peer.ip4.into(), APP_PORT);
+    let other_dst = SocketAddr::new(w.peer.ip4.into(), 8081);
+
+    // Both pods' apps connect from the same source port before either
+    // proxy accepts: 127.0.0.1:P -> 127.0.0.1:15001 in each namespace.
+    let client = |pod: &Pod, dst: SocketAddr| -> anyhow::Result<ChildGuard> {
+        let mut cmd = Command::new(probe_binary()?);
+        cmd.args(["connect", &dst.to_string(), "hello", "--bind-port", "40124"]);
+        spawn_in(cmd, Some(pod.netns.path()), Some(pod.cgroup.path()))
+    };
+    let app_client = client(&w.app, app_dst)?;
+    wait_until("the app pod's record", || {
+        Ok(w.counter("orig_dst_recorded")? == 1)
+    })?;
+    let other_client = client(&w.other, other_dst)?;
+    wait_until("the other pod's record", || {
+        Ok(w.counter("orig_dst_recorded")? == 2)
+    })?;
+    let mut app_stream = accept_one(&app_listener)?;
+    let mut other_stream = accept_one(&other_listener)?;
+    let app_answer = original_dst(&app_stream, SOL_IP, 16)?;
+    let other_answer = original_dst(&other_stream, SOL_IP, 16)?;
+    if features::sockopt_knows_netns() {
+        assert_eq!((app_answer, other_answer), (app_dst, other_dst));
+    } else {
+        // Before 5.15 the records are keyed by tuple alone, as the agent
+        // logs: the later one replaced the earlier.
+        assert_eq!((app_answer, other_answer), (other_dst, other_dst));
+    }
+    for (stream, client) in [
+        (&mut app_stream, app_client),
+        (&mut other_stream, other_client),
+    ] {
+        let mut body = Vec::new();
+        stream.read_to_end(&mut body)?;
+        assert_eq!(body, b"hello");
+        stream.write_all(b"proxied")?;
+        stream.shutdown(std::net::Shutdown::Write)?;
+        let out = client.wait(LIMIT)?;
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+    }
     Ok(())
 }
 

@@ -11,14 +11,17 @@
 //! attach types and link commands, which aya cannot probe, through
 //! `bpf(2)` directly (`bpf_syscall`).
 //!
-//! Two features have a cheaper fallback on older kernels, used and logged
+//! Three features have a cheaper fallback on older kernels, used and logged
 //! ([`Fallback`]):
 //!
 //! - memory-cgroup accounting of BPF memory (5.11): before it, maps and
 //!   programs count against `RLIMIT_MEMLOCK`, which is raised to unlimited;
 //! - `SO_NETNS_COOKIE` (5.14): before it, a network namespace's cookie is
 //!   read by a tiny `cgroup/connect4` program from the embedded probe
-//!   object ([`netns_cookie_by_program`]).
+//!   object ([`netns_cookie_by_program`]);
+//! - `bpf_get_netns_cookie` in `cgroup/getsockopt` programs (5.15): before
+//!   it, the pods of external proxies have their original destinations
+//!   keyed by tuple alone ([`SOCKOPT_NETNS_COOKIE`]).
 //!
 //! Every [`REQUIRED`] feature is in 5.9; the project is tested on 5.10, 6.1,
 //! 6.12 and the host's kernel (`cargo xtask vm-test`).
@@ -172,6 +175,14 @@ pub const NEVER_SUPPORTED: Probe = Probe::Helper {
     helper: bpf_func_id::__BPF_FUNC_MAX_ID,
 };
 
+/// Whether `cgroup/getsockopt` programs can ask for the socket's network
+/// namespace (5.15), which `SO_ORIGINAL_DST` answers for external proxies
+/// need to tell pods apart.
+pub const SOCKOPT_NETNS_COOKIE: Probe = Probe::Helper {
+    program: ProgramType::CgroupSockopt,
+    helper: bpf_func_id::BPF_FUNC_get_netns_cookie,
+};
+
 /// Memory-cgroup accounting of BPF memory arrived with this helper (libbpf
 /// detects it the same way).
 const MEMCG_ACCOUNTING: Probe = Probe::Helper {
@@ -198,6 +209,10 @@ pub enum Fallback {
     /// No `SO_NETNS_COOKIE` (5.14): namespace cookies are read by a
     /// `cgroup/connect4` probe program.
     NetnsCookieByProgram,
+    /// No `bpf_get_netns_cookie` in `cgroup/getsockopt` programs (5.15):
+    /// the original destinations of pods served by external proxies are
+    /// keyed by tuple alone.
+    OrigDstByTuple,
 }
 
 impl fmt::Display for Fallback {
@@ -212,6 +227,13 @@ impl fmt::Display for Fallback {
                 f,
                 "no SO_NETNS_COOKIE (kernel >= 5.14): reading network namespace cookies \
                  through a cgroup/connect4 probe program attached to the agent's own cgroup"
+            ),
+            Fallback::OrigDstByTuple => write!(
+                f,
+                "cgroup/getsockopt programs cannot read a socket's network namespace \
+                 (kernel >= 5.15): pods served by an external proxy have their original \
+                 destinations keyed by connection tuple alone, and two such pods dialling \
+                 from the same source port at once may take each other's"
             ),
         }
     }
@@ -267,6 +289,9 @@ pub fn probe() -> KernelSupport {
     if !has_so_netns_cookie() {
         support.fallbacks.push(Fallback::NetnsCookieByProgram);
     }
+    if !sockopt_knows_netns() {
+        support.fallbacks.push(Fallback::OrigDstByTuple);
+    }
     support
 }
 
@@ -293,6 +318,8 @@ pub enum FallbackError {
 pub fn apply(fallback: Fallback) -> Result<(), FallbackError> {
     match fallback {
         Fallback::RaiseMemlock => memlock::raise().map(|_| ()).map_err(FallbackError::Memlock),
+        // The redirector picks its getsockopt program by itself.
+        Fallback::OrigDstByTuple => Ok(()),
         Fallback::NetnsCookieByProgram => {
             let (socket, _peer) = UnixDatagram::pair()
                 .map_err(|e| FallbackError::NetnsCookie(CookieProbeError::Socket(e)))?;
@@ -351,6 +378,12 @@ fn command_exists(result: io::Result<()>) -> Result<bool, String> {
         Err(e) => Err(e.to_string()),
         Ok(()) => Err("the kernel accepted an invalid descriptor".to_owned()),
     }
+}
+
+/// Whether [`SOCKOPT_NETNS_COOKIE`] holds. A probe that cannot decide
+/// counts as no: the fallback works on every kernel.
+pub fn sockopt_knows_netns() -> bool {
+    is_supported(SOCKOPT_NETNS_COOKIE) == Ok(true)
 }
 
 /// Whether `getsockopt(SO_NETNS_COOKIE)` works (5.14). Any other failure

@@ -66,7 +66,7 @@ use dataplane_common::{
     maps::{
         PROBE_SOURCES, PROG_CONNECT4, PROG_CONNECT6, PROG_DNS_RECVMSG4, PROG_DNS_RECVMSG6,
         PROG_DNS_SENDMSG4, PROG_DNS_SENDMSG6, PROG_GETPEERNAME4, PROG_GETPEERNAME6,
-        PROG_GETSOCKOPT, PROG_SOCKOPS,
+        PROG_GETSOCKOPT, PROG_GETSOCKOPT_BY_TUPLE, PROG_SOCKOPS,
     },
 };
 use tracing::{info, warn};
@@ -89,7 +89,8 @@ use pods::Registration;
 
 /// Oldest kernel the redirector works on: `sk_lookup` and `BPF_LINK_DETACH`
 /// (5.9); `getpeername` hooks need 5.8, BPF links for cgroup programs and
-/// netns cookies in `connect4`/`connect6` 5.7, `getsockopt` hooks 5.3.
+/// netns cookies in `connect4`/`connect6` 5.7, `getsockopt` hooks 5.3 (5.15
+/// to key external proxies' pods by namespace, see `dp_gsopt_tuple`).
 pub const MIN_KERNEL: (u32, u32) = (5, 9);
 
 /// The cgroup programs, in attach order, with the hook part of their link
@@ -187,6 +188,10 @@ pub struct Redirector {
     config: AgentConfig,
     links: Vec<(&'static str, PinnedLink)>,
     maps: KernelMaps,
+    /// Whether pods served by external proxies have their original
+    /// destinations keyed by tuple alone: the kernel's getsockopt programs
+    /// cannot ask for the namespace (before 5.15).
+    external_by_tuple: bool,
     /// What each enrolled netns cookie registered in the maps.
     registry: HashMap<u64, Registration>,
 }
@@ -263,8 +268,13 @@ impl Redirector {
             path: options.cgroup.clone(),
             source,
         })?;
+        let external_by_tuple = !crate::features::sockopt_knows_netns();
+        let programs = CGROUP_PROGRAMS.map(|(hook, name)| match name {
+            PROG_GETSOCKOPT if external_by_tuple => (hook, PROG_GETSOCKOPT_BY_TUPLE),
+            _ => (hook, name),
+        });
         let mut attached = Vec::new();
-        for (hook, name) in CGROUP_PROGRAMS {
+        for (hook, name) in programs {
             let link = links::attach_cgroup_program(&mut ebpf, name, &cgroup, pins.dir())?;
             attached.push((
                 name,
@@ -274,7 +284,7 @@ impl Redirector {
         info!(
             cgroup = %options.cgroup.display(),
             pins = %pins.dir().display(),
-            programs = ?CGROUP_PROGRAMS.map(|(_, name)| name),
+            programs = ?programs.map(|(_, name)| name),
             fail_open = options.fail_open,
             "kernel programs attached"
         );
@@ -285,6 +295,7 @@ impl Redirector {
             config,
             links: attached,
             maps,
+            external_by_tuple,
             registry: HashMap::new(),
         })
     }

@@ -229,6 +229,12 @@ mod tests {
                 .1
                 .starts_with("cgroup/getsockopt ")
         );
+        assert_eq!(attach(m::PROG_GETSOCKOPT_BY_TUPLE).0, "cgroup_sockopt");
+        assert!(
+            attach(m::PROG_GETSOCKOPT_BY_TUPLE)
+                .1
+                .starts_with("cgroup/getsockopt ")
+        );
         assert_eq!(attach(m::PROG_SOCKOPS).0, "sock_ops");
         assert_eq!(attach(m::PROG_SK_LOOKUP).0, "sk_lookup");
         assert_eq!(attach(m::PROG_PROXY_SYN).0, "sched_cls");
@@ -241,6 +247,6 @@ mod tests {
         ] {
             assert!(attach(program).1.starts_with(hook), "{program}");
         }
-        assert_eq!(programs.len(), 12);
+        assert_eq!(programs.len(), 13);
     }
 }

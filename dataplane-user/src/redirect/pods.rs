@@ -271,7 +271,8 @@ impl Redirector {
         self.write_entries(pod, &wanted, listeners)?;
         links::attach_sk_lookup(&mut self.ebpf, &self.pins, cookie, pod.netns)?;
         let ready = wanted.listeners == listener_keys(&wanted.ips, &self.config);
-        self.set_enrolled(cookie, enrolled_flags(pod.dns_capture, ready, server))?;
+        let by_tuple = server == Server::External && self.external_by_tuple;
+        self.set_enrolled(cookie, enrolled_flags(pod.dns_capture, ready, by_tuple))?;
         let stale = previous.minus(&wanted);
         self.remove_entries(cookie, &stale)?;
         info!(
@@ -513,14 +514,15 @@ pub(super) enum Server {
     /// namespace ([`super::OrigDstTable`]).
     Engine,
     /// An external in-pod proxy, whose `getsockopt(SO_ORIGINAL_DST)` finds
-    /// it under the tuple alone (`ENROLLED_ORIG_DST_BY_TUPLE`).
+    /// it under the socket's namespace where the kernel can tell it, else
+    /// under the tuple alone (`ENROLLED_ORIG_DST_BY_TUPLE`).
     External,
 }
 
 /// `ENROLLED_NETNS` flags of a captured pod.
-pub(super) fn enrolled_flags(dns_capture: bool, engine_ready: bool, server: Server) -> u32 {
+pub(super) fn enrolled_flags(dns_capture: bool, engine_ready: bool, by_tuple: bool) -> u32 {
     let mut flags = ENROLLED_CAPTURE_OUTBOUND;
-    if server == Server::External {
+    if by_tuple {
         flags |= ENROLLED_ORIG_DST_BY_TUPLE;
     }
     if dns_capture {
