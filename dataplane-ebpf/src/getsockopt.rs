@@ -1,7 +1,7 @@
 //! `cgroup/getsockopt`: answers `getsockopt(SOL_IP, SO_ORIGINAL_DST)` and
-//! `getsockopt(SOL_IPV6, IP6T_SO_ORIGINAL_DST)` on a socket the engine
-//! accepted from the outbound listener, from the tuple-keyed `ORIG_DST`
-//! record, so unmodified proxies written for iptables `REDIRECT` work.
+//! `getsockopt(SOL_IPV6, IP6T_SO_ORIGINAL_DST)` on a socket a proxy
+//! accepted from a pod's outbound listener, from the `ORIG_DST` record, so
+//! unmodified proxies written for iptables `REDIRECT` work.
 //!
 //! Records are keyed by the client's namespace as well as the tuple, and
 //! the accepted socket lives in that namespace (the outbound listener is

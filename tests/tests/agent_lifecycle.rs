@@ -348,6 +348,10 @@ fn version_lists_every_embedded_program() -> anyhow::Result<()> {
         "{text}"
     );
     assert!(
+        has_row("dp_gsopt_tuple cgroup_sockopt cgroup/getsockopt"),
+        "{text}"
+    );
+    assert!(
         has_row("dp_getpeername4 cgroup_sock_addr cgroup/getpeername4"),
         "{text}"
     );
@@ -369,7 +373,7 @@ fn version_lists_every_embedded_program() -> anyhow::Result<()> {
         .args(["version", "--json"])
         .output()?;
     let parsed: serde_json::Value = serde_json::from_slice(&json.stdout)?;
-    assert_eq!(parsed["programs"].as_array().map(Vec::len), Some(12));
+    assert_eq!(parsed["programs"].as_array().map(Vec::len), Some(13));
     Ok(())
 }
 
