@@ -114,7 +114,7 @@ pub const PROG_CONNECT4: &str = "dp_connect4";
 /// `cgroup/connect6`: the same for IPv6 sockets, IPv4-mapped included.
 pub const PROG_CONNECT6: &str = "dp_connect6";
 /// `sockops`: at TCP connect time, re-keys the original destination from
-/// the socket cookie to the connection tuple.
+/// the socket cookie to the namespace and connection tuple.
 pub const PROG_SOCKOPS: &str = "dp_sockops";
 /// `cgroup/getsockopt`: answers `SO_ORIGINAL_DST` (v4 and v6) from the
 /// record under the socket's namespace (5.15).

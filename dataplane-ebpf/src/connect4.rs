@@ -4,7 +4,8 @@
 //!
 //! The decision chain is [`crate::outbound`]'s; the original destination is
 //! parked in `ORIG_DST_COOKIE` under the socket's cookie, and `sockops`
-//! re-keys it by connection tuple once the kernel has chosen the source port.
+//! re-keys it by namespace and connection tuple once the kernel has chosen
+//! the source port.
 //! DNS to port 53 (UDP or TCP) of a pod with DNS capture goes to the pod's
 //! resolver instead ([`crate::dns_capture`]).
 

@@ -1,7 +1,9 @@
 //! `sockops`: when a captured connection sends its SYN, re-keys its original
-//! destination from the socket cookie to the connection tuple, which is what
-//! the engine can rebuild from the socket it accepts (minimum kernel 4.20;
-//! 4.16 for the state callback).
+//! destination from the socket cookie to the client's namespace and the
+//! connection tuple, which is what the engine can rebuild from the socket it
+//! accepts (minimum kernel 4.20; 4.16 for the state callback). The namespace
+//! comes from the cookie record: `bpf_get_netns_cookie` reaches sock_ops
+//! programs only in 5.15.
 //!
 //! `BPF_SOCK_OPS_TCP_CONNECT_CB` fires after the source port is chosen and
 //! before the SYN leaves, so the record exists before the listener can accept.

@@ -192,19 +192,42 @@ fn link_pins(pins: &PinLayout) -> Vec<String> {
 }
 
 /// The link pins of an attached agent with no pod enrolled: one per cgroup
-/// program, sorted.
+/// program, sorted. The getsockopt program is the one the kernel can run
+/// (see [`cgroup_link_pins`]).
 const CGROUP_LINK_PINS: [&str; 10] = [
     "cgroup_connect4_dp_connect4",
     "cgroup_connect6_dp_connect6",
     "cgroup_getpeername4_dp_getpeername4",
     "cgroup_getpeername6_dp_getpeername6",
-    "cgroup_getsockopt_dp_getsockopt",
+    GETSOCKOPT_LINK_PIN,
     "cgroup_recvmsg4_dp_dns_recvmsg4",
     "cgroup_recvmsg6_dp_dns_recvmsg6",
     "cgroup_sendmsg4_dp_dns_sendmsg4",
     "cgroup_sendmsg6_dp_dns_sendmsg6",
     "cgroup_sockops_dp_sockops",
 ];
+
+const GETSOCKOPT_LINK_PIN: &str = "cgroup_getsockopt_dp_getsockopt";
+
+/// [`CGROUP_LINK_PINS`] on this kernel: before 5.15 (no namespace cookie
+/// in sockopt programs) the agent attaches `dp_gsopt_tuple` instead.
+fn cgroup_link_pins() -> Vec<&'static str> {
+    let getsockopt = if dataplane_user::features::sockopt_knows_netns() {
+        GETSOCKOPT_LINK_PIN
+    } else {
+        "cgroup_getsockopt_dp_gsopt_tuple"
+    };
+    CGROUP_LINK_PINS
+        .iter()
+        .map(|pin| {
+            if *pin == GETSOCKOPT_LINK_PIN {
+                getsockopt
+            } else {
+                pin
+            }
+        })
+        .collect()
+}
 
 /// Waits until every link is pinned (the agent is attached).
 fn wait_attached(pins: &PinLayout, agent: &mut ChildGuard) -> anyhow::Result<()> {
@@ -262,7 +285,7 @@ fn sigterm_with_keep_leaves_state_for_the_next_agent() -> anyhow::Result<()> {
     let out = first.wait(LIMIT)?;
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     // Documented: programs stay attached and maps pinned.
-    assert_eq!(link_pins(&pins), CGROUP_LINK_PINS);
+    assert_eq!(link_pins(&pins), cgroup_link_pins());
     assert_eq!(cgroup_link_ids(&pins)?, first_links);
 
     // The next agent re-adopts: new links replace the old generation.

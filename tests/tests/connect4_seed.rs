@@ -1,7 +1,7 @@
 //! The seed of the redirection work, end to end in the running kernel:
 //! `cgroup/connect4` attached to a test cgroup steers a real process's
 //! connection to a listener in its network namespace, and user space recovers
-//! the original destination from the tuple-keyed map.
+//! the original destination from the map keyed by namespace and tuple.
 //!
 //! Topology per test: one network namespace (`lo` up, 10.99.0.1/32 on `lo` so
 //! the "real" destination exists and answers `direct`), one cgroup, one bpffs

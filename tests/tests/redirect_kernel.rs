@@ -154,8 +154,8 @@ fn so_original_dst_is_answered_and_other_options_are_untouched() -> anyhow::Resu
     let mut w = RedirectorNode::unserved("rkoptv", |_| {})?;
     w.enroll_external(|w| &w.app)?;
     // An unmodified proxy: accept from the outbound listener and ask the
-    // kernel where the connection was going (the pod's records are keyed
-    // for it: by tuple alone).
+    // kernel where the connection was going (an external proxy's pod: its
+    // records are keyed where the attached getsockopt program looks).
     let listener = w
         .engine
         .outbound_listener
