@@ -4,9 +4,10 @@
 //! it.
 
 use std::{
+    io,
     net::{SocketAddr, TcpStream},
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
@@ -59,22 +60,29 @@ fn re_enrolling_a_changed_pod_keeps_its_listening_sockets_and_refuses_nothing() 
     // while the pod is re-enrolled with another identity, over and over.
     let stop = Arc::new(AtomicBool::new(false));
     let (attempts, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let errors = Arc::new(Mutex::new(Vec::new()));
     let target = SocketAddr::new(pod.ip4.into(), 15008);
     let prober = {
-        let (stop, attempts, refused) = (
+        let (stop, attempts, refused, errors) = (
             Arc::clone(&stop),
             Arc::clone(&attempts),
             Arc::clone(&refused),
+            Arc::clone(&errors),
         );
         let netns = stranger.netns.path().to_path_buf();
         std::thread::spawn(move || {
             dataplane_user::netns::run_in_netns(&netns, move || {
                 while !stop.load(Ordering::Relaxed) {
                     attempts.fetch_add(1, Ordering::Relaxed);
-                    if TcpStream::connect_timeout(&target, Duration::from_secs(5)).is_err() {
+                    if let Err(err) = TcpStream::connect_timeout(&target, Duration::from_secs(5)) {
                         refused.fetch_add(1, Ordering::Relaxed);
+                        errors
+                            .lock()
+                            .map_err(|_| io::Error::other("poisoned"))?
+                            .push(err.to_string());
                     }
                 }
+                Ok::<_, io::Error>(())
             })
         })
     };
@@ -88,7 +96,7 @@ fn re_enrolling_a_changed_pod_keeps_its_listening_sockets_and_refuses_nothing() 
     stop.store(true, Ordering::Relaxed);
     prober
         .join()
-        .map_err(|_| anyhow::anyhow!("prober panicked"))??;
+        .map_err(|_| anyhow::anyhow!("prober panicked"))???;
 
     let after = [listener_inode(&pod, 15006)?, listener_inode(&pod, 15008)?];
     assert_eq!(
@@ -98,8 +106,9 @@ fn re_enrolling_a_changed_pod_keeps_its_listening_sockets_and_refuses_nothing() 
     assert_eq!(
         refused.load(Ordering::Relaxed),
         0,
-        "connections refused during re-enrollment (of {})",
-        attempts.load(Ordering::Relaxed)
+        "connections refused during re-enrollment (of {}): {:?}",
+        attempts.load(Ordering::Relaxed),
+        errors.lock().map(|e| e.clone())
     );
     // Only the identity in force keeps a certificate.
     let held = certificates(&agent)?;
