@@ -636,6 +636,7 @@ fn mesh_context(
         roots,
         trust_domain: args.trust_domain.clone(),
         shutdown,
+        drain_timeout: args.drain_timeout,
         pool_idle_timeout: POOL_IDLE_TIMEOUT,
         pool_spread: crate::hbone::pool::PoolSpread {
             busy_streams: args.hbone_pool_busy_streams.into(),

@@ -286,7 +286,8 @@ pub struct RunArgs {
     /// On SIGTERM (or `/quitquitquit`): how long open connections get to
     /// finish after the listeners close and HBONE peers get GOAWAY; what is
     /// still open then is closed. Keep it below the pod's
-    /// terminationGracePeriodSeconds.
+    /// terminationGracePeriodSeconds. A re-enrolled pod's previous engine
+    /// gets as long to finish the connections it had accepted.
     #[arg(long, env = "DATAPLANE_DRAIN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
     pub drain_timeout: std::time::Duration,
     /// How long an inbound HBONE client may take to finish its handshake:

@@ -43,6 +43,10 @@ pub struct MeshContext {
     pub trust_domain: String,
     /// Flips to `true` when the agent drains.
     pub shutdown: watch::Receiver<bool>,
+    /// How long open connections get to finish once their listeners stop
+    /// accepting: when the agent drains, and when a re-enrolled pod's
+    /// previous engine hands over to its new one (`--drain-timeout`).
+    pub drain_timeout: Duration,
     /// How long an unused pooled HBONE connection is kept.
     pub pool_idle_timeout: Duration,
     /// How pools spread streams over connections to one destination.

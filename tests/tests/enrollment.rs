@@ -1,7 +1,7 @@
 //! Enrollment through the agent's enrollment actor: a changed pod is
 //! re-enrolled make-before-break (its listening sockets never close, so no
-//! connection is refused), and a pod that leaves takes its certificate with
-//! it.
+//! connection is refused, and its previous engine lets the connections it
+//! accepted finish), and a pod that leaves takes its certificate with it.
 
 use std::{
     io,
@@ -281,45 +281,67 @@ fn hbone_connections(pod: &Pod) -> anyhow::Result<usize> {
     Ok(count)
 }
 
+/// Two pods of one node, both HBONE workloads of a config file that a
+/// standalone agent enrolls them from (so the connections between them
+/// travel in tunnels), each with a holding server on 9000.
+struct TwoPods {
+    agent: Agent,
+    dir: dataplane_tests::TempDir,
+    first: Pod,
+    staying: Pod,
+    _holding: [std::thread::JoinHandle<()>; 2],
+    _node: Node,
+}
+
+impl TwoPods {
+    /// `config` makes the config file's text from the two pods.
+    fn start(
+        tag: &str,
+        config: impl Fn(&Pod, &Pod) -> dataplane_user::config::LocalConfig,
+    ) -> anyhow::Result<Self> {
+        use dataplane_tests::{mesh, traffic::holding_server};
+        let mut node = Node::new(tag, 1)?;
+        let first = node.add_pod(tag)?;
+        let staying = node.add_pod(tag)?;
+        let dir = dataplane_tests::TempDir::new(tag)?;
+        let path = mesh::write_config(dir.path(), "mesh.yaml", &config(&first, &staying))?;
+        let agent = Agent::standalone(tag, &node, "node1", &path, &dir.path().join("ca"), &[])?;
+        anyhow::ensure!(agent.call(&Request::List)?.pods.len() == 2);
+        let holding = [
+            holding_server(&first, 9000)?,
+            holding_server(&staying, 9000)?,
+        ];
+        Ok(Self {
+            agent,
+            dir,
+            first,
+            staying,
+            _holding: holding,
+            _node: node,
+        })
+    }
+}
+
 #[test]
 fn a_pod_that_leaves_takes_its_tunnels_and_pooled_connections_with_it() -> anyhow::Result<()> {
     use dataplane_tests::{
         mesh,
         observe::{scrape, sum},
-        traffic::{holding_server, stream, wait_until},
+        traffic::{stream, wait_until},
     };
-    let mut node = Node::new("enrleave", 1)?;
-    let leaving = node.add_pod("enrleave")?;
-    let staying = node.add_pod("enrleave")?;
-    // Both are HBONE workloads of the config (enrolled from it), so the
-    // connections between them travel in tunnels.
-    let dir = dataplane_tests::TempDir::new("enrleave")?;
-    let config = mesh::write_config(
-        dir.path(),
-        "mesh.yaml",
-        &mesh::config_of(vec![
-            mesh::hbone_workload(&leaving, "leaving", "node1"),
-            mesh::hbone_workload(&staying, "staying", "node1"),
-        ]),
-    )?;
-    let agent = Agent::standalone(
-        "enrleave",
-        &node,
-        "node1",
-        &config,
-        &dir.path().join("ca"),
-        &[],
-    )?;
-    anyhow::ensure!(agent.call(&Request::List)?.pods.len() == 2);
-    let _in_leaving = holding_server(&leaving, 9000)?;
-    let _in_staying = holding_server(&staying, 9000)?;
+    let pods = TwoPods::start("enrleave", |leaving, staying| {
+        mesh::config_of(vec![
+            mesh::hbone_workload(leaving, "leaving", "node1"),
+            mesh::hbone_workload(staying, "staying", "node1"),
+        ])
+    })?;
+    let (agent, leaving, staying) = (&pods.agent, &pods.first, &pods.staying);
     let to = |pod: &Pod| SocketAddr::new(pod.ip4.into(), 9000).to_string();
 
     // One held connection each way: the leaving pod's outbound tunnel
     // (over its pooled HBONE connection) and an inbound HBONE stream into it.
     std::thread::scope(|scope| -> anyhow::Result<()> {
-        let (out_dst, in_dst) = (to(&staying), to(&leaving));
-        let (leaving, staying) = (&leaving, &staying);
+        let (out_dst, in_dst) = (to(staying), to(leaving));
         let outbound = scope.spawn(move || stream(leaving, &["hold", &out_dst, "25"]));
         let inbound = scope.spawn(move || stream(staying, &["hold", &in_dst, "25"]));
         let opened = wait_until("both connections open on both legs", || {
@@ -349,7 +371,7 @@ fn a_pod_that_leaves_takes_its_tunnels_and_pooled_connections_with_it() -> anyho
         }
         // Its pooled connection out and the one served in.
         assert_eq!(hbone_connections(leaving)?, 2);
-        let closed_before = sum(&scrape(&agent)?, "istio_tcp_connections_closed_total");
+        let closed_before = sum(&scrape(agent)?, "istio_tcp_connections_closed_total");
 
         let removed = agent.call(&Request::Remove {
             uid: Some("uid-leaving".into()),
@@ -369,13 +391,106 @@ fn a_pod_that_leaves_takes_its_tunnels_and_pooled_connections_with_it() -> anyho
             Ok(agent.status()?.connections_open == 0)
         })?;
         // Each of the four legs wrote its record.
-        let closed = sum(&scrape(&agent)?, "istio_tcp_connections_closed_total") - closed_before;
+        let closed = sum(&scrape(agent)?, "istio_tcp_connections_closed_total") - closed_before;
         assert_eq!(closed, 4.0, "one closed record per leg");
         Ok(())
     })?;
     // No HBONE connection of the departed pod is left, pooled or served.
     wait_until("the pod's HBONE connections to close", || {
-        Ok(hbone_connections(&leaving)? == 0)
+        Ok(hbone_connections(leaving)? == 0)
+    })?;
+    Ok(())
+}
+
+#[test]
+fn a_pod_re_enrolled_under_a_new_identity_keeps_its_open_connections() -> anyhow::Result<()> {
+    use dataplane_tests::{
+        mesh,
+        traffic::{echo, echo_server, holding_server, stream, wait_until},
+    };
+    let workloads = |moving: &Pod, staying: &Pod, account: &str| {
+        let mut moved = mesh::hbone_workload(moving, "moving", "node1");
+        moved.service_account = account.to_owned();
+        mesh::config_of(vec![
+            moved,
+            mesh::hbone_workload(staying, "staying", "node1"),
+        ])
+    };
+    let pods = TwoPods::start("enrkeep", |moving, staying| {
+        workloads(moving, staying, "moving")
+    })?;
+    let (agent, dir, moving, staying) = (&pods.agent, pods.dir.path(), &pods.first, &pods.staying);
+    let rewrite =
+        |account: &str| mesh::write_config(dir, "mesh.yaml", &workloads(moving, staying, account));
+    let _echo_moving = echo_server(moving, 9001)?;
+    let _echo_staying = echo_server(staying, 9001)?;
+    let to = |pod: &Pod, port| SocketAddr::new(pod.ip4.into(), port);
+    let identity =
+        |account: &str| format!("spiffe://cluster.local/ns/{}/sa/{account}", mesh::NAMESPACE);
+
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        // Held each way across the re-enrollment: the pod's outbound tunnel
+        // (its previous engine's pool) and an inbound HBONE stream into it.
+        let (out_dst, in_dst) = (to(staying, 9000).to_string(), to(moving, 9000).to_string());
+        let outbound = scope.spawn(move || stream(moving, &["hold-end", &out_dst, "8"]));
+        let inbound = scope.spawn(move || stream(staying, &["hold-end", &in_dst, "8"]));
+        wait_until("both held connections open on both legs", || {
+            anyhow::ensure!(
+                !outbound.is_finished() && !inbound.is_finished(),
+                "a client ended before the re-enrollment"
+            );
+            Ok(agent.status()?.connections_open >= 4)
+        })?;
+
+        rewrite("moved")?;
+        wait_until("the pod to be re-enrolled under its new identity", || {
+            Ok(certificates(agent)? == vec![identity("moved"), identity("staying")])
+        })?;
+        // The previous engine kept what it had accepted: neither
+        // application saw its connection end in the 8 s it held it.
+        for (what, client) in [("outbound", outbound), ("inbound", inbound)] {
+            let seen = client
+                .join()
+                .map_err(|_| anyhow::anyhow!("{what} client panicked"))??;
+            assert_eq!(
+                seen,
+                "open",
+                "the {what} connection did not survive the re-enrollment\nthe agent's log:\n{}",
+                agent.log_text()
+            );
+        }
+        Ok(())
+    })?;
+    // New connections each way go to the new engine, whose certificate the
+    // peer's client now expects.
+    echo(staying, to(moving, 9001), 64 * 1024, 1)?;
+    echo(moving, to(staying, 9001), 64 * 1024, 2)?;
+    // The previous engine drained: every leg closed, nothing left open.
+    wait_until("every leg to close", || {
+        Ok(agent.status()?.connections_open == 0)
+    })?;
+
+    // A pod that leaves takes its previous engine's connections with it,
+    // without waiting for that engine's drain.
+    let _in_moving = holding_server(moving, 9000)?;
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let in_dst = to(moving, 9000).to_string();
+        let held = scope.spawn(move || stream(staying, &["hold-end", &in_dst, "20"]));
+        wait_until("the held connection open on both legs", || {
+            anyhow::ensure!(!held.is_finished(), "the client ended early");
+            Ok(agent.status()?.connections_open >= 2)
+        })?;
+        rewrite("moving")?;
+        wait_until("the pod to be re-enrolled again", || {
+            Ok(certificates(agent)? == vec![identity("moving"), identity("staying")])
+        })?;
+        let gone = mesh::config_of(vec![mesh::hbone_workload(staying, "staying", "node1")]);
+        mesh::write_config(dir, "mesh.yaml", &gone)?;
+        let seen = held
+            .join()
+            .map_err(|_| anyhow::anyhow!("client panicked"))??;
+        assert_ne!(seen, "open", "the connection outlived the pod that left");
+        Ok(())
     })?;
     Ok(())
 }

@@ -89,6 +89,7 @@ impl Enrollments {
             pool,
             server_tls,
             baggage: Default::default(),
+            stopping: tokio::sync::watch::Sender::new(false),
         });
         if let Some(fast_path) = ctx.mesh.fast_path.get() {
             fast_path.register(&ctx);
@@ -117,6 +118,7 @@ impl Enrollments {
                 identity: spiffe,
                 listeners,
                 engine,
+                retired: Vec::new(),
             }),
             dns,
             original,

@@ -359,12 +359,19 @@ impl Enrollments {
             return Err(err);
         }
         if let Some(old) = old {
-            info!(pod = %spec.name, namespace = %spec.namespace, uid = %spec.uid, "pod re-enrolled; previous engine stopped");
             let old_identity = old.serving.identity().cloned();
-            if old.cookie != cookie {
+            if old.cookie == cookie {
+                // The new engine serves the same sockets: the old one only
+                // stops accepting, and what it accepted (even mid-handshake)
+                // finishes on it instead of being reset.
+                info!(pod = %spec.name, namespace = %spec.namespace, uid = %spec.uid, "pod re-enrolled; previous engine hands over and drains");
+                let retired = old.serving.retire(self.settings.mesh.drain_timeout);
+                prepared.serving.keep_retired(retired);
+            } else {
+                info!(pod = %spec.name, namespace = %spec.namespace, uid = %spec.uid, "pod re-enrolled in another namespace; previous engine stopped");
                 old.original.tear_down(&old.netns);
+                old.serving.stop();
             }
-            old.serving.stop();
             self.forget_identity_if_unused(old_identity.as_ref(), prepared.serving.identity());
         }
         info!(pod = %spec.name, namespace = %spec.namespace, uid = %spec.uid, netns_cookie = cookie, ips = ?spec.ips, "pod enrolled");

@@ -6,7 +6,7 @@
 
 use crate::{
     identity::Identity,
-    proxy::{PodEngine, PodListeners},
+    proxy::{PodEngine, PodListeners, RetiredEngine},
     zds::ZtunnelPeer,
 };
 
@@ -39,14 +39,43 @@ pub(super) struct BuiltinPod {
     pub(super) listeners: PodListeners,
     /// The engine.
     pub(super) engine: PodEngine,
+    /// Engines of earlier enrollments in the same namespace, still
+    /// finishing the connections they accepted; they end with the pod.
+    pub(super) retired: Vec<RetiredEngine>,
 }
 
 impl Serving {
-    /// Stops serving: this agent's engine closes its listeners and
-    /// connections; an external proxy is told separately.
+    /// Stops serving: this agent's engine, and any previous one still
+    /// finishing, close their listeners and connections; an external proxy
+    /// is told separately.
     pub(super) fn stop(self) {
         if let Self::Builtin(pod) = self {
             pod.engine.stop();
+        }
+    }
+
+    /// Hands over to a new server of the same listening sockets: this
+    /// agent's engine stops accepting and lets what it accepted finish,
+    /// for up to `deadline` ([`PodEngine::retire`]); an external proxy is
+    /// told separately. Returns the engines still finishing, this one and
+    /// earlier ones, for [`Serving::keep_retired`].
+    pub(super) fn retire(self, deadline: std::time::Duration) -> Vec<RetiredEngine> {
+        match self {
+            Self::Builtin(pod) => {
+                let mut retired = pod.retired;
+                retired.retain(|engine| !engine.is_finished());
+                retired.push(pod.engine.retire(deadline));
+                retired
+            }
+            Self::External(_) => Vec::new(),
+        }
+    }
+
+    /// Keeps the pod's previous engines until they finish or the pod
+    /// stops being served.
+    pub(super) fn keep_retired(&mut self, retired: Vec<RetiredEngine>) {
+        if let Self::Builtin(pod) = self {
+            pod.retired.extend(retired);
         }
     }
 

@@ -1,7 +1,7 @@
 //! The rustls side of [`CertStore`]: a resolver that presents an identity's
 //! current certificate in each handshake.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rustls::SignatureScheme;
 use rustls::client::ResolvesClientCert;
@@ -18,10 +18,17 @@ use super::store::CertStore;
 /// certificate; call [`CertStore::want`] when a workload is enrolled to
 /// move that off the connection path. With a remote source, a handshake
 /// for an identity whose certificate has not arrived fails at once.
+///
+/// Once the store has forgotten the identity (no pod has it any more), the
+/// resolver keeps presenting the last certificate it presented instead of
+/// wanting the identity again: the connections a re-enrolled pod's
+/// previous engine still finishes are the only ones that ask then.
 #[derive(Debug)]
 pub struct IdentityCertResolver {
     pub(super) store: Arc<CertStore>,
     pub(super) identity: Identity,
+    /// The certificate last presented.
+    pub(super) last: Mutex<Option<Arc<CertifiedKey>>>,
 }
 
 impl IdentityCertResolver {
@@ -30,9 +37,23 @@ impl IdentityCertResolver {
         &self.identity
     }
 
-    fn current(&self) -> Option<Arc<CertifiedKey>> {
+    /// The certificate to present now (see the type's doc).
+    pub(super) fn current(&self) -> Option<Arc<CertifiedKey>> {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(current) = self.store.lookup(&self.identity) {
+            *last = Some(current.certified.clone());
+            return last.clone();
+        }
+        if last.is_some() && !self.store.wants(&self.identity) {
+            return last.clone();
+        }
+        drop(last);
         match self.store.current_or_issue(&self.identity) {
-            Ok(current) => Some(current.certified.clone()),
+            Ok(current) => {
+                let certified = current.certified.clone();
+                *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(certified.clone());
+                Some(certified)
+            }
             // rustls turns `None` into a handshake failure; say why here.
             // Not yet from a remote source: the store already reports it
             // (status, readiness, its own warning), so not once a handshake.

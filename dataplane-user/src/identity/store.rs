@@ -331,6 +331,7 @@ impl CertStore {
         Arc::new(IdentityCertResolver {
             store: self.clone(),
             identity,
+            last: Default::default(),
         })
     }
 
@@ -569,7 +570,16 @@ impl CertStore {
         }
     }
 
-    fn lookup(&self, identity: &Identity) -> Option<Arc<Current>> {
+    /// Whether `identity` is wanted (not forgotten), with or without a
+    /// certificate yet.
+    pub(super) fn wants(&self, identity: &Identity) -> bool {
+        self.slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(identity)
+    }
+
+    pub(super) fn lookup(&self, identity: &Identity) -> Option<Arc<Current>> {
         self.slots
             .read()
             .unwrap_or_else(PoisonError::into_inner)

@@ -235,3 +235,33 @@ fn store_issues_once_and_rotates_at_half_life() {
     assert!(store.forget(&web()));
     assert!(store.get(&web()).is_none());
 }
+
+/// A re-enrolled pod's previous engine finishes its handshakes with the
+/// identity it had, which the store has already forgotten: the resolver
+/// presents its last certificate and does not make the store want (or,
+/// with the built-in CA, issue) the identity again.
+#[test]
+fn a_resolver_of_a_forgotten_identity_presents_its_last_certificate() {
+    let ca = Arc::new(Ca::generate().unwrap());
+    let roots = Arc::new(TrustBundle::new(vec![ca.root_der().clone()]).unwrap());
+    let store = Arc::new(CertStore::new(
+        CertSource::Builtin(ca),
+        roots,
+        crate::tls::provider(),
+        Duration::from_secs(3600),
+    ));
+    let resolver = store.resolver(web());
+    let presented = resolver.current().unwrap();
+    assert_eq!(store.counts(), (1, 1));
+
+    assert!(store.forget(&web()));
+    let again = resolver.current().unwrap();
+    assert!(Arc::ptr_eq(&presented, &again));
+    assert_eq!(store.counts(), (0, 0), "the identity was wanted again");
+
+    // A resolver that never presented anything still gets one issued: the
+    // built-in CA issues on the first handshake.
+    let fresh = store.resolver(web());
+    assert!(fresh.current().is_some());
+    assert_eq!(store.counts(), (1, 1));
+}

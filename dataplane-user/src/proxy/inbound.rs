@@ -16,15 +16,16 @@ use crate::{
     telemetry::{Direction, FailReason, Flow, Peer, Protocol},
 };
 
-/// Serves the inbound plaintext listener until the agent drains.
+/// Serves the inbound plaintext listener until the pod's engine stops
+/// accepting ([`PodContext::stopping`]), then its connections to their end.
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst: Arc<OrigDst>) {
     let mut connections = tokio::task::JoinSet::new();
-    let mut shutdown = ctx.mesh.shutdown.clone();
+    let mut stopping = ctx.stopping.subscribe();
     // Until its relay finishes cleanly, a client's connection may only end
     // in a reset.
     let inherited = super::prepare_listener(&listener, "inbound");
     while let Some((stream, peer)) =
-        accept(&listener, &mut shutdown, "inbound", &ctx.mesh.metrics).await
+        accept(&listener, &mut stopping, "inbound", &ctx.mesh.metrics).await
     {
         super::prepare_accepted(&stream, inherited);
         let ctx = Arc::clone(&ctx);

@@ -36,15 +36,17 @@ use crate::{
     tls,
 };
 
-/// Accepts HBONE connections until the task is dropped.
+/// Accepts HBONE connections until the pod's engine stops accepting
+/// ([`PodContext::stopping`]: its connections then get GOAWAY and finish),
+/// or until the task is dropped.
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
     let acceptor = TlsAcceptor::from(Arc::clone(&ctx.server_tls));
-    let mut shutdown = ctx.mesh.shutdown.clone();
+    let mut stopping = ctx.stopping.subscribe();
     // Owned here, not detached: stopping the pod ends them. Open HBONE
     // connections drain on their own (GOAWAY).
     let mut connections = JoinSet::new();
     while let Some((stream, peer)) =
-        accept(&listener, &mut shutdown, "hbone", &ctx.mesh.metrics).await
+        accept(&listener, &mut stopping, "hbone", &ctx.mesh.metrics).await
     {
         // Admitted here, in accept order, before the connection gets a task;
         // while too many shed connections are still open this waits, and
@@ -122,7 +124,7 @@ async fn serve_connection(
             Arc::new(move |named, dst| mesh.state().attribute_service(named, dst))
         },
         live: Some(Arc::clone(&ctx.mesh.live)),
-        shutdown: ctx.mesh.shutdown.clone(),
+        shutdown: ctx.stopping.subscribe(),
         metrics: Arc::clone(&ctx.mesh.metrics),
         source,
         destination_baggage: ServerContext::baggage_of(&destination),

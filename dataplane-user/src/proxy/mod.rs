@@ -21,6 +21,7 @@
 //! state is [`crate::mesh::MeshContext`].
 
 mod dialer;
+mod engine;
 pub mod handshakes;
 pub mod inbound;
 pub mod inbound_hbone;
@@ -42,19 +43,18 @@ use tokio::{
     net::{TcpListener, TcpStream},
     task::JoinSet,
 };
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 pub use dialer::PodTlsDialer;
+pub use engine::{PodEngine, RetiredEngine};
 pub use pod_netns::PodNetns;
 
 use crate::{
     addr::canonical,
     logging::Chain,
     mesh::MeshContext,
-    redirect::OrigDstTable,
     relay::{Transferred, plain::Relay as PlainRelay, relay_plain, reset_on_close},
     telemetry::{FailReason, Flow, OpenFlow},
-    workers::Placement,
 };
 
 /// How long a connection to the destination may take before the client's
@@ -121,6 +121,11 @@ pub struct PodContext {
     pub server_tls: Arc<rustls::ServerConfig>,
     /// The `baggage` its tunnels carry, formatted once per view of it.
     pub baggage: crate::hbone::wire::BaggageCache,
+    /// Flips to `true` when the pod's engine stops accepting: the agent
+    /// drains, or a re-enrollment put another engine on the same sockets
+    /// ([`PodEngine::retire`]). Listeners close, HBONE peers get GOAWAY,
+    /// open connections finish.
+    pub stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl PodContext {
@@ -242,97 +247,6 @@ impl PodListeners {
     }
 }
 
-/// A pod's running listeners and their connections; dropping it (or
-/// calling [`PodEngine::stop`]) closes every listener and connection.
-#[derive(Debug)]
-pub struct PodEngine {
-    tasks: JoinSet<()>,
-    /// The worker the pod's tasks run on (counted there until dropped).
-    placement: Placement,
-    /// Closed with the pod: its connections would otherwise live on in
-    /// their own tasks.
-    pool: Arc<crate::hbone::HbonePool<PodTlsDialer>>,
-}
-
-impl PodEngine {
-    /// Starts serving on the runtime of `placement` (its listeners are
-    /// registered there, and every task of the pod runs there). `orig_dst`
-    /// is the kernel programs' record; without it (iptables capture, for
-    /// the benchmarks' baseline) original destinations come from netfilter,
-    /// for every connection of the pod ([`orig_dst::OrigDst`]).
-    pub fn start(
-        ctx: Arc<PodContext>,
-        listeners: PodListeners,
-        orig_dst: Option<OrigDstTable>,
-        placement: Placement,
-    ) -> io::Result<Self> {
-        let runtime = placement.handle().clone();
-        let _registered_there = runtime.enter();
-        let mut tasks = JoinSet::new();
-        let to_tokio = |l: std::net::TcpListener| {
-            l.set_nonblocking(true)?;
-            tokio::net::TcpListener::from_std(l)
-        };
-        let mut outbound = vec![to_tokio(listeners.outbound_v4)?];
-        if let Some(v6) = listeners.outbound_v6 {
-            outbound.push(to_tokio(v6)?);
-        }
-        let orig_dst = Arc::new(orig_dst::OrigDst::new(orig_dst));
-        for listener in outbound {
-            tasks.spawn_on(
-                outbound::serve(listener, Arc::clone(&ctx), Arc::clone(&orig_dst)),
-                &runtime,
-            );
-        }
-        tasks.spawn_on(
-            inbound::serve(to_tokio(listeners.inbound)?, Arc::clone(&ctx), orig_dst),
-            &runtime,
-        );
-        tasks.spawn_on(
-            inbound_hbone::serve(to_tokio(listeners.hbone)?, Arc::clone(&ctx)),
-            &runtime,
-        );
-        tasks.spawn_on(ctx.pool.eviction(), &runtime);
-        info!(pod = %ctx.identity.name, namespace = %ctx.identity.namespace, worker = ?placement.worker(), "in-pod listeners serving");
-        Ok(Self {
-            tasks,
-            placement,
-            pool: Arc::clone(&ctx.pool),
-        })
-    }
-
-    /// Closes every listener and connection of the pod: accepted ones,
-    /// inbound HBONE connections with their streams, and the pooled
-    /// outbound HBONE connections. Each connection's access record says
-    /// the agent closed it.
-    pub fn stop(self) {
-        // Drop does it.
-    }
-
-    /// Closes the pod's pooled outbound HBONE connections and marks the
-    /// pool closed (its tunnels' records then say the agent closed them);
-    /// listeners keep running until [`PodEngine::stop`].
-    pub fn close_pool(&self) -> usize {
-        self.pool.close()
-    }
-
-    /// The pinned worker serving the pod, `None` under `--threading
-    /// shared`.
-    pub fn worker(&self) -> Option<usize> {
-        self.placement.worker()
-    }
-}
-
-impl Drop for PodEngine {
-    fn drop(&mut self) {
-        self.tasks.abort_all();
-        let closed = self.pool.close();
-        if closed > 0 {
-            debug!(connections = closed, "pooled HBONE connections closed");
-        }
-    }
-}
-
 /// How long a listener pauses after an accept failed for lack of
 /// descriptors or memory: the connection stays queued and would fail again
 /// at once, so retrying without a pause would spin.
@@ -368,12 +282,12 @@ fn prepare_accepted(stream: &TcpStream, inherited: bool) {
     }
 }
 
-/// The next connection on `listener`, or `None` once the agent starts
-/// draining (or can no longer say). Accept errors (a full backlog, no
+/// The next connection on `listener`, or `None` once the pod's engine
+/// stops accepting ([`PodContext::stopping`]; or no one can say any more). Accept errors (a full backlog, no
 /// file descriptors) are logged and accepting goes on.
 async fn accept(
     listener: &TcpListener,
-    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    stopping: &mut tokio::sync::watch::Receiver<bool>,
     name: &'static str,
     metrics: &crate::telemetry::Metrics,
 ) -> Option<(TcpStream, SocketAddr)> {
@@ -383,7 +297,7 @@ async fn accept(
                 Ok(accepted) => return Some(accepted),
                 Err(err) => err,
             },
-            _ = shutdown.wait_for(|draining| *draining) => return None,
+            _ = stopping.wait_for(|stopped| *stopped) => return None,
         };
         warn!(listener = name, error = %failed, "accept failed");
         let reason = match failed.raw_os_error() {
@@ -459,7 +373,8 @@ fn refuse(stream: TcpStream, flow: &Flow, ctx: &PodContext, reason: FailReason, 
 }
 
 /// Stops accepting (the listener closes) and lets the connections in flight
-/// finish; the agent's drain deadline aborts what is left.
+/// finish; the agent's drain deadline, or a retired engine's, aborts what
+/// is left.
 async fn finish(listener: TcpListener, mut connections: JoinSet<()>) {
     drop(listener);
     while connections.join_next().await.is_some() {}

@@ -30,10 +30,11 @@ use crate::{
 };
 use connection::{Connection, Relaying};
 
-/// Serves one outbound capture listener until the agent drains.
+/// Serves one outbound capture listener until the pod's engine stops
+/// accepting ([`PodContext::stopping`]), then its connections to their end.
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst: Arc<OrigDst>) {
     let mut connections = tokio::task::JoinSet::new();
-    let mut shutdown = ctx.mesh.shutdown.clone();
+    let mut stopping = ctx.stopping.subscribe();
     // Until its relay finishes cleanly, a client's connection may only end
     // in a reset (the agent could be killed while the tunnel opens).
     let inherited = super::prepare_listener(&listener, "outbound");
@@ -44,7 +45,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
         .ok()
         .filter(|a| !a.ip().is_unspecified());
     while let Some((stream, peer)) =
-        super::accept(&listener, &mut shutdown, "outbound", &ctx.mesh.metrics).await
+        super::accept(&listener, &mut stopping, "outbound", &ctx.mesh.metrics).await
     {
         super::prepare_accepted(&stream, inherited);
         // The record is looked up here, in order, before the next accept;
