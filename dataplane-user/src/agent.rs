@@ -35,7 +35,10 @@ use crate::{
     inspect::{AgentView, Endpoints, KernelPrograms},
     mesh::MeshContext,
     preflight::{self, PreflightError, PreflightInput},
-    proxy::handshakes::{HandshakeLimits, PendingHandshakes},
+    proxy::{
+        handshakes::{HandshakeLimits, PendingHandshakes},
+        keepalive::Keepalive,
+    },
     readiness::{Readiness, Step},
     redirect::{PinLayout, RedirectError, Redirector, RedirectorOptions},
     reload,
@@ -645,6 +648,11 @@ fn mesh_context(
         early_data: args.hbone_early_data.is_on(),
         handshakes: Arc::new(PendingHandshakes::new(handshakes, Arc::clone(&metrics))),
         hbone_idle_timeout: args.hbone_idle_timeout,
+        keepalive: args.keepalive.is_on().then_some(Keepalive {
+            time: args.keepalive_time,
+            interval: args.keepalive_interval,
+            retries: args.keepalive_retries,
+        }),
         metrics,
         fast_path: Default::default(),
     });

@@ -300,6 +300,24 @@ pub struct RunArgs {
     /// for this agent's pool) so that clients close first.
     #[arg(long, env = "DATAPLANE_HBONE_IDLE_TIMEOUT", default_value = "3m", value_parser = parse_positive_duration)]
     pub hbone_idle_timeout: std::time::Duration,
+    /// TCP keepalive on every proxied socket: those the in-pod listeners
+    /// accept and those the agent dials (ztunnel's `KEEPALIVE_ENABLED`).
+    /// Without it an idle connection whose path forgets it (a NAT, a load
+    /// balancer) is never noticed.
+    #[arg(long, env = "DATAPLANE_KEEPALIVE", value_enum, default_value = "on")]
+    pub keepalive: Toggle,
+    /// Idle time before the first keepalive probe (ztunnel's
+    /// `KEEPALIVE_TIME`).
+    #[arg(long, env = "DATAPLANE_KEEPALIVE_TIME", default_value = "180s", value_parser = parse_positive_duration)]
+    pub keepalive_time: std::time::Duration,
+    /// Time between unanswered keepalive probes (ztunnel's
+    /// `KEEPALIVE_INTERVAL`).
+    #[arg(long, env = "DATAPLANE_KEEPALIVE_INTERVAL", default_value = "180s", value_parser = parse_positive_duration)]
+    pub keepalive_interval: std::time::Duration,
+    /// Unanswered probes after which the connection is reset (ztunnel's
+    /// `KEEPALIVE_RETRIES`).
+    #[arg(long, env = "DATAPLANE_KEEPALIVE_RETRIES", default_value_t = 9, value_parser = clap::value_parser!(u32).range(1..=127))]
+    pub keepalive_retries: u32,
     /// Pooled HBONE connections to one destination (from one source
     /// identity) that the pool opens to spread concurrent streams: one
     /// connection's bytes are encrypted by one task on one core. A new

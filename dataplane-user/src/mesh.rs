@@ -59,6 +59,9 @@ pub struct MeshContext {
     /// An inbound HBONE connection without an open stream this long is
     /// closed.
     pub hbone_idle_timeout: Duration,
+    /// TCP keepalive of every proxied socket (`--keepalive`); `None` when
+    /// off.
+    pub keepalive: Option<crate::proxy::keepalive::Keepalive>,
     /// Connection metrics (and the rest of `/metrics`).
     pub metrics: Arc<Metrics>,
     /// The same-node fast path, once the kernel programs are loaded (never

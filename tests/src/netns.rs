@@ -41,6 +41,24 @@ impl Netns {
         run("ip", &full)
     }
 
+    /// The namespace's established TCP sockets as `ss -tnopH` lists them
+    /// (one line each: addresses, owning process, active timer).
+    pub fn established_tcp(&self) -> anyhow::Result<Vec<String>> {
+        let out = run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &self.name,
+                "ss",
+                "-tnopH",
+                "state",
+                "established",
+            ],
+        )?;
+        Ok(out.lines().map(str::to_owned).collect())
+    }
+
     /// Runs `f` on a thread inside the namespace; sockets it creates stay
     /// in the namespace.
     pub fn run<T, F>(&self, f: F) -> anyhow::Result<T>

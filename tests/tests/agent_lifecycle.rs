@@ -463,24 +463,49 @@ fn a_silent_control_client_is_disconnected() -> anyhow::Result<()> {
 }
 
 #[test]
-fn control_clients_beyond_the_limit_are_refused_at_once() -> anyhow::Result<()> {
+fn control_clients_beyond_the_limit_are_refused_at_once_when_every_one_is_busy()
+-> anyhow::Result<()> {
+    use std::io::Write as _;
     let node = dataplane_tests::topology::Node::new("lifemany", 1)?;
     let agent = dataplane_tests::Agent::start("lifemany", &node, &[])?;
     let socket = dataplane_user::control::socket_path(agent.state_dir(), agent.instance());
-    // Every slot taken by a client that says nothing.
-    let silent: Vec<_> = (0..dataplane_user::control::MAX_CLIENTS)
-        .map(|_| std::os::unix::net::UnixStream::connect(&socket))
-        .collect::<Result<_, _>>()?;
-    // One more is answered at once, before it even sends its request (a
-    // client that had sent one would see the refusal or, its request
-    // unread, a reset).
+    // Every slot taken by a client in the middle of its request (a silent
+    // one would give its slot up to the newcomer: `cni_plugin` tests it).
+    let busy: Vec<_> = (0..dataplane_user::control::MAX_CLIENTS)
+        .map(|_| {
+            let mut client = std::os::unix::net::UnixStream::connect(&socket)?;
+            client.write_all(b"{")?;
+            Ok(client)
+        })
+        .collect::<std::io::Result<_>>()?;
+    // A client's slot is its own for good once the agent has seen its
+    // first bytes; until then a newcomer could still take it.
+    let served = |state: &str| -> anyhow::Result<f64> {
+        let samples = dataplane_tests::observe::scrape(&agent)?;
+        Ok(dataplane_tests::observe::value(
+            &samples,
+            "dataplane_control_clients",
+            &[("state", state)],
+        )
+        .unwrap_or(-1.0))
+    };
+    dataplane_tests::traffic::wait_until("every client to be seen busy", || {
+        Ok(served("busy")? == dataplane_user::control::MAX_CLIENTS as f64)
+    })?;
+    // One more is answered at once, before it even sends its request.
     let mut extra = std::os::unix::net::UnixStream::connect(&socket)?;
     extra.set_read_timeout(Some(LIMIT))?;
     let mut refused = String::new();
     std::io::Read::read_to_string(&mut extra, &mut refused)?;
     assert!(refused.contains("control connections already"), "{refused}");
+    let samples = dataplane_tests::observe::scrape(&agent)?;
+    assert_eq!(
+        dataplane_tests::observe::sum(&samples, "dataplane_control_clients_refused_total"),
+        1.0
+    );
+    assert_eq!(served("silent")?, 0.0);
     // Their slots come back once they go.
-    drop(silent);
+    drop(busy);
     dataplane_tests::traffic::wait_until("a slot to be free again", || {
         Ok(agent.call(&dataplane_user::control::Request::List).is_ok())
     })?;

@@ -145,6 +145,52 @@ fn the_pods_very_first_connection_is_captured_and_del_cleans_up() -> anyhow::Res
     Ok(())
 }
 
+/// Clients that connect to the control socket and say nothing (a flood,
+/// or hung tools) never lock kubelet's runtime out: beyond the agent's
+/// slots the oldest silent one is closed for each newcomer, so a CNI ADD
+/// made while 200 of them hold the socket still enrolls its pod.
+#[test]
+fn an_add_enrolls_its_pod_while_200_silent_clients_hold_the_control_socket() -> anyhow::Result<()> {
+    use std::io::Read as _;
+    let node = Node::new("cnisilent", 1)?;
+    let agent = Agent::start("cnisilent", &node, &[])?;
+    let net = CniNetwork::bridge_with_dataplane(
+        "cnisilent",
+        node.netns(),
+        json!({"agentSocket": socket_of(&agent)}),
+    )?;
+    let netns = Netns::new("cnisilentpod")?;
+    let att = Attachment::pod(&netns, "shop", "web-0", &pod_uid());
+    let socket = dataplane_user::control::socket_path(agent.state_dir(), agent.instance());
+    let silent: Vec<std::os::unix::net::UnixStream> = (0..200)
+        .map(|_| std::os::unix::net::UnixStream::connect(&socket))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(net.loopback(&att)?.code, Some(0));
+    if let Err(err) = net.add(&att)? {
+        anyhow::bail!("ADD failed in {}: {} {}", err.plugin, err.error, err.stderr);
+    }
+    let listed = agent.call(&Request::List)?.pods;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    // The oldest was shed, told why; the newest silent one is still served
+    // (until its own request timeout).
+    let mut oldest = &silent[0];
+    oldest.set_read_timeout(Some(std::time::Duration::from_secs(20)))?;
+    let mut told = String::new();
+    oldest.read_to_string(&mut told)?;
+    assert!(told.contains("had sent nothing"), "{told}");
+    let newest = &silent[silent.len() - 1];
+    newest.set_nonblocking(true)?;
+    let read = (&*newest).read(&mut [0u8; 16]);
+    assert!(
+        matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the newest silent client is still open: {read:?}"
+    );
+    if let Err(err) = net.del(&att, None)? {
+        anyhow::bail!("DEL failed in {}: {}", err.plugin, err.error);
+    }
+    Ok(())
+}
+
 #[test]
 fn check_reports_drift() -> anyhow::Result<()> {
     let node = Node::new("cnidrift", 1)?;

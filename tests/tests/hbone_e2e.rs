@@ -16,7 +16,7 @@ use dataplane_tests::{
     capture::PacketCapture,
     mesh::{TwoNodes, addr, write_config},
     observe::{family, scrape, sum_matching},
-    traffic::{echo, echo_server, stream, try_stream, wait_until},
+    traffic::{echo, echo_server, holding_server, stream, try_stream, wait_until},
 };
 use dataplane_user::control::Request;
 
@@ -59,6 +59,57 @@ fn same_node_and_cross_node_tunnels_carry_16_mib_exactly() -> anyhow::Result<()>
         "the remote side saw the client's identity:\n{log2}"
     );
     assert!(log2.contains(&format!("bytes_sent={}", 16 * MIB)), "{log2}");
+    Ok(())
+}
+
+/// ztunnel's `KEEPALIVE_*` settings, as ours: every socket the agents
+/// accept or dial for a tunnelled connection probes when idle, with the
+/// configured idle time; the apps' own sockets are left as they are.
+#[test]
+fn every_proxied_socket_keeps_alive_with_the_configured_idle_time() -> anyhow::Result<()> {
+    let mesh = TwoNodes::new("hbalive")?;
+    let config = mesh.config()?;
+    let args = ["--keepalive-time", "77s", "--keepalive-interval", "5s"];
+    let _a1 = mesh.agent("hb", 1, &config, &args)?;
+    let a2 = mesh.agent("hb", 2, &config, &args)?;
+    let server = holding_server(&mesh.remote, 9000)?;
+    let dst = addr(&mesh.remote, 9000).to_string();
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let held = scope.spawn(|| stream(&mesh.client, &["hold", &dst, "20"]));
+        wait_until("the tunnel to be up", || {
+            Ok(a2.status()?.connections_open >= 1)
+        })?;
+        for (pod, name) in [(&mesh.client, "client"), (&mesh.remote, "server")] {
+            let sockets = pod.netns.established_tcp()?;
+            let agents: Vec<&String> = sockets
+                .iter()
+                .filter(|line| line.contains("\"dataplane\""))
+                .collect();
+            // The client's: accepted on 15001, dialed to 15008; the
+            // server's: accepted on 15008, dialed to the app.
+            assert!(agents.len() >= 2, "{name}: {sockets:#?}");
+            for line in &agents {
+                // 77 s idle: the timer reads 1min<n>sec, never ztunnel's
+                // default 180 s (2min<n>sec).
+                assert!(
+                    line.contains("timer:(keepalive,1min"),
+                    "{name}: an agent socket without the configured keepalive: {line}\n{sockets:#?}"
+                );
+            }
+            assert!(
+                sockets
+                    .iter()
+                    .any(|line| !line.contains("\"dataplane\"") && !line.contains("keepalive")),
+                "{name}: the app's socket is its own business: {sockets:#?}"
+            );
+        }
+        let outcome = held
+            .join()
+            .map_err(|_| anyhow::anyhow!("holder panicked"))??;
+        assert_eq!(outcome, "open");
+        Ok(())
+    })?;
+    drop(server);
     Ok(())
 }
 

@@ -1,28 +1,40 @@
 //! Serving the control socket.
 
 use std::{
+    collections::BTreeMap,
     io,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{UnixListener, UnixStream},
+    sync::{OwnedSemaphorePermit, Semaphore, oneshot},
 };
 use tracing::{debug, warn};
 
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+};
+
 use super::{MAX_MESSAGE, Request, Response};
-use crate::{handover::Giver, inspect::AgentView, logging::Chain};
+use crate::{handover::Giver, inspect::AgentView, logging::Chain, telemetry::Metrics};
 
 /// How long a client may take to send its whole request; one that
 /// connects and stays silent is closed after this.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Control connections served at once; more are refused at once (each
-/// holds a descriptor, and an enrollment waits its turn at the actor).
+/// Control connections served at once (each holds a descriptor, and an
+/// enrollment waits its turn at the actor). Beyond it the oldest client
+/// that has sent nothing is closed for the newcomer; if every one has sent
+/// something, the newcomer is refused at once.
 pub const MAX_CLIENTS: usize = 128;
 
 /// A control socket bound beside its path, not yet reachable there.
@@ -77,17 +89,163 @@ pub fn bind(path: &Path) -> io::Result<StagedSocket> {
     Ok(socket)
 }
 
+/// The control connections served now, a slot each. Those that have sent
+/// nothing yet are kept in acceptance order: when every slot is taken, the
+/// oldest of them gives its slot to the newcomer, so clients that merely
+/// connect (a flood, or ones that hang) can never lock out a request such
+/// as the CNI plugin's ADD, on which a pod's sandbox creation waits. Only
+/// when every slot holds a client that sent something is the newcomer
+/// refused.
+struct Clients {
+    slots: Arc<Semaphore>,
+    silent: Mutex<BTreeMap<u64, Silent>>,
+    next: AtomicU64,
+    metrics: ClientMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+/// What `/metrics` says of the control socket's clients.
+#[derive(Debug, Default)]
+struct ClientMetrics {
+    /// Clients served now: `silent` (nothing sent yet, may be shed) and
+    /// `busy`.
+    served: Family<StateLabels, Gauge>,
+    /// Silent clients closed to make room for a newcomer.
+    shed: Counter,
+    /// Newcomers refused because every client served was busy.
+    refused: Counter,
+}
+
+impl ClientMetrics {
+    fn registered(metrics: &Metrics) -> Self {
+        let this = Self::default();
+        metrics.register(
+            "dataplane_control_clients",
+            "Control socket clients served now: silent (sent nothing yet; the oldest is closed \
+             when a newcomer finds every slot taken) or busy",
+            None,
+            this.served.clone(),
+        );
+        metrics.register(
+            "dataplane_control_clients_shed",
+            "Control socket clients closed, having sent nothing, to make room for a newer one",
+            None,
+            this.shed.clone(),
+        );
+        metrics.register(
+            "dataplane_control_clients_refused",
+            "Control socket clients refused at once because every slot held a busy client",
+            None,
+            this.refused.clone(),
+        );
+        this
+    }
+
+    fn gauge(&self, state: &'static str) -> Gauge {
+        self.served.get_or_create_owned(&StateLabels { state })
+    }
+}
+
+/// A served client that has sent nothing yet.
+struct Silent {
+    slot: OwnedSemaphorePermit,
+    shed: oneshot::Sender<()>,
+}
+
+impl Clients {
+    fn new(metrics: &Metrics) -> Self {
+        let metrics = ClientMetrics::registered(metrics);
+        // Both series exist from the start, at 0.
+        metrics.gauge(SILENT);
+        metrics.gauge(BUSY);
+        Self {
+            slots: Arc::new(Semaphore::new(MAX_CLIENTS)),
+            silent: Mutex::new(BTreeMap::new()),
+            next: AtomicU64::new(0),
+            metrics,
+        }
+    }
+
+    fn silent(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Silent>> {
+        self.silent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A slot for a new client: a free one, else the oldest silent
+    /// client's (that client is told to go). `None` when every client
+    /// served has sent something.
+    fn admit(&self) -> Option<(u64, oneshot::Receiver<()>)> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (shed, told) = oneshot::channel();
+        let mut silent = self.silent();
+        let slot = match Arc::clone(&self.slots).try_acquire_owned() {
+            Ok(slot) => {
+                self.metrics.gauge(SILENT).inc();
+                slot
+            }
+            Err(_) => {
+                let Some((_, oldest)) = silent.pop_first() else {
+                    self.metrics.refused.inc();
+                    return None;
+                };
+                // Its task may be gone already (it timed out and is on its
+                // way out): the slot is free for the newcomer either way.
+                let _ = oldest.shed.send(());
+                self.metrics.shed.inc();
+                oldest.slot
+            }
+        };
+        silent.insert(id, Silent { slot, shed });
+        Some((id, told))
+    }
+
+    /// The client `id` sent something (or is leaving): it keeps its slot
+    /// from now on, outside the silent ones. `None` if it was shed first.
+    fn claim(&self, id: u64) -> Option<Slot> {
+        let slot = self.silent().remove(&id)?.slot;
+        self.metrics.gauge(SILENT).dec();
+        let busy = self.metrics.gauge(BUSY);
+        busy.inc();
+        Some(Slot {
+            _permit: slot,
+            busy,
+        })
+    }
+}
+
+/// The gauge labels of [`ClientMetrics::served`].
+const SILENT: &str = "silent";
+const BUSY: &str = "busy";
+
+/// A busy client's slot, given back when it is dropped.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    busy: Gauge,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.busy.dec();
+    }
+}
+
 /// Answers requests until the task is dropped; `handOver` requests go to
 /// `giver`.
 pub async fn serve(listener: UnixListener, view: Arc<AgentView>, giver: Arc<Giver>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CLIENTS));
+    let clients = Arc::new(Clients::new(&view.mesh.metrics));
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                let Some((id, shed)) = clients.admit() else {
+                    // Counted in dataplane_control_clients_refused.
                     warn!(
                         max = MAX_CLIENTS,
-                        "too many control connections; refusing one"
+                        "too many control connections with requests in progress; refusing one"
                     );
                     let reply = refused(format!(
                         "the agent is serving {MAX_CLIENTS} control connections already; retry"
@@ -101,11 +259,11 @@ pub async fn serve(listener: UnixListener, view: Arc<AgentView>, giver: Arc<Give
                 };
                 let view = Arc::clone(&view);
                 let giver = Arc::clone(&giver);
+                let clients = Arc::clone(&clients);
                 tokio::spawn(async move {
-                    if let Err(err) = answer(stream, &view, giver).await {
+                    if let Err(err) = answer(stream, (id, shed), &clients, &view, giver).await {
                         debug!(error = %err, "control connection failed");
                     }
-                    drop(slot);
                 });
             }
             Err(err) => warn!(error = %err, "control socket accept failed"),
@@ -113,16 +271,51 @@ pub async fn serve(listener: UnixListener, view: Arc<AgentView>, giver: Arc<Give
     }
 }
 
-async fn answer(mut stream: UnixStream, view: &AgentView, giver: Arc<Giver>) -> io::Result<()> {
-    let mut body = Vec::new();
-    let mut limited = (&mut stream).take(MAX_MESSAGE + 1);
-    match tokio::time::timeout(REQUEST_TIMEOUT, limited.read_to_end(&mut body)).await {
-        Ok(result) => {
-            result?;
-        }
-        Err(_) => {
-            debug!("control client sent no complete request in time; closing");
+async fn answer(
+    mut stream: UnixStream,
+    (id, shed): (u64, oneshot::Receiver<()>),
+    clients: &Clients,
+    view: &AgentView,
+    giver: Arc<Giver>,
+) -> io::Result<()> {
+    let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+    // The first bytes are read, not merely waited for: readiness alone
+    // can be spurious, and a client must not keep its slot for good
+    // without having sent anything.
+    let mut first = [0u8; 4096];
+    let read = tokio::select! {
+        read = tokio::time::timeout_at(deadline, stream.read(&mut first)) => read,
+        _ = shed => {
+            debug!("control client sent nothing while every slot was taken; shed for a newer one");
+            let reply = refused(format!(
+                "the agent is serving {MAX_CLIENTS} control connections and closed this one, which had sent nothing; retry"
+            ));
+            if let Ok(bytes) = serde_json::to_vec(&reply) {
+                let _ = stream.try_write(&bytes);
+            }
             return Ok(());
+        }
+    };
+    // Held until the answer is written, whatever happens below.
+    let Some(_slot) = clients.claim(id) else {
+        // Shed just as its first bytes came: the newcomer has the slot.
+        return Ok(());
+    };
+    let Ok(read) = read else {
+        debug!("control client sent nothing in time; closing");
+        return Ok(());
+    };
+    let mut body = first.get(..read?).unwrap_or_default().to_vec();
+    if !body.is_empty() {
+        let mut limited = (&mut stream).take(MAX_MESSAGE + 1 - body.len() as u64);
+        match tokio::time::timeout_at(deadline, limited.read_to_end(&mut body)).await {
+            Ok(result) => {
+                result?;
+            }
+            Err(_) => {
+                debug!("control client sent no complete request in time; closing");
+                return Ok(());
+            }
         }
     }
     let response = match super::read_request(&body) {

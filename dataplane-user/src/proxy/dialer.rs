@@ -37,7 +37,9 @@ impl Dialer for PodTlsDialer {
         &self,
         key: &PoolKey,
     ) -> Pin<Box<dyn Future<Output = std::io::Result<Self::Io>> + Send>> {
-        let socket = self.netns.connector(key.dst_addr, self.mark);
+        let socket = self
+            .netns
+            .connector(key.dst_addr, self.mark, self.mesh.keepalive);
         let mut expected = Vec::with_capacity(1 + key.alt_identities.len());
         expected.push(key.dst_identity.clone());
         expected.extend(key.alt_identities.iter().cloned());

@@ -23,11 +23,11 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
     let mut stopping = ctx.stopping.subscribe();
     // Until its relay finishes cleanly, a client's connection may only end
     // in a reset.
-    let inherited = super::prepare_listener(&listener, "inbound");
+    let inherited = super::prepare_listener(&listener, "inbound", ctx.mesh.keepalive);
     while let Some((stream, peer)) =
         accept(&listener, &mut stopping, "inbound", &ctx.mesh.metrics).await
     {
-        super::prepare_accepted(&stream, inherited);
+        super::prepare_accepted(&stream, inherited, ctx.mesh.keepalive);
         let ctx = Arc::clone(&ctx);
         let orig_dst = Arc::clone(&orig_dst);
         let src = canonical(peer);

@@ -42,12 +42,25 @@ use crate::{
 pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>) {
     let acceptor = TlsAcceptor::from(Arc::clone(&ctx.server_tls));
     let mut stopping = ctx.stopping.subscribe();
+    // Accepted sockets inherit the listener's keepalive (set at every
+    // start: a listener handed over by an older agent may lack it).
+    let keepalive = ctx.mesh.keepalive;
+    let inherited = match super::keepalive::apply(keepalive, SockRef::from(&listener)) {
+        Ok(()) => true,
+        Err(err) => {
+            warn!(listener = "hbone", error = %err, "cannot set the listener's keepalive; setting it on each connection");
+            false
+        }
+    };
     // Owned here, not detached: stopping the pod ends them. Open HBONE
     // connections drain on their own (GOAWAY).
     let mut connections = JoinSet::new();
     while let Some((stream, peer)) =
         accept(&listener, &mut stopping, "hbone", &ctx.mesh.metrics).await
     {
+        if !inherited {
+            let _ = super::keepalive::apply(keepalive, SockRef::from(&stream));
+        }
         // Admitted here, in accept order, before the connection gets a task;
         // while too many shed connections are still open this waits, and
         // new ones wait in the kernel's backlog.

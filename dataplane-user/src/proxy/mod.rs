@@ -25,6 +25,7 @@ mod engine;
 pub mod handshakes;
 pub mod inbound;
 pub mod inbound_hbone;
+pub mod keepalive;
 mod netfilter;
 pub mod orig_dst;
 pub mod original_source;
@@ -167,9 +168,14 @@ impl PodContext {
     ) -> std::io::Result<TcpStream> {
         match (&self.original_source, client) {
             (Some(transparent), Some(client)) if original_source::applies(client, dst.ip()) => {
-                transparent.connect(&self.netns, client, dst).await
+                transparent
+                    .connect(&self.netns, client, dst, self.mesh.keepalive)
+                    .await
             }
-            _ => pod_netns::connect(self.netns.connector(dst, self.mark)?, dst).await,
+            _ => {
+                let socket = self.netns.connector(dst, self.mark, self.mesh.keepalive)?;
+                pod_netns::connect(socket, dst).await
+            }
         }
     }
 }
@@ -254,7 +260,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Prepares a listener of client connections (15001, 15006): every
 /// socket it accepts is then born reset-on-close
-/// ([`crate::relay::reset_on_close`]) and without Nagle's delay, because
+/// ([`crate::relay::reset_on_close`]), without Nagle's delay and with TCP
+/// keepalive ([`keepalive`], when on), because
 /// the kernel copies a listener's socket options into each connection it
 /// accepts. That is one `setsockopt` per listener and start instead of two
 /// per connection, and it leaves no moment between accept and the first
@@ -262,11 +269,16 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Done at every start, since a listener handed over by an older agent
 /// may lack them. `false` if the kernel refused: each accepted socket must
 /// then be prepared by [`prepare_accepted`].
-fn prepare_listener(listener: &TcpListener, name: &'static str) -> bool {
+fn prepare_listener(
+    listener: &TcpListener,
+    name: &'static str,
+    keepalive: Option<keepalive::Keepalive>,
+) -> bool {
     let socket = socket2::SockRef::from(listener);
     let prepared = socket
         .set_linger(Some(Duration::ZERO))
-        .and_then(|()| socket.set_tcp_nodelay(true));
+        .and_then(|()| socket.set_tcp_nodelay(true))
+        .and_then(|()| keepalive::apply(keepalive, socket2::SockRef::from(listener)));
     if let Err(err) = &prepared {
         warn!(listener = name, error = %err, "cannot set the listener's socket options; setting them on each connection");
     }
@@ -275,10 +287,11 @@ fn prepare_listener(listener: &TcpListener, name: &'static str) -> bool {
 
 /// What [`prepare_listener`] gives accepted sockets, for one accepted from
 /// a listener it could not prepare (`inherited` false).
-fn prepare_accepted(stream: &TcpStream, inherited: bool) {
+fn prepare_accepted(stream: &TcpStream, inherited: bool, keepalive: Option<keepalive::Keepalive>) {
     if !inherited {
         reset_on_close(stream);
         let _ = stream.set_nodelay(true);
+        let _ = keepalive::apply(keepalive, socket2::SockRef::from(stream));
     }
 }
 
@@ -396,22 +409,24 @@ mod tests {
     use super::*;
 
     /// What [`prepare_listener`] relies on: the kernel copies the
-    /// listener's `SO_LINGER` and `TCP_NODELAY` into each accepted socket,
+    /// listener's `SO_LINGER`, `TCP_NODELAY` and keepalive into each accepted socket,
     /// so a client closed before its relay started is reset.
     #[tokio::test]
-    async fn a_prepared_listener_accepts_sockets_that_reset_and_do_not_delay() {
+    async fn a_prepared_listener_accepts_sockets_that_reset_do_not_delay_and_keep_alive() {
         for (prepared, ip) in [(true, "127.0.0.1"), (false, "127.0.0.1"), (true, "::1")] {
             let listener = TcpListener::bind((ip.parse::<IpAddr>().unwrap(), 0))
                 .await
                 .unwrap();
-            let inherited = prepared && prepare_listener(&listener, "test");
+            let keepalive = Some(keepalive::Keepalive::ZTUNNEL);
+            let inherited = prepared && prepare_listener(&listener, "test", keepalive);
             assert_eq!(inherited, prepared);
             let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
             let (accepted, _) = listener.accept().await.unwrap();
-            prepare_accepted(&accepted, inherited);
+            prepare_accepted(&accepted, inherited, keepalive);
             let socket = socket2::SockRef::from(&accepted);
             assert_eq!(socket.linger().unwrap(), Some(Duration::ZERO));
             assert!(socket.tcp_nodelay().unwrap());
+            assert_eq!(keepalive::tests::read_back(socket), keepalive, "{ip}");
             // Closed before any relay: the client sees a reset, not an end.
             drop(accepted);
             let err = client.read(&mut [0; 1]).unwrap_err();

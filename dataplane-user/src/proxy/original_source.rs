@@ -405,12 +405,13 @@ impl Transparent {
         netns: &PodNetns,
         client: IpAddr,
         app: std::net::SocketAddr,
+        keepalive: Option<super::keepalive::Keepalive>,
     ) -> io::Result<tokio::net::TcpStream> {
         let mut tries = 0;
         loop {
             tries += 1;
             let src = std::net::SocketAddr::new(client, self.ports.next());
-            match self.connect_from(netns, src, app).await {
+            match self.connect_from(netns, src, app, keepalive).await {
                 Err(err) if tries < PORT_TRIES && port_taken(&err) => continue,
                 result => return result,
             }
@@ -422,8 +423,9 @@ impl Transparent {
         netns: &PodNetns,
         src: std::net::SocketAddr,
         app: std::net::SocketAddr,
+        keepalive: Option<super::keepalive::Keepalive>,
     ) -> io::Result<tokio::net::TcpStream> {
-        let socket = netns.transparent_connector(src, app, self.mark)?;
+        let socket = netns.transparent_connector(src, app, (self.mark, keepalive))?;
         let Some(tuples) = &self.tuples else {
             return super::pod_netns::connect(socket, app).await;
         };

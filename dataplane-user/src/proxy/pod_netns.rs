@@ -15,7 +15,9 @@ use std::{
 };
 
 use nix::sched::{CloneFlags, setns};
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Protocol, SockRef, Socket, Type};
+
+use super::keepalive::Keepalive;
 
 /// Backlog of the in-pod listeners.
 const LISTEN_BACKLOG: i32 = 1024;
@@ -139,17 +141,25 @@ impl PodNetns {
     }
 
     /// A socket inside the pod, carrying the proxy `mark` so the kernel
-    /// programs let it through, ready to connect to `dst`.
-    pub fn connector(&self, dst: SocketAddr, mark: u32) -> io::Result<Socket> {
+    /// programs let it through, with `keepalive` when on, ready to connect
+    /// to `dst`.
+    pub fn connector(
+        &self,
+        dst: SocketAddr,
+        mark: u32,
+        keepalive: Option<Keepalive>,
+    ) -> io::Result<Socket> {
         let socket = self.socket(Domain::for_address(dst))?;
         socket.set_mark(mark)?;
         socket.set_tcp_nodelay(true)?;
+        super::keepalive::apply(keepalive, SockRef::from(&socket))?;
         Ok(socket)
     }
 
     /// A socket inside the pod bound to the client's address and `port`
     /// (`src` is not an address of the pod: `IP_TRANSPARENT`), carrying
-    /// the transparent `mark`, ready to connect to the app at `dst` (see
+    /// the transparent `mark` (and `keepalive` when on), ready to connect to
+    /// the app at `dst` (see
     /// [`super::original_source`]). `src` and `dst` are of one family.
     ///
     /// The caller picks the port: the whole tuple must be known before the
@@ -163,10 +173,11 @@ impl PodNetns {
         &self,
         src: SocketAddr,
         dst: SocketAddr,
-        mark: u32,
+        (mark, keepalive): (u32, Option<Keepalive>),
     ) -> io::Result<Socket> {
         let socket = self.socket(Domain::for_address(dst))?;
         socket.set_mark(mark)?;
+        super::keepalive::apply(keepalive, SockRef::from(&socket))?;
         if dst.is_ipv4() {
             socket.set_ip_transparent_v4(true)?;
         } else {

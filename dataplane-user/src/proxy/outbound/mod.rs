@@ -37,7 +37,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
     let mut stopping = ctx.stopping.subscribe();
     // Until its relay finishes cleanly, a client's connection may only end
     // in a reset (the agent could be killed while the tunnel opens).
-    let inherited = super::prepare_listener(&listener, "outbound");
+    let inherited = super::prepare_listener(&listener, "outbound", ctx.mesh.keepalive);
     // The capture listeners are bound to one loopback address, which is
     // then every accepted socket's local address: no need to ask for it.
     let bound = listener
@@ -47,7 +47,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
     while let Some((stream, peer)) =
         super::accept(&listener, &mut stopping, "outbound", &ctx.mesh.metrics).await
     {
-        super::prepare_accepted(&stream, inherited);
+        super::prepare_accepted(&stream, inherited, ctx.mesh.keepalive);
         // The record is looked up here, in order, before the next accept;
         // it was written before the client's SYN left.
         let dst = bound
