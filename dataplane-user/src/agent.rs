@@ -108,6 +108,9 @@ pub enum AgentError {
     /// The Kubernetes client for --kube could not be set up.
     #[error(transparent)]
     Kube(#[from] crate::kube::KubeError),
+    /// The enrollment rule is invalid.
+    #[error(transparent)]
+    EnrollmentRule(#[from] crate::kube::optin::RuleError),
     /// The Istio flags do not fit together, or a file they name is unusable.
     #[error(transparent)]
     Istio(#[from] crate::cli::istio::IstioArgsError),
@@ -317,6 +320,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
                     kubeconfig: args.kubeconfig.clone(),
                     trust_domain: args.trust_domain.clone(),
                     keep: config.workloads.iter().map(|w| w.uid.clone()).collect(),
+                    rule: enrollment_rule(&args)?,
                 },
                 enroller.clone(),
             )
@@ -599,6 +603,19 @@ fn start_fast_path(pins: &PinLayout, default_on: bool, mesh: &Arc<MeshContext>) 
         "same-node fast path ready"
     );
     let _ = mesh.fast_path.set(fast);
+}
+
+/// Which pods the reconciler enrolls: `--enablement-selectors` (Istio's
+/// by default) and `--exclude-namespace`.
+fn enrollment_rule(args: &RunArgs) -> Result<crate::kube::optin::EnrollmentRule, AgentError> {
+    let selectors = args
+        .enablement_selectors
+        .as_ref()
+        .map_or_else(crate::kube::optin::istio_default_selectors, |s| s.0.clone());
+    Ok(crate::kube::optin::EnrollmentRule::new(
+        &selectors,
+        args.exclude_namespaces.iter().cloned(),
+    )?)
 }
 
 /// The CA, certificate store (with its rotation task), workload index and

@@ -385,6 +385,24 @@ pub struct RunArgs {
     /// $KUBECONFIG or ~/.kube/config].
     #[arg(long, env = "DATAPLANE_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// Which pods --kube enrolls: Istio's enablement selectors (the
+    /// istio-cni chart's `ambient.enablementSelectors`), a YAML or JSON
+    /// list of `{podSelector, namespaceSelector}` label selectors; a pod
+    /// is enrolled when any entry matches it and its namespace [default:
+    /// Istio's: pods labelled `istio.io/dataplane-mode=ambient`, and pods
+    /// not labelled `none` in namespaces labelled `ambient`].
+    #[arg(long, env = "DATAPLANE_ENABLEMENT_SELECTORS", value_parser = crate::kube::optin::parse_selectors_arg)]
+    pub enablement_selectors: Option<crate::kube::optin::EnablementSelectors>,
+    /// Namespaces whose pods --kube never enrolls, and unenrolls if
+    /// enrolled (istio-cni's `excludeNamespaces`; repeatable or
+    /// comma-separated).
+    #[arg(
+        long = "exclude-namespace",
+        env = "DATAPLANE_EXCLUDE_NAMESPACES",
+        value_delimiter = ',',
+        default_value = crate::kube::optin::DEFAULT_EXCLUDED_NAMESPACE
+    )]
+    pub exclude_namespaces: Vec<String>,
     /// If an agent of this instance is running, take its pods over: it
     /// passes its lock and its in-pod listening sockets to this agent,
     /// which serves them before the old one stops accepting, so an

@@ -471,7 +471,26 @@ fn with_a_kubeconfig_only_opted_in_pods_are_enrolled() -> anyhow::Result<()> {
         "{asked:?}"
     );
 
+    // The plugin's own enablement selectors (install-cni writes the
+    // chart's) replace Istio's: selecting the namespace by name enrolls
+    // the pod the default left out. (Web goes first: the second network's
+    // IPAM hands out its address again.)
     let _ = net.del(&web, Some(&web_result))?;
+    let by_name = CniNetwork::bridge_with_dataplane(
+        "cnikubesel",
+        node.netns(),
+        json!({"agentSocket": socket_of(&agent), "kubeconfig": kubeconfig,
+               "enablementSelectors": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "legacy"}}}]}),
+    )?;
+    let selected_ns = Netns::new("cnikubesel")?;
+    let selected = Attachment::pod(&selected_ns, "legacy", "plain-1", &plain_uid);
+    let selected_result = by_name
+        .add(&selected)?
+        .map_err(|e| anyhow::anyhow!("ADD selected: {} {}", e.error, e.stderr))?;
+    let listed = agent.call(&Request::List)?.pods;
+    assert!(listed.iter().any(|p| p.spec.uid == plain_uid), "{listed:?}");
+
+    let _ = by_name.del(&selected, Some(&selected_result))?;
     let _ = net.del(&plain, Some(&plain_result))?;
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The reconciler against a stand-in Kubernetes API replaying recorded
 //! list and watch responses (`kube_fixtures/`): opt-in by namespace label
-//! and pod annotation, opt-out, host-network and IP-less pods left alone,
+//! and pod label (Istio's default enablement selectors), opt-out, host-network and IP-less pods left alone,
 //! watch events applied, a watch that drops and resumes from its last
 //! `resourceVersion`, a `410 Gone` that forces a relist which unenrolls the
 //! pods deleted meanwhile, and enrolled pods unknown to the API removed
@@ -196,6 +196,7 @@ fn list_watch_drop_resume_and_gone_relist_reconcile_the_node() -> anyhow::Result
             trust_domain: "example.org".into(),
             keep: HashSet::from(["configured-uid".to_owned()]),
             unknown_grace: Duration::from_millis(600),
+            rule: Default::default(),
         },
     );
     let runtime = tokio::runtime::Runtime::new()?;
@@ -339,6 +340,7 @@ fn service_account_and_dual_stack_addresses_come_from_the_pod() -> anyhow::Resul
             trust_domain: "cluster.local".into(),
             keep: HashSet::new(),
             unknown_grace: Duration::from_secs(30),
+            rule: Default::default(),
         },
     );
     let runtime = tokio::runtime::Runtime::new()?;

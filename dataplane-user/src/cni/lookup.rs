@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
 
 use crate::{
-    kube::optin::{self, OptIn, OptInInput},
+    kube::optin::{EnrollmentRule, OptIn, OptInInput},
     logging::Chain,
 };
 
@@ -33,13 +33,18 @@ pub struct PodFacts {
 
 /// Looks the pod and its namespace up through `kubeconfig`, within
 /// `timeout`. The error is a sentence for the CNI error's details.
-pub fn lookup(kubeconfig: &Path, pod: &PodRef, timeout: Duration) -> Result<PodFacts, String> {
+pub fn lookup(
+    kubeconfig: &Path,
+    pod: &PodRef,
+    rule: &EnrollmentRule,
+    timeout: Duration,
+) -> Result<PodFacts, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
     runtime.block_on(async {
-        match tokio::time::timeout(timeout, lookup_async(kubeconfig, pod)).await {
+        match tokio::time::timeout(timeout, lookup_async(kubeconfig, pod, rule)).await {
             Ok(result) => result,
             Err(_) => Err(format!(
                 "the Kubernetes API did not answer within {}s",
@@ -49,7 +54,11 @@ pub fn lookup(kubeconfig: &Path, pod: &PodRef, timeout: Duration) -> Result<PodF
     })
 }
 
-async fn lookup_async(kubeconfig: &Path, pod_ref: &PodRef) -> Result<PodFacts, String> {
+async fn lookup_async(
+    kubeconfig: &Path,
+    pod_ref: &PodRef,
+    rule: &EnrollmentRule,
+) -> Result<PodFacts, String> {
     let client = crate::kube::client(Some(kubeconfig))
         .await
         .map_err(|e| Chain(&e).to_string())?;
@@ -70,7 +79,8 @@ async fn lookup_async(kubeconfig: &Path, pod_ref: &PodRef) -> Result<PodFacts, S
     let empty = Default::default();
     let spec = pod.spec.as_ref();
     let annotations = pod.metadata.annotations.as_ref();
-    let opt_in = optin::decide(OptInInput {
+    let opt_in = rule.decide(OptInInput {
+        namespace: &pod_ref.namespace,
         pod_labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
         pod_annotations: annotations.unwrap_or(&empty),
         host_network: spec.and_then(|s| s.host_network).unwrap_or(false),

@@ -367,7 +367,22 @@ fn facts_for(conf: &PluginConf, pod: &super::spec::PodRef) -> Result<Lookup, Cni
     let Some(kubeconfig) = conf.kubeconfig.as_deref() else {
         return Ok(Lookup::NotConfigured);
     };
-    match lookup::lookup(kubeconfig, pod, LOOKUP_TIMEOUT) {
+    let selectors = conf
+        .enablement_selectors
+        .clone()
+        .unwrap_or_else(crate::kube::optin::istio_default_selectors);
+    let rule = crate::kube::optin::EnrollmentRule::new(
+        &selectors,
+        conf.exclude_namespaces.iter().cloned(),
+    )
+    .map_err(|e| {
+        CniError::new(
+            ErrorCode::InvalidConfig,
+            "invalid enablementSelectors in the plugin configuration",
+            e.to_string(),
+        )
+    })?;
+    match lookup::lookup(kubeconfig, pod, &rule, LOOKUP_TIMEOUT) {
         Ok(facts) => Ok(Lookup::Found(facts)),
         Err(reason) => match conf.on_agent_unreachable {
             UnreachablePolicy::Pass => {

@@ -230,6 +230,11 @@ pub struct PluginConf {
     /// own, so it can always start; `kube-system`).
     #[serde(default)]
     pub exclude_namespaces: Vec<String>,
+    /// Which pods the plugin enrolls when it can look them up: Istio's
+    /// enablement selectors (as istio-cni writes `enablement_selectors`
+    /// into its plugin's configuration) [default: Istio's].
+    #[serde(default)]
+    pub enablement_selectors: Option<Vec<crate::kube::optin::EnablementSelector>>,
     /// The previous plugin's result (absent for DEL on old runtimes).
     #[serde(default)]
     pub prev_result: Option<Box<RawValue>>,

@@ -50,13 +50,13 @@ pub const NODE_RESOLV_CONF: &str = "/etc/resolv.conf";
 #[derive(Debug, Clone, clap::Args)]
 pub struct DnsArgs {
     /// Capture enrolled pods' DNS into the in-pod resolver by default
-    /// (Istio's `cni.ambient.dnsCapture`). A pod overrides it with the
-    /// `ambient.istio.io/dns-capture` annotation or its workload's
-    /// `dnsCapture` setting.
+    /// (Istio's `cni.ambient.dnsCapture`, on by default since Istio 1.29).
+    /// A pod overrides it with the `ambient.istio.io/dns-capture`
+    /// annotation or its workload's `dnsCapture` setting.
     #[arg(
         long,
         env = "DATAPLANE_DNS_CAPTURE",
-        default_value_t = false,
+        default_value_t = true,
         num_args = 0..=1,
         default_missing_value = "true",
         action = clap::ArgAction::Set

@@ -103,6 +103,8 @@ pub struct AgentReconcilerOptions {
     pub trust_domain: String,
     /// Uids of the configured workloads, never unenrolled by the reconciler.
     pub keep: HashSet<String>,
+    /// Which pods belong in the mesh.
+    pub rule: optin::EnrollmentRule,
 }
 
 /// Starts the agent's reconciler against its enrollments. The task runs
@@ -120,6 +122,7 @@ pub async fn start_for_agent(
             trust_domain: options.trust_domain,
             keep: options.keep,
             unknown_grace: UNKNOWN_GRACE,
+            rule: Arc::new(options.rule),
         },
     );
     tracing::info!(node = %node, "reconciling this node's pods from the Kubernetes API");

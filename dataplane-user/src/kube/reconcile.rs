@@ -7,6 +7,8 @@
 //! Rules:
 //! - Nothing is decided before the first complete list of both pods and
 //!   namespaces (a partial view would unenroll pods that are merely unseen).
+//! - Which pods opted in is Istio's rule ([`optin`]: enablement
+//!   selectors, sidecars, host network, excluded namespaces).
 //! - An opted-in, running pod with IPs that is not enrolled is enrolled
 //!   (its namespace found by the locator; retried at the next resync when
 //!   the sandbox is not there yet). A pod already enrolled is left alone,
@@ -126,6 +128,9 @@ pub struct ReconcilerSettings {
     pub keep: HashSet<String>,
     /// How long an enrolled uid unknown to the API is kept.
     pub unknown_grace: Duration,
+    /// Which pods belong in the mesh (Istio's enablement selectors and
+    /// excluded namespaces).
+    pub rule: Arc<optin::EnrollmentRule>,
 }
 
 /// What one pass changed.
@@ -302,14 +307,15 @@ impl Reconciler {
             return Want::Unenrolled;
         }
         let empty = BTreeMap::new();
-        let decision = optin::decide(OptInInput {
+        let decision = self.settings.rule.decide(OptInInput {
+            namespace: &pod.namespace,
             pod_labels: &pod.labels,
             pod_annotations: &pod.annotations,
             host_network: pod.host_network,
             namespace_labels: self.namespaces.get(&pod.namespace).unwrap_or(&empty),
         });
         match decision {
-            OptIn::Enroll(_) => Want::Enrolled,
+            OptIn::Enroll { .. } => Want::Enrolled,
             OptIn::Skip(_) => Want::Unenrolled,
         }
     }
@@ -478,6 +484,7 @@ mod tests {
                 trust_domain: "cluster.local".into(),
                 keep: HashSet::from(["kept".to_owned()]),
                 unknown_grace: grace,
+                rule: Arc::default(),
             },
         )
     }
@@ -506,6 +513,26 @@ mod tests {
         r.pods_listed(vec![]);
         assert_eq!(r.reconcile_all(), Changes::default());
         assert_eq!(fake.enrolled(), ["fresh", "kept"]);
+    }
+
+    #[test]
+    fn sidecar_pods_and_excluded_namespaces_are_left_out_or_taken_out() {
+        let fake = Arc::new(Fake::default());
+        let mut r = reconciler(&fake, Duration::ZERO);
+        r.namespaces_listed(vec![
+            ("mesh".into(), ambient()),
+            ("kube-system".into(), ambient()),
+        ]);
+        let mut sidecar = pod("s", "mesh");
+        sidecar
+            .annotations
+            .insert(optin::SIDECAR_STATUS.to_owned(), "{}".to_owned());
+        let changes = r.pods_listed(vec![pod("a", "mesh"), sidecar, pod("k", "kube-system")]);
+        assert_eq!(changes.enrolled, ["a"]);
+        // One enrolled before it was injected (by hand, or an older rule)
+        // is taken out.
+        fake.0.lock().unwrap().push("k".into());
+        assert_eq!(r.reconcile_all().unenrolled, ["k"]);
     }
 
     #[test]

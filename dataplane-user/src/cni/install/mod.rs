@@ -89,6 +89,10 @@ pub struct InstallCniArgs {
         default_value = "kube-system"
     )]
     pub exclude_namespaces: Vec<String>,
+    /// Which pods the plugin enrolls (Istio's enablement selectors, as the
+    /// agent's `--enablement-selectors`) [default: Istio's].
+    #[arg(long, env = "DATAPLANE_ENABLEMENT_SELECTORS", value_parser = crate::kube::optin::parse_selectors_arg)]
+    pub enablement_selectors: Option<crate::kube::optin::EnablementSelectors>,
     /// SPIFFE trust domain of the pods' identities.
     #[arg(long, env = "DATAPLANE_TRUST_DOMAIN", default_value = "cluster.local")]
     pub trust_domain: String,
@@ -231,6 +235,9 @@ impl Installer {
             "trustDomain": self.args.trust_domain,
             "excludeNamespaces": self.args.exclude_namespaces,
         });
+        if let Some(selectors) = &self.args.enablement_selectors {
+            conf["enablementSelectors"] = serde_json::to_value(&selectors.0).unwrap_or_default();
+        }
         if self.server.is_some() {
             conf["kubeconfig"] = self
                 .args
