@@ -149,6 +149,11 @@ pub struct PodAddArgs {
     /// Inbound port never captured (repeatable).
     #[arg(long = "exclude-inbound-port")]
     pub exclude_inbound_ports: Vec<u16>,
+    /// Capture none of the pod's inbound connections (Istio's
+    /// `ambient.istio.io/bypass-inbound-capture`); outbound and DNS stay
+    /// captured and HBONE tunnels still reach it.
+    #[arg(long)]
+    pub bypass_inbound_capture: bool,
     /// Capture the pod's DNS (`true`/`false`) [default: the agent's
     /// `--dns-capture`].
     #[arg(long = "dns-capture")]

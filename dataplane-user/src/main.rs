@@ -157,6 +157,7 @@ fn pod_command(command: PodCommand) -> anyhow::Result<()> {
                     outbound_ports: args.exclude_outbound_ports,
                     outbound_cidrs: args.exclude_outbound_cidrs,
                     inbound_ports: args.exclude_inbound_ports,
+                    bypass_inbound: args.bypass_inbound_capture,
                 },
                 dns_capture: args.dns_capture,
                 fast_path: args.fast_path,

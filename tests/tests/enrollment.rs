@@ -16,6 +16,7 @@ use std::{
 use dataplane_tests::{
     Agent,
     topology::{Node, Pod},
+    traffic::{echo, echo_server},
 };
 use dataplane_user::{control::Request, inspect::CertInfo};
 
@@ -190,6 +191,45 @@ fn a_pod_cannot_take_an_ip_another_pod_owns() -> anyhow::Result<()> {
         .find(|p| p.uid == "uid-victim")
         .ok_or_else(|| anyhow::anyhow!("victim missing from status"))?;
     assert!(pod.captured, "{}", pod.reason);
+    Ok(())
+}
+
+/// Istio's `ambient.istio.io/bypass-inbound-capture`: the pod's inbound
+/// connections reach its apps uncaptured, its outbound ones are still
+/// captured, and its HBONE port still answers (the engine's listener is
+/// bound in the pod, found without `sk_lookup`).
+#[test]
+fn a_pod_that_bypasses_inbound_capture_still_has_its_outbound_captured() -> anyhow::Result<()> {
+    let mut node = Node::new("enrbyp", 1)?;
+    let open = node.add_pod("enrbyp")?;
+    let other = node.add_pod("enrbyp")?;
+    let agent = Agent::start("enrbyp", &node, &[])?;
+    let mut spec = Agent::spec_for(&open, "open");
+    spec.exclusions.bypass_inbound = true;
+    agent.enroll(spec)?;
+    agent.enroll(Agent::spec_for(&other, "other"))?;
+    let _open_server = echo_server(&open, 9000)?;
+    let _other_server = echo_server(&other, 9000)?;
+    let counters = |agent: &Agent| -> anyhow::Result<(u64, u64)> {
+        Ok((
+            agent.counter("redirected_outbound")?,
+            agent.counter("redirected_inbound")?,
+        ))
+    };
+
+    // Into the bypassing pod: the sender's outbound is captured, the
+    // receiver's inbound is not.
+    let before = counters(&agent)?;
+    echo(&other, SocketAddr::new(open.ip4.into(), 9000), 1000, 1)?;
+    assert_eq!(counters(&agent)?, (before.0 + 1, before.1));
+    // Out of it: both captured.
+    echo(&open, SocketAddr::new(other.ip4.into(), 9000), 1000, 2)?;
+    assert_eq!(counters(&agent)?, (before.0 + 2, before.1 + 1));
+    // Its HBONE listener still takes connections.
+    let hbone = SocketAddr::new(open.ip4.into(), dataplane_common::HBONE_PORT);
+    node.netns()
+        .run(move || TcpStream::connect_timeout(&hbone, Duration::from_secs(10)))??;
+    assert_eq!(counters(&agent)?, (before.0 + 2, before.1 + 1));
     Ok(())
 }
 

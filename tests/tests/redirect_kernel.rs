@@ -272,6 +272,7 @@ fn excluded_outbound_port_and_cidr_are_exempt() -> anyhow::Result<()> {
             format!("{}/128", w.other.ip6).parse()?,
         ],
         inbound_ports: vec![],
+        ..Exclusions::default()
     };
     w.enroll(&exclusions)?;
     assert_eq!(dial(&w.app, &at(w.peer.ip4, 8081), &[])?, Ok("peer".into()));
@@ -549,6 +550,7 @@ fn unenroll_restores_direct_traffic_and_leaves_nothing() -> anyhow::Result<()> {
         outbound_ports: vec![8081],
         outbound_cidrs: vec!["10.9.0.0/16".parse()?, "fd09::/32".parse()?],
         inbound_ports: vec![9090],
+        ..Exclusions::default()
     };
     w.enroll(&exclusions)?;
     let cookie = w.app_cookie()?;
@@ -644,6 +646,7 @@ fn restarted_agent_readopts_and_unenrolls_from_the_maps() -> anyhow::Result<()> 
         outbound_ports: vec![8081],
         outbound_cidrs: vec![format!("{}/32", w.other.ip4).parse()?],
         inbound_ports: vec![9090],
+        ..Exclusions::default()
     };
     w.enroll(&exclusions)?;
     let cookie = w.app_cookie()?;

@@ -1,22 +1,23 @@
 //! Waypoints (ambient's L7 proxies), end to end with a stand-in: a workload
 //! behind a waypoint is reached through it (the client's node tunnels to
 //! the waypoint with the original destination as `:authority`, the
-//! waypoint tunnels on with its own identity), and the workload's node
-//! refuses whatever bypasses it: plaintext from outside the mesh, and a
-//! tunnel from a client whose node does not know of the waypoint.
+//! waypoint tunnels on with its own identity); what goes around it
+//! (plaintext from outside the mesh, a tunnel from a client whose node
+//! does not know of the waypoint) is let in or refused by authorization
+//! policy alone, as ztunnel does.
 //!
 //! What went through the waypoint is counted by the stand-in itself;
 //! refusals are what the clients see (a reset) and the destination's
 //! `/metrics`.
 
 use dataplane_tests::{
-    mesh::{NAMESPACE, TwoNodes, addr, hbone_workload, write_config},
+    mesh::{NAMESPACE, TwoNodes, addr, hbone_workload, policy, write_config},
     observe::{family, scrape, value},
     traffic::{echo, echo_server, try_stream, wait_until},
     waypoint::WaypointStandIn,
 };
 use dataplane_user::{
-    config::{LocalConfig, Waypoint},
+    config::{Action, LocalConfig, Match, Scope, Waypoint},
     identity::Identity,
 };
 
@@ -56,11 +57,16 @@ fn resets(pod: &dataplane_tests::topology::Pod, dst: std::net::SocketAddr) -> an
     Ok(try_stream(pod, &["expect-reset", &dst.to_string()])?.stdout == "reset")
 }
 
+/// ztunnel's rule (`src/proxy/inbound.rs`: nothing waypoint-related but
+/// authorization policy): a client that goes around the waypoint reaches
+/// the workload unless a policy says otherwise, and the policy Istio users
+/// write for it (ALLOW only the waypoint's principal) keeps it out.
 #[test]
-fn a_workload_behind_a_waypoint_is_reached_through_it_and_never_around_it() -> anyhow::Result<()> {
+fn a_workload_behind_a_waypoint_is_reached_through_it_and_around_it_only_as_policy_allows()
+-> anyhow::Result<()> {
     let w = TwoNodes::new("wpt")?;
     // node1 and node2 read their own files, so node1 can be made to
-    // forget the waypoint while node2 still guards the workload.
+    // forget the waypoint while node2 still knows of it.
     let file1 = write_config(w.dir.path(), "node1.yaml", &mesh(&w, true))?;
     let file2 = write_config(w.dir.path(), "node2.yaml", &mesh(&w, true))?;
     let a1 = w.agent("wp", 1, &file1, &[])?;
@@ -89,26 +95,45 @@ fn a_workload_behind_a_waypoint_is_reached_through_it_and_never_around_it() -> a
     );
     assert_eq!(server.drain().len(), 2);
 
-    // Plaintext from outside the mesh bypasses it: refused.
-    assert!(
-        resets(&w.plain, dst)?,
-        "plaintext around the waypoint was let through"
-    );
-
-    // node1 forgets the waypoint and tunnels straight to the workload:
-    // node2 refuses the tunnel.
+    // Around it, with no policy in the way: plaintext from outside the
+    // mesh, and a tunnel from a node that forgot the waypoint.
+    echo(&w.plain, dst, 100, 3)?;
     write_config(w.dir.path(), "node1.yaml", &mesh(&w, false))?;
     wait_until("node1 to apply the file without the waypoint", || {
         Ok(reloads_applied(&a1)? == 1.0)
+    })?;
+    echo(&w.client, dst, 100, 4)?;
+    assert_eq!(standin.forwarded(), 2, "neither went through the waypoint");
+    assert_eq!(server.drain().len(), 2, "both reached the app");
+
+    // Only the waypoint's principal allowed in: both are refused now.
+    let mut locked = mesh(&w, true);
+    locked.policies = vec![policy(
+        "waypoint-only",
+        NAMESPACE,
+        Scope::WorkloadSelector,
+        Action::Allow,
+        Match {
+            principals: vec![format!("cluster.local/ns/{NAMESPACE}/sa/waypoint")],
+            ..Match::default()
+        },
+    )];
+    for workload in &mut locked.workloads {
+        if workload.name == "remote" {
+            workload.authorization_policies = vec![format!("{NAMESPACE}/waypoint-only")];
+        }
+    }
+    write_config(w.dir.path(), "node2.yaml", &locked)?;
+    wait_until("node2 to apply the policy", || {
+        Ok(reloads_applied(&a2)? == 1.0)
     })?;
     assert!(
         resets(&w.client, dst)?,
         "a tunnel around the waypoint was let through"
     );
-    assert_eq!(
-        standin.forwarded(),
-        2,
-        "nothing more went through the waypoint"
+    assert!(
+        resets(&w.plain, dst)?,
+        "plaintext around the waypoint was let through"
     );
     assert!(
         server.drain().is_empty(),
@@ -126,13 +151,13 @@ fn a_workload_behind_a_waypoint_is_reached_through_it_and_never_around_it() -> a
         .sum();
     assert!(denied >= 2.0, "node2 counts the refusals: {samples:#?}");
 
-    // Without the waypoint on node2 either, the same tunnel goes through:
-    // the refusal was the waypoint's doing.
-    write_config(w.dir.path(), "node2.yaml", &mesh(&w, false))?;
-    wait_until("node2 to apply the file without the waypoint", || {
-        Ok(reloads_applied(&a2)? == 1.0)
+    // Through the waypoint it still goes.
+    write_config(w.dir.path(), "node1.yaml", &mesh(&w, true))?;
+    wait_until("node1 to apply the file with the waypoint again", || {
+        Ok(reloads_applied(&a1)? == 2.0)
     })?;
-    echo(&w.client, dst, 100, 3)?;
-    assert_eq!(standin.forwarded(), 2);
+    echo(&w.client, dst, 100, 5)?;
+    assert_eq!(standin.forwarded(), 3);
+    assert_eq!(server.drain().len(), 1);
     Ok(())
 }

@@ -29,6 +29,8 @@ pub struct PodFacts {
     /// The pod's [`FAST_PATH_ANNOTATION`](crate::enroll::FAST_PATH_ANNOTATION),
     /// if set.
     pub fast_path: Option<bool>,
+    /// What the pod's annotations leave uncaptured.
+    pub exclusions: crate::redirect::Exclusions,
 }
 
 /// Looks the pod and its namespace up through `kubeconfig`, within
@@ -100,5 +102,8 @@ async fn lookup_async(
         dns_capture: annotations.and_then(crate::dns::annotation_setting),
         fast_path: annotations
             .and_then(|a| crate::enroll::annotation_flag(a, crate::enroll::FAST_PATH_ANNOTATION)),
+        exclusions: annotations
+            .map(crate::enroll::annotation_exclusions)
+            .unwrap_or_default(),
     })
 }

@@ -216,6 +216,10 @@ fn add(env: &CniEnv, conf: &PluginConf) -> Result<String, CniError> {
     let (dns_capture, fast_path) = facts
         .as_ref()
         .map_or((None, None), |f| (f.dns_capture, f.fast_path));
+    let exclusions = facts
+        .as_ref()
+        .map(|f| f.exclusions.clone())
+        .unwrap_or_default();
     let spec = PodSpec {
         uid,
         name: pod.name.clone(),
@@ -227,7 +231,7 @@ fn add(env: &CniEnv, conf: &PluginConf) -> Result<String, CniError> {
         netns: netns.to_path_buf(),
         ips,
         node_addr: result.node_side(),
-        exclusions: Default::default(),
+        exclusions,
         dns_capture,
         fast_path,
     };

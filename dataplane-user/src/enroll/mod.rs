@@ -28,7 +28,8 @@ pub use actor::{EnrolledSnapshot, Enroller, PodsView, REAP_INTERVAL};
 pub use external::{ExternalEngine, ZtunnelEvent, ZtunnelEvents};
 pub use pods::{EngineSettings, Enrollments, HandedPod, OfferedPod};
 pub use spec::{
-    DepartedPod, ExternalStatus, FAST_PATH_ANNOTATION, PodSpec, PodStatus, annotation_flag,
+    BYPASS_INBOUND_CAPTURE_ANNOTATION, DepartedPod, ExternalStatus, FAST_PATH_ANNOTATION, PodSpec,
+    PodStatus, annotation_exclusions, annotation_flag,
 };
 pub use standalone::Standalone;
 pub use state::{StateFile, StateFileError};

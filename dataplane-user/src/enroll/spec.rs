@@ -56,6 +56,23 @@ pub struct PodSpec {
 /// TLS on every hop of one workload sets it to `"false"`.
 pub const FAST_PATH_ANNOTATION: &str = "dataplane/fast-path";
 
+/// The pod annotation that leaves a pod's inbound traffic uncaptured
+/// (istio/api `annotation.AmbientBypassInboundCapture`; istio-cni's
+/// `getPodLevelTrafficOverrides` reads it with `strconv.ParseBool`).
+pub const BYPASS_INBOUND_CAPTURE_ANNOTATION: &str = "ambient.istio.io/bypass-inbound-capture";
+
+/// The exclusions a pod's annotations ask for: only
+/// [`BYPASS_INBOUND_CAPTURE_ANNOTATION`] so far.
+pub fn annotation_exclusions(
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Exclusions {
+    Exclusions {
+        bypass_inbound: annotation_flag(annotations, BYPASS_INBOUND_CAPTURE_ANNOTATION)
+            .unwrap_or(false),
+        ..Exclusions::default()
+    }
+}
+
 /// The boolean value of the annotation `key`, read as Go's
 /// `strconv.ParseBool` reads it (which Istio's agents use for theirs);
 /// `None` when absent or not a boolean.

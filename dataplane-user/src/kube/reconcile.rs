@@ -382,7 +382,7 @@ pub fn spec_of(pod: &PodView, trust_domain: &str, netns: PathBuf) -> PodSpec {
         // Unknown from the API; kubelet probes from the configured probe
         // sources stay exempt.
         node_addr: None,
-        exclusions: Default::default(),
+        exclusions: crate::enroll::annotation_exclusions(&pod.annotations),
         dns_capture: crate::dns::annotation_setting(&pod.annotations),
         fast_path: crate::enroll::annotation_flag(
             &pod.annotations,
@@ -453,6 +453,25 @@ mod tests {
             spec_of(&view, "cluster.local", "/x".into()).dns_capture,
             Some(false)
         );
+    }
+
+    #[test]
+    fn the_istio_bypass_inbound_capture_annotation_reaches_the_pod_spec() {
+        let mut view = pod("u1", "shop");
+        let spec = |view: &PodView| spec_of(view, "cluster.local", "/x".into());
+        assert!(!spec(&view).exclusions.bypass_inbound);
+        for (value, bypass) in [
+            ("true", true),
+            ("1", true),
+            ("false", false),
+            ("yes", false),
+        ] {
+            view.annotations.insert(
+                crate::enroll::BYPASS_INBOUND_CAPTURE_ANNOTATION.to_owned(),
+                value.to_owned(),
+            );
+            assert_eq!(spec(&view).exclusions.bypass_inbound, bypass, "{value}");
+        }
     }
 
     #[test]

@@ -88,6 +88,13 @@ pub struct Exclusions {
     pub outbound_cidrs: Vec<ipnet::IpNet>,
     /// Pod ports whose inbound connections go straight to the application.
     pub inbound_ports: Vec<u16>,
+    /// No inbound capture at all (Istio's
+    /// `ambient.istio.io/bypass-inbound-capture`): connections to the
+    /// pod's ports reach its apps directly, while its outbound traffic and
+    /// DNS stay captured and HBONE tunnels still reach the engine's 15008
+    /// listener, which is bound in the pod like any server.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bypass_inbound: bool,
 }
 
 /// The map entries one network namespace owns (besides its
@@ -413,7 +420,14 @@ impl Redirector {
         let inbound = PodInbound {
             netns_cookie: cookie,
             node_addr: pod.node_addr.map(addr16).unwrap_or_default(),
-            flags: POD_CAPTURE_INBOUND,
+            // Without the flag `sk_lookup` leaves the pod's inbound
+            // connections to the kernel's own lookup (istio-cni skips its
+            // 15006 REDIRECT the same way).
+            flags: if pod.exclusions.bypass_inbound {
+                0
+            } else {
+                POD_CAPTURE_INBOUND
+            },
             _pad: [0; 4],
         };
         for ip in &wanted.ips {

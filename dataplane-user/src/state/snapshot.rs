@@ -113,14 +113,9 @@ impl MeshState {
     /// Decides a connection under the policies of its destination
     /// workload (the decision is [`PolicySet::authorize`]'s). Unknown
     /// destinations (not in the config) have only Global policies. A
-    /// workload behind a waypoint takes connections only from the
-    /// waypoint.
+    /// workload behind a waypoint gets no other rule (as in ztunnel: see
+    /// [`super::waypoints`]).
     pub fn authorize(&self, request: &Request<'_>) -> Result<(), String> {
-        // Nothing reaches a workload behind a waypoint but the waypoint,
-        // whatever the policies say (they are the waypoint's to enforce).
-        if let Some(reason) = self.waypoint_bypass(request.peer, request.dst.ip()) {
-            return Err(reason);
-        }
         let target = self.workloads.by_ip(request.dst.ip());
         let (namespace, listed): (&str, &[String]) = match target {
             Some(w) => (&w.workload.namespace, &w.workload.authorization_policies),

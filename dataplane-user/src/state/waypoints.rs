@@ -1,15 +1,20 @@
 //! Waypoints: the L7 proxies of Istio ambient that a service or workload
 //! may name (`waypoint: {address | hostname, hbonePort}`). A client's node
 //! sends such traffic to the waypoint (an HBONE tunnel to the waypoint,
-//! whose `:authority` is still the original destination), and a workload
-//! behind a waypoint accepts connections only from the waypoint, so that
-//! nothing bypasses it.
+//! whose `:authority` is still the original destination).
+//!
+//! As in ztunnel, the workload's own node adds no rule of its own: who may
+//! reach a workload other than through its waypoint is for authorization
+//! policy to say (istio/ztunnel `src/proxy/inbound.rs` checks nothing
+//! waypoint-related but `validate_destination`'s sandwich case; `rbac.rs`
+//! does the rest). An ALLOW policy naming the waypoint's principal keeps
+//! everyone else out.
 //!
 //! A waypoint named by address is the workload at that address, or the
 //! endpoints of the service whose VIP it is; named by hostname
 //! (`namespace/hostname`), the endpoints of that service.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::{MeshState, MeshWorkload, ServiceEntry};
@@ -73,25 +78,5 @@ impl MeshState {
             target.instances.iter().any(|(w, _)| w.identity == *peer)
                 || target.alt_identities.contains(peer)
         })
-    }
-
-    /// Why a connection from `peer` (none for plaintext) to the workload at
-    /// `dst` must be refused because it bypasses the workload's waypoint;
-    /// `None` when it may go on.
-    pub fn waypoint_bypass(&self, peer: Option<&Identity>, dst: IpAddr) -> Option<String> {
-        let workload = self.workloads.by_ip(dst)?;
-        let waypoint = workload.workload.waypoint.as_ref()?;
-        if peer.is_some_and(|peer| self.is_waypoint_peer(waypoint, peer)) {
-            return None;
-        }
-        let named = waypoint
-            .hostname
-            .clone()
-            .or_else(|| waypoint.address.map(|a| a.to_string()))
-            .unwrap_or_default();
-        Some(format!(
-            "workload {} is behind waypoint {named}; connections must come through it",
-            workload.workload.uid
-        ))
     }
 }
