@@ -323,6 +323,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
                     rule: enrollment_rule(&args)?,
                 },
                 enroller.clone(),
+                &mesh.metrics,
             )
             .await?,
         )
@@ -390,6 +391,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         pins: PinLayout::new(&args.state.bpffs, &args.state.instance),
         started,
         xds: xds_status,
+        annotations: kube_task.as_ref().map(|t| Arc::clone(&t.annotations)),
     });
     let giver = handover::Giver::new(instance_lock, enroller.clone());
     let control_task = tokio::spawn(control::serve(
@@ -445,9 +447,11 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         let _ = task.await;
     }
     control_task.abort();
-    if let Some(task) = kube_task {
-        task.abort();
-        let _ = task.await;
+    if let Some(tasks) = kube_task {
+        for task in [tasks.reconcile, tasks.annotate] {
+            task.abort();
+            let _ = task.await;
+        }
     }
     for task in reload_task
         .into_iter()

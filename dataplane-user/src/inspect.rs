@@ -48,6 +48,8 @@ pub struct AgentView {
     pub started: Instant,
     /// The stream to istiod, with `--xds`.
     pub xds: Option<Arc<std::sync::Mutex<crate::xds::XdsStatus>>>,
+    /// The pods' `ambient.istio.io/redirection` annotations, with `--kube`.
+    pub annotations: Option<Arc<std::sync::Mutex<crate::kube::annotate::AnnotationStatus>>>,
 }
 
 impl std::fmt::Debug for AgentView {
@@ -134,6 +136,10 @@ pub struct StatusReport {
     /// The stream to istiod, with `--xds`.
     #[serde(default)]
     pub xds: Option<XdsView>,
+    /// Whether istiod has been told which pods are captured (the
+    /// `ambient.istio.io/redirection` annotation), with `--kube`.
+    #[serde(default)]
+    pub redirection_annotations: Option<crate::kube::annotate::AnnotationStatus>,
 }
 
 /// The stream to istiod as `status` shows it.
@@ -393,6 +399,10 @@ impl AgentView {
                 .collect(),
             certificates: Some(self.mesh.certs.status()),
             xds: self.xds_view(),
+            redirection_annotations: self
+                .annotations
+                .as_ref()
+                .and_then(|a| a.lock().ok().map(|a| a.clone())),
         }
     }
 

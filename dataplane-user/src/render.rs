@@ -181,6 +181,17 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
             }
         }
     }
+    if let Some(a) = &report.redirection_annotations {
+        let state = match &a.last_error {
+            None if a.pending == 0 => p.good(&format!("{} pod(s) annotated", a.written)),
+            _ => p.bad(&format!(
+                "{} pod(s) not yet annotated ({}); istiod treats them as uncaptured",
+                a.pending,
+                a.last_error.as_deref().unwrap_or("on its way")
+            )),
+        };
+        let _ = writeln!(out, "istiod    ambient.istio.io/redirection: {state}");
+    }
     let errors = if report.errors_last_minute == 0 {
         p.good("none")
     } else {
@@ -299,6 +310,7 @@ mod tests {
             recent_errors: vec![],
             certificates: None,
             xds: None,
+            redirection_annotations: None,
         }
     }
 

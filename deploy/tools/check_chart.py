@@ -114,7 +114,8 @@ def check_rbac(docs, problems, where):
             rules = doc.get("rules", [])
             granted = sorted((g, r, v) for rule in rules for g in rule.get("apiGroups", [])
                              for r in rule.get("resources", []) for v in rule.get("verbs", []))
-            wanted = sorted(("", r, v) for r in ("pods", "namespaces") for v in ("get", "list", "watch"))
+            wanted = sorted([("", r, v) for r in ("pods", "namespaces") for v in ("get", "list", "watch")]
+                            + [("", "pods/status", "patch")])
             if granted != wanted:
                 problems.append(f"{where}: {doc['kind']} grants {granted}, want exactly {wanted}")
 

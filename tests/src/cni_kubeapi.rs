@@ -46,6 +46,10 @@ pub struct Recorded {
     pub path: String,
     /// Decoded query parameters.
     pub query: BTreeMap<String, String>,
+    /// The request's `Content-Type`, if any.
+    pub content_type: Option<String>,
+    /// The request body (patches).
+    pub body: String,
 }
 
 impl Recorded {
@@ -60,6 +64,8 @@ impl Recorded {
 
 #[derive(Default)]
 struct State {
+    /// What the stand-in's RBAC allows; everything when `None`.
+    grants: Option<crate::kube_rbac::Grants>,
     objects: HashMap<String, Value>,
     lists: HashMap<String, VecDeque<Value>>,
     watches: HashMap<String, VecDeque<Vec<WatchStep>>>,
@@ -163,6 +169,17 @@ impl FakeApi {
         self.shared.changed.notify_all();
     }
 
+    /// The object at `path` now (patches applied).
+    pub fn object(&self, path: &str) -> Option<Value> {
+        self.shared.lock().objects.get(path).cloned()
+    }
+
+    /// Refuses with 403, as Kubernetes' RBAC would, every request `grants`
+    /// does not allow (see [`crate::kube_rbac`]).
+    pub fn enforce(&self, grants: crate::kube_rbac::Grants) {
+        self.shared.lock().grants = Some(grants);
+    }
+
     /// Queues a list response for `path`; the last one queued keeps being
     /// served.
     pub fn push_list(&self, path: &str, list: Value) {
@@ -250,7 +267,8 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
             state.requests.push(request.clone());
         }
         shared.changed.notify_all();
-        if request.is_watch() {
+        let refusal = forbidden(&request, &shared.lock());
+        if request.is_watch() && refusal.is_none() {
             let keep_open = serve_watch(&request, &mut reader, &mut writer, shared)?;
             if !keep_open {
                 return Ok(());
@@ -299,6 +317,19 @@ fn read_request(
             Err(e) => return Err(e),
         }
     }
+    let header = |name: &str| {
+        head.lines().find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| value.trim().to_owned())
+        })
+    };
+    let length: usize = header("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let body = read_body(reader, shared, length.min(1 << 20))?;
+    let content_type = header("content-type");
     let first = head.lines().next().unwrap_or_default();
     let mut parts = first.split_whitespace();
     let method = parts.next().unwrap_or_default().to_owned();
@@ -316,7 +347,62 @@ fn read_request(
         method,
         path: path.to_owned(),
         query,
+        content_type,
+        body: String::from_utf8_lossy(&body).into_owned(),
     }))
+}
+
+/// Reads `length` body bytes through the connection's short read timeouts.
+fn read_body(
+    reader: &mut BufReader<TcpStream>,
+    shared: &Shared,
+    length: usize,
+) -> std::io::Result<Vec<u8>> {
+    let mut body = vec![0u8; length];
+    let mut filled = 0;
+    while filled < length {
+        if shared.stop.load(Ordering::SeqCst) {
+            return Err(std::io::ErrorKind::Interrupted.into());
+        }
+        match reader.read(&mut body[filled..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(body)
+}
+
+/// A JSON merge patch (RFC 7386) applied to `target`.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    match (target.as_object_mut(), patch.as_object()) {
+        (Some(target), Some(patch)) => {
+            for (key, value) in patch {
+                if value.is_null() {
+                    target.remove(key);
+                } else {
+                    merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
+                }
+            }
+        }
+        (_, Some(_)) => {
+            *target = json!({});
+            merge_patch(target, patch);
+        }
+        _ => *target = patch.clone(),
+    }
+}
+
+fn status(code: u16, reason: &str, message: String) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "reason": reason, "code": code, "message": message,
+    })
 }
 
 fn decode(s: &str) -> String {
@@ -351,8 +437,31 @@ fn decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The 403 for a request the enforced grants do not allow.
+fn forbidden(request: &Recorded, state: &State) -> Option<Value> {
+    let grants = state.grants.as_ref()?;
+    let allowed = crate::kube_rbac::attributes(&request.method, &request.path, &request.query)
+        .is_some_and(|(resource, verb)| grants.allows(&resource, &verb));
+    (!allowed).then(|| {
+        status(
+            403,
+            "Forbidden",
+            format!(
+                "{} {} is forbidden: the chart's ClusterRole does not grant it",
+                request.method, request.path
+            ),
+        )
+    })
+}
+
 fn answer(request: &Recorded, shared: &Shared) -> (&'static str, Value) {
     let mut state = shared.lock();
+    if let Some(refusal) = forbidden(request, &state) {
+        return ("403 Forbidden", refusal);
+    }
+    if request.method == "PATCH" {
+        return patch(request, &mut state);
+    }
     if let Some(queue) = state.lists.get_mut(&request.path) {
         let list = if queue.len() > 1 {
             queue.pop_front()
@@ -368,12 +477,43 @@ fn answer(request: &Recorded, shared: &Shared) -> (&'static str, Value) {
     }
     (
         "404 Not Found",
-        json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {},
-            "status": "Failure", "reason": "NotFound", "code": 404,
-            "message": format!("{} not found", request.path),
-        }),
+        status(404, "NotFound", format!("{} not found", request.path)),
     )
+}
+
+/// A merge patch of an object the test set, or of its `status`
+/// subresource (which, as on a real server, takes `metadata` changes too).
+fn patch(request: &Recorded, state: &mut State) -> (&'static str, Value) {
+    if request.content_type.as_deref() != Some("application/merge-patch+json") {
+        return (
+            "415 Unsupported Media Type",
+            status(
+                415,
+                "UnsupportedMediaType",
+                "only merge patches are served".into(),
+            ),
+        );
+    }
+    let Ok(body) = serde_json::from_str::<Value>(&request.body) else {
+        return (
+            "400 Bad Request",
+            status(400, "BadRequest", "invalid JSON".into()),
+        );
+    };
+    let path = request
+        .path
+        .strip_suffix("/status")
+        .unwrap_or(&request.path);
+    match state.objects.get_mut(path) {
+        Some(object) => {
+            merge_patch(object, &body);
+            ("200 OK", object.clone())
+        }
+        None => (
+            "404 Not Found",
+            status(404, "NotFound", format!("{path} not found")),
+        ),
+    }
 }
 
 /// Plays a watch; returns whether the connection stays usable.

@@ -2,13 +2,17 @@
 //! already runs on the node when the agent starts (no CNI call ever made
 //! for it) is found through `/proc` (its processes' cgroup names its uid;
 //! its namespace is the runtime's pinned file under /var/run/netns),
-//! enrolled, and captured; deleting it from the API unenrolls it.
+//! enrolled, and captured, and its `ambient.istio.io/redirection`
+//! annotation tells istiod so (under the chart's RBAC, enforced by the
+//! stand-in); deleting it from the API unenrolls it and takes the
+//! annotation away.
 
 use std::{net::SocketAddr, process::Command, time::Duration};
 
 use dataplane_tests::{
     Agent, Cgroup, TempDir,
     cni_kubeapi::{FakeApi, fixture, pod_uid},
+    kube_rbac::Grants,
     spawn_in,
     topology::Node,
     traffic::{echo_server, stream, wait_until},
@@ -50,6 +54,11 @@ fn pods_running_before_the_agent_are_enrolled_and_unenrolled_from_the_api() -> a
         obj.remove("apiVersion");
     }
     let api = FakeApi::start()?;
+    // The chart's permissions, as Kubernetes would enforce them, but for
+    // the annotation's patch at first.
+    api.enforce(Grants::from_chart()?.without("pods/status", "patch"));
+    let pod_path = "/api/v1/namespaces/shop/pods/web-7d9c8b6f5-x2x4q";
+    api.set_object(pod_path, pod.clone());
     api.push_list(
         "/api/v1/pods",
         json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1210"}, "items": [item]}),
@@ -99,6 +108,44 @@ fn pods_running_before_the_agent_are_enrolled_and_unenrolled_from_the_api() -> a
     assert_eq!(stream(&client, &["echo", &dst, "4096", "1"])?, "ok 4096");
     assert_eq!(agent.counter("redirected_outbound")?, 1);
 
+    // istiod learns of the capture from the pod's
+    // ambient.istio.io/redirection annotation. Refused the patch, the agent
+    // says so and keeps capturing; granted it, it writes the annotation as
+    // istio-cni does (a merge patch on pods/status).
+    let redirection = || {
+        api.object(pod_path).and_then(|p| {
+            p["metadata"]["annotations"]["ambient.istio.io/redirection"]
+                .as_str()
+                .map(str::to_owned)
+        })
+    };
+    wait_until("the refused patch to show in status", || {
+        let annotations = agent.status()?.redirection_annotations;
+        Ok(annotations.is_some_and(|a| {
+            a.pending == 1 && a.last_error.is_some_and(|e| e.contains("forbidden"))
+        }))
+    })?;
+    assert_eq!(redirection(), None);
+    assert_eq!(stream(&client, &["echo", &dst, "4096", "3"])?, "ok 4096");
+    assert_eq!(agent.counter("redirected_outbound")?, 2);
+    api.enforce(Grants::from_chart()?);
+    wait_until("the annotation to be written", || {
+        Ok(redirection().as_deref() == Some("enabled"))
+    })?;
+    let patch = api.wait_for_request("the patch", Duration::from_secs(5), |r| {
+        r.method == "PATCH" && r.path == format!("{pod_path}/status")
+    })?;
+    assert_eq!(
+        patch.content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    wait_until("status to say it is written", || {
+        Ok(agent
+            .status()?
+            .redirection_annotations
+            .is_some_and(|a| a.pending == 0 && a.written == 1 && a.last_error.is_none()))
+    })?;
+
     // Deleted from the API (the watch delivers it): unenrolled.
     let mut deleted = pod.clone();
     deleted["metadata"]["resourceVersion"] = "1220".into();
@@ -113,6 +160,10 @@ fn pods_running_before_the_agent_are_enrolled_and_unenrolled_from_the_api() -> a
         Ok(agent.call(&Request::List)?.pods.is_empty())
     })?;
     stream(&client, &["echo", &dst, "4096", "2"])?;
-    assert_eq!(agent.counter("redirected_outbound")?, 1, "direct again");
+    assert_eq!(agent.counter("redirected_outbound")?, 2, "direct again");
+    // Unenrolled: the annotation goes (the stand-in still has the object).
+    wait_until("the annotation to be removed", || {
+        Ok(redirection().is_none())
+    })?;
     Ok(())
 }

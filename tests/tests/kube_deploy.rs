@@ -189,14 +189,22 @@ fn manifest_matches_the_binaries_it_runs() -> anyhow::Result<()> {
 
     // Least privilege, and bound to the agent's account.
     let rules = m.role.rules.unwrap_or_default();
-    assert_eq!(rules.len(), 1);
-    let rule = &rules[0];
-    assert_eq!(rule.api_groups.as_deref(), Some(&["".to_owned()][..]));
+    assert_eq!(rules.len(), 2);
+    let read = &rules[0];
+    assert_eq!(read.api_groups.as_deref(), Some(&["".to_owned()][..]));
     assert_eq!(
-        rule.resources.as_deref(),
+        read.resources.as_deref(),
         Some(&["pods".to_owned(), "namespaces".to_owned()][..])
     );
-    assert_eq!(rule.verbs, ["get", "list", "watch"]);
+    assert_eq!(read.verbs, ["get", "list", "watch"]);
+    // The redirection annotation istiod reads, written as istio-cni does.
+    let write = &rules[1];
+    assert_eq!(write.api_groups.as_deref(), Some(&["".to_owned()][..]));
+    assert_eq!(
+        write.resources.as_deref(),
+        Some(&["pods/status".to_owned()][..])
+    );
+    assert_eq!(write.verbs, ["patch"]);
     assert_eq!(
         m.binding.role_ref.name,
         m.role.metadata.name.unwrap_or_default()

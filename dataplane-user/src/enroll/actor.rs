@@ -50,6 +50,12 @@ impl PodsView {
     pub fn snapshot(&self) -> Arc<EnrolledSnapshot> {
         Arc::clone(&self.0.borrow())
     }
+
+    /// Waits until a snapshot newer than the last one read is published;
+    /// an error once the actor is gone.
+    pub async fn changed(&mut self) -> Result<(), watch::error::RecvError> {
+        self.0.changed().await
+    }
 }
 
 type Reply<T> = oneshot::Sender<Result<T, EnrollError>>;

@@ -12,11 +12,14 @@
 //! - [`reconcile`]: the decisions, against a [`PodEnroller`].
 //! - [`watch`]: list/watch of pods (`spec.nodeName=<node>`) and namespaces.
 //! - [`netns`]: finding a running pod's network namespace.
+//! - [`annotate`]: the `ambient.istio.io/redirection` annotation that
+//!   tells istiod which pods are captured.
 //!
 //! The reconciler runs inside the agent and calls its
 //! [`Enrollments`] directly rather than through the control socket: one
 //! process, one lock, no serialisation, and errors keep their types.
 
+pub mod annotate;
 pub mod netns;
 pub mod optin;
 pub mod reconcile;
@@ -107,14 +110,33 @@ pub struct AgentReconcilerOptions {
     pub rule: optin::EnrollmentRule,
 }
 
-/// Starts the agent's reconciler against its enrollments. The task runs
-/// until aborted.
+/// The agent's Kubernetes tasks, running until aborted.
+#[derive(Debug)]
+pub struct KubeTasks {
+    /// The reconciler's watch.
+    pub reconcile: tokio::task::JoinHandle<()>,
+    /// The redirection annotator.
+    pub annotate: tokio::task::JoinHandle<()>,
+    /// How the annotations stand, for `status`.
+    pub annotations: Arc<std::sync::Mutex<annotate::AnnotationStatus>>,
+}
+
+/// Starts the agent's reconciler against its enrollments, and the
+/// annotator that tells istiod which of them are captured.
 pub async fn start_for_agent(
     options: AgentReconcilerOptions,
     enroller: Enroller,
-) -> Result<tokio::task::JoinHandle<()>, KubeError> {
+    metrics: &crate::telemetry::Metrics,
+) -> Result<KubeTasks, KubeError> {
     let node = options.node.ok_or(KubeError::NodeRequired)?;
     let client = client(options.kubeconfig.as_deref()).await?;
+    let annotations = Arc::default();
+    let annotate = annotate::spawn(
+        client.clone(),
+        enroller.view(),
+        metrics,
+        Arc::clone(&annotations),
+    );
     let reconciler = Reconciler::new(
         Arc::new(AgentEnroller(enroller)),
         Arc::new(ProcNetnsLocator::default()),
@@ -126,7 +148,11 @@ pub async fn start_for_agent(
         },
     );
     tracing::info!(node = %node, "reconciling this node's pods from the Kubernetes API");
-    Ok(watch::spawn(client, &node, reconciler, RESYNC_INTERVAL))
+    Ok(KubeTasks {
+        reconcile: watch::spawn(client, &node, reconciler, RESYNC_INTERVAL),
+        annotate,
+        annotations,
+    })
 }
 
 /// The agent's enrollment actor as a [`PodEnroller`]. The reconciler
