@@ -164,18 +164,34 @@ pub struct ServiceIndex {
 
 impl ServiceIndex {
     /// Indexes `services`, with endpoints from `workloads`.
+    ///
+    /// Each workload names its services, so one pass over the workloads
+    /// groups them by service key (in workload order, which is the
+    /// endpoints' order) and each service takes its group: the cost is the
+    /// workloads' service memberships, not services times workloads (at
+    /// 10,000 workloads and 1,000 services the scan of every workload for
+    /// every service took 159 ms of a state's build; see
+    /// `benches/mesh_state.rs`).
     pub fn new(services: &[Service], workloads: &[Arc<MeshWorkload>]) -> Self {
+        let mut members: HashMap<&str, Vec<&Arc<MeshWorkload>>> = HashMap::new();
+        for w in workloads {
+            for key in w.workload.services.keys() {
+                members.entry(key.as_str()).or_default().push(w);
+            }
+        }
         let mut index = Self::default();
         for service in services {
             let key = service.key();
-            let endpoints = workloads
+            let endpoints = members
+                .get(key.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or_default()
                 .iter()
-                .filter(|w| w.workload.services.contains_key(&key))
                 .filter(|w| {
                     service.health_policy == HealthPolicy::AllowAll
                         || w.workload.status == WorkloadStatus::Healthy
                 })
-                .cloned()
+                .map(|w| Arc::clone(w))
                 .collect();
             let alt_identities = service
                 .subject_alt_names
