@@ -118,6 +118,13 @@ counters! {
     /// of its endpoints, where the kernel's draw fell on an endpoint
     /// elsewhere: left to the proxy, which chooses among those.
     FastPathServiceProxied = 28 => "fast_path_service_proxied",
+    /// A `connect()` from the node's own network namespace to an enrolled
+    /// pod's IP (kubelet's probes among them), noted so that the pod lets
+    /// exactly that connection through.
+    NodeConnect = 29 => "node_connect",
+    /// Inbound connection made by a socket of the node's own namespace:
+    /// let through to the app uncaptured.
+    ExemptNodeSocket = 30 => "exempt_node_socket",
 }
 
 /// Number of slots in the `REDIRECT_STATS` array: room for counters added

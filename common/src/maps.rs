@@ -55,6 +55,25 @@ pub const TPROXY_TUPLES: &str = "TPROXY_TUPLES";
 /// once; an entry lives from `connect()` to the SYN's arrival.
 pub const TPROXY_CAPACITY: u32 = 16_384;
 
+/// `Array<u64>` with one slot: the cookie of the node's own network
+/// namespace (the agent's), written by the agent. 0: none known.
+pub const NODE_NETNS: &str = "NODE_NETNS";
+/// `LruHashMap<u64 socket cookie, u8>`: sockets of the node's own
+/// namespace (kubelet's probes among them) that `connect()`ed to an
+/// enrolled pod's IP, from `connect` to `sockops`' connect callback, which
+/// moves them to [`NODE_TUPLES`] once the source port is known.
+pub const NODE_CONNECTS: &str = "NODE_CONNECTS";
+/// `LruHashMap<SockTuple, u8>`: connections from the node's own namespace
+/// to enrolled pods, consumed by the pod's `sk_lookup`, which lets exactly
+/// those SYNs reach the app uncaptured (what istio-cni's SNAT to
+/// 169.254.7.127 and its in-pod rule for that source do). Traffic merely
+/// forwarded through the node (kube-proxy) has no socket there, so it is
+/// never in it.
+pub const NODE_TUPLES: &str = "NODE_TUPLES";
+/// Capacity of [`NODE_CONNECTS`] and [`NODE_TUPLES`]: node connections to
+/// pods being opened at once.
+pub const NODE_CONNECT_CAPACITY: u32 = 8_192;
+
 /// Capacity of [`ORIG_DST`] and [`ORIG_DST_COOKIE`]: concurrent captured
 /// connections the node tracks before the oldest records are evicted.
 pub const ORIG_DST_CAPACITY: u32 = 65_536;

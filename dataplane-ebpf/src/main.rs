@@ -39,6 +39,7 @@ mod fast_path;
 mod getpeername;
 mod getsockopt;
 mod maps;
+mod node_probe;
 mod outbound;
 mod peer_rewrite;
 mod proxy_syn;

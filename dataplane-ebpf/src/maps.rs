@@ -12,7 +12,8 @@ use dataplane_common::{
     maps::{
         DNS_ORIG_CAPACITY, ENROLLED_CAPACITY, EXCLUSION_CAPACITY, FAST_CLOSED_BYTES,
         FAST_CONN_CAPACITY, FAST_SERVICE_CAPACITY, FAST_VERDICT_CAPACITY, LISTENERS_CAPACITY,
-        ORIG_DST_CAPACITY, POD_IP_CAPACITY, PROBE_SOURCES_CAPACITY, TPROXY_CAPACITY,
+        NODE_CONNECT_CAPACITY, ORIG_DST_CAPACITY, POD_IP_CAPACITY, PROBE_SOURCES_CAPACITY,
+        TPROXY_CAPACITY,
     },
 };
 
@@ -60,6 +61,17 @@ pub static PROBE_SOURCES: HashMap<IpAddr16, u8> =
 #[map]
 pub static TPROXY_TUPLES: LruHashMap<SockTuple, u8> =
     LruHashMap::with_max_entries(TPROXY_CAPACITY, 0);
+
+#[map]
+pub static NODE_NETNS: Array<u64> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static NODE_CONNECTS: LruHashMap<u64, u8> =
+    LruHashMap::with_max_entries(NODE_CONNECT_CAPACITY, 0);
+
+#[map]
+pub static NODE_TUPLES: LruHashMap<SockTuple, u8> =
+    LruHashMap::with_max_entries(NODE_CONNECT_CAPACITY, 0);
 
 #[map]
 pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(LISTENERS_CAPACITY, 0);

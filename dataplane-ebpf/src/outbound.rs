@@ -67,6 +67,9 @@ pub fn decide(ctx: &SockAddrContext, dst: IpAddr16, port: u16, family: u16) -> O
         None => 0,
     };
     if flags & ENROLLED_CAPTURE_OUTBOUND == 0 {
+        // Kubelet's probes (any socket of the node's own namespace) to an
+        // enrolled pod are let through by the pod's `sk_lookup`.
+        crate::node_probe::note_connect(ctx, netns, dst);
         count(Counter::SkippedNotEnrolled);
         return Outbound::Pass;
     }

@@ -11,8 +11,9 @@
 //!
 //! Decision chain: not TCP or not an enrolled pod IP -> pass; the engine's
 //! own connection to the app from a client's address (its tuple recorded
-//! by the engine) -> pass; from the node-side address or a probe
-//! source -> pass; from loopback or from the pod
+//! by the engine) -> pass; made by a socket of the node's own namespace
+//! (kubelet's probes, `node_probe`) -> pass; from the node-side address or
+//! a probe source -> pass; from loopback or from the pod
 //! itself -> pass; to the HBONE port -> HBONE listener; to an engine capture
 //! port -> drop (never loop); to an excluded port -> pass; anything else ->
 //! inbound listener. A missing listener (agent down) passes or drops per the
@@ -108,6 +109,9 @@ fn lookup(ctx: &SkLookupContext) -> u32 {
         // Consumed: a later SYN with the same tuple is a new connection.
         let _ = TPROXY_TUPLES.remove(tuple);
         count(Counter::TransparentPassed);
+        return SK_PASS;
+    }
+    if crate::node_probe::admit_syn(tuple) {
         return SK_PASS;
     }
     if src == pod.node_addr || PROBE_SOURCES.get_ptr(src).is_some() {

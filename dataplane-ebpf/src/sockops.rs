@@ -14,7 +14,8 @@
 //!
 //! It also carries the same-node fast path's socket events (see
 //! `fast_path`): the tuple record at connect, the telemetry record at
-//! close.
+//! close; and the tuples of the node's own connections to pods (see
+//! `node_probe`).
 
 use aya_ebpf::{
     bindings::{
@@ -43,7 +44,9 @@ pub fn dp_sockops(ctx: SockOpsContext) -> u32 {
         let Some(tuple) = tuple_of(&ctx) else {
             return 0;
         };
-        if crate::fast_path::on_connect(cookie, tuple) {
+        if crate::node_probe::on_connect(cookie, tuple) {
+            // A node socket's connection to a pod: nothing else to record.
+        } else if crate::fast_path::on_connect(cookie, tuple) {
             watch_state(&ctx);
         } else {
             record_orig_dst(&ctx, cookie, tuple);

@@ -206,6 +206,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     options.config.transparent_mark = args.original_source.kernel_mark(args.proxy_mark)?;
     options.fail_open = args.fail_open;
     options.probe_sources = args.probe_sources.clone();
+    options.node_netns = args.node_netns.clone();
     // Under iptables capture (the benchmarks' baseline) no kernel program
     // is loaded: rules someone else installed steer traffic to the same
     // listeners.

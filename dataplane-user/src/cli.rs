@@ -250,6 +250,13 @@ pub struct RunArgs {
         default_value = "169.254.7.127"
     )]
     pub probe_sources: Vec<std::net::IpAddr>,
+    /// The node's own network namespace: connections its sockets make to
+    /// enrolled pods (kubelet's health probes) are never captured, whatever
+    /// source address they carry, while traffic merely forwarded through
+    /// the node is [default: the agent's own, right for a host-network
+    /// DaemonSet].
+    #[arg(long, env = "DATAPLANE_NODE_NETNS")]
+    pub node_netns: Option<PathBuf>,
     /// DNS capture.
     #[command(flatten)]
     pub dns: crate::dns::DnsArgs,

@@ -14,11 +14,16 @@
 use std::{net::SocketAddr, process::Command};
 
 use dataplane_tests::{
-    Agent,
+    Agent, TempDir,
+    mesh::{policy, to_ports, write_config},
+    spawn_in,
     topology::{Node, Pod, link_nodes},
     traffic::{echo_server, resetting_server, stream, try_stream, wait_until},
 };
-use dataplane_user::control::Request;
+use dataplane_user::{
+    config::{Action, LocalConfig, Scope},
+    control::Request,
+};
 
 const MIB: usize = 1024 * 1024;
 
@@ -279,5 +284,97 @@ fn readiness_is_200_once_started() -> anyhow::Result<()> {
     http.read_to_string(&mut reply)?;
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     assert!(reply.ends_with("ready\n"), "{reply}");
+    Ok(())
+}
+
+/// Kubelet's probes pass whatever enrolled the pod: a connection made by a
+/// socket of the node's own namespace (kubelet's, here a process in the
+/// node's namespace and cgroup) reaches the app of a pod enrolled without
+/// a node-side address (as the reconciler enrolls pods), IPv4 and IPv6,
+/// although a policy refuses plaintext to it. Nothing else that merely
+/// carries the node's address goes uncaptured: a SYN from another pod with
+/// the node's source address is captured (and refused).
+#[test]
+fn kubelet_probes_from_the_nodes_namespace_reach_the_app_and_nothing_else_does()
+-> anyhow::Result<()> {
+    let mut node = Node::new("e2eprobe", 1)?;
+    let pod = node.add_pod("e2eprobe")?;
+    let other = node.add_pod("e2eprobe")?;
+    let dir = TempDir::new("e2eprobe")?;
+    let config = LocalConfig {
+        policies: vec![policy(
+            "no-plaintext",
+            "mesh",
+            Scope::Global,
+            Action::Deny,
+            to_ports(&[9000]),
+        )],
+        ..LocalConfig::default()
+    };
+    let path = write_config(dir.path(), "mesh.yaml", &config)?;
+    let node_netns = node.netns().path().display().to_string();
+    let agent = Agent::start(
+        "e2eprobe",
+        &node,
+        &[
+            "--config",
+            &path.display().to_string(),
+            "--node-netns",
+            &node_netns,
+        ],
+    )?;
+    let mut spec = Agent::spec_for(&pod, "web");
+    spec.node_addr = None;
+    agent.enroll(spec)?;
+    let _echo = echo_server(&pod, 9000)?;
+    let counters = || -> anyhow::Result<(u64, u64)> {
+        Ok((
+            agent.counter("exempt_node_socket")?,
+            agent.counter("redirected_inbound")?,
+        ))
+    };
+
+    // Another pod: captured, and the policy refuses it.
+    let v4 = SocketAddr::new(pod.ip4.into(), 9000);
+    let refused = try_stream(&other, &["echo", &v4.to_string(), "100", "1"])?;
+    assert_ne!(refused.code, Some(0), "{}", refused.stdout);
+    assert_eq!(counters()?, (0, 1));
+
+    // The node's own sockets, as kubelet's: through to the app.
+    for (seed, dst) in [(2, v4), (3, SocketAddr::new(pod.ip6.into(), 9000))] {
+        let mut probe = Command::new(dataplane_tests::process::target_binary(
+            "dp-stream",
+            "cargo builds it with this package's tests",
+        )?);
+        probe.args(["echo", &dst.to_string(), "100", &seed.to_string()]);
+        let out = spawn_in(probe, Some(node.netns().path()), Some(node.cgroup().path()))?
+            .wait(std::time::Duration::from_secs(30))?;
+        assert_eq!(out.code, Some(0), "probe to {dst}: {}", out.stderr);
+    }
+    assert_eq!(counters()?, (2, 1));
+
+    // A SYN from elsewhere with the node's address as its source: captured.
+    let node_addr = SocketAddr::new(pod.node_side, 0);
+    let socket = other
+        .netns
+        .run(move || -> std::io::Result<socket2::Socket> {
+            let socket = socket2::Socket::new(
+                socket2::Domain::IPV4,
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )?;
+            // IP_TRANSPARENT, not IP_FREEBIND: only it lets a connect carry a
+        // source address the namespace does not have.
+        socket.set_ip_transparent_v4(true)?;
+            socket.bind(&node_addr.into())?;
+            socket.set_nonblocking(true)?;
+            // In progress: the reply goes to the node, not to this socket.
+            let _ = socket.connect(&v4.into());
+            Ok(socket)
+        })??;
+    wait_until("the spoofed SYN to be captured", || {
+        Ok(counters()? == (2, 2))
+    })?;
+    drop(socket);
     Ok(())
 }

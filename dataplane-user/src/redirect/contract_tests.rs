@@ -101,6 +101,15 @@ fn expected() -> BTreeMap<String, MapDefinition> {
             m::TPROXY_TUPLES,
             def::<SockTuple, u8>(BPF_MAP_TYPE_LRU_HASH, m::TPROXY_CAPACITY, 0),
         ),
+        (m::NODE_NETNS, def::<u32, u64>(BPF_MAP_TYPE_ARRAY, 1, 0)),
+        (
+            m::NODE_CONNECTS,
+            def::<u64, u8>(BPF_MAP_TYPE_LRU_HASH, m::NODE_CONNECT_CAPACITY, 0),
+        ),
+        (
+            m::NODE_TUPLES,
+            def::<SockTuple, u8>(BPF_MAP_TYPE_LRU_HASH, m::NODE_CONNECT_CAPACITY, 0),
+        ),
         (
             m::FAST_VERDICTS,
             def::<FastKey, FastVerdict>(BPF_MAP_TYPE_LRU_HASH, m::FAST_VERDICT_CAPACITY, 0),

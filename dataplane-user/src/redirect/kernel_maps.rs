@@ -8,8 +8,8 @@ use aya::{
 use dataplane_common::{
     AgentConfig, EnrolledNetns, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, PodInbound, PodPort,
     maps::{
-        AGENT_CONFIG, ENROLLED_NETNS, IN_EXCL_PORTS, LISTENERS, OUT_EXCL_CIDRS, OUT_EXCL_PORTS,
-        POD_INBOUND, PROBE_SOURCES,
+        AGENT_CONFIG, ENROLLED_NETNS, IN_EXCL_PORTS, LISTENERS, NODE_NETNS, OUT_EXCL_CIDRS,
+        OUT_EXCL_PORTS, POD_INBOUND, PROBE_SOURCES,
     },
 };
 
@@ -73,6 +73,17 @@ pub(crate) fn write_config(ebpf: &mut Ebpf, config: AgentConfig) -> Result<(), R
     let mut array: Array<&mut MapData, AgentConfig> =
         Array::try_from(map).map_err(map_err(AGENT_CONFIG))?;
     array.set(0, config, 0).map_err(map_err(AGENT_CONFIG))
+}
+
+/// Writes the cookie of the node's own network namespace (the agent's)
+/// into `NODE_NETNS`: its sockets' connections to pods go uncaptured
+/// (kubelet's probes). Written at every start: the map may be adopted.
+pub(crate) fn write_node_netns(ebpf: &mut Ebpf, cookie: u64) -> Result<(), RedirectError> {
+    let map = ebpf
+        .map_mut(NODE_NETNS)
+        .ok_or(RedirectError::MissingMap { name: NODE_NETNS })?;
+    let mut array: Array<&mut MapData, u64> = Array::try_from(map).map_err(map_err(NODE_NETNS))?;
+    array.set(0, cookie, 0).map_err(map_err(NODE_NETNS))
 }
 
 /// Takes the map `name` out of the object as `T`.

@@ -143,6 +143,10 @@ pub struct RedirectorOptions {
     /// pod's node-side address (kubelet probe addresses such as
     /// 169.254.7.127). Replaces the previous generation's list.
     pub probe_sources: Vec<IpAddr>,
+    /// The node's own network namespace, whose sockets' connections to
+    /// enrolled pods are never captured (kubelet's probes); `None`: the
+    /// agent's own (a node agent runs in the host's network).
+    pub node_netns: Option<PathBuf>,
 }
 
 impl RedirectorOptions {
@@ -163,6 +167,7 @@ impl RedirectorOptions {
             },
             fail_open: false,
             probe_sources: Vec::new(),
+            node_netns: None,
         }
     }
 
@@ -259,6 +264,18 @@ impl Redirector {
 
         let config = options.agent_config();
         kernel_maps::write_config(&mut ebpf, config)?;
+        let node_netns = match &options.node_netns {
+            Some(path) => crate::netns::netns_cookie_of_path(path).map_err(|e| e.to_string()),
+            None => crate::netns::current_netns_cookie().map_err(|e| e.to_string()),
+        };
+        match node_netns {
+            Ok(cookie) => kernel_maps::write_node_netns(&mut ebpf, cookie)?,
+            // Probes from the node are then captured like any connection
+            // unless they come from a probe source or the node-side address.
+            Err(err) => {
+                warn!(error = %err, "cannot tell the node's network namespace cookie; kubelet probes from it are captured unless they come from a --probe-source address")
+            }
+        }
         let mut maps = KernelMaps::take(&mut ebpf)?;
         write_probe_sources(&mut maps, &options.probe_sources)?;
         links::load_sk_lookup(&mut ebpf)?;

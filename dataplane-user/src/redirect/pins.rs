@@ -16,7 +16,7 @@ pub const LAYOUT_VERSION: &str = "v3";
 /// pinned ...` and `ls`. Every map of the object is pinned, so a restarted
 /// agent re-adopts all of its state (`contract_tests` fails when a map of the
 /// object is missing here).
-pub(crate) const MAP_PINS: [(&str, &str); 20] = {
+pub(crate) const MAP_PINS: [(&str, &str); 23] = {
     use dataplane_common::maps as m;
     [
         (m::ENROLLED_NETNS, "enrolled_netns_by_cookie"),
@@ -32,6 +32,9 @@ pub(crate) const MAP_PINS: [(&str, &str); 20] = {
         (m::LISTENERS, "engine_listeners_by_pod_ip_and_port"),
         (m::DNS_ORIG_COOKIE, "dns_server_asked_by_socket_cookie"),
         (m::TPROXY_TUPLES, "transparent_connects_by_tuple"),
+        (m::NODE_NETNS, "node_netns_cookie"),
+        (m::NODE_CONNECTS, "node_connects_by_socket_cookie"),
+        (m::NODE_TUPLES, "node_connections_by_tuple"),
         (m::FAST_VERDICTS, "fast_path_verdicts"),
         (m::FAST_GENERATION, "fast_path_generation"),
         (m::FAST_BY_COOKIE, "fast_path_clients_by_socket_cookie"),
