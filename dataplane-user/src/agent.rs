@@ -670,6 +670,7 @@ fn mesh_context(
         early_data: args.hbone_early_data.is_on(),
         handshakes: Arc::new(PendingHandshakes::new(handshakes, Arc::clone(&metrics))),
         hbone_idle_timeout: args.hbone_idle_timeout,
+        require_known_workloads: args.istio.xds,
         keepalive: args.keepalive.is_on().then_some(Keepalive {
             time: args.keepalive_time,
             interval: args.keepalive_interval,

@@ -259,6 +259,10 @@ pub struct PodCaptureState {
     /// The connection worker thread serving it (`--threading pinned`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<usize>,
+    /// With a control plane (`--xds`): it lists no workload for this pod,
+    /// so its connections are refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unknown_to_control_plane: bool,
 }
 
 /// A workload certificate, without its key.
@@ -358,6 +362,8 @@ impl AgentView {
                     fast_path: fast_path
                         .map(|fast| fast.allows_pod(&state, pod.spec.fast_path, &pod.spec.ips)),
                     worker: pod.worker,
+                    unknown_to_control_plane: self.mesh.require_known_workloads
+                        && !listed(&state, &pod.spec),
                 }
             })
             .collect();
@@ -372,6 +378,7 @@ impl AgentView {
             original_source_error: None,
             fast_path: None,
             worker: None,
+            unknown_to_control_plane: false,
         }));
         let errors = recent::global().last_minute();
         let config_error = self.mesh.config_error();
@@ -564,4 +571,18 @@ fn issuer_name(leaf: &[u8]) -> String {
     x509_parser::parse_x509_certificate(leaf)
         .map(|(_, cert)| cert.issuer().to_string())
         .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+/// Whether the mesh state lists the pod `spec` describes: one of its IPs
+/// under its identity (what [`crate::proxy::PodContext::known_in`] asks).
+fn listed(state: &crate::state::MeshState, spec: &crate::enroll::PodSpec) -> bool {
+    let Ok(identity) =
+        crate::identity::Identity::new(&spec.trust_domain, &spec.namespace, &spec.service_account)
+    else {
+        return false;
+    };
+    spec.ips
+        .iter()
+        .filter_map(|ip| state.workloads.by_ip(*ip))
+        .any(|w| w.identity == identity)
 }

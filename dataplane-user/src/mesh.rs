@@ -59,6 +59,10 @@ pub struct MeshContext {
     /// An inbound HBONE connection without an open stream this long is
     /// closed.
     pub hbone_idle_timeout: Duration,
+    /// Whether an enrolled pod the mesh state does not list is refused
+    /// (with a control plane, `--xds`, as ztunnel does) rather than served
+    /// in plaintext.
+    pub require_known_workloads: bool,
     /// TCP keepalive of every proxied socket (`--keepalive`); `None` when
     /// off.
     pub keepalive: Option<crate::proxy::keepalive::Keepalive>,

@@ -124,6 +124,13 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
             format!("{}/{}", pod.namespace, pod.name),
             pod.reason
         );
+        if pod.unknown_to_control_plane {
+            let _ = writeln!(
+                out,
+                "    {}",
+                p.bad("unknown to the control plane: its connections are refused")
+            );
+        }
         if let Some(on) = pod.original_source {
             let state = match (on, &pod.original_source_error) {
                 (true, _) => p.good("on"),
@@ -302,6 +309,7 @@ mod tests {
                 original_source_error: None,
                 fast_path: None,
                 worker: None,
+                unknown_to_control_plane: false,
             }],
             connections_open: 3,
             config_origin: "/etc/mesh.yaml".into(),

@@ -364,8 +364,8 @@ fn kubelet_probes_from_the_nodes_namespace_reach_the_app_and_nothing_else_does()
                 Some(socket2::Protocol::TCP),
             )?;
             // IP_TRANSPARENT, not IP_FREEBIND: only it lets a connect carry a
-        // source address the namespace does not have.
-        socket.set_ip_transparent_v4(true)?;
+            // source address the namespace does not have.
+            socket.set_ip_transparent_v4(true)?;
             socket.bind(&node_addr.into())?;
             socket.set_nonblocking(true)?;
             // In progress: the reply goes to the node, not to this socket.

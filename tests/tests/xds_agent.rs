@@ -290,6 +290,33 @@ fn two_agents_serve_the_mesh_istiod_describes_and_follow_it_live() -> Result<()>
     ensure!(names.contains(&"remote".to_owned()), "{names:?}");
     // Traffic still flows on what is held.
     echo(&w.client, addr(&w.remote, 9000), 1000, 9)?;
+    // The local pod, still enrolled, is unknown to istiod now: never served
+    // in plaintext, either way (ztunnel's `get_workload` refusal), and
+    // status says so.
+    ensure!(
+        !reaches(&w.client, addr(&w.local, 9000))?,
+        "a connection to a pod unknown to istiod was served"
+    );
+    ensure!(
+        !reaches(&w.local, addr(&w.remote, 9000))?,
+        "a connection from a pod unknown to istiod was served"
+    );
+    let local = a1
+        .status()?
+        .pods
+        .into_iter()
+        .find(|p| p.name == "local")
+        .context("local in status")?;
+    ensure!(local.unknown_to_control_plane, "{local:?}");
+    let samples = scrape(&a1)?;
+    ensure!(
+        value(
+            &samples,
+            "dataplane_tcp_connections_failed_total",
+            &[("direction", "outbound"), ("reason", "unknown_workload")]
+        ) == Some(1.0),
+        "{samples:?}"
+    );
     let samples = scrape(&a1)?;
     ensure!(
         value(

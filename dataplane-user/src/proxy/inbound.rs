@@ -70,6 +70,9 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                         "destination is an engine port",
                     );
                 }
+                if let Some(detail) = ctx.unknown_workload().await {
+                    return refuse(stream, &flow, &ctx, FailReason::UnknownWorkload, &detail);
+                }
                 let request = Request {
                     peer: None,
                     src,

@@ -95,6 +95,15 @@ async fn serve_connection(
     let _ = stream.set_nodelay(true);
     let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
     let deadline = Instant::now() + ctx.mesh.handshakes.limits().timeout;
+    // As ztunnel, before the handshake: it cannot fetch the certificate of
+    // a local workload it does not know, and the peer sees the connection
+    // fail (reset here: the socket lingers 0).
+    if let Some(detail) = ctx.unknown_workload().await {
+        ctx.mesh
+            .metrics
+            .failed("inbound", FailReason::UnknownWorkload.as_str());
+        return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), error = %detail, "connection refused: local workload unknown");
+    }
     let tls = tokio::select! {
         tls = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => match tls {
             Ok(Ok(tls)) => tls,

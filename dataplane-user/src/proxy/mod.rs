@@ -129,7 +129,48 @@ pub struct PodContext {
     pub stopping: tokio::sync::watch::Sender<bool>,
 }
 
+/// How long a connection of a pod the control plane does not know waits
+/// for it to (ztunnel's `get_workload`, `src/proxy.rs`: 5 s), so that a
+/// pod the CNI plugin enrolled just before istiod's push is not refused.
+const UNKNOWN_WORKLOAD_WAIT: Duration = Duration::from_secs(5);
+/// How often the mesh state is looked at meanwhile.
+const UNKNOWN_WORKLOAD_POLL: Duration = Duration::from_millis(100);
+
 impl PodContext {
+    /// Whether the mesh state lists this pod: one of its IPs under its
+    /// identity.
+    pub fn known_in(&self, state: &crate::state::MeshState) -> bool {
+        self.ips
+            .iter()
+            .filter_map(|ip| state.workloads.by_ip(*ip))
+            .any(|w| w.identity == self.spiffe)
+    }
+
+    /// `None` when the pod may be served; else why not: with a control
+    /// plane (`--xds`) an enrolled pod it does not list is never served in
+    /// plaintext, as ztunnel refuses a local workload it cannot fetch
+    /// (`UnknownSourceWorkload`). Waits up to [`UNKNOWN_WORKLOAD_WAIT`] for
+    /// the state to learn of it.
+    pub async fn unknown_workload(&self) -> Option<String> {
+        if !self.mesh.require_known_workloads || self.known_in(&self.mesh.state()) {
+            return None;
+        }
+        let deadline = tokio::time::Instant::now() + UNKNOWN_WORKLOAD_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(UNKNOWN_WORKLOAD_POLL).await;
+            if self.known_in(&self.mesh.state()) {
+                return None;
+            }
+        }
+        Some(format!(
+            "pod {}/{} is unknown to the control plane: it lists no workload at {:?} with identity {}",
+            self.identity.namespace,
+            self.identity.name,
+            self.ips,
+            self.spiffe.to_uri()
+        ))
+    }
+
     /// The pod as a connection end: the mesh's description of it (owner
     /// workload, canonical service and revision, cluster, locality) when
     /// the mesh lists it under its address and identity, else what

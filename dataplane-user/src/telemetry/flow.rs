@@ -108,6 +108,8 @@ pub enum FailReason {
     AppUnreachable,
     /// The client's connection failed (was reset) before it was relayed.
     ClientFailed,
+    /// The pod this agent serves is unknown to the control plane.
+    UnknownWorkload,
     /// Anything else (a socket could not be created, ...).
     Internal,
 }
@@ -129,6 +131,7 @@ impl FailReason {
             Self::NoOriginalDestination
             | Self::EnginePort
             | Self::ClientFailed
+            | Self::UnknownWorkload
             | Self::Internal => "-",
         }
     }
@@ -148,6 +151,7 @@ impl FailReason {
             Self::BadRequest => "bad_request",
             Self::AppUnreachable => "app_unreachable",
             Self::ClientFailed => "client_failed",
+            Self::UnknownWorkload => "unknown_workload",
             Self::Internal => "internal",
         }
     }

@@ -112,6 +112,19 @@ async fn decide(
     src: SocketAddr,
     ctx: &PodContext,
 ) -> Option<Way> {
+    if let Some(detail) = ctx.unknown_workload().await {
+        let flow = Flow {
+            direction: Direction::Outbound,
+            protocol: Protocol::Tcp,
+            src,
+            dst: dst.clone().ok().flatten(),
+            source: Arc::clone(&ctx.peer),
+            destination: Arc::default(),
+            service: None,
+        };
+        refuse(stream, &flow, ctx, FailReason::UnknownWorkload, &detail);
+        return None;
+    }
     // One snapshot decides the connection (and is let go before it is
     // relayed).
     let state = ctx.mesh.state();
