@@ -2,8 +2,8 @@
 //! meshes: N workloads with one IP each, one service per ten workloads
 //! (each workload an endpoint of one), one namespace policy per hundred.
 //!
-//! - `build/<N>`: `MeshState::from_config`, what every install of a new
-//!   state pays today, xDS pushes included.
+//! - `build/<N>`: `MeshState::from_shared`, what every install of a new
+//!   state pays today, xDS pushes included (the merge before it aside).
 //!
 //! Alone: `cargo bench -p dataplane-user --bench mesh_state`.
 
@@ -82,9 +82,14 @@ fn build(c: &mut Criterion) {
     let mut group = c.benchmark_group("mesh_state");
     group.sample_size(10);
     for n in [1_000, 10_000] {
-        let config = mesh(n);
+        let config = std::sync::Arc::new(mesh(n));
         group.bench_with_input(BenchmarkId::new("build", n), &config, |b, config| {
-            b.iter(|| black_box(MeshState::from_config(config).map(|s| s.workloads.len())));
+            b.iter(|| {
+                black_box(
+                    MeshState::from_shared(std::sync::Arc::clone(config))
+                        .map(|s| s.workloads.len()),
+                )
+            });
         });
     }
     group.finish();

@@ -230,13 +230,16 @@ impl ConfigSources {
             .as_ref()
             .map(|(origin, t)| (origin.as_str(), t.as_ref()));
         let (merged, provenance) = merge(&held.file, xds);
-        let mut state = MeshState::from_config(&merged).map_err(|e| Chain(&e).to_string())?;
+        // One copy of the merged config, shared by the state and the
+        // enrollment actor.
+        let merged = Arc::new(merged);
+        let mut state =
+            MeshState::from_shared(Arc::clone(&merged)).map_err(|e| Chain(&e).to_string())?;
         for dropped in &provenance.dropped {
             warn!(reason = %dropped, "left out of the mesh state");
         }
         state.provenance = provenance;
         let closed = self.mesh.install(state);
-        let merged = Arc::new(merged);
         if let Err(err) = self.enroller.apply_config(Arc::clone(&merged)).await {
             warn!(error = %Chain(&err), "cannot apply the configured workloads");
         }

@@ -170,7 +170,7 @@ impl ServiceIndex {
     /// endpoints' order) and each service takes its group: the cost is the
     /// workloads' service memberships, not services times workloads (at
     /// 10,000 workloads and 1,000 services the scan of every workload for
-    /// every service took 159 ms of a state's build; see
+    /// every service took two thirds of a state's 159 ms build; see
     /// `benches/mesh_state.rs`).
     pub fn new(services: &[Service], workloads: &[Arc<MeshWorkload>]) -> Self {
         let mut members: HashMap<&str, Vec<&Arc<MeshWorkload>>> = HashMap::new();

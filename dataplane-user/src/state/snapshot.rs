@@ -21,23 +21,29 @@ pub struct MeshState {
     pub services: ServiceIndex,
     /// Authorization policies.
     pub policies: PolicySet,
-    /// The config it was built from.
-    pub config: LocalConfig,
+    /// The config it was built from (shared with whoever else holds that
+    /// version, not copied).
+    pub config: Arc<LocalConfig>,
     /// Which source each entry came from, when istiod is one.
     pub provenance: crate::sources::Provenance,
 }
 
 impl MeshState {
-    /// Builds the snapshot.
+    /// Builds the snapshot from a copy of `config`.
     pub fn from_config(config: &LocalConfig) -> Result<Self, StateError> {
-        let workloads = WorkloadIndex::from_config(config)?;
+        Self::from_shared(Arc::new(config.clone()))
+    }
+
+    /// Builds the snapshot of `config`, keeping it without a copy.
+    pub fn from_shared(config: Arc<LocalConfig>) -> Result<Self, StateError> {
+        let workloads = WorkloadIndex::from_config(&config)?;
         let services = ServiceIndex::new(&config.services, workloads.all());
         Ok(Self {
             origin: config.origin.clone(),
-            policies: PolicySet::from_config(config),
+            policies: PolicySet::from_config(&config),
             workloads,
             services,
-            config: config.clone(),
+            config,
             provenance: Default::default(),
         })
     }
