@@ -372,9 +372,12 @@ fn kubelet_probes_from_the_nodes_namespace_reach_the_app_and_nothing_else_does()
             let _ = socket.connect(&v4.into());
             Ok(socket)
         })??;
+    // At least once: the SYN is retransmitted while it goes unanswered.
     wait_until("the spoofed SYN to be captured", || {
-        Ok(counters()? == (2, 2))
+        let (exempt, captured) = counters()?;
+        Ok(exempt == 2 && captured >= 2)
     })?;
+    assert_eq!(counters()?.0, 2, "the spoofed SYN was not exempted");
     drop(socket);
     Ok(())
 }

@@ -80,6 +80,18 @@ fn every_proxied_socket_keeps_alive_with_the_configured_idle_time() -> anyhow::R
             Ok(a2.status()?.connections_open >= 1)
         })?;
         for (pod, name) in [(&mesh.client, "client"), (&mesh.remote, "server")] {
+            // ss shows one timer per socket: while a segment is still
+            // unacknowledged it is the retransmit timer, so wait until
+            // every agent socket is idle.
+            let idle = |sockets: &[String]| {
+                sockets
+                    .iter()
+                    .filter(|line| line.contains("\"dataplane\""))
+                    .all(|line| !line.contains("timer:(on"))
+            };
+            let _ = wait_until("the agent sockets to be idle", || {
+                Ok(idle(&pod.netns.established_tcp()?))
+            });
             let sockets = pod.netns.established_tcp()?;
             let agents: Vec<&String> = sockets
                 .iter()
