@@ -10,7 +10,9 @@
 //! (`NODE_CONNECTS`, by socket cookie: the source port is not chosen yet),
 //! `sockops`' connect callback turns the note into the connection's tuple
 //! (`NODE_TUPLES`) before the SYN leaves, and the pod's `sk_lookup` lets
-//! exactly that tuple through, once. Minimum kernel 5.7 (the netns cookie
+//! exactly that tuple through while the socket lives (its close, seen by
+//! the state callback, drops both notes; the LRU bounds what a missed
+//! close leaves). Minimum kernel 5.7 (the netns cookie
 //! in sock_addr programs), as for the capture itself.
 
 use aya_ebpf::{helpers::bpf_get_socket_cookie, programs::SockAddrContext};
@@ -38,27 +40,39 @@ pub fn note_connect(ctx: &SockAddrContext, netns: u64, dst: IpAddr16) {
 }
 
 /// At the connect callback: a noted socket's tuple, for the pod's
-/// `sk_lookup`. Returns whether the socket was noted.
+/// `sk_lookup`, kept until the socket closes (`on_close`). Returns whether
+/// the socket was noted.
 #[inline(always)]
 pub fn on_connect(cookie: u64, tuple: SockTuple) -> bool {
     if NODE_CONNECTS.get_ptr(cookie).is_none() {
         return false;
     }
-    let _ = NODE_CONNECTS.remove(cookie);
     if NODE_TUPLES.insert(tuple, 1, 0).is_err() {
         count(Counter::MapUpdateFailed);
     }
     true
 }
 
-/// Whether this SYN's tuple is a node socket's connection; consumed, so a
-/// later connection reusing the tuple is decided afresh.
+/// At a watched socket's close: a node socket's notes go, so a later
+/// connection reusing the tuple is decided afresh.
+#[inline(always)]
+pub fn on_close(cookie: u64, tuple: Option<SockTuple>) {
+    if NODE_CONNECTS.remove(cookie).is_ok()
+        && let Some(tuple) = tuple
+    {
+        let _ = NODE_TUPLES.remove(tuple);
+    }
+}
+
+/// Whether this SYN's tuple is a live node socket's connection. Not
+/// consumed: a SYN the node retransmits (one a slow pod answered late)
+/// gets the same answer as the first, instead of reaching the capture
+/// listener beside the app's half-open connection.
 #[inline(always)]
 pub fn admit_syn(tuple: SockTuple) -> bool {
     if NODE_TUPLES.get_ptr(tuple).is_none() {
         return false;
     }
-    let _ = NODE_TUPLES.remove(tuple);
     count(Counter::ExemptNodeSocket);
     true
 }

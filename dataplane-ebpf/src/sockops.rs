@@ -45,7 +45,8 @@ pub fn dp_sockops(ctx: SockOpsContext) -> u32 {
             return 0;
         };
         if crate::node_probe::on_connect(cookie, tuple) {
-            // A node socket's connection to a pod: nothing else to record.
+            // A node socket's connection to a pod: its notes go at close.
+            watch_state(&ctx);
         } else if crate::fast_path::on_connect(cookie, tuple) {
             watch_state(&ctx);
         } else {
@@ -53,7 +54,9 @@ pub fn dp_sockops(ctx: SockOpsContext) -> u32 {
         }
     } else if op == BPF_SOCK_OPS_STATE_CB && ctx.arg(1) == TCP_CLOSE {
         let cookie = socket_cookie(&ctx);
-        crate::fast_path::on_close(&ctx, cookie, tuple_of(&ctx));
+        let tuple = tuple_of(&ctx);
+        crate::fast_path::on_close(&ctx, cookie, tuple);
+        crate::node_probe::on_close(cookie, tuple);
         let _ = ORIG_DST_COOKIE.remove(cookie);
     }
     0

@@ -461,7 +461,8 @@ fn probe_sources_are_exempt() -> anyhow::Result<()> {
         dial_in(w.node.netns(), None, &at(w.app.ip4, APP_PORT), &[])?,
         Ok("app".into())
     );
-    assert_eq!(w.counter("exempt_probe")?, 1);
+    // At least: counted per SYN the lookup sees (see above).
+    assert!(w.counter("exempt_probe")? >= 1);
     // So does a configured probe source, and only that one.
     assert_eq!(
         dial(&w2.peer, &at(w2.app.ip6, APP_PORT), &[])?,
@@ -472,7 +473,7 @@ fn probe_sources_are_exempt() -> anyhow::Result<()> {
         reply.as_ref().is_ok_and(|r| r.starts_with("inbound ")),
         "{reply:?}"
     );
-    assert_eq!(w2.counter("exempt_probe")?, 1);
+    assert!(w2.counter("exempt_probe")? >= 1);
     Ok(())
 }
 
@@ -491,7 +492,10 @@ fn excluded_inbound_port_is_exempt() -> anyhow::Result<()> {
         reply.as_ref().is_ok_and(|r| r.starts_with("inbound ")),
         "{reply:?}"
     );
-    assert_eq!(w.counter("exempt_excluded_port")?, 2);
+    // Per SYN the lookup sees: under a slow emulated kernel a SYN
+    // retransmitted before the first one was answered counts again (CI saw
+    // 3 on 6.1 under TCG).
+    assert!(w.counter("exempt_excluded_port")? >= 2);
     Ok(())
 }
 
@@ -533,7 +537,8 @@ fn engine_down_fail_open_passes() -> anyhow::Result<()> {
         dial(&w.peer, &at(w.app.ip4, APP_PORT), &[])?,
         Ok("app".into())
     );
-    assert_eq!(w.counter("engine_down_passed")?, 2);
+    // The outbound one once (connect), the inbound one per SYN.
+    assert!(w.counter("engine_down_passed")? >= 2);
     // Ready again: captured again.
     w.redirector()?.set_engine_ready(true)?;
     let dst = at(w.peer.ip4, APP_PORT);
