@@ -342,10 +342,8 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
             let origin = format!("xds://{}", xds_config.istiod.address);
             let metrics = XdsMetrics::registered(&mesh.metrics);
             let (client, snapshots, status) = XdsClient::new(xds_config);
-            (
-                Some((client.with_metrics(metrics), snapshots, origin)),
-                Some(status),
-            )
+            let (client, applied) = client.with_metrics(metrics).ack_when_applied();
+            (Some((client, snapshots, origin, applied)), Some(status))
         }
         None => (None, None),
     };
@@ -415,12 +413,13 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         .config
         .clone()
         .map(|path| tokio::spawn(reload::watch(path, Arc::clone(&mesh), Arc::clone(&sources))));
-    let xds_tasks = xds.map(|(client, snapshots, origin)| {
+    let xds_tasks = xds.map(|(client, snapshots, origin, applied)| {
         let follow = sources::follow_xds(
             snapshots,
             Arc::clone(&sources),
             origin,
             Arc::clone(&readiness),
+            applied,
         );
         [tokio::spawn(client.run()), tokio::spawn(follow)]
     });

@@ -27,7 +27,7 @@ use crate::logging::Chain;
 use crate::mesh::MeshContext;
 use crate::readiness::{Readiness, Step};
 use crate::state::MeshState;
-use crate::xds::{Translated, XdsSnapshot, translate};
+use crate::xds::{Translated, XdsSnapshot, client::AppliedReporter, translate};
 
 /// Which source each entry of a merged configuration came from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -225,16 +225,28 @@ impl ConfigSources {
     }
 
     async fn install(&self, held: &Held) -> Result<(), String> {
+        let file = Arc::clone(&held.file);
         let xds = held
             .xds
             .as_ref()
-            .map(|(origin, t)| (origin.as_str(), t.as_ref()));
-        let (merged, provenance) = merge(&held.file, xds);
-        // One copy of the merged config, shared by the state and the
-        // enrollment actor.
-        let merged = Arc::new(merged);
-        let mut state =
-            MeshState::from_shared(Arc::clone(&merged)).map_err(|e| Chain(&e).to_string())?;
+            .map(|(origin, t)| (origin.clone(), Arc::clone(t)));
+        // Off the runtime: the build grows with the mesh, and the xDS
+        // client and the connections share the runtime's threads.
+        let built = tokio::task::spawn_blocking(move || {
+            let xds = xds
+                .as_ref()
+                .map(|(origin, t)| (origin.as_str(), t.as_ref()));
+            let (merged, provenance) = merge(&file, xds);
+            // One copy of the merged config, shared by the state and the
+            // enrollment actor.
+            let merged = Arc::new(merged);
+            MeshState::from_shared(Arc::clone(&merged))
+                .map(|state| (merged, state, provenance))
+                .map_err(|e| Chain(&e).to_string())
+        })
+        .await
+        .map_err(|err| format!("building the mesh state failed: {err}"))?;
+        let (merged, mut state, provenance) = built?;
         for dropped in &provenance.dropped {
             warn!(reason = %dropped, "left out of the mesh state");
         }
@@ -258,18 +270,23 @@ impl ConfigSources {
 /// Installs every state istiod publishes, once the first response of
 /// every type has arrived (before that a state without its policies could
 /// let through what they deny); then marks readiness's xDS step done.
-/// Returns when the client is gone.
+/// Reports each snapshot back once it is the state (or could not be), so
+/// the client ACKs what is applied. Returns when the client is gone.
 pub async fn follow_xds(
     mut snapshots: watch::Receiver<XdsSnapshot>,
     sources: Arc<ConfigSources>,
     origin: String,
     readiness: Arc<Readiness>,
+    applied: AppliedReporter,
 ) {
     while snapshots.changed().await.is_ok() {
         // The watch keeps only the newest: a burst of pushes is translated
         // once.
         let snapshot = snapshots.borrow_and_update().clone();
+        let generation = snapshot.generation;
         if !snapshot.synced {
+            // Nothing to serve from yet: its answers need not wait.
+            applied.report(generation, None);
             continue;
         }
         let name = origin.clone();
@@ -279,12 +296,13 @@ pub async fn follow_xds(
             Ok(translated) => sources.xds_changed(origin.clone(), translated).await,
             Err(err) => Err(format!("translating istiod's resources failed: {err}")),
         };
-        match result {
+        match &result {
             Ok(()) => readiness.done(Step::Xds),
             Err(error) => {
                 warn!(%error, "istiod's state could not be installed; keeping the previous one")
             }
         }
+        applied.report(generation, result.err());
     }
 }
 

@@ -533,12 +533,14 @@ impl TestIstiod {
     /// and removes `removed`, to every connected agent now and to every
     /// agent that subscribes later, as istiod serves its state. From the
     /// first call on, subscriptions are answered by the test istiod itself.
+    /// Returns the nonce of the push to the connected agents (what their
+    /// ACK names).
     pub async fn publish(
         &self,
         type_url: &str,
         resources: Vec<Resource>,
         removed: &[&str],
-    ) -> Result<()> {
+    ) -> Result<String> {
         let (pushes, response) = {
             let mut shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
             let served = shared.served.get_or_insert_with(BTreeMap::new);
@@ -559,10 +561,11 @@ impl TestIstiod {
             shared.all.retain(|push| !push.is_closed());
             (shared.all.clone(), response)
         };
+        let nonce = response.nonce.clone();
         for push in pushes {
             let _ = push.send(Ok(response.clone())).await;
         }
-        Ok(())
+        Ok(nonce)
     }
 
     /// The next request the agent sends (fails after `timeout`).

@@ -79,8 +79,14 @@ impl World {
         self.istiod.as_ref().context("the test istiod is stopped")
     }
 
-    /// Serves `resources` of `type_url` and removes `removed`.
-    fn publish(&self, type_url: &str, resources: Vec<Resource>, removed: &[&str]) -> Result<()> {
+    /// Serves `resources` of `type_url` and removes `removed`; returns the
+    /// push's nonce.
+    fn publish(
+        &self,
+        type_url: &str,
+        resources: Vec<Resource>,
+        removed: &[&str],
+    ) -> Result<String> {
         self.rt
             .block_on(self.istiod()?.publish(type_url, resources, removed))
     }
@@ -92,7 +98,8 @@ impl World {
             AUTHORIZATION_TYPE,
             authorization_resources(&self.mesh, version),
             &[],
-        )
+        )?;
+        Ok(())
     }
 
     /// Node `n`'s agent on an empty file, with istiod as its source.
@@ -420,6 +427,61 @@ fn an_istiod_restart_keeps_the_last_state_serving_and_resumes() -> Result<()> {
     ensure!(
         sum(&samples, "istio_xds_connection_terminations_total") >= 1.0,
         "{samples:?}"
+    );
+    Ok(())
+}
+
+/// As ztunnel, a push is ACKed once the agent's state holds it: the moment
+/// istiod sees the ACK of a push of thousands of workloads, the agent
+/// serves every one of them (ACKed on arrival, the ACK came long before:
+/// the state takes far longer to build than the push to read).
+#[test]
+fn a_push_is_acked_once_the_agent_serves_it() -> Result<()> {
+    let mut world = World::new("xdsack")?;
+    world.publish_mesh("v1")?;
+    let a1 = world.agent("xa", 1)?;
+    wait_until("node1's agent to hold istiod's state", || {
+        Ok(workload_names(&config_dump(&a1)?).contains(&"remote".to_owned()))
+    })?;
+    const BULK: usize = 4000;
+    let bulk: Vec<Resource> = (0..BULK)
+        .map(|i| {
+            let workload = dataplane_user::config::Workload {
+                uid: format!("uid-bulk{i}"),
+                name: format!("bulk{i}"),
+                namespace: NAMESPACE.to_owned(),
+                service_account: "bulk".to_owned(),
+                trust_domain: "cluster.local".to_owned(),
+                workload_ips: vec![
+                    std::net::Ipv4Addr::new(10, 250, (i >> 8) as u8, i as u8).into(),
+                ],
+                ..dataplane_user::config::Workload::default()
+            };
+            workload_resource(&workload, "v1")
+        })
+        .collect();
+    let nonce = world.publish(ADDRESS_TYPE, bulk, &[])?;
+    let istiod = world.istiod.as_mut().context("istiod")?;
+    let ack = world.rt.block_on(async {
+        loop {
+            let seen = istiod.next_request(Duration::from_secs(60)).await?;
+            if seen.request.response_nonce == nonce {
+                return anyhow::Ok(seen);
+            }
+        }
+    })?;
+    let held = workload_names(&config_dump(&a1)?)
+        .iter()
+        .filter(|name| name.starts_with("bulk"))
+        .count();
+    ensure!(
+        held == BULK,
+        "ACKed while the agent served {held} of the {BULK} workloads pushed"
+    );
+    ensure!(
+        ack.request.error_detail.is_none(),
+        "{:?}",
+        ack.request.error_detail
     );
     Ok(())
 }

@@ -1,8 +1,16 @@
 //! The delta ADS stream to istiod: subscribe to workloads/services and
-//! authorizations, apply each response ([`super::resources`]), ACK or
-//! NACK it by nonce, publish what is held, and on any failure reconnect
+//! authorizations, apply each response ([`super::resources`]), publish
+//! what is held, ACK or NACK it by nonce, and on any failure reconnect
 //! with jittered exponential backoff, resuming with the versions held.
+//!
+//! As ztunnel does, a response is ACKed once the agent's state holds it
+//! (when a consumer reports what it applied, [`XdsClient::ack_when_applied`]),
+//! so istiod's view of when this proxy converged is true. The stream never
+//! waits for that: responses go on being read and applied to what is held
+//! (cheap: see [`super::resources`]) while the state is rebuilt, and their
+//! answers go out, in order, as the state catches up.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -32,6 +40,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(15);
 const MAX_MESSAGE: usize = 64 * 1024 * 1024;
 /// gRPC status code sent in a NACK's `error_detail` (INVALID_ARGUMENT).
 const INVALID_ARGUMENT: i32 = 3;
+/// Answers held for a state not yet applied; past this the oldest goes out
+/// at once, so a stalled consumer cannot grow the queue without bound.
+const MAX_PENDING_ANSWERS: usize = 1024;
 
 /// What is held, as published to consumers after every response.
 #[derive(Debug, Clone, Default)]
@@ -41,6 +52,42 @@ pub struct XdsSnapshot {
     /// Whether every type has had its first response since the agent
     /// started (the state is complete enough to serve from).
     pub synced: bool,
+    /// Responses applied since the client started: the consumer reports
+    /// this back once its state holds them ([`Applied`]).
+    pub generation: u64,
+}
+
+/// What the consumer of the snapshots reports back: how far its state has
+/// caught up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// The newest [`XdsSnapshot::generation`] the state reflects, or that
+    /// the consumer gave up on (with `error`).
+    pub generation: u64,
+    /// Why that snapshot could not become the state (the previous one
+    /// stays): its responses are NACKed with this.
+    pub error: Option<String>,
+}
+
+/// The consumer's side of [`Applied`].
+#[derive(Debug)]
+pub struct AppliedReporter(watch::Sender<Applied>);
+
+impl AppliedReporter {
+    /// The state now reflects `generation` (or could not: `error`).
+    pub fn report(&self, generation: u64, error: Option<String>) {
+        self.0.send_replace(Applied { generation, error });
+    }
+}
+
+/// One response's answer, sent once its generation is applied.
+#[derive(Debug)]
+struct Answer {
+    generation: u64,
+    type_url: String,
+    nonce: String,
+    /// Why the response itself was NACKed.
+    rejected: Option<String>,
 }
 
 /// Per-type counts of the last ACK and NACK.
@@ -81,7 +128,10 @@ pub struct XdsClient {
     /// it changes, never per reader).
     resources: Arc<XdsResources>,
     synced: [bool; TYPES.len()],
+    generation: u64,
     snapshot: watch::Sender<XdsSnapshot>,
+    /// Set by [`Self::ack_when_applied`]: answers wait for the state.
+    applied: Option<watch::Receiver<Applied>>,
     status: Arc<Mutex<XdsStatus>>,
     metrics: XdsMetrics,
 }
@@ -106,7 +156,9 @@ impl XdsClient {
             config,
             resources: Arc::default(),
             synced: [false; TYPES.len()],
+            generation: 0,
             snapshot,
+            applied: None,
             status: Arc::clone(&status),
             metrics: XdsMetrics::default(),
         };
@@ -118,6 +170,16 @@ impl XdsClient {
     pub fn with_metrics(mut self, metrics: XdsMetrics) -> Self {
         self.metrics = metrics;
         self
+    }
+
+    /// Answers each response only once the consumer reports (through the
+    /// returned reporter) that its state holds it, NACKing it if the
+    /// consumer could not apply it. Without this, responses are answered
+    /// as soon as they are held.
+    pub fn ack_when_applied(mut self) -> (Self, AppliedReporter) {
+        let (sender, receiver) = watch::channel(Applied::default());
+        self.applied = Some(receiver);
+        (self, AppliedReporter(sender))
     }
 
     /// Connects, serves the stream, reconnects on failure; returns only
@@ -190,8 +252,33 @@ impl XdsClient {
             s.last_error = None;
             s.streams += 1;
         });
+        // Answers of this stream waiting for the state (a new stream's
+        // responses are answered on it, never an old one's).
+        let mut pending: VecDeque<Answer> = VecDeque::new();
+        let mut applied = self.applied.clone();
         loop {
-            let response = match responses.message().await {
+            // Both branches are cancel-safe: `message()` polls the stream,
+            // which keeps a partly read message in itself.
+            let message = tokio::select! {
+                message = responses.message() => message,
+                changed = caught_up(&mut applied) => {
+                    let reached = match changed {
+                        Some(reached) => reached,
+                        None => {
+                            // The consumer is gone: answer as things arrive.
+                            applied = None;
+                            Applied { generation: u64::MAX, error: None }
+                        }
+                    };
+                    while pending.front().is_some_and(|a| a.generation <= reached.generation) {
+                        if let Some(answer) = pending.pop_front() {
+                            self.answer(&requests, answer, reached.error.as_deref()).await?;
+                        }
+                    }
+                    continue;
+                }
+            };
+            let response = match message {
                 Ok(Some(response)) => response,
                 Ok(None) => return Ok(()),
                 Err(status) => {
@@ -205,40 +292,35 @@ impl XdsClient {
             self.metrics.received(&response);
             let verdict = Arc::make_mut(&mut self.resources).apply(&response);
             let index = TYPES.iter().position(|t| *t == response.type_url);
-            let now = SystemTime::now();
             let held = self.resources.held(&response.type_url);
             self.update_status(|s| {
                 if let Some(t) = index.and_then(|i| s.types.get_mut(i)) {
                     t.held = held;
-                    match &verdict {
-                        Verdict::Ack => t.last_ack = Some(now),
-                        Verdict::Nack(reason) => t.last_nack = Some((now, reason.clone())),
-                    }
                 }
             });
             if let Some(i) = index {
                 self.synced[i] = true;
             }
-            let error_detail = match verdict {
-                Verdict::Ack => None,
-                Verdict::Nack(reason) => {
-                    self.metrics.nacked(&response.type_url);
-                    warn!(type_url = %response.type_url, %reason, "xDS response NACKed; the rest of it applied");
-                    Some(Status {
-                        code: INVALID_ARGUMENT,
-                        message: reason,
-                    })
-                }
-            };
+            self.generation += 1;
             self.publish();
-            let answer = DeltaDiscoveryRequest {
+            let answer = Answer {
+                generation: self.generation,
                 type_url: response.type_url,
-                response_nonce: response.nonce,
-                error_detail,
-                ..DeltaDiscoveryRequest::default()
+                nonce: response.nonce,
+                rejected: match verdict {
+                    Verdict::Ack => None,
+                    Verdict::Nack(reason) => Some(reason),
+                },
             };
-            if requests.send(answer).await.is_err() {
-                return Err(XdsError::Protocol("the request stream closed".into()));
+            if applied.is_none() {
+                self.answer(&requests, answer, None).await?;
+            } else {
+                pending.push_back(answer);
+                if pending.len() > MAX_PENDING_ANSWERS
+                    && let Some(oldest) = pending.pop_front()
+                {
+                    self.answer(&requests, oldest, None).await?;
+                }
             }
             if self.snapshot.is_closed() {
                 return Ok(());
@@ -246,16 +328,70 @@ impl XdsClient {
         }
     }
 
+    /// Sends `answer`: a NACK if the response was rejected or the state
+    /// could not be built from it (`failed`), else an ACK.
+    async fn answer(
+        &self,
+        requests: &mpsc::Sender<DeltaDiscoveryRequest>,
+        answer: Answer,
+        failed: Option<&str>,
+    ) -> Result<(), XdsError> {
+        let reason = answer.rejected.or_else(|| {
+            failed.map(|error| format!("the agent's state could not be built: {error}"))
+        });
+        let now = SystemTime::now();
+        let index = TYPES.iter().position(|t| *t == answer.type_url);
+        self.update_status(|s| {
+            if let Some(t) = index.and_then(|i| s.types.get_mut(i)) {
+                match &reason {
+                    None => t.last_ack = Some(now),
+                    Some(reason) => t.last_nack = Some((now, reason.clone())),
+                }
+            }
+        });
+        let error_detail = reason.map(|reason| {
+            self.metrics.nacked(&answer.type_url);
+            warn!(type_url = %answer.type_url, %reason, "xDS response NACKed; the rest of it applied");
+            Status {
+                code: INVALID_ARGUMENT,
+                message: reason,
+            }
+        });
+        let request = DeltaDiscoveryRequest {
+            type_url: answer.type_url,
+            response_nonce: answer.nonce,
+            error_detail,
+            ..DeltaDiscoveryRequest::default()
+        };
+        requests
+            .send(request)
+            .await
+            .map_err(|_| XdsError::Protocol("the request stream closed".into()))
+    }
+
     fn publish(&self) {
         let snapshot = XdsSnapshot {
             resources: Arc::clone(&self.resources),
             synced: self.synced.iter().all(|s| *s),
+            generation: self.generation,
         };
         self.snapshot.send_replace(snapshot);
     }
 
     fn update_status(&self, change: impl FnOnce(&mut XdsStatus)) {
         change(&mut self.status.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+}
+
+/// The consumer's next report, `None` once it is gone; never resolves
+/// without one.
+async fn caught_up(applied: &mut Option<watch::Receiver<Applied>>) -> Option<Applied> {
+    match applied {
+        Some(receiver) => match receiver.changed().await {
+            Ok(()) => Some(receiver.borrow_and_update().clone()),
+            Err(_) => None,
+        },
+        None => std::future::pending().await,
     }
 }
 

@@ -14,7 +14,7 @@ pub mod node;
 pub mod resources;
 pub mod translate;
 
-pub use client::{XdsClient, XdsSnapshot, XdsStatus};
+pub use client::{Applied, AppliedReporter, XdsClient, XdsSnapshot, XdsStatus};
 pub use metrics::XdsMetrics;
 pub use node::NodeIdentity;
 pub use resources::{Verdict, XdsResources};

@@ -14,11 +14,11 @@ use crate::istio_api::{
 use crate::state::MeshState;
 use crate::xds::resources::Versioned;
 
-fn held<T>(resource: T) -> Versioned<T> {
-    Versioned {
+fn held<T>(resource: T) -> std::sync::Arc<Versioned<T>> {
+    std::sync::Arc::new(Versioned {
         version: "1".into(),
         resource,
-    }
+    })
 }
 
 fn workload(uid: &str, ip: [u8; 4]) -> workload::Workload {
@@ -252,7 +252,7 @@ fn seed_responses(r: &XdsResources) {
     use prost::Message as _;
     fn response<T: prost::Message>(
         type_url: &str,
-        held: &std::collections::BTreeMap<String, Versioned<T>>,
+        held: &crate::xds::resources::Held<T>,
     ) -> Vec<u8> {
         DeltaDiscoveryResponse {
             type_url: type_url.into(),

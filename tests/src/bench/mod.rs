@@ -5,7 +5,8 @@
 //! and whose samples it turns into the report.
 //!
 //! [`churn`] measures the traffic of enrolled pods while other pods are
-//! enrolled and removed in a loop. [`mesh`] builds one cluster per mode, [`plan`] decides what runs in
+//! enrolled and removed in a loop; [`scale`] measures the mesh state's
+//! cost at N workloads against the test istiod. [`mesh`] builds one cluster per mode, [`plan`] decides what runs in
 //! which order and records samples, [`probe`] reads CPU and memory,
 //! [`iptables`] holds the incumbent's rules, [`agent`] and [`process`] own
 //! the processes, [`signal`] and [`sweep`] make sure nothing outlives a
@@ -18,5 +19,6 @@ pub mod mesh;
 pub mod plan;
 pub mod probe;
 pub mod process;
+pub mod scale;
 pub mod signal;
 pub mod sweep;

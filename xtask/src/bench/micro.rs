@@ -14,10 +14,11 @@ use serde_json::Value;
 use crate::{build, cmd};
 
 /// The bench targets of `dataplane-user` that measure per-connection hot
-/// paths, and the cost of building a mesh state (`mesh_state`, paid per
-/// configuration change and xDS push); `tls_provider` is a one-off
+/// paths, the cost of building a mesh state (`mesh_state`, paid per
+/// configuration change and xDS push) and of one xDS update stage by stage
+/// (`xds_update`); `tls_provider` is a one-off
 /// provider comparison, not run here.
-pub const BENCHES: &[&str] = &["hot_paths", "policy", "mesh_state"];
+pub const BENCHES: &[&str] = &["hot_paths", "policy", "mesh_state", "xds_update"];
 
 /// Nice value of the micro-benchmarks (the harness runs at the same).
 const NICE: libc::c_int = -10;

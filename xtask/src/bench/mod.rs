@@ -51,6 +51,10 @@ pub struct BenchArgs {
     /// Skip the enrollment churn benchmark.
     #[arg(long)]
     pub no_churn: bool,
+    /// Mesh sizes of the scale benchmark, in workloads (comma-separated)
+    /// [default: 1000,10000; quick 1000]; `0` skips it.
+    #[arg(long, value_delimiter = ',')]
+    pub scale: Vec<usize>,
     /// Skip the criterion micro-benchmarks.
     #[arg(long)]
     pub no_micro: bool,
@@ -90,6 +94,7 @@ pub fn bench(args: &BenchArgs) -> Result<ExitCode> {
             };
             let harness_ok = run_harness(args, release, &samples_file)?;
             let churn_ok = args.no_churn || run_churn(args.quick, release, &out_dir)?;
+            let scale_ok = args.scale == [0] || run_scale(args, release, &out_dir)?;
             let note = if let Some(exe) = micro_exe {
                 micro::run(&exe, args.quick, &args.extra, &cmd::target_dir())?;
                 if args.quick {
@@ -100,7 +105,7 @@ pub fn bench(args: &BenchArgs) -> Result<ExitCode> {
             } else {
                 "skipped (`--no-micro`)".to_owned()
             };
-            (samples_file, harness_ok && churn_ok, note)
+            (samples_file, harness_ok && churn_ok && scale_ok, note)
         }
     };
     let micro = if args.quick || args.no_micro {
@@ -110,6 +115,7 @@ pub fn bench(args: &BenchArgs) -> Result<ExitCode> {
     };
     let complete = render(&samples_file, &out_dir, &micro, &micro_note)?;
     append_churn(&out_dir)?;
+    append_scale(&out_dir)?;
     println!(
         "bench: report in {} ({:.0} s in all)",
         out_dir.join("report.md").display(),
@@ -208,6 +214,61 @@ fn append_churn(out_dir: &Path) -> Result<()> {
         "\n## Enrollment churn\n\nPersistent 1 KiB request/response between two enrolled pods of one node, \
          alone (`quiet`) and while other pods are enrolled and removed in a loop over the control socket \
          (`churn`); medians over rounds.\n\n{table}"
+    );
+    let report = out_dir.join("report.md");
+    let mut text = std::fs::read_to_string(&report).unwrap_or_default();
+    text.push_str(&section);
+    write(&report, &text)?;
+    println!("{section}");
+    Ok(())
+}
+
+/// Runs `dp-scale` (the mesh state at N workloads fed by the test istiod).
+/// Returns whether it succeeded.
+fn run_scale(args: &BenchArgs, release: bool, out_dir: &Path) -> Result<bool> {
+    let bin_dir = cmd::target_dir().join(build::profile(release).1);
+    let json = out_dir.join("scale.json");
+    let table = out_dir.join("scale.md");
+    let _ = std::fs::remove_file(&json);
+    let _ = std::fs::remove_file(&table);
+    let mut command = Command::new(bin_dir.join("dp-scale"));
+    command
+        .arg("--agent")
+        .arg(bin_dir.join("dataplane"))
+        .arg("--out")
+        .arg(&json);
+    if args.quick {
+        command.arg("--quick");
+    }
+    if !args.scale.is_empty() {
+        let sizes: Vec<String> = args.scale.iter().map(usize::to_string).collect();
+        command.args(["--sizes", &sizes.join(",")]);
+    }
+    println!("+ {}", cmd::display(&command));
+    let output = command
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cannot start dp-scale")?;
+    if !output.status.success() {
+        eprintln!(
+            "bench: mesh scale failed ({})",
+            cmd::describe(output.status)
+        );
+        return Ok(false);
+    }
+    write(&table, &String::from_utf8_lossy(&output.stdout))?;
+    Ok(true)
+}
+
+/// Adds the scale table (when this run made one) to the report.
+fn append_scale(out_dir: &Path) -> Result<()> {
+    let Ok(table) = std::fs::read_to_string(out_dir.join("scale.md")) else {
+        return Ok(());
+    };
+    let section = format!(
+        "\n## Mesh scale\n\nOne agent fed by the test istiod a mesh of N workloads (one IP each, a service per ten, \
+         a namespace policy per hundred), then 20 single-workload updates per second; the agent ACKs a push once its \
+         state holds it. CPU from the agent's cgroup; RSS per workload includes the agent's base.\n\n{table}"
     );
     let report = out_dir.join("report.md");
     let mut text = std::fs::read_to_string(&report).unwrap_or_default();

@@ -1,0 +1,66 @@
+//! `dp-scale`: the mesh scale benchmark (see
+//! `dataplane_tests::bench::scale`): one agent fed a synthetic mesh of N
+//! workloads by the test istiod, then one workload changed at a time.
+//! `cargo xtask bench` runs it; run it directly for other sizes or to
+//! compare two agent builds.
+//!
+//! `dp-scale --agent PATH --out FILE [--quick] [--sizes 1000,10000]
+//! [--rate N] [--seconds N]`
+//!
+//! Needs root. Everything it creates is named `dpt-bench...` and removed on
+//! exit, on Ctrl-C or SIGTERM.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use dataplane_tests::bench::{
+    scale::{self, ScaleSettings},
+    signal, sweep,
+};
+
+fn main() -> ExitCode {
+    signal::install();
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dp-scale: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let mut agent = None;
+    let mut out = PathBuf::from("scale.json");
+    let mut settings = ScaleSettings::full();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| anyhow::anyhow!("{arg} needs a value"))
+        };
+        match arg.as_str() {
+            "--agent" => agent = Some(PathBuf::from(value()?)),
+            "--out" => out = PathBuf::from(value()?),
+            "--quick" => settings = ScaleSettings::quick(),
+            "--sizes" => {
+                settings.sizes = value()?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?;
+            }
+            "--rate" => settings.rate = value()?.parse()?,
+            "--seconds" => settings.churn = Duration::from_secs(value()?.parse()?),
+            other => anyhow::bail!("unknown argument `{other}`"),
+        }
+    }
+    let agent = agent.ok_or_else(|| anyhow::anyhow!("--agent PATH is required"))?;
+    anyhow::ensure!(
+        settings.rate > 0 && settings.sizes.iter().all(|n| (1..1 << 24).contains(n)),
+        "--rate must be positive and --sizes between 1 and 2^24 workloads"
+    );
+    sweep::sweep();
+    let results = scale::run(&agent, &settings)?;
+    std::fs::write(&out, serde_json::to_string_pretty(&results)?)?;
+    print!("{}", scale::table(&results));
+    Ok(())
+}
