@@ -8,9 +8,11 @@
 //!   between two pushes);
 //! - `translate/<N>`: istiod's resources into the mesh model;
 //! - `merge_and_build/<N>`: the file merged in (empty here) and the mesh
-//!   state built;
-//! - `whole/<N>`: the three in a row, what a push costs before the install
-//!   re-checks connections.
+//!   state built from nothing (the first state);
+//! - `merge_and_rebuild/<N>`: the same, taking what did not change from
+//!   the state in force (what every later push does);
+//! - `whole/<N>`: apply, translate, merge and rebuild in a row, what a
+//!   push costs before the install re-checks connections.
 //!
 //! Alone: `cargo bench -p dataplane-user --bench xds_update`.
 
@@ -191,13 +193,31 @@ fn stages(c: &mut Criterion) {
                 });
             },
         );
+        let (merged, _) = merge(&file, Some(("xds://bench", &translated)));
+        let in_force = MeshState::from_shared(Arc::new(merged)).ok();
+        group.bench_with_input(
+            BenchmarkId::new("merge_and_rebuild", n),
+            &translated,
+            |b, translated| {
+                b.iter(|| {
+                    let (merged, _) = merge(&file, Some(("xds://bench", translated)));
+                    black_box(
+                        MeshState::succeeding(Arc::new(merged), in_force.as_ref())
+                            .map(|s| s.workloads.len()),
+                    )
+                });
+            },
+        );
         group.bench_with_input(BenchmarkId::new("whole", n), &resources, |b, held| {
             b.iter(|| {
                 let mut mine = Arc::clone(held);
                 Arc::make_mut(&mut mine).apply(&update);
                 let translated = translate(&mine, "xds://bench");
                 let (merged, _) = merge(&file, Some(("xds://bench", &translated)));
-                black_box(MeshState::from_shared(Arc::new(merged)).map(|s| s.workloads.len()))
+                black_box(
+                    MeshState::succeeding(Arc::new(merged), in_force.as_ref())
+                        .map(|s| s.workloads.len()),
+                )
             });
         });
     }

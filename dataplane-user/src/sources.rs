@@ -35,8 +35,9 @@ pub struct Provenance {
     /// istiod's address, when xDS is a source.
     pub xds_origin: Option<String>,
     /// Keys (`workloads/<uid>`, `services/<ns>/<host>`, `policies/<ns>/<name>`)
-    /// of entries from istiod.
-    pub from_xds: HashSet<String>,
+    /// of the file's entries: every other entry is istiod's (kept this way
+    /// round so that a push costs nothing here for istiod's many entries).
+    pub from_file: HashSet<String>,
     /// Keys of file entries that replaced one from istiod.
     pub shadowing: HashSet<String>,
     /// istiod entries (or addresses of them) left out, and why.
@@ -69,10 +70,10 @@ impl Provenance {
             };
             for entry in entries {
                 let key = format!("{list}/{}", key_of(entry));
-                let source = if self.from_xds.contains(&key) {
-                    "xds"
-                } else {
+                let source = if self.from_file.contains(&key) {
                     "file"
+                } else {
+                    "xds"
                 };
                 if let Some(object) = entry.as_object_mut() {
                     object.insert("source".into(), source.into());
@@ -106,6 +107,21 @@ pub fn merge(file: &LocalConfig, xds: Option<(&str, &Translated)>) -> (LocalConf
     let mut provenance = Provenance {
         xds_origin: Some(xds_origin.to_owned()),
         dropped: xds.dropped.clone(),
+        from_file: file
+            .workloads
+            .iter()
+            .map(|w| format!("workloads/{}", w.uid))
+            .chain(
+                file.services
+                    .iter()
+                    .map(|s| format!("services/{}", s.key())),
+            )
+            .chain(
+                file.policies
+                    .iter()
+                    .map(|p| format!("policies/{}", p.key())),
+            )
+            .collect(),
         ..Provenance::default()
     };
     let mut merged = file.clone();
@@ -115,18 +131,19 @@ pub fn merge(file: &LocalConfig, xds: Option<(&str, &Translated)>) -> (LocalConf
         } else {
             format!("{} + {}", file.origin, xds.config.origin)
         };
-    // Addresses the file holds: istiod may not claim them.
-    let mut taken: HashSet<IpAddr> = file
+    // Addresses the file holds: istiod may not claim them (istiod's own
+    // entries were made to agree with one another by the translation).
+    let taken: HashSet<IpAddr> = file
         .workloads
         .iter()
         .flat_map(|w| w.workload_ips.iter().copied())
         .chain(file.services.iter().flat_map(|s| s.vips.iter().copied()))
         .collect();
     let uids: BTreeSet<&str> = file.workloads.iter().map(|w| w.uid.as_str()).collect();
+    merged.workloads.reserve(xds.config.workloads.len());
     for w in &xds.config.workloads {
-        let key = format!("workloads/{}", w.uid);
         if uids.contains(w.uid.as_str()) {
-            provenance.shadowing.insert(key);
+            provenance.shadowing.insert(format!("workloads/{}", w.uid));
             continue;
         }
         if let Some(ip) = w.workload_ips.iter().find(|ip| taken.contains(ip)) {
@@ -136,40 +153,34 @@ pub fn merge(file: &LocalConfig, xds: Option<(&str, &Translated)>) -> (LocalConf
             ));
             continue;
         }
-        taken.extend(w.workload_ips.iter().copied());
-        provenance.from_xds.insert(key);
         merged.workloads.push(w.clone());
     }
     let services: BTreeSet<String> = file.services.iter().map(|s| s.key()).collect();
     for s in &xds.config.services {
-        let key = format!("services/{}", s.key());
-        if services.contains(&s.key()) {
-            provenance.shadowing.insert(key);
+        let key = s.key();
+        if services.contains(&key) {
+            provenance.shadowing.insert(format!("services/{key}"));
             continue;
         }
         let mut s = s.clone();
-        let service = s.key();
         s.vips.retain(|vip| {
             let free = !taken.contains(vip);
             if !free {
                 provenance.dropped.push(format!(
-                    "service {service}: VIP {vip} belongs to an entry of the file"
+                    "service {key}: VIP {vip} belongs to an entry of the file"
                 ));
             }
             free
         });
-        taken.extend(s.vips.iter().copied());
-        provenance.from_xds.insert(key);
         merged.services.push(s);
     }
     let policies: BTreeSet<String> = file.policies.iter().map(|p| p.key()).collect();
     for p in &xds.config.policies {
-        let key = format!("policies/{}", p.key());
-        if policies.contains(&p.key()) {
-            provenance.shadowing.insert(key);
+        let key = p.key();
+        if policies.contains(&key) {
+            provenance.shadowing.insert(format!("policies/{key}"));
             continue;
         }
-        provenance.from_xds.insert(key);
         merged.policies.push(p.clone());
     }
     (merged, provenance)
@@ -230,6 +241,8 @@ impl ConfigSources {
             .xds
             .as_ref()
             .map(|(origin, t)| (origin.clone(), Arc::clone(t)));
+        // What did not change is taken from the state in force.
+        let previous = self.mesh.state();
         // Off the runtime: the build grows with the mesh, and the xDS
         // client and the connections share the runtime's threads.
         let built = tokio::task::spawn_blocking(move || {
@@ -240,7 +253,7 @@ impl ConfigSources {
             // One copy of the merged config, shared by the state and the
             // enrollment actor.
             let merged = Arc::new(merged);
-            MeshState::from_shared(Arc::clone(&merged))
+            MeshState::succeeding(Arc::clone(&merged), Some(&previous))
                 .map(|state| (merged, state, provenance))
                 .map_err(|e| Chain(&e).to_string())
         })

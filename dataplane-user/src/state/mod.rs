@@ -93,24 +93,27 @@ pub struct WorkloadIndex {
 impl WorkloadIndex {
     /// Indexes the config's workloads.
     pub fn from_config(config: &LocalConfig) -> Result<Self, StateError> {
-        let mut by_ip: HashMap<IpAddr, Arc<MeshWorkload>> = HashMap::new();
+        Self::reusing(config, None)
+    }
+
+    /// Indexes the config's workloads, taking from `previous` (the index
+    /// of the state in force) every entry whose workload did not change:
+    /// one comparison instead of a copy, an identity and a telemetry peer
+    /// per workload, so a state rebuilt for one changed workload allocates
+    /// for that one.
+    pub fn reusing(config: &LocalConfig, previous: Option<&Self>) -> Result<Self, StateError> {
+        let mut by_ip: HashMap<IpAddr, Arc<MeshWorkload>> =
+            HashMap::with_capacity(config.workloads.len());
         let mut all = Vec::with_capacity(config.workloads.len());
         for workload in &config.workloads {
-            let identity = Identity::new(
-                &workload.trust_domain,
-                &workload.namespace,
-                &workload.service_account,
-            )
-            .map_err(|source| StateError::Identity {
-                uid: workload.uid.clone(),
-                source,
-            })?;
-            let peer = Arc::new(workload_peer(workload, &identity));
-            let entry = Arc::new(MeshWorkload {
-                workload: workload.clone(),
-                identity,
-                peer,
-            });
+            let unchanged = previous
+                .zip(workload.workload_ips.first())
+                .and_then(|(previous, ip)| previous.by_ip(*ip))
+                .filter(|held| held.workload == *workload);
+            let entry = match unchanged {
+                Some(held) => Arc::clone(held),
+                None => Arc::new(Self::entry(workload)?),
+            };
             all.push(Arc::clone(&entry));
             for ip in &workload.workload_ips {
                 // Keyed as looked up: an IPv4-mapped address is its IPv4.
@@ -124,6 +127,25 @@ impl WorkloadIndex {
             }
         }
         Ok(Self { by_ip, all })
+    }
+
+    /// A workload with its identity and telemetry peer.
+    fn entry(workload: &Workload) -> Result<MeshWorkload, StateError> {
+        let identity = Identity::new(
+            &workload.trust_domain,
+            &workload.namespace,
+            &workload.service_account,
+        )
+        .map_err(|source| StateError::Identity {
+            uid: workload.uid.clone(),
+            source,
+        })?;
+        let peer = Arc::new(workload_peer(workload, &identity));
+        Ok(MeshWorkload {
+            workload: workload.clone(),
+            identity,
+            peer,
+        })
     }
 
     /// The workload owning `ip`, if any.
@@ -170,6 +192,33 @@ mod tests {
         assert!(index.by_ip("fd00::1".parse().unwrap()).is_some());
         assert!(index.by_ip("::ffff:10.0.0.1".parse().unwrap()).is_some());
         assert!(index.by_ip("10.0.0.2".parse().unwrap()).is_none());
+    }
+
+    #[test]
+    fn a_rebuild_takes_unchanged_workloads_from_the_state_in_force() {
+        let before = config(
+            "workloads:\n- {uid: a, name: a, namespace: n, workloadIps: [10.0.0.1]}\n- {uid: b, name: b, namespace: n, workloadIps: [10.0.0.2]}\n",
+        );
+        let mut after = before.clone();
+        after.workloads[1].service_account = "renamed".into();
+        let old = WorkloadIndex::from_config(&before).unwrap();
+        let new = WorkloadIndex::reusing(&after, Some(&old)).unwrap();
+        let at =
+            |index: &WorkloadIndex, ip: &str| Arc::clone(index.by_ip(ip.parse().unwrap()).unwrap());
+        assert!(Arc::ptr_eq(&at(&old, "10.0.0.1"), &at(&new, "10.0.0.1")));
+        // The changed one is built again, identity and all.
+        assert!(!Arc::ptr_eq(&at(&old, "10.0.0.2"), &at(&new, "10.0.0.2")));
+        assert_eq!(
+            at(&new, "10.0.0.2").identity.to_uri(),
+            "spiffe://cluster.local/ns/n/sa/renamed"
+        );
+        // An IP that moved to another workload is that workload's.
+        let mut moved = before.clone();
+        moved.workloads[0].workload_ips = vec!["10.0.0.3".parse().unwrap()];
+        moved.workloads[1].workload_ips = vec!["10.0.0.1".parse().unwrap()];
+        let new = WorkloadIndex::reusing(&moved, Some(&old)).unwrap();
+        assert_eq!(at(&new, "10.0.0.1").workload.uid, "b");
+        assert_eq!(at(&new, "10.0.0.3").workload.uid, "a");
     }
 
     #[test]

@@ -36,7 +36,16 @@ impl MeshState {
 
     /// Builds the snapshot of `config`, keeping it without a copy.
     pub fn from_shared(config: Arc<LocalConfig>) -> Result<Self, StateError> {
-        let workloads = WorkloadIndex::from_config(&config)?;
+        Self::succeeding(config, None)
+    }
+
+    /// As [`Self::from_shared`], taking from `previous` (the state in
+    /// force) what did not change instead of building it again.
+    pub fn succeeding(
+        config: Arc<LocalConfig>,
+        previous: Option<&MeshState>,
+    ) -> Result<Self, StateError> {
+        let workloads = WorkloadIndex::reusing(&config, previous.map(|p| &p.workloads))?;
         let services = ServiceIndex::new(&config.services, workloads.all());
         Ok(Self {
             origin: config.origin.clone(),
