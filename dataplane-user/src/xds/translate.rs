@@ -310,27 +310,55 @@ fn port(value: u32) -> Option<u16> {
 /// uid order) that claims an IP first keeps it; a VIP already taken by a
 /// workload or an earlier service is left off the later service.
 fn resolve_address_conflicts(out: &mut Translated) {
-    let mut owners: HashMap<IpAddr, String> = HashMap::new();
-    let mut claim = |ip: &IpAddr, owner: &str, dropped: &mut Vec<String>| match owners.get(ip) {
-        Some(first) => {
-            dropped.push(format!(
-                "{owner}: address {ip} is already {first}'s; left off until that one goes"
-            ));
-            false
-        }
-        None => {
-            owners.insert(*ip, owner.to_owned());
-            true
-        }
+    // Owners by index (workloads, then services): named only when a
+    // conflict is reported, so a push allocates nothing here per entry.
+    let mut owners: HashMap<IpAddr, usize> = HashMap::new();
+    let config = &mut out.config;
+    let workloads = config.workloads.len();
+    let owner = |config: &LocalConfig, i: usize| match i.checked_sub(workloads) {
+        None => format!("workload {}", config.workloads[i].uid),
+        Some(s) => format!("service {}", config.services[s].key()),
     };
-    for w in &mut out.config.workloads {
-        let owner = format!("workload {}", w.uid);
-        w.workload_ips
-            .retain(|ip| claim(ip, &owner, &mut out.dropped));
+    let mut lost: Vec<(usize, IpAddr, usize)> = Vec::new();
+    for (i, w) in config.workloads.iter().enumerate() {
+        for ip in &w.workload_ips {
+            if let Some(first) = owners.get(ip) {
+                lost.push((i, *ip, *first));
+            } else {
+                owners.insert(*ip, i);
+            }
+        }
     }
-    for s in &mut out.config.services {
-        let owner = format!("service {}", s.key());
-        s.vips.retain(|vip| claim(vip, &owner, &mut out.dropped));
+    for (s, service) in config.services.iter().enumerate() {
+        for vip in &service.vips {
+            if let Some(first) = owners.get(vip) {
+                lost.push((workloads + s, *vip, *first));
+            } else {
+                owners.insert(*vip, workloads + s);
+            }
+        }
+    }
+    for (loser, ip, first) in &lost {
+        out.dropped.push(format!(
+            "{}: address {ip} is already {}'s; left off until that one goes",
+            owner(config, *loser),
+            owner(config, *first)
+        ));
+    }
+    for (loser, ip, first) in lost {
+        // An address listed twice by one entry keeps its first listing;
+        // one another entry holds is dropped everywhere in the loser.
+        let mut listed = loser != first;
+        let mut keep = |a: &IpAddr| {
+            if *a != ip {
+                return true;
+            }
+            !std::mem::replace(&mut listed, true)
+        };
+        match loser.checked_sub(workloads) {
+            None => config.workloads[loser].workload_ips.retain(|a| keep(a)),
+            Some(s) => config.services[s].vips.retain(|a| keep(a)),
+        }
     }
 }
 

@@ -239,6 +239,25 @@ fn address_conflicts_resolve_the_same_way_every_time() {
     assert_eq!(ips, [1, 0]);
     assert!(out.config.services[0].vips.is_empty());
     assert_eq!(out.dropped.len(), 2, "{:?}", out.dropped);
+    assert!(
+        out.dropped[0].starts_with("workload b-new: address 10.0.0.5 is already workload a-old's")
+    );
+    assert!(
+        out.dropped[1]
+            .starts_with("service shop/clash: address 10.0.0.5 is already workload a-old's")
+    );
+    assert!(MeshState::from_config(&out.config).is_ok());
+
+    // One workload listing its address twice keeps it once.
+    let mut r = XdsResources::default();
+    let mut twice = workload("twice", [10, 0, 0, 6]);
+    twice.addresses.push(vec![10, 0, 0, 6]);
+    put_workload(&mut r, twice);
+    let out = translate(&r, "xds");
+    assert_eq!(
+        out.config.workloads[0].workload_ips,
+        ["10.0.0.6".parse::<IpAddr>().unwrap()]
+    );
     assert!(MeshState::from_config(&out.config).is_ok());
 }
 
