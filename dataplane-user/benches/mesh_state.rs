@@ -56,6 +56,7 @@ fn mesh(n: usize) -> LocalConfig {
                 ..Workload::default()
             }
         })
+        .map(std::sync::Arc::new)
         .collect();
     let policies = (0..(n / 100).max(1))
         .map(|p| Policy {

@@ -27,7 +27,7 @@ use crate::logging::Chain;
 use crate::mesh::MeshContext;
 use crate::readiness::{Readiness, Step};
 use crate::state::MeshState;
-use crate::xds::{Translated, XdsSnapshot, client::AppliedReporter, translate};
+use crate::xds::{Translated, XdsSnapshot, client::AppliedReporter, translate::TranslationCache};
 
 /// Which source each entry of a merged configuration came from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -292,6 +292,9 @@ pub async fn follow_xds(
     readiness: Arc<Readiness>,
     applied: AppliedReporter,
 ) {
+    // What was translated for the last push: what a push did not change is
+    // not translated again (and stays the entry the state holds).
+    let mut cache = TranslationCache::default();
     while snapshots.changed().await.is_ok() {
         // The watch keeps only the newest: a burst of pushes is translated
         // once.
@@ -303,11 +306,20 @@ pub async fn follow_xds(
             continue;
         }
         let name = origin.clone();
-        let translated =
-            tokio::task::spawn_blocking(move || translate(&snapshot.resources, &name)).await;
+        let translated = tokio::task::spawn_blocking(move || {
+            let translated = cache.translate(&snapshot.resources, &name);
+            (translated, cache)
+        })
+        .await;
         let result = match translated {
-            Ok(translated) => sources.xds_changed(origin.clone(), translated).await,
-            Err(err) => Err(format!("translating istiod's resources failed: {err}")),
+            Ok((translated, kept)) => {
+                cache = kept;
+                sources.xds_changed(origin.clone(), translated).await
+            }
+            Err(err) => {
+                cache = TranslationCache::default();
+                Err(format!("translating istiod's resources failed: {err}"))
+            }
         };
         match &result {
             Ok(()) => readiness.done(Step::Xds),

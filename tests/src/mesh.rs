@@ -86,7 +86,7 @@ pub fn to_ports(ports: &[u16]) -> Match {
 /// A config with `workloads` and no services or policies.
 pub fn config_of(workloads: Vec<Workload>) -> LocalConfig {
     LocalConfig {
-        workloads,
+        workloads: workloads.into_iter().map(std::sync::Arc::new).collect(),
         ..LocalConfig::default()
     }
 }
@@ -181,7 +181,7 @@ impl TwoNodes {
             endpoint_of(w, &echo);
         }
         LocalConfig {
-            workloads,
+            workloads: workloads.into_iter().map(std::sync::Arc::new).collect(),
             services: vec![echo],
             ..LocalConfig::default()
         }

@@ -194,6 +194,7 @@ fn one_istiod_gives_two_agents_their_mesh_over_xds_and_their_certificates() -> R
     // the control socket, each with its name as its service account.
     let mut config = mesh.mesh_config();
     for workload in &mut config.workloads {
+        let workload = std::sync::Arc::make_mut(workload);
         workload.netns = None;
     }
     world.runtime.block_on(async {

@@ -162,7 +162,7 @@ fn config_changes_apply_live_and_bad_files_are_rejected() -> anyhow::Result<()> 
     );
 
     // Identity change: the remote now runs as another service account.
-    full.workloads[2].service_account = "renamed".into();
+    std::sync::Arc::make_mut(&mut full.workloads[2]).service_account = "renamed".into();
     w.write(&full)?;
     wait_until("the new identity on node1", || {
         let applied = value(

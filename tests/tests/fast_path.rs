@@ -217,6 +217,7 @@ fn the_switches_keep_pairs_on_the_proxy() -> anyhow::Result<()> {
         let _server = echo_server(&w.local, 9000)?;
         let mut config = w.mesh_config();
         for workload in &mut config.workloads {
+            let workload = std::sync::Arc::make_mut(workload);
             if workload.name == "local" || setting == Some(true) {
                 workload.fast_path = setting;
             }
@@ -277,6 +278,7 @@ fn a_pods_own_setting_decides_over_its_workload_and_the_agent() -> anyhow::Resul
         let _server = echo_server(&w.local, 9000)?;
         let mut config = w.mesh_config();
         for workload in &mut config.workloads {
+            let workload = std::sync::Arc::make_mut(workload);
             if workload.name == "client" || workload.name == "local" {
                 workload.netns = None;
             }
@@ -336,13 +338,14 @@ fn a_service_whose_endpoints_are_all_on_the_node_goes_socket_to_socket() -> anyh
     pair.vips.push(PAIR_VIP6);
     let mut config = w.echo_config();
     for workload in config.workloads.iter_mut().filter(|w| w.name == "local") {
+        let workload = std::sync::Arc::make_mut(workload);
         endpoint_of(workload, &pair);
     }
     let mut second = hbone_workload(&local2, "local2", "node1");
     second
         .services
         .insert(pair.key(), [(80, 9001)].into_iter().collect());
-    config.workloads.push(second);
+    config.workloads.push(second.into());
     config.services.push(pair);
     let a1 = agent(&w, "fpv", &config, &[])?;
     let _first = echo_server(&w.local, 9000)?;

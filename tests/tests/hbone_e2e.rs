@@ -224,7 +224,7 @@ fn server_with_the_wrong_identity_is_rejected() -> anyhow::Result<()> {
     let truth = mesh.config()?;
     // Node1 believes `remote` runs as another service account.
     let mut lie = mesh.mesh_config();
-    lie.workloads[2].service_account = "somebody-else".into();
+    std::sync::Arc::make_mut(&mut lie.workloads[2]).service_account = "somebody-else".into();
     let lie = write_config(mesh.dir.path(), "lie.yaml", &lie)?;
     let a1 = mesh.agent("hb", 1, &lie, &[])?;
     let _a2 = mesh.agent("hb", 2, &truth, &[])?;

@@ -22,6 +22,7 @@ fn service_attribution_and_workload_facts_reach_istios_labels() -> anyhow::Resul
     let w = TwoNodes::new("tlabel")?;
     let mut config = w.echo_config();
     for workload in &mut config.workloads {
+        let workload = std::sync::Arc::make_mut(workload);
         if workload.name == "remote" {
             workload.workload_name = "remote-deploy".into();
             workload.canonical_name = "remote-app".into();

@@ -30,6 +30,7 @@ fn mesh(w: &TwoNodes, guarded: bool) -> LocalConfig {
     waypoint.netns = None;
     if guarded {
         for workload in &mut config.workloads {
+            let workload = std::sync::Arc::make_mut(workload);
             if workload.name == "remote" {
                 workload.waypoint = Some(Waypoint {
                     address: Some(w.plain.ip4.into()),
@@ -39,7 +40,7 @@ fn mesh(w: &TwoNodes, guarded: bool) -> LocalConfig {
             }
         }
     }
-    config.workloads.push(waypoint);
+    config.workloads.push(waypoint.into());
     config
 }
 
@@ -119,6 +120,7 @@ fn a_workload_behind_a_waypoint_is_reached_through_it_and_around_it_only_as_poli
         },
     )];
     for workload in &mut locked.workloads {
+        let workload = std::sync::Arc::make_mut(workload);
         if workload.name == "remote" {
             workload.authorization_policies = vec![format!("{NAMESPACE}/waypoint-only")];
         }

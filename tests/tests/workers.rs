@@ -20,6 +20,7 @@ fn pods_spread_over_pinned_workers_and_traffic_crosses_both_ways_of_threading() 
     // Same-node pairs stay on the proxy (two workers of one agent talk
     // HBONE to each other), not the kernel fast path.
     for workload in &mut config.workloads {
+        let workload = std::sync::Arc::make_mut(workload);
         workload.fast_path = Some(false);
     }
     let config = mesh.write(&config)?;

@@ -49,6 +49,7 @@ impl World {
         // istiod knows nothing of network namespaces: pods are enrolled
         // over the control socket.
         for workload in &mut mesh.workloads {
+            let workload = std::sync::Arc::make_mut(workload);
             workload.netns = None;
         }
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -249,7 +250,7 @@ fn two_agents_serve_the_mesh_istiod_describes_and_follow_it_live() -> Result<()>
         .iter()
         .position(|w| w.name == "remote")
         .context("remote in the mesh")?;
-    let mut sick = world.mesh.workloads[remote_index].clone();
+    let mut sick = (*world.mesh.workloads[remote_index]).clone();
     sick.status = dataplane_user::config::WorkloadStatus::Unhealthy;
     world.publish(ADDRESS_TYPE, vec![workload_resource(&sick, "v3")], &[])?;
     wait_until("the unhealthy endpoint to leave the service", || {

@@ -171,6 +171,7 @@ fn istiod_serving(w: &TwoNodes) -> Result<(tokio::runtime::Runtime, TestPki, Tes
     let istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
     let mut mesh = w.mesh_config();
     for workload in &mut mesh.workloads {
+        let workload = std::sync::Arc::make_mut(workload);
         workload.netns = None;
     }
     rt.block_on(async {

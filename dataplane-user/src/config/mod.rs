@@ -20,6 +20,7 @@ pub use schema::{
 pub use workload::{Locality, Protocol, Waypoint, Workload, WorkloadStatus};
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -91,8 +92,9 @@ pub enum ConfigError {
 pub struct LocalConfig {
     /// Where it came from (a path, or `<embedded default>`).
     pub origin: String,
-    /// Workloads.
-    pub workloads: Vec<Workload>,
+    /// Workloads, each shared by every config and mesh state that holds
+    /// it (a push from istiod copies none of those it does not change).
+    pub workloads: Vec<Arc<Workload>>,
     /// Services.
     pub services: Vec<Service>,
     /// Authorization policies.
@@ -160,7 +162,7 @@ impl LocalConfig {
     pub fn to_yaml(&self) -> Result<String, serde_yaml_ng::Error> {
         #[derive(Serialize)]
         struct File<'a> {
-            workloads: &'a [Workload],
+            workloads: &'a [Arc<Workload>],
             services: &'a [Service],
             policies: &'a [Policy],
         }
@@ -181,7 +183,7 @@ impl LocalConfig {
             })?;
         let config = Self {
             origin: origin.to_owned(),
-            workloads: raw.workloads,
+            workloads: raw.workloads.into_iter().map(Arc::new).collect(),
             services: raw.services,
             policies: raw.policies,
         };

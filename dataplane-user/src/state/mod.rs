@@ -46,8 +46,8 @@ pub enum StateError {
 /// A workload with its identity resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MeshWorkload {
-    /// The workload as configured.
-    pub workload: Workload,
+    /// The workload as configured (shared with the config it came from).
+    pub workload: Arc<Workload>,
     /// Its SPIFFE identity.
     pub identity: Identity,
     /// It as a connection end in metrics and access records (built once,
@@ -109,7 +109,7 @@ impl WorkloadIndex {
             let unchanged = previous
                 .zip(workload.workload_ips.first())
                 .and_then(|(previous, ip)| previous.by_ip(*ip))
-                .filter(|held| held.workload == *workload);
+                .filter(|held| Arc::ptr_eq(&held.workload, workload) || held.workload == *workload);
             let entry = match unchanged {
                 Some(held) => Arc::clone(held),
                 None => Arc::new(Self::entry(workload)?),
@@ -130,7 +130,7 @@ impl WorkloadIndex {
     }
 
     /// A workload with its identity and telemetry peer.
-    fn entry(workload: &Workload) -> Result<MeshWorkload, StateError> {
+    fn entry(workload: &Arc<Workload>) -> Result<MeshWorkload, StateError> {
         let identity = Identity::new(
             &workload.trust_domain,
             &workload.namespace,
@@ -142,7 +142,7 @@ impl WorkloadIndex {
         })?;
         let peer = Arc::new(workload_peer(workload, &identity));
         Ok(MeshWorkload {
-            workload: workload.clone(),
+            workload: Arc::clone(workload),
             identity,
             peer,
         })
@@ -200,7 +200,7 @@ mod tests {
             "workloads:\n- {uid: a, name: a, namespace: n, workloadIps: [10.0.0.1]}\n- {uid: b, name: b, namespace: n, workloadIps: [10.0.0.2]}\n",
         );
         let mut after = before.clone();
-        after.workloads[1].service_account = "renamed".into();
+        Arc::make_mut(&mut after.workloads[1]).service_account = "renamed".into();
         let old = WorkloadIndex::from_config(&before).unwrap();
         let new = WorkloadIndex::reusing(&after, Some(&old)).unwrap();
         let at =
@@ -214,8 +214,8 @@ mod tests {
         );
         // An IP that moved to another workload is that workload's.
         let mut moved = before.clone();
-        moved.workloads[0].workload_ips = vec!["10.0.0.3".parse().unwrap()];
-        moved.workloads[1].workload_ips = vec!["10.0.0.1".parse().unwrap()];
+        Arc::make_mut(&mut moved.workloads[0]).workload_ips = vec!["10.0.0.3".parse().unwrap()];
+        Arc::make_mut(&mut moved.workloads[1]).workload_ips = vec!["10.0.0.1".parse().unwrap()];
         let new = WorkloadIndex::reusing(&moved, Some(&old)).unwrap();
         assert_eq!(at(&new, "10.0.0.1").workload.uid, "b");
         assert_eq!(at(&new, "10.0.0.3").workload.uid, "a");

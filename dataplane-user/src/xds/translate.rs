@@ -12,10 +12,11 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::resources::{XdsResources, ip_from_bytes};
+use super::resources::{Versioned, XdsResources, ip_from_bytes};
 use crate::config::{
     self, Action, HealthPolicy, LocalConfig, Locality, Match, Policy, Protocol, Routing,
     RoutingMode, RoutingScope, Scope, Waypoint, WorkloadStatus,
@@ -24,7 +25,7 @@ use crate::identity::Identity;
 use crate::istio_api::{
     security::{self, StringMatch, string_match::MatchType},
     workload::{
-        self, GatewayAddress, TunnelProtocol, address, gateway_address,
+        self, Address, GatewayAddress, TunnelProtocol, address, gateway_address,
         load_balancing::{HealthPolicy as XdsHealthPolicy, Mode, Scope as XdsScope},
     },
 };
@@ -41,32 +42,82 @@ pub struct Translated {
 /// Translates everything held from istiod; `origin` names the source
 /// (e.g. `xds://istiod.istio-system.svc:15012`).
 pub fn translate(resources: &XdsResources, origin: &str) -> Translated {
-    let mut out = Translated {
-        config: LocalConfig {
-            origin: origin.to_owned(),
-            ..LocalConfig::default()
-        },
-        dropped: Vec::new(),
-    };
-    // BTreeMap order (by resource name) makes conflict resolution stable.
-    for held in resources.addresses.values() {
-        match &held.resource.r#type {
-            Some(address::Type::Workload(w)) => {
-                if let Some(workload) = workload_of(w, &mut out.dropped) {
-                    out.config.workloads.push(workload);
+    TranslationCache::default().translate(resources, origin)
+}
+
+/// One address resource in the mesh model, with what translating it left
+/// out.
+#[derive(Debug, Clone)]
+enum Translation {
+    Workload(Option<Arc<config::Workload>>),
+    Service(Box<config::Service>),
+    Neither,
+}
+
+/// The translations of the address resources held, kept from one push to
+/// the next: a resource istiod did not change (the very entry held before,
+/// see [`super::resources`]) is not translated again, and its workload is
+/// the same shared entry as in the state in force.
+#[derive(Debug, Default)]
+pub struct TranslationCache {
+    by_name: HashMap<String, Cached>,
+}
+
+#[derive(Debug)]
+struct Cached {
+    source: Arc<Versioned<Address>>,
+    translation: Translation,
+    dropped: Vec<String>,
+}
+
+impl TranslationCache {
+    /// As [`translate`], translating only what changed since the last call.
+    pub fn translate(&mut self, resources: &XdsResources, origin: &str) -> Translated {
+        let mut out = Translated {
+            config: LocalConfig {
+                origin: origin.to_owned(),
+                ..LocalConfig::default()
+            },
+            dropped: Vec::new(),
+        };
+        let mut next = HashMap::with_capacity(resources.addresses.len());
+        // Name order (the held map's) makes conflict resolution stable.
+        for (name, held) in resources.addresses.iter() {
+            let cached = match self.by_name.remove(name) {
+                Some(cached) if Arc::ptr_eq(&cached.source, held) => cached,
+                _ => {
+                    let mut dropped = Vec::new();
+                    let translation = match &held.resource.r#type {
+                        Some(address::Type::Workload(w)) => {
+                            Translation::Workload(workload_of(w, &mut dropped).map(Arc::new))
+                        }
+                        Some(address::Type::Service(s)) => {
+                            Translation::Service(Box::new(service_of(s, &mut dropped)))
+                        }
+                        None => Translation::Neither,
+                    };
+                    Cached {
+                        source: Arc::clone(held),
+                        translation,
+                        dropped,
+                    }
                 }
+            };
+            out.dropped.extend(cached.dropped.iter().cloned());
+            match &cached.translation {
+                Translation::Workload(Some(w)) => out.config.workloads.push(Arc::clone(w)),
+                Translation::Service(s) => out.config.services.push(s.as_ref().clone()),
+                Translation::Workload(None) | Translation::Neither => {}
             }
-            Some(address::Type::Service(s)) => {
-                out.config.services.push(service_of(s, &mut out.dropped))
-            }
-            None => {}
+            next.insert(name.clone(), cached);
         }
+        self.by_name = next;
+        for held in resources.authorizations.values() {
+            out.config.policies.push(policy_of(&held.resource));
+        }
+        resolve_address_conflicts(&mut out);
+        out
     }
-    for held in resources.authorizations.values() {
-        out.config.policies.push(policy_of(&held.resource));
-    }
-    resolve_address_conflicts(&mut out);
-    out
 }
 
 fn workload_of(w: &workload::Workload, dropped: &mut Vec<String>) -> Option<config::Workload> {
@@ -356,7 +407,9 @@ fn resolve_address_conflicts(out: &mut Translated) {
             !std::mem::replace(&mut listed, true)
         };
         match loser.checked_sub(workloads) {
-            None => config.workloads[loser].workload_ips.retain(|a| keep(a)),
+            None => Arc::make_mut(&mut config.workloads[loser])
+                .workload_ips
+                .retain(|a| keep(a)),
             Some(s) => config.services[s].vips.retain(|a| keep(a)),
         }
     }

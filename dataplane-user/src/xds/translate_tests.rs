@@ -7,7 +7,7 @@ use super::*;
 use crate::istio_api::{
     security::{Authorization, Clause, Rule, ServiceAccountMatch},
     workload::{
-        Address, LoadBalancing, NamespacedHostname, NetworkAddress, Port, PortList,
+        LoadBalancing, NamespacedHostname, NetworkAddress, Port, PortList,
         WorkloadStatus as XdsStatus,
     },
 };
@@ -259,6 +259,42 @@ fn address_conflicts_resolve_the_same_way_every_time() {
         ["10.0.0.6".parse::<IpAddr>().unwrap()]
     );
     assert!(MeshState::from_config(&out.config).is_ok());
+}
+
+#[test]
+fn a_resource_istiod_did_not_change_is_not_translated_again() {
+    let mut r = XdsResources::default();
+    put_workload(&mut r, workload("a", [10, 0, 0, 1]));
+    put_workload(&mut r, workload("b", [10, 0, 0, 2]));
+    put_workload(&mut r, workload("c", [10, 0, 0, 3]));
+    let mut cache = TranslationCache::default();
+    let first = cache.translate(&r, "xds");
+    // b changes, c goes, d comes.
+    let mut b = workload("b", [10, 0, 0, 2]);
+    b.service_account = "renamed".into();
+    put_workload(&mut r, b);
+    r.addresses.remove("c");
+    put_workload(&mut r, workload("d", [10, 0, 0, 1]));
+    let second = cache.translate(&r, "xds");
+    let uid = |t: &Translated, i: usize| t.config.workloads[i].uid.clone();
+    assert_eq!(
+        (0..3).map(|i| uid(&second, i)).collect::<Vec<_>>(),
+        ["a", "b", "d"]
+    );
+    // a is the very entry translated before; b is new.
+    assert!(Arc::ptr_eq(
+        &first.config.workloads[0],
+        &second.config.workloads[0]
+    ));
+    assert_eq!(second.config.workloads[1].service_account, "renamed");
+    // d claims a's address: resolved as from scratch, the cached a intact.
+    assert!(second.config.workloads[2].workload_ips.is_empty());
+    assert_eq!(second.dropped.len(), 1, "{:?}", second.dropped);
+    let fresh = translate(&r, "xds");
+    assert_eq!(fresh.config, second.config);
+    assert_eq!(fresh.dropped, second.dropped);
+    // Removed resources leave the cache.
+    assert_eq!(cache.by_name.len(), 3);
 }
 
 /// What `r` holds as the two responses that would have brought it: seeds

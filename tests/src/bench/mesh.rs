@@ -261,7 +261,7 @@ impl ModeMesh {
             .iter_mut()
             .filter(|w| w.name == "server-fast")
         {
-            endpoint_of(workload, &fast);
+            endpoint_of(std::sync::Arc::make_mut(workload), &fast);
         }
         config.services.push(fast);
         self.config = Some(write_config(self.dir.path(), "mesh.yaml", &config)?);

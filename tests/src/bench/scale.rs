@@ -109,7 +109,9 @@ pub fn synthetic_mesh(n: usize) -> LocalConfig {
             }
         })
         .collect();
-    let workloads = (0..n).map(|i| workload(i, &services, 0)).collect();
+    let workloads = (0..n)
+        .map(|i| std::sync::Arc::new(workload(i, &services, 0)))
+        .collect();
     let policies = (0..(n / 100).max(1))
         .map(|p| Policy {
             name: format!("p{p}"),

@@ -107,7 +107,7 @@ fn run(keep: bool) -> anyhow::Result<bool> {
     endpoint_of(&mut workloads[1], &echo);
     endpoint_of(&mut workloads[3], &echo);
     let config = LocalConfig {
-        workloads,
+        workloads: workloads.into_iter().map(std::sync::Arc::new).collect(),
         services: vec![echo],
         policies: vec![policy(
             "no-admin-port",
