@@ -6,13 +6,16 @@
 //! - `apply/<N>`: the client applies the one-resource delta to what it
 //!   holds while the published snapshot still shares it (as it does
 //!   between two pushes);
-//! - `translate/<N>`: istiod's resources into the mesh model;
+//! - `translate/<N>`: istiod's resources into the mesh model, from
+//!   nothing (the first push);
+//! - `translate_cached/<N>`: the same, translating only what changed since
+//!   the last push (what every later push does);
 //! - `merge_and_build/<N>`: the file merged in (empty here) and the mesh
 //!   state built from nothing (the first state);
 //! - `merge_and_rebuild/<N>`: the same, taking what did not change from
 //!   the state in force (what every later push does);
-//! - `whole/<N>`: apply, translate, merge and rebuild in a row, what a
-//!   push costs before the install re-checks connections.
+//! - `whole/<N>`: apply, cached translation, merge and rebuild in a row,
+//!   what a push costs before the install re-checks connections.
 //!
 //! Alone: `cargo bench -p dataplane-user --bench xds_update`.
 
@@ -29,7 +32,7 @@ use dataplane_user::{
     },
     sources::merge,
     state::MeshState,
-    xds::{XdsResources, translate},
+    xds::{XdsResources, translate, translate::TranslationCache},
 };
 use prost::Message;
 
@@ -184,6 +187,21 @@ fn stages(c: &mut Criterion) {
             b.iter(|| black_box(translate(held, "xds://bench").config.workloads.len()));
         });
         group.bench_with_input(
+            BenchmarkId::new("translate_cached", n),
+            &resources,
+            |b, held| {
+                let mut cache = TranslationCache::default();
+                cache.translate(held, "xds://bench");
+                b.iter(|| {
+                    // A new entry for the updated workload each time, as
+                    // each push brings.
+                    let mut mine = Arc::clone(held);
+                    Arc::make_mut(&mut mine).apply(&update);
+                    black_box(cache.translate(&mine, "xds://bench").config.workloads.len())
+                });
+            },
+        );
+        group.bench_with_input(
             BenchmarkId::new("merge_and_build", n),
             &translated,
             |b, translated| {
@@ -209,10 +227,16 @@ fn stages(c: &mut Criterion) {
             },
         );
         group.bench_with_input(BenchmarkId::new("whole", n), &resources, |b, held| {
+            // The state in force shares the cache's entries, as in the
+            // agent.
+            let mut cache = TranslationCache::default();
+            let first = cache.translate(held, "xds://bench");
+            let (merged, _) = merge(&file, Some(("xds://bench", &first)));
+            let in_force = MeshState::from_shared(Arc::new(merged)).ok();
             b.iter(|| {
                 let mut mine = Arc::clone(held);
                 Arc::make_mut(&mut mine).apply(&update);
-                let translated = translate(&mine, "xds://bench");
+                let translated = cache.translate(&mine, "xds://bench");
                 let (merged, _) = merge(&file, Some(("xds://bench", &translated)));
                 black_box(
                     MeshState::succeeding(Arc::new(merged), in_force.as_ref())

@@ -80,28 +80,33 @@ impl TranslationCache {
             },
             dropped: Vec::new(),
         };
-        let mut next = HashMap::with_capacity(resources.addresses.len());
         // Name order (the held map's) makes conflict resolution stable.
         for (name, held) in resources.addresses.iter() {
-            let cached = match self.by_name.remove(name) {
-                Some(cached) if Arc::ptr_eq(&cached.source, held) => cached,
-                _ => {
-                    let mut dropped = Vec::new();
-                    let translation = match &held.resource.r#type {
-                        Some(address::Type::Workload(w)) => {
-                            Translation::Workload(workload_of(w, &mut dropped).map(Arc::new))
-                        }
-                        Some(address::Type::Service(s)) => {
-                            Translation::Service(Box::new(service_of(s, &mut dropped)))
-                        }
-                        None => Translation::Neither,
-                    };
-                    Cached {
-                        source: Arc::clone(held),
-                        translation,
-                        dropped,
+            let fresh = |held: &Arc<Versioned<Address>>| {
+                let mut dropped = Vec::new();
+                let translation = match &held.resource.r#type {
+                    Some(address::Type::Workload(w)) => {
+                        Translation::Workload(workload_of(w, &mut dropped).map(Arc::new))
                     }
+                    Some(address::Type::Service(s)) => {
+                        Translation::Service(Box::new(service_of(s, &mut dropped)))
+                    }
+                    None => Translation::Neither,
+                };
+                Cached {
+                    source: Arc::clone(held),
+                    translation,
+                    dropped,
                 }
+            };
+            let cached = match self.by_name.get_mut(name) {
+                Some(cached) => {
+                    if !Arc::ptr_eq(&cached.source, held) {
+                        *cached = fresh(held);
+                    }
+                    cached
+                }
+                None => self.by_name.entry(name.clone()).or_insert(fresh(held)),
             };
             out.dropped.extend(cached.dropped.iter().cloned());
             match &cached.translation {
@@ -109,9 +114,12 @@ impl TranslationCache {
                 Translation::Service(s) => out.config.services.push(s.as_ref().clone()),
                 Translation::Workload(None) | Translation::Neither => {}
             }
-            next.insert(name.clone(), cached);
         }
-        self.by_name = next;
+        // Resources istiod removed (more cached than held).
+        if self.by_name.len() > resources.addresses.len() {
+            self.by_name
+                .retain(|name, _| resources.addresses.contains_key(name.as_str()));
+        }
         for held in resources.authorizations.values() {
             out.config.policies.push(policy_of(&held.resource));
         }
