@@ -158,8 +158,9 @@ impl ServiceEntry {
 /// Services by VIP and by hostname.
 #[derive(Debug, Default)]
 pub struct ServiceIndex {
-    by_vip: HashMap<IpAddr, Arc<ServiceEntry>>,
-    by_hostname: HashMap<String, Arc<ServiceEntry>>,
+    // foldhash, as the workload index (see there).
+    by_vip: foldhash::HashMap<IpAddr, Arc<ServiceEntry>>,
+    by_hostname: foldhash::HashMap<String, Arc<ServiceEntry>>,
 }
 
 impl ServiceIndex {
@@ -173,7 +174,8 @@ impl ServiceIndex {
     /// every service took two thirds of a state's 159 ms build; see
     /// `benches/mesh_state.rs`).
     pub fn new(services: &[Service], workloads: &[Arc<MeshWorkload>]) -> Self {
-        let mut members: HashMap<&str, Vec<&Arc<MeshWorkload>>> = HashMap::new();
+        let mut members: foldhash::HashMap<&str, Vec<&Arc<MeshWorkload>>> =
+            foldhash::HashMap::default();
         for w in workloads {
             for key in w.workload.services.keys() {
                 members.entry(key.as_str()).or_default().push(w);

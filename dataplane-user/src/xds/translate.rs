@@ -60,7 +60,8 @@ enum Translation {
 /// the same shared entry as in the state in force.
 #[derive(Debug, Default)]
 pub struct TranslationCache {
-    by_name: HashMap<String, Cached>,
+    /// foldhash: names come from istiod, and every push hashes them all.
+    by_name: HashMap<String, Cached, foldhash::fast::RandomState>,
 }
 
 #[derive(Debug)]
