@@ -11,7 +11,11 @@
 //!
 //! A change of either source rebuilds the merged state and installs it
 //! whole (policies re-checked on open connections, configured pods
-//! enrolled), one change at a time.
+//! enrolled), one change at a time, off the runtime's threads. What did
+//! not change is not built again: istiod's untouched resources keep their
+//! translation ([`crate::xds::translate::TranslationCache`]), workloads are
+//! shared entries, and the new state takes unchanged ones from the state
+//! in force.
 
 use std::collections::{BTreeSet, HashSet};
 use std::net::IpAddr;
