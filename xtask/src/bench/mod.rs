@@ -114,8 +114,8 @@ pub fn bench(args: &BenchArgs) -> Result<ExitCode> {
         micro::read(&cmd::target_dir(), micro_since)
     };
     let complete = render(&samples_file, &out_dir, &micro, &micro_note)?;
-    append_churn(&out_dir)?;
-    append_scale(&out_dir)?;
+    append_side(&CHURN, &out_dir)?;
+    append_side(&SCALE, &out_dir)?;
     println!(
         "bench: report in {} ({:.0} s in all)",
         out_dir.join("report.md").display(),
@@ -169,89 +169,92 @@ fn run_harness(args: &BenchArgs, release: bool, samples: &Path) -> Result<bool> 
     Ok(status.success())
 }
 
-/// Runs `dp-churn` (enrollment churn beside request/response traffic);
-/// its table goes to `churn.md` and its samples to `churn.json`. Returns
-/// whether it succeeded.
-fn run_churn(quick: bool, release: bool, out_dir: &Path) -> Result<bool> {
-    let bin_dir = cmd::target_dir().join(build::profile(release).1);
-    let json = out_dir.join("churn.json");
-    let table = out_dir.join("churn.md");
-    let _ = std::fs::remove_file(&json);
-    let _ = std::fs::remove_file(&table);
-    let mut command = Command::new(bin_dir.join("dp-churn"));
-    command
-        .arg("--agent")
-        .arg(bin_dir.join("dataplane"))
-        .arg("--load")
-        .arg(bin_dir.join("dp-load"))
-        .arg("--out")
-        .arg(&json);
-    if quick {
-        command.arg("--quick");
-    }
-    println!("+ {}", cmd::display(&command));
-    let output = command
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("cannot start dp-churn")?;
-    if !output.status.success() {
-        eprintln!(
-            "bench: enrollment churn failed ({})",
-            cmd::describe(output.status)
-        );
-        return Ok(false);
-    }
-    write(&table, &String::from_utf8_lossy(&output.stdout))?;
-    Ok(true)
+/// A benchmark beside the main harness: its own binary (tests crate),
+/// started with the agent binary, `--out <name>.json` and its own
+/// arguments, printing the report's table on stdout (kept in `<name>.md`).
+struct SideBench {
+    /// The binary, e.g. `dp-churn`.
+    binary: &'static str,
+    /// The files' stem, e.g. `churn`.
+    name: &'static str,
+    /// The report section's title.
+    title: &'static str,
+    /// What the section's table measures.
+    intro: &'static str,
 }
 
-/// Adds the churn table (when this run made one) to the report.
-fn append_churn(out_dir: &Path) -> Result<()> {
-    let Ok(table) = std::fs::read_to_string(out_dir.join("churn.md")) else {
-        return Ok(());
-    };
-    let section = format!(
-        "\n## Enrollment churn\n\nPersistent 1 KiB request/response between two enrolled pods of one node, \
-         alone (`quiet`) and while other pods are enrolled and removed in a loop over the control socket \
-         (`churn`); medians over rounds.\n\n{table}"
-    );
-    let report = out_dir.join("report.md");
-    let mut text = std::fs::read_to_string(&report).unwrap_or_default();
-    text.push_str(&section);
-    write(&report, &text)?;
-    println!("{section}");
-    Ok(())
+const CHURN: SideBench = SideBench {
+    binary: "dp-churn",
+    name: "churn",
+    title: "Enrollment churn",
+    intro: "Persistent 1 KiB request/response between two enrolled pods of one node, alone (`quiet`) and \
+            while other pods are enrolled and removed in a loop over the control socket (`churn`); medians \
+            over rounds.",
+};
+
+const SCALE: SideBench = SideBench {
+    binary: "dp-scale",
+    name: "scale",
+    title: "Mesh scale",
+    intro: "One agent fed by the test istiod a mesh of N workloads (one IP each, a service per ten, a \
+            namespace policy per hundred), then 20 single-workload updates per second; the agent ACKs a push \
+            once its state holds it. CPU from the agent's cgroup; RSS per workload includes the agent's base.",
+};
+
+/// Runs `dp-churn` (enrollment churn beside request/response traffic).
+fn run_churn(quick: bool, release: bool, out_dir: &Path) -> Result<bool> {
+    let load = cmd::target_dir()
+        .join(build::profile(release).1)
+        .join("dp-load");
+    let mut extra = vec!["--load".into(), load.into_os_string()];
+    if quick {
+        extra.push("--quick".into());
+    }
+    run_side(&CHURN, &extra, release, out_dir)
 }
 
 /// Runs `dp-scale` (the mesh state at N workloads fed by the test istiod).
-/// Returns whether it succeeded.
 fn run_scale(args: &BenchArgs, release: bool, out_dir: &Path) -> Result<bool> {
+    let mut extra: Vec<std::ffi::OsString> = Vec::new();
+    if args.quick {
+        extra.push("--quick".into());
+    }
+    if !args.scale.is_empty() {
+        let sizes: Vec<String> = args.scale.iter().map(usize::to_string).collect();
+        extra.extend(["--sizes".into(), sizes.join(",").into()]);
+    }
+    run_side(&SCALE, &extra, release, out_dir)
+}
+
+/// Runs `bench` with `extra`; its table goes to `<name>.md` and its
+/// samples to `<name>.json`. Returns whether it succeeded.
+fn run_side(
+    bench: &SideBench,
+    extra: &[std::ffi::OsString],
+    release: bool,
+    out_dir: &Path,
+) -> Result<bool> {
     let bin_dir = cmd::target_dir().join(build::profile(release).1);
-    let json = out_dir.join("scale.json");
-    let table = out_dir.join("scale.md");
+    let json = out_dir.join(format!("{}.json", bench.name));
+    let table = out_dir.join(format!("{}.md", bench.name));
     let _ = std::fs::remove_file(&json);
     let _ = std::fs::remove_file(&table);
-    let mut command = Command::new(bin_dir.join("dp-scale"));
+    let mut command = Command::new(bin_dir.join(bench.binary));
     command
         .arg("--agent")
         .arg(bin_dir.join("dataplane"))
         .arg("--out")
-        .arg(&json);
-    if args.quick {
-        command.arg("--quick");
-    }
-    if !args.scale.is_empty() {
-        let sizes: Vec<String> = args.scale.iter().map(usize::to_string).collect();
-        command.args(["--sizes", &sizes.join(",")]);
-    }
+        .arg(&json)
+        .args(extra);
     println!("+ {}", cmd::display(&command));
     let output = command
         .stderr(std::process::Stdio::inherit())
         .output()
-        .context("cannot start dp-scale")?;
+        .with_context(|| format!("cannot start {}", bench.binary))?;
     if !output.status.success() {
         eprintln!(
-            "bench: mesh scale failed ({})",
+            "bench: {} failed ({})",
+            bench.title.to_lowercase(),
             cmd::describe(output.status)
         );
         return Ok(false);
@@ -260,16 +263,12 @@ fn run_scale(args: &BenchArgs, release: bool, out_dir: &Path) -> Result<bool> {
     Ok(true)
 }
 
-/// Adds the scale table (when this run made one) to the report.
-fn append_scale(out_dir: &Path) -> Result<()> {
-    let Ok(table) = std::fs::read_to_string(out_dir.join("scale.md")) else {
+/// Adds `bench`'s table (when this run made one) to the report.
+fn append_side(bench: &SideBench, out_dir: &Path) -> Result<()> {
+    let Ok(table) = std::fs::read_to_string(out_dir.join(format!("{}.md", bench.name))) else {
         return Ok(());
     };
-    let section = format!(
-        "\n## Mesh scale\n\nOne agent fed by the test istiod a mesh of N workloads (one IP each, a service per ten, \
-         a namespace policy per hundred), then 20 single-workload updates per second; the agent ACKs a push once its \
-         state holds it. CPU from the agent's cgroup; RSS per workload includes the agent's base.\n\n{table}"
-    );
+    let section = format!("\n## {}\n\n{}\n\n{table}", bench.title, bench.intro);
     let report = out_dir.join("report.md");
     let mut text = std::fs::read_to_string(&report).unwrap_or_default();
     text.push_str(&section);
