@@ -8,14 +8,13 @@
 //!   between two pushes);
 //! - `translate/<N>`: istiod's resources into the mesh model, from
 //!   nothing (the first push);
-//! - `translate_cached/<N>`: the same, translating only what changed since
-//!   the last push (what every later push does);
-//! - `merge_and_build/<N>`: the file merged in (empty here) and the mesh
-//!   state built from nothing (the first state);
-//! - `merge_and_rebuild/<N>`: the same, taking what did not change from
-//!   the state in force (what every later push does);
-//! - `whole/<N>`: apply, cached translation, merge and rebuild in a row,
-//!   what a push costs before the install re-checks connections.
+//! - `update/<N>`: the model brought up to a push that changed one
+//!   workload (what every later push does);
+//! - `build/<N>`: the file merged in (empty here) and the mesh state built
+//!   whole (the first state);
+//! - `whole/<N>`: apply, model update, merge and the next state made from
+//!   the one in force, in a row: what a push costs before the install
+//!   re-checks connections (the previous state dropped included).
 //!
 //! Alone: `cargo bench -p dataplane-user --bench xds_update`.
 
@@ -30,9 +29,8 @@ use dataplane_user::{
         security::{self, Authorization, Clause, Rule, StringMatch, string_match},
         workload::{self, Address, NetworkAddress, Port, PortList, TunnelProtocol, address},
     },
-    sources::merge,
-    state::MeshState,
-    xds::{XdsResources, translate, translate::TranslationCache},
+    sources::{FileIndex, merge_changes, merged_state},
+    xds::{XdsModel, XdsResources, translate},
 };
 use prost::Message;
 
@@ -170,78 +168,71 @@ fn stages(c: &mut Criterion) {
         let resources = Arc::new(held(n));
         let services = (n / 10).max(1);
         let namespaces = (n / 100).max(1);
-        // One workload relabelled: a new revision of workload n/2.
-        let update = response(
-            ADDRESS_TYPE,
-            vec![workload(n / 2, services, namespaces, "v2")],
-        );
-        let translated = translate(&resources, "xds://bench");
+        // One workload relabelled, back and forth between two revisions of
+        // workload n/2, so each push changes it.
+        let updates = [
+            response(
+                ADDRESS_TYPE,
+                vec![workload(n / 2, services, namespaces, "v2")],
+            ),
+            response(
+                ADDRESS_TYPE,
+                vec![workload(n / 2, services, namespaces, "v3")],
+            ),
+        ];
+        let update = &updates[0];
         group.bench_with_input(BenchmarkId::new("apply", n), &resources, |b, held| {
             b.iter(|| {
                 // The snapshot shares `held`: make_mut copies it first.
                 let mut mine = Arc::clone(held);
-                black_box(Arc::make_mut(&mut mine).apply(&update))
+                black_box(Arc::make_mut(&mut mine).apply(update))
             });
         });
         group.bench_with_input(BenchmarkId::new("translate", n), &resources, |b, held| {
             b.iter(|| black_box(translate(held, "xds://bench").config.workloads.len()));
         });
-        group.bench_with_input(
-            BenchmarkId::new("translate_cached", n),
-            &resources,
-            |b, held| {
-                let mut cache = TranslationCache::default();
-                cache.translate(held, "xds://bench");
-                b.iter(|| {
-                    // A new entry for the updated workload each time, as
-                    // each push brings.
-                    let mut mine = Arc::clone(held);
-                    Arc::make_mut(&mut mine).apply(&update);
-                    black_box(cache.translate(&mine, "xds://bench").config.workloads.len())
-                });
-            },
-        );
-        group.bench_with_input(
-            BenchmarkId::new("merge_and_build", n),
-            &translated,
-            |b, translated| {
-                b.iter(|| {
-                    let (merged, _) = merge(&file, Some(("xds://bench", translated)));
-                    black_box(MeshState::from_shared(Arc::new(merged)).map(|s| s.workloads.len()))
-                });
-            },
-        );
-        let (merged, _) = merge(&file, Some(("xds://bench", &translated)));
-        let in_force = MeshState::from_shared(Arc::new(merged)).ok();
-        group.bench_with_input(
-            BenchmarkId::new("merge_and_rebuild", n),
-            &translated,
-            |b, translated| {
-                b.iter(|| {
-                    let (merged, _) = merge(&file, Some(("xds://bench", translated)));
-                    black_box(
-                        MeshState::succeeding(Arc::new(merged), in_force.as_ref())
-                            .map(|s| s.workloads.len()),
-                    )
-                });
-            },
-        );
-        group.bench_with_input(BenchmarkId::new("whole", n), &resources, |b, held| {
-            // The state in force shares the cache's entries, as in the
-            // agent.
-            let mut cache = TranslationCache::default();
-            let first = cache.translate(held, "xds://bench");
-            let (merged, _) = merge(&file, Some(("xds://bench", &first)));
-            let in_force = MeshState::from_shared(Arc::new(merged)).ok();
+        group.bench_with_input(BenchmarkId::new("update", n), &resources, |b, held| {
+            let mut model = XdsModel::default();
+            model.update(held);
+            let mut push = 0usize;
             b.iter(|| {
+                push += 1;
                 let mut mine = Arc::clone(held);
-                Arc::make_mut(&mut mine).apply(&update);
-                let translated = cache.translate(&mine, "xds://bench");
-                let (merged, _) = merge(&file, Some(("xds://bench", &translated)));
+                Arc::make_mut(&mut mine).apply(&updates[push % 2]);
+                black_box(model.update(&mine).workloads.len())
+            });
+        });
+        let entries = XdsModel::default().update(&resources).clone();
+        group.bench_with_input(BenchmarkId::new("build", n), &entries, |b, entries| {
+            b.iter(|| {
                 black_box(
-                    MeshState::succeeding(Arc::new(merged), in_force.as_ref())
-                        .map(|s| s.workloads.len()),
+                    merged_state(&file, Some(("xds://bench", entries))).map(|s| s.workloads.len()),
                 )
+            });
+        });
+        group.bench_with_input(BenchmarkId::new("whole", n), &resources, |b, held| {
+            // The state in force shares the model's entries, as in the
+            // agent.
+            let index = FileIndex::of(&file);
+            let mut model = XdsModel::default();
+            let mut entries = model.update(held).clone();
+            let Ok(mut state) = merged_state(&file, Some(("xds://bench", &entries))) else {
+                return;
+            };
+            let mut push = 0usize;
+            b.iter(|| {
+                push += 1;
+                let mut mine = Arc::clone(held);
+                Arc::make_mut(&mut mine).apply(&updates[push % 2]);
+                let new = model.update(&mine).clone();
+                let mut provenance = state.provenance.clone();
+                let changes = merge_changes(&index, &entries, &new, &mut provenance);
+                if let Ok(mut next) = state.apply(&changes) {
+                    next.provenance = provenance;
+                    state = next;
+                }
+                entries = new;
+                black_box(state.workloads.len())
             });
         });
     }

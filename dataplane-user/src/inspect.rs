@@ -531,7 +531,7 @@ impl AgentView {
             "instance": self.instance,
             "version": env!("CARGO_PKG_VERSION"),
             "generatedAt": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-            "config": state.provenance.annotate(state.config.to_json()),
+            "config": state.provenance.annotate(state.config().to_json()),
             "configError": config_error,
             "xds": self.xds_view(),
             "pods": pods,

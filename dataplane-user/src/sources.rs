@@ -9,110 +9,68 @@
 //! `config-dump` marks every entry with its source and the file entries
 //! that shadow istiod's.
 //!
-//! A change of either source rebuilds the merged state and installs it
-//! whole (policies re-checked on open connections, configured pods
-//! enrolled), one change at a time, off the runtime's threads. What did
-//! not change is not built again: istiod's untouched resources keep their
-//! translation ([`crate::xds::translate::TranslationCache`]), workloads are
-//! shared entries, and the new state takes unchanged ones from the state
-//! in force.
+//! A push from istiod changes only what it names: [`XdsModel`] translates
+//! the resources it changed, [`merge_changes`] turns the entries that
+//! differ into [`Changes`] to the merged configuration, and
+//! [`MeshState::apply`] makes the next state from the one in force,
+//! sharing everything else. A change of the file (rare, and it can
+//! shadow any of istiod's entries) builds the state whole. Either is
+//! installed one at a time, off the runtime's threads (policies
+//! re-checked on open connections; configured pods enrolled when the
+//! file changed).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use serde_json::Value;
+use imbl::ordmap::DiffItem;
 use tokio::sync::{Mutex, watch};
 use tracing::{info, warn};
 
-use crate::config::LocalConfig;
+use crate::config::{
+    LocalConfig,
+    entries::{EntryKey, EntryKind, XdsEntry},
+};
 use crate::enroll::Enroller;
 use crate::logging::Chain;
 use crate::mesh::MeshContext;
 use crate::readiness::{Readiness, Step};
-use crate::state::MeshState;
-use crate::xds::{Translated, XdsSnapshot, client::AppliedReporter, translate::TranslationCache};
+use crate::state::{Changes, MeshState, Provenance, StateError};
+use crate::xds::{XdsEntries, XdsModel, XdsSnapshot, client::AppliedReporter};
 
-/// Which source each entry of a merged configuration came from.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Provenance {
-    /// istiod's address, when xDS is a source.
-    pub xds_origin: Option<String>,
-    /// Keys (`workloads/<uid>`, `services/<ns>/<host>`, `policies/<ns>/<name>`)
-    /// of the file's entries: every other entry is istiod's (kept this way
-    /// round so that a push costs nothing here for istiod's many entries).
-    pub from_file: HashSet<String>,
-    /// Keys of file entries that replaced one from istiod.
-    pub shadowing: HashSet<String>,
-    /// istiod entries (or addresses of them) left out, and why.
-    pub dropped: Vec<String>,
+/// The file's keys and addresses: istiod's entries of the same key are
+/// replaced by the file's, and those claiming its addresses left out.
+#[derive(Debug, Default)]
+pub struct FileIndex {
+    uids: HashSet<String>,
+    services: HashSet<String>,
+    policies: HashSet<String>,
+    taken: HashSet<IpAddr>,
 }
 
-impl Provenance {
-    /// `config` (the JSON of [`LocalConfig::to_json`]) with `source` on
-    /// every entry (`file` or `xds`) and `shadows: "xds"` on file entries
-    /// that replaced one from istiod, plus `xdsDropped`. Unchanged when
-    /// istiod is not a source.
-    pub fn annotate(&self, mut config: Value) -> Value {
-        if self.xds_origin.is_none() {
-            return config;
+impl FileIndex {
+    /// The keys and addresses of `file`.
+    pub fn of(file: &LocalConfig) -> Self {
+        Self {
+            uids: file.workloads.iter().map(|w| w.uid.clone()).collect(),
+            services: file.services.iter().map(|s| s.key()).collect(),
+            policies: file.policies.iter().map(|p| p.key()).collect(),
+            taken: file
+                .workloads
+                .iter()
+                .flat_map(|w| w.workload_ips.iter().map(|ip| ip.to_canonical()))
+                .chain(
+                    file.services
+                        .iter()
+                        .flat_map(|s| s.vips.iter().map(|ip| ip.to_canonical())),
+                )
+                .collect(),
         }
-        for (list, key_of) in [
-            (
-                "workloads",
-                (|e: &Value| field(e, "uid")) as fn(&Value) -> String,
-            ),
-            ("services", |e| {
-                format!("{}/{}", field(e, "namespace"), field(e, "hostname"))
-            }),
-            ("policies", |e| {
-                format!("{}/{}", field(e, "namespace"), field(e, "name"))
-            }),
-        ] {
-            let Some(entries) = config.get_mut(list).and_then(Value::as_array_mut) else {
-                continue;
-            };
-            for entry in entries {
-                let key = format!("{list}/{}", key_of(entry));
-                let source = if self.from_file.contains(&key) {
-                    "file"
-                } else {
-                    "xds"
-                };
-                if let Some(object) = entry.as_object_mut() {
-                    object.insert("source".into(), source.into());
-                    if self.shadowing.contains(&key) {
-                        object.insert("shadows".into(), "xds".into());
-                    }
-                }
-            }
-        }
-        if let Some(object) = config.as_object_mut() {
-            object.insert("xdsDropped".into(), self.dropped.clone().into());
-        }
-        config
     }
-}
 
-fn field(entry: &Value, name: &str) -> String {
-    entry
-        .get(name)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned()
-}
-
-/// The file's entries, then istiod's that the file does not replace; the
-/// provenance says which is which.
-pub fn merge(file: &LocalConfig, xds: Option<(&str, &Translated)>) -> (LocalConfig, Provenance) {
-    let Some((xds_origin, xds)) = xds else {
-        return (file.clone(), Provenance::default());
-    };
-    let mut provenance = Provenance {
-        xds_origin: Some(xds_origin.to_owned()),
-        dropped: xds.dropped.clone(),
-        from_file: file
-            .workloads
+    /// The provenance keys of the file's entries.
+    fn provenance_keys(file: &LocalConfig) -> HashSet<String> {
+        file.workloads
             .iter()
             .map(|w| format!("workloads/{}", w.uid))
             .chain(
@@ -125,76 +83,169 @@ pub fn merge(file: &LocalConfig, xds: Option<(&str, &Translated)>) -> (LocalConf
                     .iter()
                     .map(|p| format!("policies/{}", p.key())),
             )
-            .collect(),
-        ..Provenance::default()
-    };
-    let mut merged = file.clone();
-    merged.origin =
-        if file.workloads.is_empty() && file.services.is_empty() && file.policies.is_empty() {
-            xds.config.origin.clone()
-        } else {
-            format!("{} + {}", file.origin, xds.config.origin)
-        };
-    // Addresses the file holds: istiod may not claim them (istiod's own
-    // entries were made to agree with one another by the translation).
-    let taken: HashSet<IpAddr> = file
-        .workloads
-        .iter()
-        .flat_map(|w| w.workload_ips.iter().copied())
-        .chain(file.services.iter().flat_map(|s| s.vips.iter().copied()))
-        .collect();
-    let uids: BTreeSet<&str> = file.workloads.iter().map(|w| w.uid.as_str()).collect();
-    merged.workloads.reserve(xds.config.workloads.len());
-    for w in &xds.config.workloads {
-        if uids.contains(w.uid.as_str()) {
-            provenance.shadowing.insert(format!("workloads/{}", w.uid));
-            continue;
-        }
-        if let Some(ip) = w.workload_ips.iter().find(|ip| taken.contains(ip)) {
-            provenance.dropped.push(format!(
-                "workload {}: IP {ip} belongs to a workload of the file",
-                w.uid
-            ));
-            continue;
-        }
-        merged.workloads.push(w.clone());
+            .collect()
     }
-    let services: BTreeSet<String> = file.services.iter().map(|s| s.key()).collect();
-    for s in &xds.config.services {
-        let key = s.key();
-        if services.contains(&key) {
-            provenance.shadowing.insert(format!("services/{key}"));
-            continue;
-        }
-        let mut s = s.clone();
-        s.vips.retain(|vip| {
-            let free = !taken.contains(vip);
-            if !free {
-                provenance.dropped.push(format!(
-                    "service {key}: VIP {vip} belongs to an entry of the file"
-                ));
-            }
-            free
-        });
-        merged.services.push(s);
-    }
-    let policies: BTreeSet<String> = file.policies.iter().map(|p| p.key()).collect();
-    for p in &xds.config.policies {
-        let key = p.key();
-        if policies.contains(&key) {
-            provenance.shadowing.insert(format!("policies/{key}"));
-            continue;
-        }
-        merged.policies.push(p.clone());
-    }
-    (merged, provenance)
 }
 
-/// The latest version of each source.
+/// The state of the file's entries and istiod's (`xds`: its name and
+/// entries) that the file does not replace, built whole; the provenance
+/// says which is which.
+pub fn merged_state(
+    file: &LocalConfig,
+    xds: Option<(&str, &XdsEntries)>,
+) -> Result<MeshState, StateError> {
+    let Some((xds_origin, entries)) = xds else {
+        return MeshState::from_config(file);
+    };
+    let origin =
+        if file.workloads.is_empty() && file.services.is_empty() && file.policies.is_empty() {
+            xds_origin.to_owned()
+        } else {
+            format!("{} + {xds_origin}", file.origin)
+        };
+    let mut provenance = Provenance {
+        xds_origin: Some(xds_origin.to_owned()),
+        from_file: Arc::new(FileIndex::provenance_keys(file)),
+        ..Provenance::default()
+    };
+    let mut changes = Changes::of_file(file);
+    changes.extend(merge_changes(
+        &FileIndex::of(file),
+        &XdsEntries::default(),
+        entries,
+        &mut provenance,
+    ));
+    let empty = MeshState {
+        origin,
+        ..MeshState::default()
+    };
+    let mut state = empty.apply(&changes)?;
+    state.provenance = provenance;
+    Ok(state)
+}
+
+/// The changes to the merged configuration that istiod's entries going
+/// from `old` to `new` make: each changed entry as the merge keeps it
+/// (`None` when the file replaces it), with `provenance` brought up to
+/// date. Costs what changed: the entries share every node a push did not
+/// touch.
+pub fn merge_changes(
+    file: &FileIndex,
+    old: &XdsEntries,
+    new: &XdsEntries,
+    provenance: &mut Provenance,
+) -> Changes {
+    let mut changes = Changes::default();
+    for item in old.workloads.diff(&new.workloads) {
+        let (name, workload) = changed(item);
+        let entry = XdsEntry::new(EntryKind::Workload, name);
+        provenance.shadows.remove(&entry);
+        provenance.merge_dropped.remove(&entry);
+        let kept = workload.filter(|w| {
+            if file.uids.contains(&w.uid) {
+                provenance
+                    .shadows
+                    .insert(entry.clone(), format!("workloads/{}", w.uid));
+                return false;
+            }
+            let Some(ip) = w.workload_ips.iter().find(|ip| file.taken.contains(ip)) else {
+                return true;
+            };
+            let note = format!(
+                "workload {}: IP {ip} belongs to a workload of the file",
+                w.uid
+            );
+            warn!(reason = %note, "left out of the mesh state");
+            provenance
+                .merge_dropped
+                .insert(entry.clone(), Arc::from([note]));
+            false
+        });
+        changes.workloads.push((EntryKey::xds(name), kept.cloned()));
+    }
+    for item in old.services.diff(&new.services) {
+        let (name, service) = changed(item);
+        let entry = XdsEntry::new(EntryKind::Service, name);
+        provenance.shadows.remove(&entry);
+        provenance.merge_dropped.remove(&entry);
+        let kept = service.and_then(|s| {
+            let key = s.key();
+            if file.services.contains(&key) {
+                provenance
+                    .shadows
+                    .insert(entry.clone(), format!("services/{key}"));
+                return None;
+            }
+            if !s.vips.iter().any(|vip| file.taken.contains(vip)) {
+                return Some(Arc::clone(s));
+            }
+            let mut notes = Vec::new();
+            let mut kept = (**s).clone();
+            kept.vips.retain(|vip| {
+                let free = !file.taken.contains(vip);
+                if !free {
+                    notes.push(format!(
+                        "service {key}: VIP {vip} belongs to an entry of the file"
+                    ));
+                }
+                free
+            });
+            for note in &notes {
+                warn!(reason = %note, "left out of the mesh state");
+            }
+            provenance.merge_dropped.insert(entry.clone(), notes.into());
+            Some(Arc::new(kept))
+        });
+        changes.services.push((EntryKey::xds(name), kept));
+    }
+    for item in old.policies.diff(&new.policies) {
+        let (name, policy) = changed(item);
+        let entry = XdsEntry::new(EntryKind::Policy, name);
+        provenance.shadows.remove(&entry);
+        let kept = policy.filter(|p| {
+            let key = p.key();
+            let shadowed = file.policies.contains(&key);
+            if shadowed {
+                provenance
+                    .shadows
+                    .insert(entry.clone(), format!("policies/{key}"));
+            }
+            !shadowed
+        });
+        changes.policies.push((EntryKey::xds(name), kept.cloned()));
+    }
+    for item in old.dropped.diff(&new.dropped) {
+        if let DiffItem::Add(_, notes)
+        | DiffItem::Update {
+            new: (_, notes), ..
+        } = item
+        {
+            for note in notes.iter() {
+                warn!(reason = %note, "left out of the mesh state");
+            }
+        }
+    }
+    provenance.xds_dropped = new.dropped.clone();
+    changes
+}
+
+/// A diff item's name and new value (`None`: removed).
+fn changed<'a, V>(item: DiffItem<'a, 'a, String, V>) -> (&'a str, Option<&'a V>) {
+    match item {
+        DiffItem::Add(name, new)
+        | DiffItem::Update {
+            new: (name, new), ..
+        } => (name, Some(new)),
+        DiffItem::Remove(name, _) => (name, None),
+    }
+}
+
+/// The latest version of each source, as the state in force holds them.
 #[derive(Debug, Default)]
 struct Held {
     file: Arc<LocalConfig>,
-    xds: Option<(String, Arc<Translated>)>,
+    file_index: Arc<FileIndex>,
+    xds: Option<(String, XdsEntries)>,
 }
 
 /// Combines the sources and installs every change.
@@ -207,81 +258,112 @@ pub struct ConfigSources {
 
 impl ConfigSources {
     /// Sources starting from `file` (the file read at start, or the
-    /// embedded default), istiod's part empty until it arrives.
+    /// embedded default, whose state is in force), istiod's part empty
+    /// until it arrives.
     pub fn new(mesh: Arc<MeshContext>, enroller: Enroller, file: Arc<LocalConfig>) -> Self {
         Self {
             mesh,
             enroller,
-            held: Mutex::new(Held { file, xds: None }),
+            held: Mutex::new(Held {
+                file_index: Arc::new(FileIndex::of(&file)),
+                file,
+                xds: None,
+            }),
         }
     }
 
-    /// A new file version (parsed and valid on its own).
+    /// A new file version (parsed and valid on its own): the state is
+    /// built whole again.
     pub async fn file_changed(&self, file: LocalConfig) -> Result<(), String> {
         let mut held = self.held.lock().await;
-        let previous = std::mem::replace(&mut held.file, Arc::new(file));
-        let result = self.install(&held).await;
-        match &result {
-            Ok(()) => self.mesh.accept_config(),
-            Err(_) => held.file = previous,
-        }
-        result
+        let file = Arc::new(file);
+        let index = Arc::new(FileIndex::of(&file));
+        let xds = held.xds.clone();
+        let built = {
+            let file = Arc::clone(&file);
+            blocking(move || merged_state(&file, xds.as_ref().map(|(o, e)| (o.as_str(), e))))
+                .await?
+        };
+        held.file = Arc::clone(&file);
+        held.file_index = index;
+        self.install(built, 0, Some(file)).await;
+        self.mesh.accept_config();
+        Ok(())
     }
 
-    /// A new state from istiod (`origin` names it).
-    pub async fn xds_changed(&self, origin: String, xds: Translated) -> Result<(), String> {
+    /// A new version of istiod's entries (`origin` names istiod): only
+    /// what changed since the entries in force is applied.
+    pub async fn xds_changed(&self, origin: String, entries: XdsEntries) -> Result<(), String> {
         let mut held = self.held.lock().await;
-        let previous = held.xds.replace((origin, Arc::new(xds)));
-        let result = self.install(&held).await;
-        if result.is_err() {
-            held.xds = previous;
+        let file = Arc::clone(&held.file);
+        let index = Arc::clone(&held.file_index);
+        let previous = self.mesh.state();
+        let old = match &held.xds {
+            Some((name, old)) if *name == origin => Some(old.clone()),
+            _ => None,
+        };
+        let (state, changed) = {
+            let entries = entries.clone();
+            let origin = origin.clone();
+            blocking(move || match old {
+                // The state in force holds `old`: change only what differs.
+                Some(old) => {
+                    let mut provenance = previous.provenance.clone();
+                    let changes = merge_changes(&index, &old, &entries, &mut provenance);
+                    let mut state = previous.apply(&changes)?;
+                    state.provenance = provenance;
+                    Ok((state, changes.len()))
+                }
+                None => merged_state(&file, Some((&origin, &entries))).map(|s| (s, usize::MAX)),
+            })
+            .await?
+        };
+        held.xds = Some((origin, entries));
+        if changed > 0 {
+            self.install(state, changed, None).await;
         }
-        result
+        Ok(())
     }
 
-    async fn install(&self, held: &Held) -> Result<(), String> {
-        let file = Arc::clone(&held.file);
-        let xds = held
-            .xds
-            .as_ref()
-            .map(|(origin, t)| (origin.clone(), Arc::clone(t)));
-        // What did not change is taken from the state in force.
-        let previous = self.mesh.state();
-        // Off the runtime: the build grows with the mesh, and the xDS
-        // client and the connections share the runtime's threads.
-        let built = tokio::task::spawn_blocking(move || {
-            let xds = xds
-                .as_ref()
-                .map(|(origin, t)| (origin.as_str(), t.as_ref()));
-            let (merged, provenance) = merge(&file, xds);
-            // One copy of the merged config, shared by the state and the
-            // enrollment actor.
-            let merged = Arc::new(merged);
-            MeshState::succeeding(Arc::clone(&merged), Some(&previous))
-                .map(|state| (merged, state, provenance))
-                .map_err(|e| Chain(&e).to_string())
-        })
-        .await
-        .map_err(|err| format!("building the mesh state failed: {err}"))?;
-        let (merged, mut state, provenance) = built?;
-        for dropped in &provenance.dropped {
-            warn!(reason = %dropped, "left out of the mesh state");
-        }
-        state.provenance = provenance;
+    /// Puts `state` in force (`changed` entries; `usize::MAX`: built
+    /// whole) and, when the file changed, enrolls the pods it configures
+    /// (only the file configures pods).
+    async fn install(&self, state: MeshState, changed: usize, file: Option<Arc<LocalConfig>>) {
+        let (origin, workloads, services, policies) = (
+            state.origin.clone(),
+            state.workloads.len(),
+            state.services.len(),
+            state.policies.len(),
+        );
         let closed = self.mesh.install(state);
-        if let Err(err) = self.enroller.apply_config(Arc::clone(&merged)).await {
+        if let Some(file) = file
+            && let Err(err) = self.enroller.apply_config(file).await
+        {
             warn!(error = %Chain(&err), "cannot apply the configured workloads");
         }
+        let whole = changed == usize::MAX;
         info!(
-            origin = %merged.origin,
-            workloads = merged.workloads.len(),
-            services = merged.services.len(),
-            policies = merged.policies.len(),
+            %origin,
+            workloads,
+            services,
+            policies,
+            changed = (!whole).then_some(changed),
+            whole,
             connections_closed = closed,
             "configuration applied"
         );
-        Ok(())
     }
+}
+
+/// Runs `build` off the runtime's threads: the xDS client and the
+/// connections share them, and a whole build grows with the mesh.
+async fn blocking<T: Send + 'static>(
+    build: impl FnOnce() -> Result<T, StateError> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(build)
+        .await
+        .map_err(|err| format!("building the mesh state failed: {err}"))?
+        .map_err(|err| Chain(&err).to_string())
 }
 
 /// Installs every state istiod publishes, once the first response of
@@ -296,11 +378,11 @@ pub async fn follow_xds(
     readiness: Arc<Readiness>,
     applied: AppliedReporter,
 ) {
-    // What was translated for the last push: what a push did not change is
-    // not translated again (and stays the entry the state holds).
-    let mut cache = TranslationCache::default();
+    // istiod's resources as translated for the last push: a push
+    // translates only what it changed.
+    let mut model = XdsModel::default();
     while snapshots.changed().await.is_ok() {
-        // The watch keeps only the newest: a burst of pushes is translated
+        // The watch keeps only the newest: a burst of pushes is applied
         // once.
         let snapshot = snapshots.borrow_and_update().clone();
         let generation = snapshot.generation;
@@ -309,19 +391,18 @@ pub async fn follow_xds(
             applied.report(generation, None);
             continue;
         }
-        let name = origin.clone();
-        let translated = tokio::task::spawn_blocking(move || {
-            let translated = cache.translate(&snapshot.resources, &name);
-            (translated, cache)
+        let updated = tokio::task::spawn_blocking(move || {
+            let entries = model.update(&snapshot.resources).clone();
+            (entries, model)
         })
         .await;
-        let result = match translated {
-            Ok((translated, kept)) => {
-                cache = kept;
-                sources.xds_changed(origin.clone(), translated).await
+        let result = match updated {
+            Ok((entries, kept)) => {
+                model = kept;
+                sources.xds_changed(origin.clone(), entries).await
             }
             Err(err) => {
-                cache = TranslationCache::default();
+                model = XdsModel::default();
                 Err(format!("translating istiod's resources failed: {err}"))
             }
         };

@@ -34,14 +34,22 @@ policies:
 - {name: extra, namespace: shop, scope: Global, action: Deny}
 "#;
 
+/// istiod's entries of `XDS`, plus a note of something left out.
+fn xds_entries() -> XdsEntries {
+    let mut xds = XdsEntries::of_config(&config(XDS, "xds://istiod:15012"));
+    xds.dropped.insert(
+        crate::config::entries::DropKey::Translation("shop/x".into()),
+        Arc::from(["service shop/x: subject alt name `junk`".to_owned()]),
+    );
+    xds
+}
+
 #[test]
 fn file_entries_win_and_are_marked() {
     let file = config(FILE, "mesh.yaml");
-    let xds = Translated {
-        config: config(XDS, "xds://istiod:15012"),
-        dropped: vec!["service shop/x: subject alt name `junk`".into()],
-    };
-    let (merged, provenance) = merge(&file, Some(("xds://istiod:15012", &xds)));
+    let xds = xds_entries();
+    let state = merged_state(&file, Some(("xds://istiod:15012", &xds))).unwrap();
+    let (merged, provenance) = (state.config(), &state.provenance);
     assert_eq!(merged.origin, "mesh.yaml + xds://istiod:15012");
     let names: Vec<&str> = merged.workloads.iter().map(|w| w.name.as_str()).collect();
     assert_eq!(names, ["web-file", "mine", "db"]);
@@ -61,13 +69,9 @@ fn file_entries_win_and_are_marked() {
         .unwrap();
     assert_eq!(deny_all.action, crate::config::Action::Allow);
     assert_eq!(merged.policies.len(), 2);
-    assert_eq!(provenance.dropped.len(), 3, "{:?}", provenance.dropped);
-    assert!(
-        provenance
-            .dropped
-            .iter()
-            .any(|d| d.contains("workload other"))
-    );
+    let dropped = provenance.dropped();
+    assert_eq!(dropped.len(), 3, "{dropped:?}");
+    assert!(dropped.iter().any(|d| d.contains("workload other")));
     assert!(MeshState::from_config(&merged).is_ok());
 
     let dump = provenance.annotate(merged.to_json());
@@ -86,15 +90,231 @@ fn file_entries_win_and_are_marked() {
 #[test]
 fn without_istiod_the_file_is_the_state_and_the_dump_is_unmarked() {
     let file = config(FILE, "mesh.yaml");
-    let (merged, provenance) = merge(&file, None);
+    let state = merged_state(&file, None).unwrap();
+    let merged = state.config();
     assert_eq!(merged, file);
-    assert_eq!(provenance.annotate(merged.to_json()), file.to_json());
+    assert_eq!(state.provenance.annotate(merged.to_json()), file.to_json());
     // An empty file (the embedded default) leaves istiod's origin alone.
-    let xds = Translated {
-        config: config(XDS, "xds://istiod:15012"),
-        dropped: Vec::new(),
+    let xds = XdsEntries::of_config(&config(XDS, "xds://istiod:15012"));
+    let state = merged_state(&LocalConfig::default(), Some(("xds://istiod:15012", &xds))).unwrap();
+    assert_eq!(state.origin, "xds://istiod:15012");
+    assert_eq!(state.workloads.len(), 3);
+}
+
+/// A small deterministic generator (no `rand` dependency): the same
+/// sequence every run, so a failure reproduces.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+mod random_pushes {
+    use std::collections::HashMap;
+
+    use super::Lcg;
+    use crate::istio_api::{
+        security::Authorization,
+        workload::{self, Address, NetworkAddress, Port, PortList, address},
     };
-    let (merged, _) = merge(&LocalConfig::default(), Some(("xds://istiod:15012", &xds)));
-    assert_eq!(merged.origin, "xds://istiod:15012");
-    assert_eq!(merged.workloads.len(), 3);
+    use crate::xds::{XdsResources, resources::Versioned};
+    use std::sync::Arc;
+
+    fn held<T>(resource: T) -> Arc<Versioned<T>> {
+        Arc::new(Versioned {
+            version: "1".into(),
+            resource,
+        })
+    }
+
+    fn ip(last: u8) -> Vec<u8> {
+        vec![10, 0, 0, last]
+    }
+
+    fn service_key(i: u64) -> String {
+        format!("shop/s{i}.shop")
+    }
+
+    /// One random change to `r`: a workload, service or policy put or
+    /// removed, over small pools of names and addresses so that entries
+    /// often claim one another's addresses and share services.
+    pub fn mutate(r: &mut XdsResources, rng: &mut Lcg) {
+        match rng.below(7) {
+            0..=2 => {
+                let uid = format!("w{:02}", rng.below(12));
+                let mut addresses = vec![ip(1 + rng.below(9) as u8)];
+                if rng.below(4) == 0 {
+                    addresses.push(ip(1 + rng.below(9) as u8));
+                }
+                let services: HashMap<String, PortList> = (0..rng.below(3))
+                    .map(|_| {
+                        let port = 80 + rng.below(2) as u32;
+                        (
+                            service_key(rng.below(4)),
+                            PortList {
+                                ports: vec![Port {
+                                    service_port: port,
+                                    target_port: 8000 + port,
+                                }],
+                            },
+                        )
+                    })
+                    .collect();
+                let w = workload::Workload {
+                    uid: uid.clone(),
+                    name: format!("{uid}-v{}", rng.below(3)),
+                    namespace: "shop".into(),
+                    addresses,
+                    services,
+                    status: rng.below(4) as i32 % 2,
+                    ..Default::default()
+                };
+                let address = Address {
+                    r#type: Some(address::Type::Workload(w)),
+                };
+                r.addresses.insert(uid, held(address));
+            }
+            3 => {
+                let i = rng.below(4);
+                let vip = if rng.below(2) == 0 {
+                    ip(6 + rng.below(4) as u8)
+                } else {
+                    vec![10, 96, 0, 1 + rng.below(3) as u8]
+                };
+                let s = workload::Service {
+                    name: format!("s{i}"),
+                    namespace: "shop".into(),
+                    hostname: format!("s{i}.shop"),
+                    addresses: vec![NetworkAddress {
+                        network: String::new(),
+                        address: vip,
+                    }],
+                    ports: vec![Port {
+                        service_port: 80,
+                        target_port: 8080 + rng.below(2) as u32,
+                    }],
+                    ..Default::default()
+                };
+                let address = Address {
+                    r#type: Some(address::Type::Service(s)),
+                };
+                r.addresses.insert(service_key(i), held(address));
+            }
+            4 => {
+                let name = format!("p{}", rng.below(4));
+                let a = Authorization {
+                    name: name.clone(),
+                    namespace: "shop".into(),
+                    scope: rng.below(3) as i32,
+                    action: rng.below(2) as i32,
+                    ..Default::default()
+                };
+                r.authorizations.insert(format!("shop/{name}"), held(a));
+            }
+            5 => {
+                let name = if rng.below(2) == 0 {
+                    format!("w{:02}", rng.below(12))
+                } else {
+                    service_key(rng.below(4))
+                };
+                r.addresses.remove(&name);
+            }
+            _ => {
+                r.authorizations.remove(&format!("shop/p{}", rng.below(4)));
+            }
+        }
+    }
+}
+
+/// The file beside istiod in the equivalence test: it replaces istiod's
+/// `w03`, service `s1` and policy `p1`, and holds 10.0.0.2 and 10.96.0.1.
+const RANDOM_FILE: &str = r#"
+workloads:
+- {uid: w03, name: w03-file, namespace: shop, workloadIps: [10.0.0.2],
+   services: {'shop/s1.shop': {80: 8080}}}
+services:
+- {name: s1, namespace: shop, hostname: s1.shop, vips: ['/10.96.0.1'], ports: {80: 8080}}
+policies:
+- {name: p1, namespace: shop, scope: Namespace, action: Allow}
+"#;
+
+/// What a state says about every address, hostname and policy of the
+/// equivalence test's pools, and what its dump shows.
+fn observe(state: &MeshState) -> Vec<String> {
+    let mut seen = vec![
+        format!("{:?}", state.config()),
+        state
+            .provenance
+            .annotate(state.config().to_json())
+            .to_string(),
+    ];
+    for last in 1..=10 {
+        for prefix in ["10.0.0", "10.96.0"] {
+            let ip: IpAddr = format!("{prefix}.{last}").parse().unwrap();
+            seen.push(format!(
+                "{ip}: workload {:?} service {:?}",
+                state.workloads.by_ip(ip).map(|w| &w.workload.uid),
+                state.services.by_vip(ip).map(|s| &s.service.hostname)
+            ));
+        }
+    }
+    for i in 0..4 {
+        let host = format!("s{i}.shop");
+        let endpoints = state.services.by_hostname(&host).map(|s| {
+            s.endpoints()
+                .iter()
+                .map(|w| w.workload.uid.clone())
+                .collect::<Vec<_>>()
+        });
+        seen.push(format!("{host}: {endpoints:?}"));
+    }
+    seen.push(format!("policies {}", state.policies.len()));
+    seen
+}
+
+#[test]
+fn a_state_changed_push_by_push_is_the_state_built_whole() {
+    use crate::xds::XdsResources;
+    let file = config(RANDOM_FILE, "mesh.yaml");
+    let index = FileIndex::of(&file);
+    let mut rng = Lcg(7);
+    let mut resources = XdsResources::default();
+    let mut model = XdsModel::default();
+    let mut held = XdsEntries::default();
+    let mut state = merged_state(&file, Some(("xds", &held))).unwrap();
+    let (mut conflicts, mut shadowed) = (0, 0);
+    for push in 0..400 {
+        // A push changes one to three resources (the client coalesces).
+        for _ in 0..=rng.below(3) {
+            random_pushes::mutate(&mut resources, &mut rng);
+        }
+        let entries = model.update(&resources).clone();
+        let mut provenance = state.provenance.clone();
+        let changes = merge_changes(&index, &held, &entries, &mut provenance);
+        let mut next = state.apply(&changes).unwrap();
+        next.provenance = provenance;
+        let whole_entries = XdsModel::default().update(&resources).clone();
+        let whole = merged_state(&file, Some(("xds", &whole_entries))).unwrap();
+        assert_eq!(
+            observe(&next),
+            observe(&whole),
+            "push {push}: the state changed entry by entry differs from the one built whole"
+        );
+        conflicts += usize::from(!next.provenance.dropped().is_empty());
+        shadowed += usize::from(!next.provenance.shadows.is_empty());
+        state = next;
+        held = entries;
+    }
+    // The pools are small enough that conflicts and file overrides happen.
+    assert!(conflicts > 50, "only {conflicts} pushes had a conflict");
+    assert!(
+        shadowed > 50,
+        "only {shadowed} pushes had an entry the file replaces"
+    );
 }

@@ -6,6 +6,8 @@
 //! IP or service VIP, or a reference to a service or policy that does not
 //! exist. Nothing is silently ignored.
 
+pub mod changes;
+pub mod entries;
 pub(crate) mod limits;
 mod schema;
 mod validate;

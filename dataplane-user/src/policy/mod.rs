@@ -21,14 +21,17 @@
 
 mod live;
 
-use std::{collections::HashMap, net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc};
 
 use tracing::info;
 
 pub use live::{LiveConnections, LiveGuard};
 
 use crate::{
-    config::{Action, LocalConfig, Match, Policy, Scope},
+    config::{
+        Action, LocalConfig, Match, Policy, Scope,
+        entries::{EntryKey, Multi},
+    },
     identity::Identity,
 };
 
@@ -84,39 +87,66 @@ pub struct Evaluation {
 /// Every policy, indexed by scope.
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
-    global: Vec<Arc<Policy>>,
-    by_namespace: HashMap<String, Vec<Arc<Policy>>>,
-    by_key: HashMap<String, Arc<Policy>>,
+    global: imbl::OrdMap<EntryKey, Arc<Policy>>,
+    by_namespace: Multi<String, Arc<Policy>>,
+    by_key: Multi<String, Arc<Policy>>,
+    entries: imbl::OrdMap<EntryKey, Arc<Policy>>,
 }
 
 impl PolicySet {
     /// Indexes the config's policies.
     pub fn from_config(config: &LocalConfig) -> Self {
         let mut set = Self::default();
-        for policy in &config.policies {
-            let policy = Arc::new(policy.clone());
+        set.apply(&crate::config::changes::Changes::of_file(config).policies);
+        set
+    }
+
+    /// Replaces the policies `changes` names (`None`: removes it).
+    pub fn apply(&mut self, changes: &[(EntryKey, Option<Arc<Policy>>)]) {
+        for (entry, new) in changes {
+            if let Some(old) = self.entries.remove(entry) {
+                match old.scope {
+                    Scope::Global => {
+                        self.global.remove(entry);
+                    }
+                    Scope::Namespace => self.by_namespace.remove(old.namespace.as_str(), entry),
+                    Scope::WorkloadSelector => {}
+                }
+                self.by_key.remove(old.key().as_str(), entry);
+            }
+            let Some(policy) = new else {
+                continue;
+            };
             match policy.scope {
-                Scope::Global => set.global.push(Arc::clone(&policy)),
-                Scope::Namespace => set
-                    .by_namespace
-                    .entry(policy.namespace.clone())
-                    .or_default()
-                    .push(Arc::clone(&policy)),
+                Scope::Global => {
+                    self.global.insert(entry.clone(), Arc::clone(policy));
+                }
+                Scope::Namespace => self.by_namespace.insert(
+                    policy.namespace.clone(),
+                    entry.clone(),
+                    Arc::clone(policy),
+                ),
                 Scope::WorkloadSelector => {}
             }
-            set.by_key.insert(policy.key(), policy);
+            self.by_key
+                .insert(policy.key(), entry.clone(), Arc::clone(policy));
+            self.entries.insert(entry.clone(), Arc::clone(policy));
         }
-        set
     }
 
     /// Number of policies.
     pub fn len(&self) -> usize {
-        self.by_key.len()
+        self.entries.len()
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
+        self.entries.is_empty()
+    }
+
+    /// Every policy, in entry order (the file's, then istiod's by name).
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Policy>> {
+        self.entries.values()
     }
 
     /// Decides a connection against the policies that apply to `target`
@@ -145,15 +175,15 @@ impl PolicySet {
     pub fn evaluate(&self, request: &Request<'_>, target: &Target<'_>) -> Evaluation {
         let namespaced = self
             .by_namespace
-            .get(target.namespace)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+            .all(target.namespace)
+            .into_iter()
+            .flat_map(|policies| policies.values());
         let selected = target
             .policies
             .iter()
-            .filter_map(|key| self.by_key.get(key))
+            .filter_map(|key| self.by_key.last(key.as_str()))
             .filter(|p| p.scope == Scope::WorkloadSelector);
-        let applicable = self.global.iter().chain(namespaced).chain(selected);
+        let applicable = self.global.values().chain(namespaced).chain(selected);
 
         let mut dry_run = Vec::new();
         let mut deny: Option<&Policy> = None;

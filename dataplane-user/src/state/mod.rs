@@ -1,15 +1,25 @@
 //! What the agent knows about the mesh: workloads by IP (each with its
 //! SPIFFE identity and protocol), services by VIP and hostname, and the
-//! authorization policies, as one immutable snapshot ([`MeshState`]) built
-//! from the local config and swapped whole when the config changes. Lookups
-//! by IP are one hash probe.
+//! authorization policies, as one immutable snapshot ([`MeshState`])
+//! that connections read while the next is made. The next one is the
+//! previous with the entries a change names replaced ([`Changes`],
+//! [`MeshState::apply`]), in persistent maps that share everything else
+//! (see [`crate::config::entries`]), so a push costs what it changes, not what the mesh
+//! holds. Lookups by IP are one hash probe.
 
+mod provenance;
 mod services;
 mod snapshot;
 mod waypoints;
 
-use std::{collections::HashMap, net::IpAddr, sync::Arc};
+use std::{net::IpAddr, sync::Arc};
 
+pub use crate::config::{
+    changes::Changes,
+    entries::{EntryKey, Multi, PMap, pmap},
+};
+
+pub use provenance::Provenance;
 pub use services::{DEAD_ENDPOINT_HOLD, DeadEndpoints, Endpoint, ServiceEntry, ServiceIndex};
 pub use snapshot::MeshState;
 pub use waypoints::WaypointTarget;
@@ -53,6 +63,8 @@ pub struct MeshWorkload {
     /// It as a connection end in metrics and access records (built once,
     /// shared by every connection to or from it).
     pub peer: Arc<crate::telemetry::Peer>,
+    /// Where it is held in the merged configuration.
+    pub key: EntryKey,
 }
 
 impl MeshWorkload {
@@ -83,59 +95,87 @@ fn workload_peer(workload: &Workload, identity: &Identity) -> crate::telemetry::
     }
 }
 
-/// Workloads by IP.
+/// Workloads by IP and by entry.
 #[derive(Debug, Clone, Default)]
 pub struct WorkloadIndex {
-    /// foldhash rather than SipHash: the keys come from the operator's file
-    /// and istiod, not from strangers, and every connection and every push
-    /// hashes them (SipHash was a fifth of a push's CPU at 10k workloads).
-    by_ip: HashMap<IpAddr, Arc<MeshWorkload>, foldhash::fast::RandomState>,
-    all: Vec<Arc<MeshWorkload>>,
+    by_ip: PMap<IpAddr, Arc<MeshWorkload>>,
+    by_key: imbl::OrdMap<EntryKey, Arc<MeshWorkload>>,
 }
 
 impl WorkloadIndex {
     /// Indexes the config's workloads.
     pub fn from_config(config: &LocalConfig) -> Result<Self, StateError> {
-        Self::reusing(config, None)
+        let mut index = Self {
+            by_ip: pmap(),
+            by_key: imbl::OrdMap::new(),
+        };
+        let changes = Changes::of_file(config);
+        index.apply(&changes.workloads, &mut |_, _| {})?;
+        Ok(index)
     }
 
-    /// Indexes the config's workloads, taking from `previous` (the index
-    /// of the state in force) every entry whose workload did not change:
-    /// one comparison instead of a copy, an identity and a telemetry peer
-    /// per workload, so a state rebuilt for one changed workload allocates
-    /// for that one.
-    pub fn reusing(config: &LocalConfig, previous: Option<&Self>) -> Result<Self, StateError> {
-        let mut by_ip: HashMap<IpAddr, Arc<MeshWorkload>, _> = HashMap::with_capacity_and_hasher(
-            config.workloads.len(),
-            foldhash::fast::RandomState::default(),
-        );
-        let mut all = Vec::with_capacity(config.workloads.len());
-        for workload in &config.workloads {
-            let unchanged = previous
-                .zip(workload.workload_ips.first())
-                .and_then(|(previous, ip)| previous.by_ip(*ip))
-                .filter(|held| Arc::ptr_eq(&held.workload, workload) || held.workload == *workload);
-            let entry = match unchanged {
-                Some(held) => Arc::clone(held),
-                None => Arc::new(Self::entry(workload)?),
+    /// Replaces the workloads `changes` name (`None`: removes it): every
+    /// removal first, so an address may move from one entry to another in
+    /// one change. `touched` hears of each service key whose endpoints
+    /// may have changed, with the workload entry concerned. An entry whose
+    /// workload did not change keeps its identity and telemetry peer.
+    pub(crate) fn apply(
+        &mut self,
+        changes: &[(EntryKey, Option<Arc<Workload>>)],
+        touched: &mut dyn FnMut(&str, &EntryKey),
+    ) -> Result<(), StateError> {
+        let mut removed: Vec<Arc<MeshWorkload>> = Vec::new();
+        for (key, _) in changes {
+            let Some(old) = self.by_key.remove(key) else {
+                continue;
             };
-            all.push(Arc::clone(&entry));
+            for ip in &old.workload.workload_ips {
+                let ip = ip.to_canonical();
+                if self.by_ip.get(&ip).is_some_and(|held| held.key == *key) {
+                    self.by_ip.remove(&ip);
+                }
+            }
+            for service in old.workload.services.keys() {
+                touched(service, key);
+            }
+            removed.push(old);
+        }
+        for (key, new) in changes {
+            let Some(workload) = new else {
+                continue;
+            };
+            let unchanged = removed.iter().find(|old| {
+                old.key == *key
+                    && (Arc::ptr_eq(&old.workload, workload) || old.workload == *workload)
+            });
+            let entry = match unchanged {
+                Some(old) => Arc::clone(old),
+                None => Arc::new(Self::entry(key.clone(), workload)?),
+            };
             for ip in &workload.workload_ips {
                 // Keyed as looked up: an IPv4-mapped address is its IPv4.
-                if let Some(first) = by_ip.insert(ip.to_canonical(), Arc::clone(&entry)) {
+                let ip = ip.to_canonical();
+                if let Some(first) = self.by_ip.get(&ip)
+                    && first.key != *key
+                {
                     return Err(StateError::DuplicateIp {
-                        ip: *ip,
+                        ip,
                         first: first.workload.uid.clone(),
                         second: workload.uid.clone(),
                     });
                 }
+                self.by_ip.insert(ip, Arc::clone(&entry));
             }
+            for service in workload.services.keys() {
+                touched(service, key);
+            }
+            self.by_key.insert(key.clone(), entry);
         }
-        Ok(Self { by_ip, all })
+        Ok(())
     }
 
     /// A workload with its identity and telemetry peer.
-    fn entry(workload: &Arc<Workload>) -> Result<MeshWorkload, StateError> {
+    fn entry(key: EntryKey, workload: &Arc<Workload>) -> Result<MeshWorkload, StateError> {
         let identity = Identity::new(
             &workload.trust_domain,
             &workload.namespace,
@@ -150,6 +190,7 @@ impl WorkloadIndex {
             workload: Arc::clone(workload),
             identity,
             peer,
+            key,
         })
     }
 
@@ -158,19 +199,25 @@ impl WorkloadIndex {
         self.by_ip.get(&ip.to_canonical())
     }
 
+    /// The workload held under `key`.
+    pub fn by_key(&self, key: &EntryKey) -> Option<&Arc<MeshWorkload>> {
+        self.by_key.get(key)
+    }
+
     /// Number of workloads.
     pub fn len(&self) -> usize {
-        self.all.len()
+        self.by_key.len()
     }
 
     /// Whether no workload is known.
     pub fn is_empty(&self) -> bool {
-        self.all.is_empty()
+        self.by_key.is_empty()
     }
 
-    /// Every workload, in config order.
-    pub fn all(&self) -> &[Arc<MeshWorkload>] {
-        &self.all
+    /// Every workload, in config order (the file's, then istiod's by
+    /// resource name).
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<MeshWorkload>> {
+        self.by_key.values()
     }
 }
 
@@ -200,16 +247,24 @@ mod tests {
     }
 
     #[test]
-    fn a_rebuild_takes_unchanged_workloads_from_the_state_in_force() {
+    fn a_change_builds_only_what_it_names_and_leaves_the_state_in_force_alone() {
         let before = config(
             "workloads:\n- {uid: a, name: a, namespace: n, workloadIps: [10.0.0.1]}\n- {uid: b, name: b, namespace: n, workloadIps: [10.0.0.2]}\n",
         );
-        let mut after = before.clone();
-        Arc::make_mut(&mut after.workloads[1]).service_account = "renamed".into();
-        let old = WorkloadIndex::from_config(&before).unwrap();
-        let new = WorkloadIndex::reusing(&after, Some(&old)).unwrap();
-        let at =
-            |index: &WorkloadIndex, ip: &str| Arc::clone(index.by_ip(ip.parse().unwrap()).unwrap());
+        let old = MeshState::from_config(&before).unwrap();
+        let changed = |list: Vec<(usize, Workload)>| Changes {
+            workloads: list
+                .into_iter()
+                .map(|(i, w)| (EntryKey::file(i), Some(Arc::new(w))))
+                .collect(),
+            ..Changes::default()
+        };
+        let mut renamed = (*before.workloads[1]).clone();
+        renamed.service_account = "renamed".into();
+        let new = old.apply(&changed(vec![(1, renamed)])).unwrap();
+        let at = |state: &MeshState, ip: &str| {
+            Arc::clone(state.workloads.by_ip(ip.parse().unwrap()).unwrap())
+        };
         assert!(Arc::ptr_eq(&at(&old, "10.0.0.1"), &at(&new, "10.0.0.1")));
         // The changed one is built again, identity and all.
         assert!(!Arc::ptr_eq(&at(&old, "10.0.0.2"), &at(&new, "10.0.0.2")));
@@ -217,13 +272,36 @@ mod tests {
             at(&new, "10.0.0.2").identity.to_uri(),
             "spiffe://cluster.local/ns/n/sa/renamed"
         );
-        // An IP that moved to another workload is that workload's.
-        let mut moved = before.clone();
-        Arc::make_mut(&mut moved.workloads[0]).workload_ips = vec!["10.0.0.3".parse().unwrap()];
-        Arc::make_mut(&mut moved.workloads[1]).workload_ips = vec!["10.0.0.1".parse().unwrap()];
-        let new = WorkloadIndex::reusing(&moved, Some(&old)).unwrap();
+        assert_eq!(
+            at(&old, "10.0.0.2").identity.to_uri(),
+            "spiffe://cluster.local/ns/n/sa/default"
+        );
+        // An IP that moves to another workload in one change is that
+        // workload's; the address left behind is nobody's.
+        let mut a = (*before.workloads[0]).clone();
+        a.workload_ips = vec!["10.0.0.3".parse().unwrap()];
+        let mut b = (*before.workloads[1]).clone();
+        b.workload_ips = vec!["10.0.0.1".parse().unwrap()];
+        let new = old.apply(&changed(vec![(0, a), (1, b)])).unwrap();
         assert_eq!(at(&new, "10.0.0.1").workload.uid, "b");
         assert_eq!(at(&new, "10.0.0.3").workload.uid, "a");
+        assert!(new.workloads.by_ip("10.0.0.2".parse().unwrap()).is_none());
+        assert_eq!(at(&old, "10.0.0.1").workload.uid, "a");
+        // Taking another entry's address is refused, and the state in
+        // force is left as it was.
+        let mut thief = (*before.workloads[1]).clone();
+        thief.workload_ips = vec!["10.0.0.1".parse().unwrap()];
+        let err = old.apply(&changed(vec![(1, thief)])).unwrap_err();
+        assert!(err.to_string().contains("both claim IP 10.0.0.1"), "{err}");
+        assert_eq!(at(&old, "10.0.0.1").workload.uid, "a");
+        // A removal.
+        let gone = Changes {
+            workloads: vec![(EntryKey::file(0), None)],
+            ..Changes::default()
+        };
+        let new = old.apply(&gone).unwrap();
+        assert_eq!(new.workloads.len(), 1);
+        assert!(new.workloads.by_ip("10.0.0.1".parse().unwrap()).is_none());
     }
 
     #[test]

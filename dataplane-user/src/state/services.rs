@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::MeshWorkload;
+use super::{EntryKey, MeshWorkload, Multi, PMap};
 use crate::{
     config::{HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, WorkloadStatus},
     identity::Identity,
@@ -33,6 +33,8 @@ pub struct ServiceEntry {
     pub label: Arc<ServiceRef>,
     endpoints: Vec<Arc<MeshWorkload>>,
     next: AtomicUsize,
+    /// Where its definition is held.
+    key: EntryKey,
 }
 
 /// One endpoint chosen for one connection.
@@ -155,75 +157,102 @@ impl ServiceEntry {
     }
 }
 
-/// Services by VIP and by hostname.
-#[derive(Debug, Default)]
+/// Services by VIP and by hostname, with their endpoints.
+///
+/// Each workload names its services (`namespace/hostname` keys), so the
+/// index keeps, per service key, the workloads that name it; a change
+/// builds again only the services whose definition or members it touched
+/// (at 10,000 workloads and 1,000 services a scan of every workload for
+/// every service took two thirds of a whole state's 159 ms build; see
+/// `benches/mesh_state.rs`).
+#[derive(Debug, Clone, Default)]
 pub struct ServiceIndex {
-    // foldhash, as the workload index (see there).
-    by_vip: foldhash::HashMap<IpAddr, Arc<ServiceEntry>>,
-    by_hostname: foldhash::HashMap<String, Arc<ServiceEntry>>,
+    /// Definitions by service key (`namespace/hostname`).
+    defs: Multi<String, Arc<Service>>,
+    /// Where each definition is, by entry (to find its key when it goes).
+    def_keys: imbl::OrdMap<EntryKey, String>,
+    /// Workloads naming each service key.
+    members: Multi<String, Arc<MeshWorkload>>,
+    /// Built entries by service key.
+    entries: Multi<String, Arc<ServiceEntry>>,
+    by_vip: PMap<IpAddr, Arc<ServiceEntry>>,
+    by_hostname: Multi<String, Arc<ServiceEntry>>,
 }
 
 impl ServiceIndex {
-    /// Indexes `services`, with endpoints from `workloads`.
-    ///
-    /// Each workload names its services, so one pass over the workloads
-    /// groups them by service key (in workload order, which is the
-    /// endpoints' order) and each service takes its group: the cost is the
-    /// workloads' service memberships, not services times workloads (at
-    /// 10,000 workloads and 1,000 services the scan of every workload for
-    /// every service took two thirds of a state's 159 ms build; see
-    /// `benches/mesh_state.rs`).
-    pub fn new(services: &[Service], workloads: &[Arc<MeshWorkload>]) -> Self {
-        let mut members: foldhash::HashMap<&str, Vec<&Arc<MeshWorkload>>> =
-            foldhash::HashMap::default();
-        for w in workloads {
-            for key in w.workload.services.keys() {
-                members.entry(key.as_str()).or_default().push(w);
+    /// Replaces the service definitions `changes` names and builds again
+    /// every service whose definition changed or whose members
+    /// (`members_touched`: service key and workload entry, from
+    /// [`super::WorkloadIndex::apply`]) did, with endpoints from
+    /// `workloads` (which already holds the change).
+    pub(crate) fn apply(
+        &mut self,
+        changes: &[(EntryKey, Option<Arc<Service>>)],
+        members_touched: &[(String, EntryKey)],
+        workloads: &super::WorkloadIndex,
+    ) {
+        let mut rebuild: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        for (service, entry) in members_touched {
+            match workloads
+                .by_key(entry)
+                .filter(|w| w.workload.services.contains_key(service))
+            {
+                Some(w) => self
+                    .members
+                    .insert(service.clone(), entry.clone(), Arc::clone(w)),
+                None => self.members.remove(service.as_str(), entry),
+            }
+            rebuild.insert(service.clone());
+        }
+        for (entry, new) in changes {
+            if let Some(old) = self.def_keys.remove(entry) {
+                self.defs.remove(old.as_str(), entry);
+                rebuild.insert(old);
+            }
+            if let Some(service) = new {
+                let key = service.key();
+                self.defs
+                    .insert(key.clone(), entry.clone(), Arc::clone(service));
+                self.def_keys.insert(entry.clone(), key.clone());
+                rebuild.insert(key);
             }
         }
-        let mut index = Self::default();
-        for service in services {
-            let key = service.key();
-            let endpoints = members
-                .get(key.as_str())
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-                .iter()
-                .filter(|w| {
-                    service.health_policy == HealthPolicy::AllowAll
-                        || w.workload.status == WorkloadStatus::Healthy
-                })
-                .map(|w| Arc::clone(w))
-                .collect();
-            let alt_identities = service
-                .subject_alt_names
-                .iter()
-                .filter_map(|san| {
-                    let uri = if san.starts_with("spiffe://") {
-                        san.clone()
-                    } else {
-                        format!("spiffe://{san}")
-                    };
-                    Identity::parse(&uri).ok()
-                })
-                .collect();
-            let entry = Arc::new(ServiceEntry {
-                label: Arc::new(ServiceRef {
-                    hostname: service.hostname.clone(),
-                    name: service.name.clone(),
-                    namespace: service.namespace.clone(),
-                }),
-                service: service.clone(),
-                alt_identities,
-                endpoints,
-                next: AtomicUsize::new(0),
-            });
-            for vip in &service.vips {
-                index.by_vip.insert(vip.to_canonical(), Arc::clone(&entry));
+        // Every stale entry goes before any is built: a definition that
+        // moved from one key to another is under both.
+        for key in &rebuild {
+            let Some(stale) = self.entries.all(key.as_str()).cloned() else {
+                continue;
+            };
+            for (entry, built) in stale.iter() {
+                for vip in &built.service.vips {
+                    let vip = vip.to_canonical();
+                    if self.by_vip.get(&vip).is_some_and(|held| held.key == *entry) {
+                        self.by_vip.remove(&vip);
+                    }
+                }
+                self.by_hostname
+                    .remove(built.service.hostname.as_str(), entry);
+                self.entries.remove(key.as_str(), entry);
             }
-            index.by_hostname.insert(service.hostname.clone(), entry);
         }
-        index
+        for key in &rebuild {
+            let Some(defs) = self.defs.all(key.as_str()).cloned() else {
+                continue;
+            };
+            let members = self.members.all(key.as_str()).cloned().unwrap_or_default();
+            for (entry, service) in defs.iter() {
+                let built = Arc::new(ServiceEntry::new(entry.clone(), service, &members));
+                for vip in &service.vips {
+                    self.by_vip.insert(vip.to_canonical(), Arc::clone(&built));
+                }
+                self.by_hostname.insert(
+                    service.hostname.clone(),
+                    entry.clone(),
+                    Arc::clone(&built),
+                );
+                self.entries.insert(key.clone(), entry.clone(), built);
+            }
+        }
     }
 
     /// The service behind a VIP.
@@ -231,9 +260,75 @@ impl ServiceIndex {
         self.by_vip.get(&ip.to_canonical())
     }
 
-    /// The service with this hostname.
+    /// The service with this hostname (of two with one hostname, the one
+    /// that comes last in the merged configuration).
     pub fn by_hostname(&self, hostname: &str) -> Option<&Arc<ServiceEntry>> {
-        self.by_hostname.get(hostname)
+        self.by_hostname.last(hostname)
+    }
+
+    /// Number of service definitions.
+    pub fn len(&self) -> usize {
+        self.def_keys.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.def_keys.is_empty()
+    }
+
+    /// Each definition held, in entry order (the file's, then istiod's by
+    /// resource name), as the state holds it.
+    pub fn definitions(&self) -> impl Iterator<Item = Arc<Service>> + '_ {
+        self.def_keys.iter().filter_map(|(entry, key)| {
+            self.defs
+                .all(key.as_str())
+                .and_then(|defs| defs.get(entry))
+                .cloned()
+        })
+    }
+}
+
+impl ServiceEntry {
+    /// `service` with its endpoints among `members` (the workloads that
+    /// name it, in entry order): healthy ones, unless its health policy
+    /// allows all.
+    fn new(
+        key: EntryKey,
+        service: &Service,
+        members: &imbl::OrdMap<EntryKey, Arc<MeshWorkload>>,
+    ) -> Self {
+        let endpoints = members
+            .values()
+            .filter(|w| {
+                service.health_policy == HealthPolicy::AllowAll
+                    || w.workload.status == WorkloadStatus::Healthy
+            })
+            .map(Arc::clone)
+            .collect();
+        let alt_identities = service
+            .subject_alt_names
+            .iter()
+            .filter_map(|san| {
+                let uri = if san.starts_with("spiffe://") {
+                    san.clone()
+                } else {
+                    format!("spiffe://{san}")
+                };
+                Identity::parse(&uri).ok()
+            })
+            .collect();
+        Self {
+            label: Arc::new(ServiceRef {
+                hostname: service.hostname.clone(),
+                name: service.name.clone(),
+                namespace: service.namespace.clone(),
+            }),
+            service: service.clone(),
+            alt_identities,
+            endpoints,
+            next: AtomicUsize::new(0),
+            key,
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use super::{ServiceIndex, StateError, WorkloadIndex};
+use super::{Changes, Provenance, ServiceIndex, StateError, WorkloadIndex};
 use crate::{
     config::LocalConfig,
     policy::{PolicySet, Request, Target},
@@ -11,7 +11,10 @@ use crate::{
 };
 
 /// Workloads, services and policies of one config version.
-#[derive(Debug, Default)]
+///
+/// Cloning one is cheap (persistent maps): [`Self::apply`] makes the next
+/// state from a clone of this one.
+#[derive(Debug, Clone, Default)]
 pub struct MeshState {
     /// Where the config came from.
     pub origin: String,
@@ -21,40 +24,53 @@ pub struct MeshState {
     pub services: ServiceIndex,
     /// Authorization policies.
     pub policies: PolicySet,
-    /// The config it was built from (shared with whoever else holds that
-    /// version, not copied).
-    pub config: Arc<LocalConfig>,
     /// Which source each entry came from, when istiod is one.
-    pub provenance: crate::sources::Provenance,
+    pub provenance: Provenance,
 }
 
 impl MeshState {
-    /// Builds the snapshot from a copy of `config`.
+    /// The state of `config` alone (its entries keyed by position).
     pub fn from_config(config: &LocalConfig) -> Result<Self, StateError> {
-        Self::from_shared(Arc::new(config.clone()))
-    }
-
-    /// Builds the snapshot of `config`, keeping it without a copy.
-    pub fn from_shared(config: Arc<LocalConfig>) -> Result<Self, StateError> {
-        Self::succeeding(config, None)
-    }
-
-    /// As [`Self::from_shared`], taking from `previous` (the state in
-    /// force) what did not change instead of building it again.
-    pub fn succeeding(
-        config: Arc<LocalConfig>,
-        previous: Option<&MeshState>,
-    ) -> Result<Self, StateError> {
-        let workloads = WorkloadIndex::reusing(&config, previous.map(|p| &p.workloads))?;
-        let services = ServiceIndex::new(&config.services, workloads.all());
-        Ok(Self {
+        let empty = Self {
             origin: config.origin.clone(),
-            policies: PolicySet::from_config(&config),
-            workloads,
-            services,
-            config,
-            provenance: Default::default(),
-        })
+            ..Self::default()
+        };
+        empty.apply(&Changes::of_file(config))
+    }
+
+    /// This state with `changes` made: only the entries they name and the
+    /// indexes that point at them are built again; everything else is
+    /// shared with this state. An error leaves this state as it was.
+    pub fn apply(&self, changes: &Changes) -> Result<Self, StateError> {
+        let mut next = self.clone();
+        let mut members = Vec::new();
+        next.workloads
+            .apply(&changes.workloads, &mut |service, entry| {
+                members.push((service.to_owned(), entry.clone()));
+            })?;
+        next.services
+            .apply(&changes.services, &members, &next.workloads);
+        next.policies.apply(&changes.policies);
+        Ok(next)
+    }
+
+    /// The merged configuration this state holds, in the file's shape
+    /// (what `config_dump` shows); built on each call.
+    pub fn config(&self) -> LocalConfig {
+        LocalConfig {
+            origin: self.origin.clone(),
+            workloads: self
+                .workloads
+                .iter()
+                .map(|w| Arc::clone(&w.workload))
+                .collect(),
+            services: self
+                .services
+                .definitions()
+                .map(|s| s.as_ref().clone())
+                .collect(),
+            policies: self.policies.iter().map(|p| p.as_ref().clone()).collect(),
+        }
     }
 
     /// For an HBONE authority `hostname:port` arriving at `local` (a pod

@@ -10,12 +10,14 @@
 
 pub mod client;
 pub mod metrics;
+pub mod model;
 pub mod node;
 pub mod resources;
 pub mod translate;
 
 pub use client::{Applied, AppliedReporter, XdsClient, XdsSnapshot, XdsStatus};
 pub use metrics::XdsMetrics;
+pub use model::{XdsEntries, XdsModel};
 pub use node::NodeIdentity;
 pub use resources::{Verdict, XdsResources};
 pub use translate::{Translated, translate};

@@ -5,18 +5,13 @@
 //!
 //! Each resource was checked on its own when it arrived (and NACKed if
 //! unusable, see [`super::resources`]). What remains are conflicts between
-//! resources that istiod's eventual consistency makes normal for a moment
-//! (a pod replaced under the same IP, a service VIP reassigned): those are
-//! resolved the same way every time (the uid or key that sorts first
-//! keeps the address) and reported, never fatal.
+//! resources, resolved by [`super::XdsModel`].
 
-use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use ipnet::IpNet;
 
-use super::resources::{Versioned, XdsResources, ip_from_bytes};
+use super::resources::{XdsResources, ip_from_bytes};
 use crate::config::{
     self, Action, HealthPolicy, LocalConfig, Locality, Match, Policy, Protocol, Routing,
     RoutingMode, RoutingScope, Scope, Waypoint, WorkloadStatus,
@@ -25,7 +20,7 @@ use crate::identity::Identity;
 use crate::istio_api::{
     security::{self, StringMatch, string_match::MatchType},
     workload::{
-        self, Address, GatewayAddress, TunnelProtocol, address, gateway_address,
+        self, GatewayAddress, TunnelProtocol, gateway_address,
         load_balancing::{HealthPolicy as XdsHealthPolicy, Mode, Scope as XdsScope},
     },
 };
@@ -40,96 +35,18 @@ pub struct Translated {
 }
 
 /// Translates everything held from istiod; `origin` names the source
-/// (e.g. `xds://istiod.istio-system.svc:15012`).
+/// (e.g. `xds://istiod.istio-system.svc:15012`). The agent keeps an
+/// [`super::XdsModel`] instead, which translates only what changed.
 pub fn translate(resources: &XdsResources, origin: &str) -> Translated {
-    TranslationCache::default().translate(resources, origin)
+    super::XdsModel::default()
+        .update(resources)
+        .translated(origin)
 }
 
-/// One address resource in the mesh model, with what translating it left
-/// out.
-#[derive(Debug, Clone)]
-enum Translation {
-    Workload(Option<Arc<config::Workload>>),
-    Service(Box<config::Service>),
-    Neither,
-}
-
-/// The translations of the address resources held, kept from one push to
-/// the next: a resource istiod did not change (the very entry held before,
-/// see [`super::resources`]) is not translated again, and its workload is
-/// the same shared entry as in the state in force.
-#[derive(Debug, Default)]
-pub struct TranslationCache {
-    /// foldhash: names come from istiod, and every push hashes them all.
-    by_name: HashMap<String, Cached, foldhash::fast::RandomState>,
-}
-
-#[derive(Debug)]
-struct Cached {
-    source: Arc<Versioned<Address>>,
-    translation: Translation,
-    dropped: Vec<String>,
-}
-
-impl TranslationCache {
-    /// As [`translate`], translating only what changed since the last call.
-    pub fn translate(&mut self, resources: &XdsResources, origin: &str) -> Translated {
-        let mut out = Translated {
-            config: LocalConfig {
-                origin: origin.to_owned(),
-                ..LocalConfig::default()
-            },
-            dropped: Vec::new(),
-        };
-        // Name order (the held map's) makes conflict resolution stable.
-        for (name, held) in resources.addresses.iter() {
-            let fresh = |held: &Arc<Versioned<Address>>| {
-                let mut dropped = Vec::new();
-                let translation = match &held.resource.r#type {
-                    Some(address::Type::Workload(w)) => {
-                        Translation::Workload(workload_of(w, &mut dropped).map(Arc::new))
-                    }
-                    Some(address::Type::Service(s)) => {
-                        Translation::Service(Box::new(service_of(s, &mut dropped)))
-                    }
-                    None => Translation::Neither,
-                };
-                Cached {
-                    source: Arc::clone(held),
-                    translation,
-                    dropped,
-                }
-            };
-            let cached = match self.by_name.get_mut(name) {
-                Some(cached) => {
-                    if !Arc::ptr_eq(&cached.source, held) {
-                        *cached = fresh(held);
-                    }
-                    cached
-                }
-                None => self.by_name.entry(name.clone()).or_insert(fresh(held)),
-            };
-            out.dropped.extend(cached.dropped.iter().cloned());
-            match &cached.translation {
-                Translation::Workload(Some(w)) => out.config.workloads.push(Arc::clone(w)),
-                Translation::Service(s) => out.config.services.push(s.as_ref().clone()),
-                Translation::Workload(None) | Translation::Neither => {}
-            }
-        }
-        // Resources istiod removed (more cached than held).
-        if self.by_name.len() > resources.addresses.len() {
-            self.by_name
-                .retain(|name, _| resources.addresses.contains_key(name.as_str()));
-        }
-        for held in resources.authorizations.values() {
-            out.config.policies.push(policy_of(&held.resource));
-        }
-        resolve_address_conflicts(&mut out);
-        out
-    }
-}
-
-fn workload_of(w: &workload::Workload, dropped: &mut Vec<String>) -> Option<config::Workload> {
+pub(super) fn workload_of(
+    w: &workload::Workload,
+    dropped: &mut Vec<String>,
+) -> Option<config::Workload> {
     let or = |value: &str, default: &str| match value {
         "" => default.to_owned(),
         v => v.to_owned(),
@@ -201,7 +118,7 @@ fn workload_of(w: &workload::Workload, dropped: &mut Vec<String>) -> Option<conf
     Some(workload)
 }
 
-fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> config::Service {
+pub(super) fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> config::Service {
     let subject_alt_names = s
         .subject_alt_names
         .iter()
@@ -289,7 +206,7 @@ fn waypoint_of(gateway: &GatewayAddress) -> Option<Waypoint> {
     })
 }
 
-fn policy_of(a: &security::Authorization) -> Policy {
+pub(super) fn policy_of(a: &security::Authorization) -> Policy {
     Policy {
         name: a.name.clone(),
         namespace: a.namespace.clone(),
@@ -364,64 +281,6 @@ fn pattern(m: &StringMatch) -> Option<String> {
 
 fn port(value: u32) -> Option<u16> {
     u16::try_from(value).ok()
-}
-
-/// Every workload IP and service VIP names one owner: the workload (by
-/// uid order) that claims an IP first keeps it; a VIP already taken by a
-/// workload or an earlier service is left off the later service.
-fn resolve_address_conflicts(out: &mut Translated) {
-    // Owners by index (workloads, then services): named only when a
-    // conflict is reported, so a push allocates nothing here per entry.
-    let mut owners: HashMap<IpAddr, usize> = HashMap::new();
-    let config = &mut out.config;
-    let workloads = config.workloads.len();
-    let owner = |config: &LocalConfig, i: usize| match i.checked_sub(workloads) {
-        None => format!("workload {}", config.workloads[i].uid),
-        Some(s) => format!("service {}", config.services[s].key()),
-    };
-    let mut lost: Vec<(usize, IpAddr, usize)> = Vec::new();
-    for (i, w) in config.workloads.iter().enumerate() {
-        for ip in &w.workload_ips {
-            if let Some(first) = owners.get(ip) {
-                lost.push((i, *ip, *first));
-            } else {
-                owners.insert(*ip, i);
-            }
-        }
-    }
-    for (s, service) in config.services.iter().enumerate() {
-        for vip in &service.vips {
-            if let Some(first) = owners.get(vip) {
-                lost.push((workloads + s, *vip, *first));
-            } else {
-                owners.insert(*vip, workloads + s);
-            }
-        }
-    }
-    for (loser, ip, first) in &lost {
-        out.dropped.push(format!(
-            "{}: address {ip} is already {}'s; left off until that one goes",
-            owner(config, *loser),
-            owner(config, *first)
-        ));
-    }
-    for (loser, ip, first) in lost {
-        // An address listed twice by one entry keeps its first listing;
-        // one another entry holds is dropped everywhere in the loser.
-        let mut listed = loser != first;
-        let mut keep = |a: &IpAddr| {
-            if *a != ip {
-                return true;
-            }
-            !std::mem::replace(&mut listed, true)
-        };
-        match loser.checked_sub(workloads) {
-            None => Arc::make_mut(&mut config.workloads[loser])
-                .workload_ips
-                .retain(|a| keep(a)),
-            Some(s) => config.services[s].vips.retain(|a| keep(a)),
-        }
-    }
 }
 
 #[cfg(test)]

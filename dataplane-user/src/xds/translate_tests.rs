@@ -4,11 +4,13 @@
 )]
 
 use super::*;
+use std::sync::Arc;
+
 use crate::istio_api::{
     security::{Authorization, Clause, Rule, ServiceAccountMatch},
     workload::{
-        LoadBalancing, NamespacedHostname, NetworkAddress, Port, PortList,
-        WorkloadStatus as XdsStatus,
+        Address, LoadBalancing, NamespacedHostname, NetworkAddress, Port, PortList,
+        WorkloadStatus as XdsStatus, address,
     },
 };
 use crate::state::MeshState;
@@ -267,15 +269,15 @@ fn a_resource_istiod_did_not_change_is_not_translated_again() {
     put_workload(&mut r, workload("a", [10, 0, 0, 1]));
     put_workload(&mut r, workload("b", [10, 0, 0, 2]));
     put_workload(&mut r, workload("c", [10, 0, 0, 3]));
-    let mut cache = TranslationCache::default();
-    let first = cache.translate(&r, "xds");
+    let mut model = crate::xds::XdsModel::default();
+    let first = model.update(&r).translated("xds");
     // b changes, c goes, d comes.
     let mut b = workload("b", [10, 0, 0, 2]);
     b.service_account = "renamed".into();
     put_workload(&mut r, b);
     r.addresses.remove("c");
     put_workload(&mut r, workload("d", [10, 0, 0, 1]));
-    let second = cache.translate(&r, "xds");
+    let second = model.update(&r).translated("xds");
     let uid = |t: &Translated, i: usize| t.config.workloads[i].uid.clone();
     assert_eq!(
         (0..3).map(|i| uid(&second, i)).collect::<Vec<_>>(),
@@ -293,8 +295,8 @@ fn a_resource_istiod_did_not_change_is_not_translated_again() {
     let fresh = translate(&r, "xds");
     assert_eq!(fresh.config, second.config);
     assert_eq!(fresh.dropped, second.dropped);
-    // Removed resources leave the cache.
-    assert_eq!(cache.by_name.len(), 3);
+    // Removed resources leave the model.
+    assert_eq!(model.entries().workloads.len(), 3);
 }
 
 /// What `r` holds as the two responses that would have brought it: seeds

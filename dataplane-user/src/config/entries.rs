@@ -1,0 +1,197 @@
+//! Where an entry of the merged configuration comes from, as the key it is
+//! held under, and the persistent maps the mesh state is made of.
+//!
+//! Every index of [`crate::state::MeshState`] is a persistent map
+//! ([`imbl`]): a new state is the previous one with the changed entries
+//! replaced, sharing every node a change does not touch, so a push from
+//! istiod costs what it names (see [`crate::state::Changes`]) while
+//! connections keep reading the state in force.
+
+use std::sync::Arc;
+
+/// An entry's place in the merged configuration: the file's entries in
+/// file order, then istiod's in resource-name order. Two entries that
+/// claim the same lookup key (a hostname, a policy key) are decided by
+/// this order, the same way whether the state was built whole or changed
+/// one entry at a time.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EntryKey {
+    /// The file's entry at this position (of its list).
+    File(u32),
+    /// istiod's resource of this name.
+    Xds(Arc<str>),
+}
+
+impl EntryKey {
+    /// istiod's resource `name`.
+    pub fn xds(name: &str) -> Self {
+        Self::Xds(Arc::from(name))
+    }
+
+    /// The file's entry at `index`.
+    pub fn file(index: usize) -> Self {
+        Self::File(u32::try_from(index).unwrap_or(u32::MAX))
+    }
+
+    /// Whether the entry is the file's.
+    pub fn is_file(&self) -> bool {
+        matches!(self, Self::File(_))
+    }
+}
+
+/// The kinds of entries, in the order istiod's are resolved against one
+/// another (a workload keeps an address a service also claims).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EntryKind {
+    /// A workload.
+    Workload,
+    /// A service.
+    Service,
+    /// An authorization policy.
+    Policy,
+}
+
+/// One of istiod's entries: its kind and resource name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct XdsEntry {
+    /// Its kind.
+    pub kind: EntryKind,
+    /// istiod's resource name.
+    pub name: String,
+}
+
+impl XdsEntry {
+    /// The entry `name` of `kind`.
+    pub fn new(kind: EntryKind, name: &str) -> Self {
+        Self {
+            kind,
+            name: name.to_owned(),
+        }
+    }
+}
+
+/// Where a note about an entry of istiod's left out (wholly or in part)
+/// sorts: what translating each resource left out, by name, before the
+/// address conflicts resolved between resources, workloads before
+/// services (the order the whole translation reports them in).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DropKey {
+    /// Left out translating resource `name` (any kind).
+    Translation(String),
+    /// Left out resolving an address conflict.
+    Conflict(XdsEntry),
+}
+
+/// Notes on what was left out, by entry, in the order they are shown.
+pub type Dropped = imbl::OrdMap<DropKey, Arc<[String]>>;
+
+/// A persistent hash map with foldhash: the keys come from the operator's
+/// file and istiod, not from strangers, and every connection and every
+/// push hashes them (SipHash was a fifth of a push's CPU at 10k workloads).
+pub type PMap<K, V> =
+    imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
+
+/// A new empty [`PMap`].
+pub fn pmap<K, V>() -> PMap<K, V>
+where
+    K: std::hash::Hash + Eq + Clone,
+    V: Clone,
+{
+    PMap::with_hasher(foldhash::fast::RandomState::default())
+}
+
+/// Several entries under one lookup key (a hostname two services share, a
+/// service's endpoints), ordered by [`EntryKey`]; a lookup that wants one
+/// takes the last (the entry that came last in the merged configuration,
+/// as when the state was a list built in that order).
+#[derive(Debug, Clone)]
+pub struct Multi<K: std::hash::Hash + Eq + Clone, V: Clone> {
+    map: PMap<K, imbl::OrdMap<EntryKey, V>>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V: Clone> Default for Multi<K, V> {
+    fn default() -> Self {
+        Self { map: pmap() }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V: Clone> Multi<K, V> {
+    /// Adds (or replaces) `entry`'s value under `key`.
+    pub fn insert(&mut self, key: K, entry: EntryKey, value: V) {
+        match self.map.get_mut(&key) {
+            Some(values) => {
+                values.insert(entry, value);
+            }
+            None => {
+                self.map.insert(key, imbl::OrdMap::unit(entry, value));
+            }
+        }
+    }
+
+    /// Removes `entry`'s value under `key`.
+    pub fn remove<Q>(&mut self, key: &Q, entry: &EntryKey)
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        let Some(values) = self.map.get_mut(key) else {
+            return;
+        };
+        values.remove(entry);
+        if values.is_empty() {
+            self.map.remove(key);
+        }
+    }
+
+    /// The values under `key`, in entry order.
+    pub fn all<Q>(&self, key: &Q) -> Option<&imbl::OrdMap<EntryKey, V>>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        self.map.get(key)
+    }
+
+    /// The value of the last entry under `key`.
+    pub fn last<Q>(&self, key: &Q) -> Option<&V>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        self.map.get(key)?.get_max().map(|(_, v)| v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_comes_first_then_istiod_by_name_and_the_last_entry_wins() {
+        let mut keys = [
+            EntryKey::xds("b"),
+            EntryKey::file(3),
+            EntryKey::xds("a"),
+            EntryKey::file(0),
+        ];
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                EntryKey::file(0),
+                EntryKey::file(3),
+                EntryKey::xds("a"),
+                EntryKey::xds("b")
+            ]
+        );
+        let mut multi: Multi<String, u8> = Multi::default();
+        multi.insert("h".into(), EntryKey::xds("b"), 2);
+        multi.insert("h".into(), EntryKey::file(0), 1);
+        assert_eq!(multi.last("h"), Some(&2));
+        multi.remove("h", &EntryKey::xds("b"));
+        assert_eq!(multi.last("h"), Some(&1));
+        multi.remove("h", &EntryKey::file(0));
+        assert!(multi.all("h").is_none());
+        assert!(multi.last("h").is_none());
+    }
+}

@@ -1,0 +1,309 @@
+//! istiod's resources in the mesh model, kept up to date one push at a
+//! time: a push translates only the resources it changed (found by
+//! comparing the held maps, which share every node a push does not touch)
+//! and resolves again only the addresses those resources claim or
+//! claimed. What it keeps ([`XdsEntries`]) is persistent, so the sources
+//! can compare the entries in force with the new ones at the cost of
+//! what changed.
+//!
+//! Conflicts between resources, which istiod's eventual consistency makes
+//! normal for a moment (a pod replaced under the same IP, a service VIP
+//! reassigned), are resolved the same way whatever the order the pushes
+//! came in: of the entries claiming an address, workloads before services
+//! and then by resource name, the first keeps it; the others leave it out
+//! until that one goes, and say so.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use imbl::ordmap::DiffItem;
+
+use super::resources::{Versioned, XdsResources};
+use super::translate::{Translated, policy_of, service_of, workload_of};
+use crate::config::{
+    self, LocalConfig,
+    entries::{DropKey, Dropped, EntryKind, XdsEntry},
+};
+use crate::istio_api::workload::{Address, address};
+
+/// istiod's entries as the mesh model holds them, conflicts resolved.
+/// Cloning is cheap (persistent maps).
+#[derive(Debug, Clone, Default)]
+pub struct XdsEntries {
+    /// Workloads by resource name.
+    pub workloads: imbl::OrdMap<String, Arc<config::Workload>>,
+    /// Services by resource name.
+    pub services: imbl::OrdMap<String, Arc<config::Service>>,
+    /// Authorization policies by resource name.
+    pub policies: imbl::OrdMap<String, Arc<config::Policy>>,
+    /// What was left out, and why.
+    pub dropped: Dropped,
+}
+
+impl XdsEntries {
+    /// `config`'s entries as istiod's, named as istiod names them
+    /// (a workload by uid, a service `namespace/hostname`, a policy
+    /// `namespace/name`), with no conflict to resolve (as a parsed file
+    /// has none): what tests and benchmarks feed the merge.
+    pub fn of_config(config: &LocalConfig) -> Self {
+        Self {
+            workloads: config
+                .workloads
+                .iter()
+                .map(|w| (w.uid.clone(), Arc::clone(w)))
+                .collect(),
+            services: config
+                .services
+                .iter()
+                .map(|s| (s.key(), Arc::new(s.clone())))
+                .collect(),
+            policies: config
+                .policies
+                .iter()
+                .map(|p| (p.key(), Arc::new(p.clone())))
+                .collect(),
+            dropped: Dropped::new(),
+        }
+    }
+
+    /// Every entry as one configuration (workloads, services and policies
+    /// in resource-name order) and what was left out.
+    pub fn translated(&self, origin: &str) -> Translated {
+        Translated {
+            config: LocalConfig {
+                origin: origin.to_owned(),
+                workloads: self.workloads.values().cloned().collect(),
+                services: self.services.values().map(|s| (**s).clone()).collect(),
+                policies: self.policies.values().map(|p| (**p).clone()).collect(),
+            },
+            dropped: self
+                .dropped
+                .values()
+                .flat_map(|notes| notes.iter().cloned())
+                .collect(),
+        }
+    }
+}
+
+/// One address resource translated, before conflicts.
+#[derive(Debug, Clone)]
+enum Raw {
+    /// A workload (`None`: unusable, see the notes).
+    Workload(Option<Arc<config::Workload>>),
+    /// A service.
+    Service(Arc<config::Service>),
+    /// Neither (an empty address).
+    Neither,
+}
+
+impl Raw {
+    fn kind(&self) -> Option<EntryKind> {
+        match self {
+            Self::Workload(Some(_)) => Some(EntryKind::Workload),
+            Self::Service(_) => Some(EntryKind::Service),
+            Self::Workload(None) | Self::Neither => None,
+        }
+    }
+
+    fn addresses(&self) -> &[IpAddr] {
+        match self {
+            Self::Workload(Some(w)) => &w.workload_ips,
+            Self::Service(s) => &s.vips,
+            Self::Workload(None) | Self::Neither => &[],
+        }
+    }
+
+    /// It as named in a conflict note.
+    fn label(&self) -> String {
+        match self {
+            Self::Workload(Some(w)) => format!("workload {}", w.uid),
+            Self::Service(s) => format!("service {}", s.key()),
+            Self::Workload(None) | Self::Neither => String::new(),
+        }
+    }
+}
+
+/// istiod's resources translated, kept from one push to the next.
+#[derive(Debug, Default)]
+pub struct XdsModel {
+    /// The resources the entries were made from.
+    held: XdsResources,
+    /// Each address resource translated, by name.
+    raw: HashMap<String, Raw, foldhash::fast::RandomState>,
+    /// Who claims each address.
+    claims: HashMap<IpAddr, BTreeSet<XdsEntry>, foldhash::fast::RandomState>,
+    entries: XdsEntries,
+}
+
+impl XdsModel {
+    /// Brings the entries up to `resources` (istiod's resources as now
+    /// held), translating only what changed since the last call.
+    pub fn update(&mut self, resources: &XdsResources) -> &XdsEntries {
+        let held = std::mem::replace(&mut self.held, resources.clone());
+        let mut touched: BTreeSet<XdsEntry> = BTreeSet::new();
+        let mut addresses: HashSet<IpAddr> = HashSet::new();
+        for item in held.addresses.diff(&resources.addresses) {
+            let (name, new) = match item {
+                DiffItem::Add(name, new)
+                | DiffItem::Update {
+                    new: (name, new), ..
+                } => (name, Some(new)),
+                DiffItem::Remove(name, _) => (name, None),
+            };
+            if let Some(old) = self.raw.remove(name) {
+                if let Some(kind) = old.kind() {
+                    let claimant = XdsEntry::new(kind, name);
+                    for ip in old.addresses() {
+                        if let Some(set) = self.claims.get_mut(ip) {
+                            set.remove(&claimant);
+                            if set.is_empty() {
+                                self.claims.remove(ip);
+                            }
+                        }
+                        addresses.insert(*ip);
+                    }
+                    touched.insert(claimant);
+                }
+                self.entries
+                    .dropped
+                    .remove(&DropKey::Translation(name.clone()));
+            }
+            let Some(new) = new else {
+                continue;
+            };
+            let (raw, notes) = translate_address(new);
+            if let Some(kind) = raw.kind() {
+                let claimant = XdsEntry::new(kind, name);
+                for ip in raw.addresses() {
+                    self.claims.entry(*ip).or_default().insert(claimant.clone());
+                    addresses.insert(*ip);
+                }
+                touched.insert(claimant);
+            }
+            if !notes.is_empty() {
+                self.entries
+                    .dropped
+                    .insert(DropKey::Translation(name.clone()), notes.into());
+            }
+            self.raw.insert(name.clone(), raw);
+        }
+        // Whoever else claims a changed address may have won or lost it.
+        for ip in &addresses {
+            if let Some(set) = self.claims.get(ip) {
+                touched.extend(set.iter().cloned());
+            }
+        }
+        for entry in &touched {
+            self.resolve(entry);
+        }
+        for item in held.authorizations.diff(&resources.authorizations) {
+            match item {
+                DiffItem::Add(name, new)
+                | DiffItem::Update {
+                    new: (name, new), ..
+                } => {
+                    self.entries
+                        .policies
+                        .insert(name.clone(), Arc::new(policy_of(&new.resource)));
+                }
+                DiffItem::Remove(name, _) => {
+                    self.entries.policies.remove(name);
+                }
+            }
+        }
+        &self.entries
+    }
+
+    /// The entries as they stand.
+    pub fn entries(&self) -> &XdsEntries {
+        &self.entries
+    }
+
+    /// Sets `entry` in the entries from its translation and the claims:
+    /// the addresses it is the first claimant of, each once.
+    fn resolve(&mut self, entry: &XdsEntry) {
+        let note_key = DropKey::Conflict(entry.clone());
+        self.entries.dropped.remove(&note_key);
+        let raw = self
+            .raw
+            .get(&entry.name)
+            .filter(|raw| raw.kind() == Some(entry.kind));
+        let Some(raw) = raw else {
+            // Gone, or now of another kind (resolved under that one).
+            match entry.kind {
+                EntryKind::Workload => {
+                    self.entries.workloads.remove(&entry.name);
+                }
+                EntryKind::Service => {
+                    self.entries.services.remove(&entry.name);
+                }
+                EntryKind::Policy => {}
+            }
+            return;
+        };
+        let mut notes = Vec::new();
+        let mut seen = HashSet::new();
+        let mut kept = Vec::with_capacity(raw.addresses().len());
+        for ip in raw.addresses() {
+            let owner = self.claims.get(ip).and_then(|set| set.first());
+            match owner {
+                Some(owner) if owner != entry => {
+                    let owner = self
+                        .raw
+                        .get(&owner.name)
+                        .map(Raw::label)
+                        .unwrap_or_default();
+                    notes.push(conflict_note(&raw.label(), ip, &owner));
+                }
+                _ if !seen.insert(*ip) => notes.push(conflict_note(&raw.label(), ip, &raw.label())),
+                _ => kept.push(*ip),
+            }
+        }
+        let all = kept.len() == raw.addresses().len();
+        match raw {
+            Raw::Workload(Some(w)) => {
+                let w = if all {
+                    Arc::clone(w)
+                } else {
+                    Arc::new(config::Workload {
+                        workload_ips: kept,
+                        ..(**w).clone()
+                    })
+                };
+                self.entries.workloads.insert(entry.name.clone(), w);
+            }
+            Raw::Service(s) => {
+                let s = if all {
+                    Arc::clone(s)
+                } else {
+                    Arc::new(config::Service {
+                        vips: kept,
+                        ..(**s).clone()
+                    })
+                };
+                self.entries.services.insert(entry.name.clone(), s);
+            }
+            Raw::Workload(None) | Raw::Neither => {}
+        }
+        if !notes.is_empty() {
+            self.entries.dropped.insert(note_key, notes.into());
+        }
+    }
+}
+
+fn conflict_note(loser: &str, ip: &IpAddr, owner: &str) -> String {
+    format!("{loser}: address {ip} is already {owner}'s; left off until that one goes")
+}
+
+/// One address resource in the mesh model, with what translating it left
+/// out.
+fn translate_address(held: &Arc<Versioned<Address>>) -> (Raw, Vec<String>) {
+    let mut notes = Vec::new();
+    let raw = match &held.resource.r#type {
+        Some(address::Type::Workload(w)) => Raw::Workload(workload_of(w, &mut notes).map(Arc::new)),
+        Some(address::Type::Service(s)) => Raw::Service(Arc::new(service_of(s, &mut notes))),
+        None => Raw::Neither,
+    };
+    (raw, notes)
+}
