@@ -33,6 +33,7 @@ pub mod stranger;
 pub mod topology;
 pub mod traffic;
 pub mod transfer;
+pub mod upgrade;
 pub mod waypoint;
 pub mod zds_client;
 
