@@ -13,6 +13,7 @@ pub mod agent;
 pub mod bench;
 pub mod capture;
 pub mod cgroup;
+pub mod chart;
 pub mod cni;
 pub mod cni_deploy;
 pub mod cni_kubeapi;
