@@ -218,10 +218,14 @@ fn a_surge_rollout_of_the_chart_refuses_and_resets_no_connection() -> anyhow::Re
             sockets.is_subset(&held),
             "round {round}: the new agent holds every listening socket: {sockets:?} vs {held:?}"
         );
-        // The old pod is no longer ready, and its container has not
-        // exited: the kubelet would restart it.
+        // The old pod is no longer ready, and once its agent has drained
+        // (or exited, which is the failure) its container is still up:
+        // the kubelet would restart one that exited.
         let old_probe = kubelet.probe(&old)?;
         assert!(!old_probe.passed, "the old pod stays ready: {old_probe:?}");
+        wait_until("the old agent to drain after the hand-over", || {
+            Ok(!old.is_running() || old.log_text().contains("idle until SIGTERM"))
+        })?;
         let running = old.is_running();
         assert!(
             running,
