@@ -23,7 +23,7 @@ use tracing::{info, warn};
 use crate::{
     admin,
     cli::engine::EngineMode,
-    cli::{CaptureMode, RunArgs},
+    cli::{AfterHandover, CaptureMode, RunArgs},
     config::{ConfigError, LocalConfig},
     control,
     enroll::{
@@ -426,12 +426,17 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
 
     release_startup_memory();
     info!(instance = %args.state.instance, control = %socket.display(), on_exit = ?args.on_exit, fail_open = args.fail_open, "agent ready");
-    tokio::select! {
-        _ = sigterm.recv() => info!("SIGTERM received, draining"),
-        _ = sigint.recv() => info!("SIGINT received, draining"),
-        () = quit.notified() => info!("/quitquitquit received, draining"),
-        pid = giver.handed_over() => info!(new_pid = pid, "pods handed over to a new agent, draining"),
-    }
+    // Whether the stop came from a hand-over rather than a signal or
+    // /quitquitquit: only then may the process have to outlive its drain.
+    let stopped_by_handover = tokio::select! {
+        _ = sigterm.recv() => { info!("SIGTERM received, draining"); false }
+        _ = sigint.recv() => { info!("SIGINT received, draining"); false }
+        () = quit.notified() => { info!("/quitquitquit received, draining"); false }
+        pid = giver.handed_over() => {
+            info!(new_pid = pid, "pods handed over to a new agent, draining");
+            true
+        }
+    };
     // A signal during a hand-over waits for its outcome: once handed over,
     // kernel state is the new agent's, whatever --on-exit says.
     let handed_over = giver.settle().await.is_some();
@@ -471,6 +476,20 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         enroller.release().await?;
     } else {
         enroller.shutdown(args.on_exit).await?;
+    }
+    if stopped_by_handover && args.after_handover == AfterHandover::Wait {
+        // A pod's container that exits is restarted by the kubelet, and
+        // the restarted agent (run with --takeover) would take the pods
+        // back from the new pod's. Holding nothing now, wait for the pod's
+        // deletion (SIGTERM); a signal that came during the drain is
+        // still pending and ends this at once.
+        info!(
+            "handed over and drained; idle until SIGTERM (--after-handover wait), holding no lock, socket, port or kernel state"
+        );
+        tokio::select! {
+            _ = sigterm.recv() => info!("SIGTERM received"),
+            _ = sigint.recv() => info!("SIGINT received"),
+        }
     }
     info!("agent stopped");
     Ok(())

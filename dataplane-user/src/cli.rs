@@ -75,6 +75,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Readiness probe of the agent's container: exit 0 when the agent
+    /// answering on the control socket is ready and, with `--same-cgroup`,
+    /// runs in this process's cgroup (a kubelet `exec` probe runs in its
+    /// container's), so in a surge rollout the new pod is ready once its
+    /// agent has taken over; 1 (saying why) when not, 4 when none answers.
+    Ready {
+        /// Which agent instance.
+        #[command(flatten)]
+        state: StateArgs,
+        /// Ready only if the answering agent runs in this process's cgroup
+        /// (the probe's container).
+        #[arg(long)]
+        same_cgroup: bool,
+    },
     /// Install the CNI plugin on this node (from the DaemonSet): copy the
     /// binary, write its kubeconfig, insert it into the primary CNI
     /// configuration, and keep it there.
@@ -193,6 +207,15 @@ pub struct StateArgs {
     /// (<state-dir>/<instance>/{agent.sock,pods.json}).
     #[arg(long, env = "DATAPLANE_STATE_DIR", default_value = "/run/dataplane")]
     pub state_dir: PathBuf,
+}
+
+/// What an agent does once it has handed its pods over (`--after-handover`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AfterHandover {
+    /// Exit 0 (on a host the upgrade is done when the old process is gone).
+    Exit,
+    /// Stay up idle until SIGTERM or SIGINT (in a pod: its deletion).
+    Wait,
 }
 
 /// `dataplane run` options.
@@ -422,6 +445,17 @@ pub struct RunArgs {
     /// Without a running agent this starts as usual.
     #[arg(long, env = "DATAPLANE_TAKEOVER")]
     pub takeover: bool,
+    /// Once handed over and drained: `exit` 0, or `wait` for SIGTERM/SIGINT
+    /// holding nothing (lock, socket, ports, kernel state), then exit 0. A
+    /// pod's container must not exit before the pod is deleted: restarted,
+    /// it would take the pods back.
+    #[arg(
+        long,
+        env = "DATAPLANE_AFTER_HANDOVER",
+        value_enum,
+        default_value = "exit"
+    )]
+    pub after_handover: AfterHandover,
     /// Istio mesh membership: istiod, xDS, certificate source.
     #[command(flatten)]
     pub istio: istio::IstioArgs,

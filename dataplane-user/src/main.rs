@@ -15,6 +15,8 @@ use dataplane_user::{
     workers::Threading,
 };
 
+/// Exit code of `ready` when the agent is not (or not this container's).
+const EXIT_NOT_READY: u8 = 1;
 /// Exit code when the host lacks something the agent needs.
 const EXIT_ENVIRONMENT: u8 = 3;
 /// Exit code when no agent answers on the control socket.
@@ -97,6 +99,26 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             if !status.healthy() {
                 return Ok(ExitCode::from(EXIT_UNHEALTHY));
             }
+        }
+        Command::Ready { state, same_cgroup } => {
+            let value = report(&state, &Request::Status)?;
+            let status: StatusReport = serde_json::from_value(value)?;
+            if !status.ready {
+                eprintln!(
+                    "not ready: agent pid {} waits for {}",
+                    status.pid,
+                    status.pending.join(", ")
+                );
+                return Ok(ExitCode::from(EXIT_NOT_READY));
+            }
+            if same_cgroup && !in_my_cgroup(status.pid)? {
+                eprintln!(
+                    "not ready: the control socket is answered by agent pid {}, which runs in another cgroup (another pod's agent, not yet taken over from)",
+                    status.pid
+                );
+                return Ok(ExitCode::from(EXIT_NOT_READY));
+            }
+            println!("ready (agent pid {})", status.pid);
         }
         Command::ConfigDump { state, json: _ } => {
             let value = report(&state, &Request::ConfigDump)?;
@@ -209,4 +231,30 @@ fn pod_command(command: PodCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether process `pid` runs in the calling process's cgroup: for
+/// `dataplane ready --same-cgroup`, which a kubelet `exec` probe runs in
+/// its container's cgroup (both sides read through the caller's cgroup
+/// namespace, so the paths compare whatever the container's view). On a
+/// hybrid host only the cgroup v2 line counts, the one every container
+/// has its own of.
+fn in_my_cgroup(pid: u32) -> std::io::Result<bool> {
+    let unified = |text: String| {
+        text.lines()
+            .find(|l| l.starts_with("0::"))
+            .map_or(text.clone(), str::to_owned)
+    };
+    let mine = unified(std::fs::read_to_string("/proc/self/cgroup")?);
+    let theirs = unified(std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?);
+    Ok(mine == theirs)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn this_process_is_in_its_own_cgroup() -> std::io::Result<()> {
+        assert!(super::in_my_cgroup(std::process::id())?);
+        Ok(())
+    }
 }

@@ -85,6 +85,13 @@ BAD_VALUES = [
     {"ztunnel": {"socketDir": "relative/dir"}},
 ]
 
+# Values the schema lets through but the chart refuses to render (`fail`).
+REFUSED_VALUES = [
+    # ztunnel owns the sockets: no hand-over, so a surge pod never starts.
+    {"agent": {"engine": "ztunnel"},
+     "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}},
+]
+
 
 def render(values):
     with helm.Chart.load(str(CHART)) as chart:
@@ -143,15 +150,27 @@ def check_daemonset(docs, problems, where, values):
             problems.append(f"{where}: agent lacks the mount {needed}")
     if not agent.get("resources", {}).get("requests"):
         problems.append(f"{where}: agent has no resource requests")
+    # Surge rollouts: a hostNetwork pod's container ports are host ports,
+    # and the scheduler refuses a second pod on the node declaring them.
+    if pod.get("hostNetwork") and any(c.get("ports") for c in pod["containers"]):
+        problems.append(f"{where}: hostNetwork containers declare ports (they block a surge pod)")
     probe_on = values.get("readinessProbe", {}).get("enabled", True)
-    if probe_on and agent.get("readinessProbe", {}).get("httpGet", {}).get("port") != "readiness":
-        problems.append(f"{where}: no readiness probe")
-    if probe_on and not any(p["containerPort"] == 15021 for p in agent.get("ports", [])):
+    probe = agent.get("readinessProbe", {}).get("exec", {}).get("command", [])
+    if probe_on and probe[:3] != ["/usr/local/bin/dataplane", "ready", "--same-cgroup"]:
+        problems.append(f"{where}: readiness is not `dataplane ready --same-cgroup`: {probe}")
+    if probe_on and "--readiness-addr=[::]:15021" not in agent["args"]:
         problems.append(f"{where}: readiness not on 15021")
     metrics_on = values.get("metrics", {}).get("enabled", True)
-    if metrics_on and not any(p["name"] == "metrics" and p["containerPort"] == 15020
-                              for p in agent.get("ports", [])):
+    if metrics_on and "--metrics-addr=[::]:15020" not in agent["args"]:
         problems.append(f"{where}: metrics not on 15020")
+    rolling = daemonsets[0]["spec"].get("updateStrategy", {}).get("rollingUpdate", {})
+    ztunnel = values.get("agent", {}).get("engine") == "ztunnel"
+    if ztunnel and ("--takeover" in agent["args"] or rolling.get("maxSurge")):
+        problems.append(f"{where}: --takeover or a surge rollout under ztunnel (no hand-over there)")
+    if not ztunnel and not rolling.get("maxSurge") and "updateStrategy" not in values:
+        problems.append(f"{where}: the default rollout does not surge")
+    if rolling.get("maxSurge") and not {"--takeover", "--after-handover=wait"} <= set(agent["args"]):
+        problems.append(f"{where}: a surge rollout without --takeover and --after-handover=wait")
     drain = next((a.split("=", 1)[1] for a in agent["args"] if a.startswith("--drain-timeout=")), None)
     if drain is None:
         problems.append(f"{where}: no --drain-timeout")
@@ -221,6 +240,12 @@ def main():
             with helm.Chart.load(str(CHART)) as chart:
                 chart.validate_schema(values)
             problems.append(f"values.schema.json accepts bad values {values}")
+        except helm.HelmError:
+            pass
+    for values in REFUSED_VALUES:
+        try:
+            render(values)
+            problems.append(f"the chart renders values it must refuse: {values}")
         except helm.HelmError:
             pass
 

@@ -13,6 +13,7 @@ pub mod agent;
 pub mod bench;
 pub mod capture;
 pub mod cgroup;
+pub mod chart;
 pub mod cni;
 pub mod cni_deploy;
 pub mod cni_kubeapi;
@@ -33,6 +34,7 @@ pub mod stranger;
 pub mod topology;
 pub mod traffic;
 pub mod transfer;
+pub mod upgrade;
 pub mod waypoint;
 pub mod zds_client;
 

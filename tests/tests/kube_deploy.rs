@@ -20,6 +20,7 @@ use k8s_openapi::api::{
     core::v1::{Container, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::serde::Deserialize as _;
 
 fn repo() -> PathBuf {
@@ -129,7 +130,7 @@ fn manifest_matches_the_binaries_it_runs() -> anyhow::Result<()> {
         command: dataplane_user::cli::Command::Run(run),
     }) = <Cli as clap::Parser>::try_parse_from(&argv)
     {
-        // The ports the pod declares are the ones the agent serves.
+        // Istio's ports (the pod declares none: they would be host ports).
         assert_eq!(run.readiness_addr.port(), 15021);
         assert_eq!(run.metrics_addr.port(), 15020);
         assert!(run.admin_addr.ip().is_loopback());
@@ -143,13 +144,44 @@ fn manifest_matches_the_binaries_it_runs() -> anyhow::Result<()> {
             assert!(known.contains(&var.name), "the agent reads no {}", var.name);
         }
     }
-    let ports: Vec<i32> = agent
-        .ports
-        .iter()
-        .flatten()
-        .map(|p| p.container_port)
-        .collect();
-    assert_eq!(ports, [15021, 15020]);
+    // Upgrades surge: the new pod starts beside the old one, which host
+    // ports (a hostNetwork pod's `ports`) would forbid; the new agent takes
+    // over, the old one waits for its pod's deletion.
+    assert_eq!(agent.ports, None, "host ports block the surge pod");
+    let rolling = m
+        .daemonset
+        .spec
+        .as_ref()
+        .and_then(|s| s.update_strategy.as_ref())
+        .and_then(|u| u.rolling_update.as_ref())
+        .ok_or_else(|| anyhow::anyhow!("no rolling update"))?;
+    assert_eq!(rolling.max_surge, Some(IntOrString::Int(1)));
+    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
+    for flag in ["--takeover", "--after-handover=wait"] {
+        assert!(
+            argv.iter().any(|a| a == flag),
+            "the agent runs without {flag}"
+        );
+    }
+    assert_eq!(
+        agent.command.as_deref(),
+        Some(&["/usr/local/bin/dataplane".to_owned()][..])
+    );
+    // Readiness is the agent's own `ready --same-cgroup` (an HTTP probe of
+    // 15021 would be answered by the old pod's agent during the surge).
+    let probe = agent
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.exec.as_ref())
+        .and_then(|e| e.command.clone())
+        .ok_or_else(|| anyhow::anyhow!("the agent has no exec readiness probe"))?;
+    assert_eq!(
+        probe[..3],
+        ["/usr/local/bin/dataplane", "ready", "--same-cgroup"]
+    );
+    let mut probe_argv = vec!["dataplane".to_owned()];
+    probe_argv.extend(probe[1..].iter().cloned());
+    Cli::try_parse_from_checked(&probe_argv)?;
 
     // install-cni: the command exists, every variable is read, and the
     // plugin binary it copies is where the image puts it.

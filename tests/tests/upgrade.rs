@@ -11,151 +11,29 @@
 //! Both loops cross every hand-over: the test waits for each loop to make
 //! progress before and after each one.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    path::Path,
-    process::Command,
-};
+use std::process::Command;
 
 use dataplane_tests::{
-    Agent, ChildGuard, TempDir,
+    Agent, TempDir,
     mesh::{addr, config_of, hbone_workload, write_config},
-    process::target_binary,
-    spawn_in,
-    topology::{Node, Pod},
+    topology::Node,
     traffic::{echo_server, http, wait_until},
+    upgrade::{
+        Loop, assert_clean, engine_listeners, lock_pid, sockets_held, without_good_access_records,
+    },
 };
 
 /// Hand-overs per run.
 const HANDOVERS: usize = 3;
 
-/// Bytes echoed per connection of a loop.
-const BYTES: &str = "16384";
-
 /// Good exchanges each loop must make between two hand-overs, so every
 /// hand-over happens with both loops running.
 const PROGRESS_STEP: u64 = 40;
 
-/// A `dp-stream loop` running in a pod.
-struct Loop {
-    name: &'static str,
-    dir: TempDir,
-    child: ChildGuard,
-}
-
-impl Loop {
-    fn start(name: &'static str, pod: &Pod, dst: std::net::SocketAddr) -> anyhow::Result<Self> {
-        let dir = TempDir::new("upgloop")?;
-        let mut cmd = Command::new(target_binary("dp-stream", "built with the tests")?);
-        cmd.args(["loop", &dst.to_string(), BYTES]).arg(dir.path());
-        let child = spawn_in(cmd, Some(pod.netns.path()), Some(pod.cgroup.path()))?;
-        Ok(Self { name, dir, child })
-    }
-
-    /// Good exchanges so far.
-    fn progress(&self) -> u64 {
-        std::fs::read_to_string(self.dir.path().join("progress"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// Waits until `more` good exchanges were made beyond the count now.
-    fn advance(&mut self, more: u64) -> anyhow::Result<()> {
-        let from = self.progress();
-        wait_until(&format!("the {} loop to make progress", self.name), || {
-            anyhow::ensure!(self.child.is_running(), "the {} loop exited", self.name);
-            Ok(self.progress() >= from + more)
-        })
-    }
-
-    /// Stops the loop and returns its counts.
-    fn finish(self) -> anyhow::Result<serde_json::Value> {
-        std::fs::write(self.dir.path().join("stop"), "")?;
-        let out = self.child.wait(std::time::Duration::from_secs(60))?;
-        anyhow::ensure!(
-            out.code == Some(0),
-            "{} loop failed: {}",
-            self.name,
-            out.stderr
-        );
-        Ok(serde_json::from_str(out.stdout.trim())?)
-    }
-}
-
-/// Listening sockets in `pod`'s network namespace: port -> socket inode.
-fn listening_inodes(pod: &Pod) -> anyhow::Result<BTreeMap<u16, BTreeSet<u64>>> {
-    let tables = pod.netns.run(|| {
-        ["tcp", "tcp6"].map(|t| std::fs::read_to_string(format!("/proc/thread-self/net/{t}")))
-    })?;
-    let mut out: BTreeMap<u16, BTreeSet<u64>> = BTreeMap::new();
-    for table in tables {
-        for line in table?.lines().skip(1) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            // sl local rem st tx:rx tr:when retr uid timeout inode
-            let (Some(local), Some(state), Some(inode)) =
-                (fields.get(1), fields.get(3), fields.get(9))
-            else {
-                continue;
-            };
-            if *state != "0A" {
-                continue;
-            }
-            let port = local
-                .rsplit(':')
-                .next()
-                .and_then(|p| u16::from_str_radix(p, 16).ok());
-            if let (Some(port), Ok(inode)) = (port, inode.parse()) {
-                out.entry(port).or_default().insert(inode);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Socket inodes process `pid` holds descriptors of.
-fn sockets_held(pid: u32) -> anyhow::Result<BTreeSet<u64>> {
-    let mut out = BTreeSet::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
-        let Ok(target) = std::fs::read_link(entry?.path()) else {
-            continue;
-        };
-        if let Some(inode) = target
-            .to_str()
-            .and_then(|t| t.strip_prefix("socket:["))
-            .and_then(|t| t.strip_suffix(']'))
-            .and_then(|t| t.parse().ok())
-        {
-            out.insert(inode);
-        }
-    }
-    Ok(out)
-}
-
-/// The engine's listeners (15001, 15006, 15008) of both enrolled pods.
-fn engine_listeners(pods: [&Pod; 2]) -> anyhow::Result<BTreeSet<u64>> {
-    let mut out = BTreeSet::new();
-    for pod in pods {
-        let table = listening_inodes(pod)?;
-        for port in [15001, 15006, 15008] {
-            let found = table
-                .get(&port)
-                .ok_or_else(|| anyhow::anyhow!("no listener on {port} in a pod"))?;
-            out.extend(found);
-        }
-    }
-    Ok(out)
-}
-
 /// The agents' log without the access records of connections that went
 /// well (one per connection here).
 fn log_of(agent: &Agent) -> String {
-    agent
-        .log_text()
-        .lines()
-        .filter(|l| !l.contains("access: ") || !l.contains("error=\"-\""))
-        .collect::<Vec<_>>()
-        .join("\n")
+    without_good_access_records(&agent.log_text())
 }
 
 /// A loopback address with a port free now.
@@ -163,13 +41,8 @@ fn free_port() -> anyhow::Result<std::net::SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-fn lock_pid(agent: &Agent) -> anyhow::Result<u32> {
-    let text = std::fs::read_to_string(
-        Path::new(agent.state_dir())
-            .join(agent.instance())
-            .join("agent.lock"),
-    )?;
-    Ok(text.trim().parse()?)
+fn agent_lock_pid(agent: &Agent) -> anyhow::Result<u32> {
+    lock_pid(agent.state_dir(), agent.instance())
 }
 
 #[test]
@@ -217,7 +90,7 @@ fn takeover_refuses_resets_and_corrupts_no_connection_across_restarts() -> anyho
         // The new agent holds the lock, the same listening sockets (so the
         // kernel's socket-map entries still name live sockets), and
         // serves on them.
-        assert_eq!(lock_pid(&agent)?, took.new_pid, "{log}");
+        assert_eq!(agent_lock_pid(&agent)?, took.new_pid, "{log}");
         assert_eq!(engine_listeners([&client, &server])?, sockets, "{log}");
         let held = sockets_held(took.new_pid)?;
         assert!(
@@ -237,13 +110,7 @@ fn takeover_refuses_resets_and_corrupts_no_connection_across_restarts() -> anyho
     let log = log_of(&agent);
     for (name, counts) in [("meshed", meshed.finish()?), ("plaintext", plain.finish()?)] {
         eprintln!("{name} loop across {HANDOVERS} hand-overs: {counts}");
-        for failure in ["refused", "reset", "corrupt", "other"] {
-            assert_eq!(counts[failure], 0, "{name} loop: {counts}\n{log}");
-        }
-        assert!(
-            counts["ok"].as_u64().unwrap_or(0) >= PROGRESS_STEP * (HANDOVERS as u64 + 1),
-            "{counts}"
-        );
+        assert_clean(name, &counts, PROGRESS_STEP * (HANDOVERS as u64 + 1), &log);
     }
     Ok(())
 }
@@ -300,7 +167,7 @@ fn a_takeover_that_fails_leaves_the_running_agent_in_charge() -> anyhow::Result<
             .is_ok_and(|added| added.ok))
     })?;
     assert_eq!(agent.status()?.pid, old_pid);
-    assert_eq!(lock_pid(&agent)?, old_pid);
+    assert_eq!(agent_lock_pid(&agent)?, old_pid);
     dataplane_tests::traffic::echo(&client, addr(&server, 9000), 64 * 1024, 7)?;
     assert!(agent.status()?.pods.iter().all(|p| p.captured));
     Ok(())
@@ -314,7 +181,7 @@ fn takeover_with_no_agent_running_starts_as_usual() -> anyhow::Result<()> {
     let status = agent.status()?;
     assert!(status.ready, "{status:?}");
     assert_eq!(Some(status.pid), agent.pid());
-    assert_eq!(lock_pid(&agent)?, status.pid);
+    assert_eq!(agent_lock_pid(&agent)?, status.pid);
     assert!(agent.enroll(Agent::spec_for(&pod, "pod"))?.ok);
     Ok(())
 }
