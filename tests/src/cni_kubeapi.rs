@@ -24,9 +24,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::Netns;
+
+mod wire;
+use wire::{decode, merge_patch, status};
 
 /// One step of a scripted watch response.
 #[derive(Debug, Clone)]
@@ -73,10 +76,15 @@ struct State {
     requests: Vec<Recorded>,
 }
 
+/// Every object the server holds, by path.
+pub type Objects = Arc<HashMap<String, Value>>;
+
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
     stop: AtomicBool,
+    /// The objects after each change, for [`FakeApi::watch_objects`].
+    objects: tokio::sync::watch::Sender<Objects>,
 }
 
 impl Shared {
@@ -85,6 +93,12 @@ impl Shared {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         }
+    }
+
+    /// Tells [`FakeApi::watch_objects`] of `state`'s objects (the state's
+    /// lock held, so watchers see changes in the order they were made).
+    fn objects_changed(&self, state: &State) {
+        self.objects.send_replace(Arc::new(state.objects.clone()));
     }
 }
 
@@ -119,6 +133,7 @@ impl FakeApi {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
+            objects: tokio::sync::watch::Sender::new(Objects::default()),
         });
         let server = Arc::clone(&shared);
         let thread = std::thread::spawn(move || {
@@ -165,8 +180,19 @@ impl FakeApi {
 
     /// Serves `object` at `path` (a GET of one object).
     pub fn set_object(&self, path: &str, object: Value) {
-        self.shared.lock().objects.insert(path.to_owned(), object);
+        let mut state = self.shared.lock();
+        state.objects.insert(path.to_owned(), object);
+        self.shared.objects_changed(&state);
+        drop(state);
         self.shared.changed.notify_all();
+    }
+
+    /// Every object served (by path) now, then again after each change the
+    /// test or a client's patch makes: what a controller's informer on
+    /// this server would see (the test istiod's pods, see
+    /// [`crate::istiod_kube`]).
+    pub fn watch_objects(&self) -> tokio::sync::watch::Receiver<Objects> {
+        self.shared.objects.subscribe()
     }
 
     /// The object at `path` now (patches applied).
@@ -378,65 +404,6 @@ fn read_body(
     Ok(body)
 }
 
-/// A JSON merge patch (RFC 7386) applied to `target`.
-fn merge_patch(target: &mut Value, patch: &Value) {
-    match (target.as_object_mut(), patch.as_object()) {
-        (Some(target), Some(patch)) => {
-            for (key, value) in patch {
-                if value.is_null() {
-                    target.remove(key);
-                } else {
-                    merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
-                }
-            }
-        }
-        (_, Some(_)) => {
-            *target = json!({});
-            merge_patch(target, patch);
-        }
-        _ => *target = patch.clone(),
-    }
-}
-
-fn status(code: u16, reason: &str, message: String) -> Value {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "reason": reason, "code": code, "message": message,
-    })
-}
-
-fn decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                match u8::from_str_radix(hex, 16) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 3;
-                    }
-                    Err(_) => {
-                        out.push(b'%');
-                        i += 1;
-                    }
-                }
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// The 403 for a request the enforced grants do not allow.
 fn forbidden(request: &Recorded, state: &State) -> Option<Value> {
     let grants = state.grants.as_ref()?;
@@ -460,7 +427,9 @@ fn answer(request: &Recorded, shared: &Shared) -> (&'static str, Value) {
         return ("403 Forbidden", refusal);
     }
     if request.method == "PATCH" {
-        return patch(request, &mut state);
+        let answer = patch(request, &mut state);
+        shared.objects_changed(&state);
+        return answer;
     }
     if let Some(queue) = state.lists.get_mut(&request.path) {
         let list = if queue.len() > 1 {

@@ -11,10 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use dataplane_user::istio_api::ca::{
-    IstioCertificateRequest, IstioCertificateResponse,
-    istio_certificate_service_server::{IstioCertificateService, IstioCertificateServiceServer},
-};
+use dataplane_user::istio_api::ca::istio_certificate_service_server::IstioCertificateServiceServer;
 use dataplane_user::istio_api::discovery::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
     aggregated_discovery_service_server::{
@@ -27,6 +24,10 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+
+mod ca;
+pub use ca::{CaMode, SeenCsr};
+use ca::{CaService, CaSigner, NamedRoot, new_root};
 
 /// The name the test istiod's certificate carries (as istiod's does).
 pub const SERVER_NAME: &str = "istiod.istio-system.svc";
@@ -210,148 +211,45 @@ impl AggregatedDiscoveryService for Service {
     }
 }
 
-/// How the test CA answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CaMode {
-    /// Signs the CSR as asked.
-    Sign,
-    /// Answers text that is not a certificate.
-    Garbage,
-    /// Signs the CSR's key for this other SPIFFE id.
-    WrongIdentity(String),
-    /// Refuses with UNAVAILABLE.
-    Unavailable,
-}
-
-/// One certificate request the agent sent.
-#[derive(Debug, Clone)]
-pub struct SeenCsr {
-    /// The `authorization` metadata, if any.
-    pub authorization: Option<String>,
-    /// `ImpersonatedIdentity` from the request's metadata, if any.
-    pub impersonated: Option<String>,
-    /// The validity asked for, in seconds.
-    pub validity_seconds: i64,
-}
-
-/// What the test CA signs with and the root bundle it sends.
-struct CaSigner {
-    issuer: Arc<rcgen::Issuer<'static, rcgen::KeyPair>>,
-    /// The last element of `cert_chain`: one or more PEM roots.
-    bundle_pem: String,
-}
-
-/// A root the test CA can sign with or send.
-struct NamedRoot {
-    name: String,
-    pem: String,
-    issuer: Arc<rcgen::Issuer<'static, rcgen::KeyPair>>,
-}
-
-/// A new self-signed root named `name`.
-fn new_root(name: &str) -> Result<(rcgen::Issuer<'static, rcgen::KeyPair>, rcgen::Certificate)> {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-    let key = KeyPair::generate()?;
-    let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(rcgen::DnType::OrganizationName, name);
-    let root = params.self_signed(&key)?;
-    Ok((Issuer::new(params, key), root))
-}
-
+/// Publishes to a [`TestIstiod`]'s streams (see [`TestIstiod::publish`]);
+/// publishing after the istiod stopped reaches no one.
 #[derive(Clone)]
-struct CaService {
-    signer: Arc<Mutex<CaSigner>>,
-    mode: Arc<Mutex<CaMode>>,
-    seen: Arc<Mutex<Vec<SeenCsr>>>,
-    /// Identities (SPIFFE URIs) the CA answers UNAVAILABLE for.
-    refused: Arc<Mutex<Vec<String>>>,
-}
+pub struct Publisher(Arc<Mutex<Shared>>);
 
-#[tonic::async_trait]
-impl IstioCertificateService for CaService {
-    async fn create_certificate(
+impl Publisher {
+    /// As [`TestIstiod::publish`].
+    pub async fn publish(
         &self,
-        request: Request<IstioCertificateRequest>,
-    ) -> Result<Response<IstioCertificateResponse>, Status> {
-        let authorization = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let request = request.into_inner();
-        let impersonated = impersonated_of(&request);
-        self.seen
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(SeenCsr {
-                authorization,
-                impersonated,
-                validity_seconds: request.validity_duration,
-            });
-        let mut mode = self
-            .mode
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
-        if impersonated_of(&request).is_some_and(|who| refused.contains(&who)) {
-            mode = CaMode::Unavailable;
-        }
-        drop(refused);
-        let (issuer, bundle_pem) = {
-            let signer = self.signer.lock().unwrap_or_else(PoisonError::into_inner);
-            (Arc::clone(&signer.issuer), signer.bundle_pem.clone())
-        };
-        let mut csr = match mode {
-            CaMode::Unavailable => return Err(Status::unavailable("the test CA is down")),
-            CaMode::Garbage => {
-                return Ok(Response::new(IstioCertificateResponse {
-                    cert_chain: vec!["not a certificate".into(), bundle_pem],
-                }));
+        type_url: &str,
+        resources: Vec<Resource>,
+        removed: &[&str],
+    ) -> Result<String> {
+        let (pushes, response) = {
+            let mut shared = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let served = shared.served.get_or_insert_with(BTreeMap::new);
+            let of_type = served.entry(type_url.to_owned()).or_default();
+            for resource in &resources {
+                of_type.insert(resource.name.clone(), resource.clone());
             }
-            CaMode::Sign | CaMode::WrongIdentity(_) => {
-                rcgen::CertificateSigningRequestParams::from_pem(&request.csr)
-                    .map_err(|err| Status::invalid_argument(format!("bad CSR: {err}")))?
+            for name in removed {
+                of_type.remove(*name);
             }
+            let response = DeltaDiscoveryResponse {
+                type_url: type_url.to_owned(),
+                nonce: shared.nonce(),
+                resources,
+                removed_resources: removed.iter().map(|s| (*s).to_owned()).collect(),
+                ..Default::default()
+            };
+            shared.all.retain(|push| !push.is_closed());
+            (shared.all.clone(), response)
         };
-        if let CaMode::WrongIdentity(other) = mode {
-            let san = other
-                .try_into()
-                .map_err(|err| Status::internal(format!("bad test identity: {err}")))?;
-            csr.params.subject_alt_names = vec![rcgen::SanType::URI(san)];
+        let nonce = response.nonce.clone();
+        for push in pushes {
+            let _ = push.send(Ok(response.clone())).await;
         }
-        let validity =
-            Duration::from_secs(u64::try_from(request.validity_duration).unwrap_or(3600));
-        let now = time::OffsetDateTime::now_utc();
-        csr.params.not_before = now - time::Duration::seconds(1);
-        csr.params.not_after = now + validity;
-        csr.params.extended_key_usages = vec![
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let leaf = csr
-            .signed_by(&issuer)
-            .map_err(|err| Status::internal(format!("signing: {err}")))?;
-        Ok(Response::new(IstioCertificateResponse {
-            cert_chain: vec![leaf.pem(), bundle_pem],
-        }))
+        Ok(nonce)
     }
-}
-
-/// `ImpersonatedIdentity` of a request, if any.
-fn impersonated_of(request: &IstioCertificateRequest) -> Option<String> {
-    use prost_types::value::Kind;
-    request
-        .metadata
-        .as_ref()
-        .and_then(|m| m.fields.get("ImpersonatedIdentity"))
-        .and_then(|v| match &v.kind {
-            Some(Kind::StringValue(s)) => Some(s.clone()),
-            _ => None,
-        })
 }
 
 /// A running test istiod; dropping it stops the server and ends its
@@ -541,31 +439,13 @@ impl TestIstiod {
         resources: Vec<Resource>,
         removed: &[&str],
     ) -> Result<String> {
-        let (pushes, response) = {
-            let mut shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
-            let served = shared.served.get_or_insert_with(BTreeMap::new);
-            let of_type = served.entry(type_url.to_owned()).or_default();
-            for resource in &resources {
-                of_type.insert(resource.name.clone(), resource.clone());
-            }
-            for name in removed {
-                of_type.remove(*name);
-            }
-            let response = DeltaDiscoveryResponse {
-                type_url: type_url.to_owned(),
-                nonce: shared.nonce(),
-                resources,
-                removed_resources: removed.iter().map(|s| (*s).to_owned()).collect(),
-                ..Default::default()
-            };
-            shared.all.retain(|push| !push.is_closed());
-            (shared.all.clone(), response)
-        };
-        let nonce = response.nonce.clone();
-        for push in pushes {
-            let _ = push.send(Ok(response.clone())).await;
-        }
-        Ok(nonce)
+        self.publisher().publish(type_url, resources, removed).await
+    }
+
+    /// A handle that publishes as [`TestIstiod::publish`] does, for a task
+    /// that feeds this istiod (see [`crate::istiod_kube`]).
+    pub fn publisher(&self) -> Publisher {
+        Publisher(Arc::clone(&self.shared))
     }
 
     /// The next request the agent sends (fails after `timeout`).

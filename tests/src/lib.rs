@@ -22,6 +22,7 @@ pub mod dns;
 pub mod external_proxy;
 pub mod istio_resources;
 pub mod istiod;
+pub mod istiod_kube;
 pub mod kube_rbac;
 pub mod mesh;
 pub mod netns;

@@ -1,0 +1,301 @@
+//! The agent with `--kube` and `--xds` against a stand-in API server and a
+//! test istiod fed by that same server: istiod derives each pod's workload
+//! from the pod objects as istiod does (`tests/src/istiod_kube.rs`, after
+//! `podWorkloadBuilder` and `setTunnelProtocol`), so a pod gets
+//! `TunnelProtocol: HBONE` only once the agent has written its
+//! `ambient.istio.io/redirection: enabled` annotation.
+//!
+//! Two pods the agent enrolls from the API talk in plaintext while the
+//! API refuses the agent's `pods/status` patch (the chart's RBAC without
+//! it: istiod sees no annotation and serves both workloads as TCP), and
+//! over HBONE, with mutual TLS and both identities, once the patch is
+//! allowed and istiod pushes the workloads it derives again.
+//!
+//! State is read from the agent's status, config dump and `/metrics`, and
+//! from the API server's objects, never from logs.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::{Context as _, Result, ensure};
+use dataplane_tests::{
+    Agent, Cgroup, ChildGuard, TempDir,
+    cni_kubeapi::{FakeApi, fixture, pod_uid},
+    istiod::{SERVER_NAME, TestIstiod, TestPki},
+    istiod_kube::{Cluster, PodWorkloads, REDIRECTION_ANNOTATION},
+    kube_rbac::Grants,
+    observe::{scrape, sum_matching},
+    spawn_in,
+    topology::{Node, Pod},
+    traffic::{echo, echo_server, wait_until},
+};
+use dataplane_user::control::Request;
+use dataplane_user::istio_api::AUTHORIZATION_TYPE;
+use serde_json::{Value, json};
+
+const NODE: &str = "node-a";
+const NAMESPACE: &str = "shop";
+
+/// One pod of the test: its namespace and cgroup, the sandbox process that
+/// makes the agent find it, and its object in the API.
+struct ApiPod {
+    name: String,
+    uid: String,
+    path: String,
+    object: Value,
+    _sandbox: ChildGuard,
+    _sandbox_cgroup: Cgroup,
+}
+
+impl ApiPod {
+    /// `pod` as the Deployment `app`'s pod (service account `app`), with a
+    /// sandbox process in a cgroup named after its uid, as the kubelet
+    /// names it (how the agent finds its network namespace).
+    fn new(node: &Node, pod: &Pod, app: &str) -> Result<Self> {
+        let uid = pod_uid();
+        let sandbox_cgroup = Cgroup::child(node.cgroup(), &format!("pod{uid}"))?;
+        let mut pause = std::process::Command::new("sleep");
+        pause.arg("300");
+        let sandbox = spawn_in(pause, Some(pod.netns.path()), Some(sandbox_cgroup.path()))?;
+        let mut object = fixture(
+            "pod_web.json",
+            &[
+                ("NODE", NODE),
+                ("UID_WEB", uid.as_str()),
+                ("NS_UID_SHOP", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c01"),
+            ],
+        )?;
+        let name = format!("{app}-7d9c8b6f5-x2x4q");
+        object["metadata"]["name"] = name.clone().into();
+        object["metadata"]["generateName"] = format!("{app}-7d9c8b6f5-").into();
+        object["metadata"]["labels"]["app"] = app.into();
+        object["metadata"]["ownerReferences"][0]["name"] = format!("{app}-7d9c8b6f5").into();
+        object["spec"]["serviceAccountName"] = app.into();
+        object["spec"]["serviceAccount"] = app.into();
+        object["status"]["podIP"] = pod.ip4.to_string().into();
+        object["status"]["podIPs"] =
+            json!([{"ip": pod.ip4.to_string()}, {"ip": pod.ip6.to_string()}]);
+        Ok(Self {
+            path: format!("/api/v1/namespaces/{NAMESPACE}/pods/{name}"),
+            name,
+            uid,
+            object,
+            _sandbox: sandbox,
+            _sandbox_cgroup: sandbox_cgroup,
+        })
+    }
+
+    /// Its object as a list item (lists carry no kind).
+    fn item(&self) -> Value {
+        let mut item = self.object.clone();
+        if let Some(obj) = item.as_object_mut() {
+            obj.remove("kind");
+            obj.remove("apiVersion");
+        }
+        item
+    }
+
+    /// Its `ambient.istio.io/redirection` annotation in the API now.
+    fn redirection(&self, api: &FakeApi) -> Option<String> {
+        api.object(&self.path).and_then(|p| {
+            p["metadata"]["annotations"][REDIRECTION_ANNOTATION]
+                .as_str()
+                .map(str::to_owned)
+        })
+    }
+}
+
+/// The protocol of the workload named `name` in the agent's config dump
+/// (`HBONE` or `TCP`), once istiod's entry for it is there.
+fn protocol(agent: &Agent, name: &str) -> Result<Option<String>> {
+    let response = agent.call(&Request::ConfigDump)?;
+    ensure!(response.ok, "config dump refused: {:?}", response.error);
+    let dump = response.report.context("config dump without a report")?;
+    Ok(dump["config"]["workloads"].as_array().and_then(|list| {
+        list.iter()
+            .find(|w| w["name"] == name && w["source"] == "xds")
+            .and_then(|w| w["protocol"].as_str().map(str::to_owned))
+    }))
+}
+
+/// Connections the agent counted opened with `security` between the two
+/// pods' identities, as the server's side reports them.
+fn opened(agent: &Agent, security: &str, principals: Option<(&str, &str)>) -> Result<f64> {
+    let mut want = vec![
+        ("reporter", "destination"),
+        ("connection_security_policy", security),
+    ];
+    if let Some((source, destination)) = principals {
+        want.push(("source_principal", source));
+        want.push(("destination_principal", destination));
+    }
+    Ok(sum_matching(
+        &scrape(agent)?,
+        "istio_tcp_connections_opened_total",
+        &want,
+    ))
+}
+
+#[test]
+fn api_enrolled_pods_get_hbone_from_istiod_only_once_the_agent_annotates_them() -> Result<()> {
+    let mut node = Node::new("kubeistiod", 1)?;
+    let client_pod = node.add_pod("kubeistiod")?;
+    let server_pod = node.add_pod("kubeistiod")?;
+    let client = ApiPod::new(&node, &client_pod, "client")?;
+    let server = ApiPod::new(&node, &server_pod, "server")?;
+
+    // The API: both pods, their namespace (labelled ambient), and the
+    // chart's RBAC without the annotation's patch for now.
+    let api = FakeApi::start()?;
+    api.enforce(Grants::from_chart()?.without("pods/status", "patch"));
+    for pod in [&client, &server] {
+        api.set_object(&pod.path, pod.object.clone());
+    }
+    api.push_list(
+        "/api/v1/pods",
+        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1210"},
+               "items": [client.item(), server.item()]}),
+    );
+    api.push_list(
+        "/api/v1/namespaces",
+        fixture(
+            "namespaces_list.json",
+            &[
+                ("NS_UID_SHOP", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c01"),
+                ("NS_UID_LEGACY", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c02"),
+                ("NS_UID_KUBE_SYSTEM", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c03"),
+            ],
+        )?,
+    );
+
+    // istiod: workloads from the API's pods, no policies.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let pki = TestPki::generate()?;
+    let istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
+    let _workloads = PodWorkloads::start(rt.handle(), &api, &istiod, Cluster::default());
+    rt.block_on(istiod.publish(AUTHORIZATION_TYPE, Vec::new(), &[]))?;
+
+    let dir = TempDir::new("kubeistiod")?;
+    let agent = start_agent(&dir, &api, &istiod, &pki, &node)?;
+    wait_until("both pods to be enrolled from the API", || {
+        let pods = agent.call(&Request::List)?.pods;
+        Ok([&client, &server]
+            .iter()
+            .all(|p| pods.iter().any(|e| e.spec.uid == p.uid)))
+    })?;
+    let _echo = echo_server(&server_pod, 9000)?;
+    let dst = SocketAddr::new(server_pod.ip4.into(), 9000);
+
+    // Refused the patch, the agent captures both pods but cannot say so:
+    // istiod, seeing no annotation, serves both workloads as TCP, and the
+    // client's connection goes to the server in plaintext (captured on
+    // both sides, no identity on it).
+    wait_until("the refused patches to show in status", || {
+        Ok(agent.status()?.redirection_annotations.is_some_and(|a| {
+            a.pending == 2 && a.last_error.is_some_and(|e| e.contains("forbidden"))
+        }))
+    })?;
+    wait_until("istiod's workloads for both pods to be held", || {
+        Ok(protocol(&agent, &client.name)?.is_some() && protocol(&agent, &server.name)?.is_some())
+    })?;
+    for pod in [&client, &server] {
+        ensure!(pod.redirection(&api).is_none(), "{} annotated", pod.name);
+        ensure!(
+            protocol(&agent, &pod.name)?.as_deref() == Some("TCP"),
+            "istiod served {} as {:?} without the annotation",
+            pod.name,
+            protocol(&agent, &pod.name)?
+        );
+    }
+    echo(&client_pod, dst, 4096, 1)?;
+    wait_until("the plaintext connection to be counted", || {
+        Ok(opened(&agent, "none", None)? >= 1.0)
+    })?;
+    ensure!(
+        opened(&agent, "mutual_tls", None)? == 0.0,
+        "mutual TLS with no pod annotated"
+    );
+
+    // Allowed the patch, the agent writes `enabled` on both pods; istiod
+    // derives HBONE from it and pushes both workloads again; the same
+    // connection now goes over HBONE with both identities.
+    api.enforce(Grants::from_chart()?);
+    wait_until("both annotations to be written", || {
+        Ok(client.redirection(&api).as_deref() == Some("enabled")
+            && server.redirection(&api).as_deref() == Some("enabled"))
+    })?;
+    wait_until("istiod to push both workloads as HBONE", || {
+        Ok(protocol(&agent, &client.name)?.as_deref() == Some("HBONE")
+            && protocol(&agent, &server.name)?.as_deref() == Some("HBONE"))
+    })?;
+    echo(&client_pod, dst, 4096, 2)?;
+    let (source, destination) = (
+        format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/client"),
+        format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/server"),
+    );
+    wait_until("the mutual-TLS connection to be counted", || {
+        Ok(opened(&agent, "mutual_tls", Some((&source, &destination)))? >= 1.0)
+    })?;
+    ensure!(
+        opened(&agent, "none", None)? == 1.0,
+        "only the first connection was plaintext"
+    );
+    Ok(())
+}
+
+/// The node's agent: pods from the API (`--kube`), mesh from istiod
+/// (`--xds`), certificates from the built-in CA. The same-node fast path
+/// is off: every connection between the two pods crosses the proxy, so
+/// each one shows how istiod's protocol sends it.
+fn start_agent(
+    dir: &TempDir,
+    api: &FakeApi,
+    istiod: &TestIstiod,
+    pki: &TestPki,
+    node: &Node,
+) -> Result<Agent> {
+    let write = |name: &str, text: &str| -> Result<String> {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text)?;
+        Ok(path.display().to_string())
+    };
+    let root = write("root-cert.pem", &pki.root_pem)?;
+    let token = write("istio-token", "kube-istiod-token\n")?;
+    let empty = write("empty.yaml", "workloads: []\n")?;
+    let kubeconfig = api.write_kubeconfig(dir.path())?.display().to_string();
+    let ca = Path::new(dir.path()).join("ca").display().to_string();
+    let address = istiod.addr.to_string();
+    Agent::start(
+        "kubeistiod",
+        node,
+        &[
+            "--kube",
+            "--node",
+            NODE,
+            "--kubeconfig",
+            &kubeconfig,
+            "--config",
+            &empty,
+            "--ca-dir",
+            &ca,
+            "--fast-path",
+            "off",
+            "--xds",
+            "--istiod-address",
+            &address,
+            "--istiod-server-name",
+            SERVER_NAME,
+            "--istiod-root-cert",
+            &root,
+            "--istiod-token",
+            &token,
+            "--pod-name",
+            "dataplane-node-a",
+            "--instance-ip",
+            "127.0.0.1",
+        ],
+    )
+}
