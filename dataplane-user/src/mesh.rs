@@ -16,7 +16,7 @@ use crate::{
     identity::{CertStore, TrustBundle},
     policy::{LiveConnections, Request},
     proxy::handshakes::PendingHandshakes,
-    state::{DeadEndpoints, MeshState},
+    state::{Affected, DeadEndpoints, MeshState},
     telemetry::{Metrics, Peer},
     tls::ClientConfigCache,
 };
@@ -91,17 +91,37 @@ impl MeshContext {
         }
     }
 
-    /// Installs a new snapshot and closes open connections its policies
-    /// deny. Returns how many were closed.
-    pub fn install(&self, state: MeshState) -> usize {
+    /// Installs a new snapshot and closes the open connections its
+    /// policies deny, re-checking only those the change (`affected`) can
+    /// concern. Returns how many were closed.
+    pub fn install(&self, state: MeshState, affected: &Affected) -> usize {
         let state = Arc::new(state);
         match self.state.write() {
             Ok(mut guard) => *guard = Arc::clone(&state),
             Err(poisoned) => *poisoned.into_inner() = Arc::clone(&state),
         }
-        let closed = self.live.enforce(|request| state.authorize(request));
-        let reset = self.fast_path.get().map_or(0, |fast| fast.revoke(&state));
+        if affected.is_empty() {
+            return 0;
+        }
+        let closed = self.live.enforce(
+            |dst| affected.concerns(&state, dst),
+            |request| state.authorize(request),
+        );
+        let reset = self
+            .fast_path
+            .get()
+            .map_or(0, |fast| fast.revoke(&state, affected));
         closed + reset
+    }
+
+    /// Whether `state` is the snapshot in force (a decision made on an
+    /// older one must not be cached).
+    pub fn is_current(&self, state: &MeshState) -> bool {
+        let current = match self.state.read() {
+            Ok(guard) => Arc::clone(&guard),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        };
+        std::ptr::eq(Arc::as_ptr(&current), state)
     }
 
     /// A configuration file read after start-up is in force: status and

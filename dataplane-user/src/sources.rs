@@ -35,7 +35,7 @@ use crate::enroll::Enroller;
 use crate::logging::Chain;
 use crate::mesh::MeshContext;
 use crate::readiness::{Readiness, Step};
-use crate::state::{Changes, MeshState, Provenance, StateError};
+use crate::state::{Affected, Changes, MeshState, Provenance, StateError};
 use crate::xds::{XdsEntries, XdsModel, XdsSnapshot, client::AppliedReporter};
 
 /// The file's keys and addresses: istiod's entries of the same key are
@@ -286,7 +286,8 @@ impl ConfigSources {
         };
         held.file = Arc::clone(&file);
         held.file_index = index;
-        self.install(built, 0, Some(file)).await;
+        self.install(built, usize::MAX, &Affected::everything(), Some(file))
+            .await;
         self.mesh.accept_config();
         Ok(())
     }
@@ -302,7 +303,7 @@ impl ConfigSources {
             Some((name, old)) if *name == origin => Some(old.clone()),
             _ => None,
         };
-        let (state, changed) = {
+        let (state, changed, affected) = {
             let entries = entries.clone();
             let origin = origin.clone();
             blocking(move || match old {
@@ -310,32 +311,39 @@ impl ConfigSources {
                 Some(old) => {
                     let mut provenance = previous.provenance.clone();
                     let changes = merge_changes(&index, &old, &entries, &mut provenance);
-                    let mut state = previous.apply(&changes)?;
+                    let (mut state, affected) = previous.apply_tracked(&changes)?;
                     state.provenance = provenance;
-                    Ok((state, changes.len()))
+                    Ok((state, changes.len(), affected))
                 }
-                None => merged_state(&file, Some((&origin, &entries))).map(|s| (s, usize::MAX)),
+                None => merged_state(&file, Some((&origin, &entries)))
+                    .map(|s| (s, usize::MAX, Affected::everything())),
             })
             .await?
         };
         held.xds = Some((origin, entries));
         if changed > 0 {
-            self.install(state, changed, None).await;
+            self.install(state, changed, &affected, None).await;
         }
         Ok(())
     }
 
-    /// Puts `state` in force (`changed` entries; `usize::MAX`: built
-    /// whole) and, when the file changed, enrolls the pods it configures
-    /// (only the file configures pods).
-    async fn install(&self, state: MeshState, changed: usize, file: Option<Arc<LocalConfig>>) {
+    /// Puts `state` in force (`changed` entries, reaching `affected`;
+    /// `usize::MAX`: built whole) and, when the file changed, enrolls the
+    /// pods it configures (only the file configures pods).
+    async fn install(
+        &self,
+        state: MeshState,
+        changed: usize,
+        affected: &Affected,
+        file: Option<Arc<LocalConfig>>,
+    ) {
         let (origin, workloads, services, policies) = (
             state.origin.clone(),
             state.workloads.len(),
             state.services.len(),
             state.policies.len(),
         );
-        let closed = self.mesh.install(state);
+        let closed = self.mesh.install(state, affected);
         if let Some(file) = file
             && let Err(err) = self.enroller.apply_config(file).await
         {

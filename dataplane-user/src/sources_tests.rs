@@ -166,13 +166,20 @@ mod random_pushes {
                         )
                     })
                     .collect();
+                // Another namespace and selector policies, so that a
+                // policy change reaches some workloads and not others.
+                let namespace = if rng.below(3) == 0 { "web" } else { "shop" };
+                let authorization_policies = (0..rng.below(3) / 2)
+                    .map(|_| format!("shop/p{}", rng.below(4)))
+                    .collect();
                 let w = workload::Workload {
                     uid: uid.clone(),
                     name: format!("{uid}-v{}", rng.below(3)),
-                    namespace: "shop".into(),
+                    namespace: namespace.into(),
                     addresses,
                     services,
                     status: rng.below(4) as i32 % 2,
+                    authorization_policies,
                     ..Default::default()
                 };
                 let address = Address {
@@ -288,7 +295,7 @@ fn a_state_changed_push_by_push_is_the_state_built_whole() {
     let mut model = XdsModel::default();
     let mut held = XdsEntries::default();
     let mut state = merged_state(&file, Some(("xds", &held))).unwrap();
-    let (mut conflicts, mut shadowed) = (0, 0);
+    let (mut conflicts, mut shadowed, mut untouched) = (0, 0, 0);
     for push in 0..400 {
         // A push changes one to three resources (the client coalesces).
         for _ in 0..=rng.below(3) {
@@ -297,8 +304,22 @@ fn a_state_changed_push_by_push_is_the_state_built_whole() {
         let entries = model.update(&resources).clone();
         let mut provenance = state.provenance.clone();
         let changes = merge_changes(&index, &held, &entries, &mut provenance);
-        let mut next = state.apply(&changes).unwrap();
+        let (mut next, affected) = state.apply_tracked(&changes).unwrap();
         next.provenance = provenance;
+        // Whatever a connection's decision or a fast-path verdict depends
+        // on that the push changed, the change says it concerns.
+        for ip in pool_addresses() {
+            if seen_at(&state, ip) != seen_at(&next, ip) {
+                assert!(
+                    affected.concerns(&next, ip),
+                    "push {push}: {ip} changed ({:?} -> {:?}) but {affected:?} does not concern it",
+                    seen_at(&state, ip),
+                    seen_at(&next, ip)
+                );
+            } else if !affected.concerns(&next, ip) {
+                untouched += 1;
+            }
+        }
         let whole_entries = XdsModel::default().update(&resources).clone();
         let whole = merged_state(&file, Some(("xds", &whole_entries))).unwrap();
         assert_eq!(
@@ -317,4 +338,43 @@ fn a_state_changed_push_by_push_is_the_state_built_whole() {
         shadowed > 50,
         "only {shadowed} pushes had an entry the file replaces"
     );
+    // A change reaches only part of the pools: not everything is re-checked.
+    assert!(
+        untouched > 2000,
+        "only {untouched} addresses were left alone by 400 pushes"
+    );
+}
+
+/// The workload and service addresses of the equivalence test's pools.
+fn pool_addresses() -> impl Iterator<Item = IpAddr> {
+    (1..=10).flat_map(|last| {
+        ["10.0.0", "10.96.0"].map(|prefix| format!("{prefix}.{last}").parse().unwrap())
+    })
+}
+
+/// What connections to `ip` and fast-path verdicts for it depend on in
+/// `state`: the workload there (identity, namespace, selector policies,
+/// settings), the service there and its endpoints, and the decision on a
+/// connection to it.
+fn seen_at(state: &MeshState, ip: IpAddr) -> String {
+    let request = crate::policy::Request {
+        peer: None,
+        src: "10.9.9.9:1234".parse().unwrap(),
+        dst: std::net::SocketAddr::new(ip, 8080),
+    };
+    format!(
+        "workload {:?} service {:?} decision {:?}",
+        state
+            .workloads
+            .by_ip(ip)
+            .map(|w| (&w.workload, &w.identity)),
+        state.services.by_vip(ip).map(|s| (
+            &s.service,
+            s.endpoints()
+                .iter()
+                .map(|w| w.workload.uid.clone())
+                .collect::<Vec<_>>()
+        )),
+        state.authorize(&request)
+    )
 }

@@ -31,10 +31,13 @@
 //! pass through mutual TLS turn it off (`--fast-path off`, or a workload's
 //! `fastPath: false`).
 //!
-//! Any change of the mesh state (workloads, services, policies) voids every
-//! verdict at once ([`FastPath::revoke`]); open fast-path connections that
-//! the new policies deny are then reset on both ends through `sock_diag`
-//! (`SOCK_DESTROY`), the same thing `ss -K` does.
+//! A change of the mesh state voids the verdicts it concerns
+//! ([`FastPath::revoke`], [`Affected`]): those whose client or destination
+//! workload, service endpoints or policies it changed; a state built whole
+//! or a mesh-wide policy voids every verdict at once. Open fast-path
+//! connections it concerns that the new policies deny are then reset on
+//! both ends through `sock_diag` (`SOCK_DESTROY`), the same thing `ss -K`
+//! does. A verdict decided on a state no longer in force is not cached.
 
 mod destroy;
 mod records;
@@ -56,7 +59,7 @@ use crate::{
         outbound::{Action, Hop, OutboundPlan, TunnelHop},
     },
     redirect::{FastPathTable, PinLayout, RedirectError},
-    state::MeshState,
+    state::{Affected, MeshState},
 };
 
 pub use destroy::DestroyError;
@@ -198,7 +201,15 @@ impl FastPath {
         if !self.allows(state, ctx) {
             return;
         }
-        let result = lock(&self.table).allow(ctx.netns_cookie, dst, server.netns_cookie);
+        let result = {
+            let mut table = lock(&self.table);
+            // Decided on a state no longer in force: its revocation has run
+            // already and would not void this verdict.
+            if !ctx.mesh.is_current(state) {
+                return;
+            }
+            table.allow(ctx.netns_cookie, dst, server.netns_cookie)
+        };
         match result {
             Ok(()) => {
                 debug!(pod = %ctx.identity.name, %dst, server = %server.identity.name, "fast path allowed")
@@ -293,7 +304,14 @@ impl FastPath {
                 write(&self.split).remove(&key);
             }
         }
-        let result = lock(&self.table).allow_service(ctx.netns_cookie, vip, &here, endpoints.len());
+        let result = {
+            let mut table = lock(&self.table);
+            if !ctx.mesh.is_current(state) {
+                write(&self.split).remove(&key);
+                return;
+            }
+            table.allow_service(ctx.netns_cookie, vip, &here, endpoints.len())
+        };
         match result {
             Ok(()) => {
                 debug!(pod = %ctx.identity.name, %vip, here = here.len(), endpoints = endpoints.len(), "fast path allowed to the service's endpoints on this node")
@@ -342,19 +360,20 @@ impl FastPath {
         Some(server)
     }
 
-    /// The mesh changed: voids every verdict, then resets the open
-    /// fast-path connections `state` denies. Returns how many were reset.
-    pub fn revoke(&self, state: &MeshState) -> usize {
+    /// The mesh changed (as far as `affected` reaches): voids the verdicts
+    /// the change concerns, then resets the open fast-path connections
+    /// `state` denies among those it concerns. Returns how many were
+    /// reset.
+    pub fn revoke(&self, state: &MeshState, affected: &Affected) -> usize {
         let open = {
             let mut table = lock(&self.table);
-            let revoked = table.revoke_all();
-            // With the verdicts void the kernel takes no endpoint: the
-            // proxy chooses among all again.
-            write(&self.split).clear();
-            if let Err(err) = revoked {
-                // The generation could not be bumped: verdicts of the old
-                // state stay. Say so loudly; the next change retries.
-                warn!(error = %err, "cannot void the fast-path verdicts; the previous mesh state still decides them");
+            self.void(&mut table, state, affected);
+            // Both ends of a fast-path connection are this node's pods: only
+            // a policy change or a change of one of them can concern one.
+            let here = affected.policies_changed()
+                || affected.addrs.iter().any(|ip| self.pod_at(*ip).is_some());
+            if !here {
+                return 0;
             }
             match table.open_connections() {
                 Ok(open) => open,
@@ -366,11 +385,57 @@ impl FastPath {
         };
         let mut reset = 0;
         for (tuple, conn) in open {
+            let (_, dst) = tuple_addrs(&tuple);
+            if !affected.concerns(state, dst.ip()) {
+                continue;
+            }
             if let Some(reason) = self.denied(state, &tuple, &conn) {
                 reset += usize::from(self.reset(&tuple, &conn, &reason));
             }
         }
         reset
+    }
+
+    /// Voids the verdicts `affected` concerns: every one for a change that
+    /// reaches everything, else those whose client pod's workload, whose
+    /// destination, or (for a service) any of whose endpoints it concerns.
+    fn void(&self, table: &mut FastPathTable, state: &MeshState, affected: &Affected) {
+        if affected.all {
+            let revoked = table.revoke_all();
+            // With the verdicts void the kernel takes no endpoint: the
+            // proxy chooses among all again.
+            write(&self.split).clear();
+            if let Err(err) = revoked {
+                // The generation could not be bumped: verdicts of the old
+                // state stay. Say so loudly; the next change retries.
+                warn!(error = %err, "cannot void the fast-path verdicts; the previous mesh state still decides them");
+            }
+            return;
+        }
+        let client_changed = |netns: u64| {
+            self.pod(netns).is_some_and(|pod| {
+                pod.ips
+                    .iter()
+                    .any(|ip| affected.addrs.contains(&ip.to_canonical()))
+            })
+        };
+        let voided = table.revoke_where(|cached, endpoints| {
+            client_changed(cached.src_netns)
+                || affected.concerns(state, cached.dst.ip())
+                || endpoints.iter().any(|e| affected.concerns(state, e.ip()))
+        });
+        match voided {
+            Ok(voided) => {
+                let mut split = write(&self.split);
+                for cached in voided.iter().filter(|c| c.service) {
+                    split.remove(&(cached.src_netns, cached.dst));
+                }
+            }
+            Err(err) => {
+                warn!(error = %err, "cannot void the fast-path verdicts a change concerns; voiding all");
+                self.void(table, state, &Affected::everything());
+            }
+        }
     }
 
     /// Why `state` no longer allows the open connection `tuple`, if it

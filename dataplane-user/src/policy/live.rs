@@ -4,7 +4,7 @@
 
 use std::{
     collections::HashMap,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -91,14 +91,19 @@ impl LiveConnections {
         self.open.lock().map(|o| o.len()).unwrap_or(0)
     }
 
-    /// Re-decides every open connection with `decide` (the new policies);
-    /// closes and logs the ones now denied. Returns how many were closed.
-    pub fn enforce(&self, decide: impl Fn(&Request<'_>) -> Result<(), String>) -> usize {
+    /// Re-decides with `decide` (the new policies) every open connection
+    /// whose destination `concerned` names; closes and logs the ones now
+    /// denied. Returns how many were closed.
+    pub fn enforce(
+        &self,
+        concerned: impl Fn(IpAddr) -> bool,
+        decide: impl Fn(&Request<'_>) -> Result<(), String>,
+    ) -> usize {
         let Ok(open) = self.open.lock() else {
             return 0;
         };
         let mut closed = 0;
-        for entry in open.values() {
+        for entry in open.values().filter(|entry| concerned(entry.dst.ip())) {
             let request = Request {
                 peer: entry.peer.as_ref(),
                 src: entry.src,

@@ -144,6 +144,11 @@ impl PolicySet {
         self.entries.is_empty()
     }
 
+    /// The policy held under `entry`.
+    pub fn get(&self, entry: &EntryKey) -> Option<&Arc<Policy>> {
+        self.entries.get(entry)
+    }
+
     /// Every policy, in entry order (the file's, then istiod's by name).
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Policy>> {
         self.entries.values()

@@ -5,7 +5,7 @@
 //! Opened by path, like [`super::OrigDstTable`], so they live as long as
 //! the agent and not as long as one loader.
 
-use std::net::SocketAddr;
+use std::{collections::HashMap as StdHashMap, net::SocketAddr, sync::Arc};
 
 use aya::maps::{Array, HashMap, MapData, RingBuf};
 use dataplane_common::{
@@ -28,6 +28,23 @@ pub struct FastPathTable {
     generation_map: Array<MapData, u64>,
     open: HashMap<MapData, SockTuple, FastConn>,
     generation: u64,
+    /// Every verdict this agent cached (the kernel adds none), with the
+    /// endpoints of a service's: a revocation finds the ones a change
+    /// concerns here, without walking the kernel's maps (a walk visits
+    /// every bucket, whatever the map holds).
+    cached: StdHashMap<Cached, Arc<[SocketAddr]>>,
+}
+
+/// A verdict the agent cached: connections from the pod of namespace
+/// `src_netns` to `dst`, a workload's own address or (`service`) a VIP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cached {
+    /// The client pod's network namespace cookie.
+    pub src_netns: u64,
+    /// The destination as the client dials it.
+    pub dst: SocketAddr,
+    /// Whether `dst` is a service VIP.
+    pub service: bool,
 }
 
 impl std::fmt::Debug for FastPathTable {
@@ -56,8 +73,19 @@ impl FastPathTable {
             generation_map,
             open: open_pinned(pins, FAST_BY_TUPLE)?,
             generation,
+            cached: StdHashMap::new(),
         };
         table.revoke_all()?;
+        // A previous agent's verdicts are not in `cached`: remove them by
+        // walking the maps, once.
+        let keys = collect_keys(table.verdicts.keys(), FAST_VERDICTS)?;
+        for key in keys {
+            ignore_missing(table.verdicts.remove(&key), FAST_VERDICTS)?;
+        }
+        let keys = collect_keys(table.services.keys(), FAST_SERVICES)?;
+        for key in keys {
+            ignore_missing(table.services.remove(&key), FAST_SERVICES)?;
+        }
         Ok(table)
     }
 
@@ -85,7 +113,14 @@ impl FastPathTable {
             .map_err(|source| RedirectError::Map {
                 name: FAST_VERDICTS,
                 source,
-            })
+            })?;
+        let cached = Cached {
+            src_netns,
+            dst,
+            service: false,
+        };
+        self.cached.insert(cached, Arc::from([]));
+        Ok(())
     }
 
     /// Caches "allowed" for connections from the pod of namespace
@@ -122,7 +157,15 @@ impl FastPathTable {
             .map_err(|source| RedirectError::Map {
                 name: FAST_SERVICES,
                 source,
-            })
+            })?;
+        let cached = Cached {
+            src_netns,
+            dst: vip,
+            service: true,
+        };
+        let endpoints = endpoints.iter().map(|(addr, _)| *addr).collect();
+        self.cached.insert(cached, endpoints);
+        Ok(())
     }
 
     /// Voids every cached verdict at once (one write of the generation the
@@ -137,15 +180,32 @@ impl FastPathTable {
                 source,
             })?;
         self.generation = next;
-        let keys = collect_keys(self.verdicts.keys(), FAST_VERDICTS)?;
-        for key in keys {
-            ignore_missing(self.verdicts.remove(&key), FAST_VERDICTS)?;
+        self.revoke_where(|_, _| true).map(drop)
+    }
+
+    /// Removes the cached verdicts `void` picks (given each verdict and,
+    /// for a service, the endpoints it carries to); returns them. The
+    /// others stay valid.
+    pub fn revoke_where(
+        &mut self,
+        void: impl Fn(&Cached, &[SocketAddr]) -> bool,
+    ) -> Result<Vec<Cached>, RedirectError> {
+        let voided: Vec<Cached> = self
+            .cached
+            .iter()
+            .filter(|(cached, endpoints)| void(cached, endpoints))
+            .map(|(cached, _)| *cached)
+            .collect();
+        for cached in &voided {
+            let key = fast_key(cached.src_netns, cached.dst);
+            if cached.service {
+                ignore_missing(self.services.remove(&key), FAST_SERVICES)?;
+            } else {
+                ignore_missing(self.verdicts.remove(&key), FAST_VERDICTS)?;
+            }
+            self.cached.remove(cached);
         }
-        let keys = collect_keys(self.services.keys(), FAST_SERVICES)?;
-        for key in keys {
-            ignore_missing(self.services.remove(&key), FAST_SERVICES)?;
-        }
-        Ok(())
+        Ok(voided)
     }
 
     /// Every open fast-path connection: its tuple (client side first) and

@@ -73,7 +73,7 @@ use tracing::{info, warn};
 
 pub use error::RedirectError;
 pub use external::{ExternalListeners, ExternalPodCapture};
-pub use fast_path::FastPathTable;
+pub use fast_path::{Cached, FastPathTable};
 pub use harvest::{HarvestError, HarvestedListener};
 pub use object::{
     EMBEDDED_OBJECT, MapDefinition, ObjectError, ProgramInfo, catalogue, map_definitions,

@@ -7,6 +7,7 @@
 //! (see [`crate::config::entries`]), so a push costs what it changes, not what the mesh
 //! holds. Lookups by IP are one hash probe.
 
+mod affected;
 mod provenance;
 mod services;
 mod snapshot;
@@ -19,6 +20,7 @@ pub use crate::config::{
     entries::{EntryKey, Multi, PMap, pmap},
 };
 
+pub use affected::Affected;
 pub use provenance::Provenance;
 pub use services::{DEAD_ENDPOINT_HOLD, DeadEndpoints, Endpoint, ServiceEntry, ServiceIndex};
 pub use snapshot::MeshState;

@@ -184,13 +184,14 @@ impl ServiceIndex {
     /// every service whose definition changed or whose members
     /// (`members_touched`: service key and workload entry, from
     /// [`super::WorkloadIndex::apply`]) did, with endpoints from
-    /// `workloads` (which already holds the change).
+    /// `workloads` (which already holds the change). Returns the keys of
+    /// the services built again.
     pub(crate) fn apply(
         &mut self,
         changes: &[(EntryKey, Option<Arc<Service>>)],
         members_touched: &[(String, EntryKey)],
         workloads: &super::WorkloadIndex,
-    ) {
+    ) -> std::collections::BTreeSet<String> {
         let mut rebuild: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         for (service, entry) in members_touched {
             match workloads
@@ -253,6 +254,16 @@ impl ServiceIndex {
                 self.entries.insert(key.clone(), entry.clone(), built);
             }
         }
+        rebuild
+    }
+
+    /// The VIPs of every service held under the service key `key`.
+    pub fn vips<'a>(&'a self, key: &str) -> impl Iterator<Item = IpAddr> + 'a {
+        self.entries
+            .all(key)
+            .into_iter()
+            .flat_map(|built| built.values())
+            .flat_map(|entry| entry.service.vips.iter().map(|vip| vip.to_canonical()))
     }
 
     /// The service behind a VIP.

@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use super::{Changes, Provenance, ServiceIndex, StateError, WorkloadIndex};
+use super::{Affected, Changes, Provenance, ServiceIndex, StateError, WorkloadIndex};
 use crate::{
     config::LocalConfig,
     policy::{PolicySet, Request, Target},
@@ -42,16 +42,42 @@ impl MeshState {
     /// indexes that point at them are built again; everything else is
     /// shared with this state. An error leaves this state as it was.
     pub fn apply(&self, changes: &Changes) -> Result<Self, StateError> {
+        self.apply_tracked(changes).map(|(next, _)| next)
+    }
+
+    /// [`Self::apply`], also saying what the change can have changed for
+    /// a connection (what an install re-checks and voids).
+    pub fn apply_tracked(&self, changes: &Changes) -> Result<(Self, Affected), StateError> {
+        let mut affected = Affected::default();
+        for (entry, new) in &changes.workloads {
+            let old = self.workloads.by_key(entry).map(|w| &w.workload);
+            for workload in old.into_iter().chain(new) {
+                for ip in &workload.workload_ips {
+                    affected.addr(*ip);
+                }
+            }
+        }
+        for (entry, new) in &changes.policies {
+            for policy in self.policies.get(entry).into_iter().chain(new) {
+                affected.policy(policy);
+            }
+        }
         let mut next = self.clone();
         let mut members = Vec::new();
         next.workloads
             .apply(&changes.workloads, &mut |service, entry| {
                 members.push((service.to_owned(), entry.clone()));
             })?;
-        next.services
+        let rebuilt = next
+            .services
             .apply(&changes.services, &members, &next.workloads);
+        for key in &rebuilt {
+            for vip in self.services.vips(key).chain(next.services.vips(key)) {
+                affected.addr(vip);
+            }
+        }
         next.policies.apply(&changes.policies);
-        Ok(next)
+        Ok((next, affected))
     }
 
     /// The merged configuration this state holds, in the file's shape
