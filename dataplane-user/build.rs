@@ -20,7 +20,6 @@ const EBPF_PACKAGE: &str = "dataplane-ebpf";
 fn main() -> anyhow::Result<()> {
     emit_dependency_versions();
     source_commit::emit();
-    compile_istio_api()?;
     check_toolchain()?;
     let metadata = cargo_metadata::MetadataCommand::new()
         .no_deps()
@@ -48,29 +47,6 @@ fn main() -> anyhow::Result<()> {
         Toolchain::Nightly,
     )
     .context("building the kernel programs failed; `cargo xtask setup` installs what they need")
-}
-
-/// Istio's and Envoy's wire types (`proto/`), as Rust with tonic clients
-/// and servers (the servers are for the test control plane in `tests/`).
-/// `zds.proto` declares messages only (ZDS is not gRPC), so it adds no
-/// client or server.
-fn compile_istio_api() -> anyhow::Result<()> {
-    const PROTOS: [&str; 5] = [
-        "proto/envoy/discovery.proto",
-        "proto/istio/workload.proto",
-        "proto/istio/authorization.proto",
-        "proto/istio/ca.proto",
-        "proto/istio/zds.proto",
-    ];
-    println!("cargo:rerun-if-changed=proto");
-    if which::which("protoc").is_err() && std::env::var_os("PROTOC").is_none() {
-        bail!("protoc is not on PATH: run `cargo xtask setup` (Debian's protobuf-compiler)");
-    }
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_protos(&PROTOS, &["proto"])
-        .context("compiling proto/ (Istio's wire types) failed")
 }
 
 /// Fails with a fix instead of aya-build's raw cargo error when the tools the

@@ -33,7 +33,7 @@ const SOURCES: [&str; 9] = [
     "dataplane-user/build.rs",
     "dataplane-user/build",
     "dataplane-user/src",
-    "dataplane-user/proto",
+    "crates",
 ];
 
 /// The environment variable that overrides git.

@@ -501,27 +501,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// A duration such as `24h`, `30m`, `90s` or `1500ms`.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration (e.g. 24h, 30m, 90s, 500ms)"))?;
-    let secs = match unit {
-        "ms" => return Ok(std::time::Duration::from_millis(n)),
-        "s" | "" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86_400,
-        _ => {
-            return Err(format!(
-                "`{s}`: unknown unit `{unit}` (use ms, s, m, h or d)"
-            ));
-        }
-    };
-    Ok(std::time::Duration::from_secs(secs))
-}
+pub use dataplane_core::parse::parse_duration;
 
 /// A [`parse_duration`] that is not zero (a zero timeout would end every
 /// connection at once).
@@ -566,20 +546,6 @@ mod tests {
 
     #[test]
     fn durations_parse() {
-        assert_eq!(
-            parse_duration("24h"),
-            Ok(std::time::Duration::from_secs(86_400))
-        );
-        assert_eq!(
-            parse_duration("90s"),
-            Ok(std::time::Duration::from_secs(90))
-        );
-        assert_eq!(
-            parse_duration("500ms"),
-            Ok(std::time::Duration::from_millis(500))
-        );
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5y").is_err());
         assert!(parse_positive_duration("0s").is_err());
         assert_eq!(
             parse_positive_duration("2s"),

@@ -81,7 +81,7 @@ impl IstiodEndpoint {
             path: path.clone(),
             reason,
         };
-        let (bytes, more) = crate::config::limits::read_at_most(path, MAX_TOKEN)
+        let (bytes, more) = dataplane_core::fs::read_at_most(path, MAX_TOKEN)
             .map_err(|err| token_error(err.to_string()))?;
         if more {
             return Err(token_error(format!("longer than {MAX_TOKEN} bytes")));

@@ -21,7 +21,7 @@
 //! connection; [`agent`] runs it all.
 #![deny(missing_docs)]
 
-pub(crate) mod addr;
+pub(crate) use dataplane_core::addr;
 pub(crate) mod admin;
 pub mod agent;
 pub(crate) mod bpf_syscall;
@@ -41,7 +41,7 @@ pub(crate) mod httpd;
 pub mod identity;
 pub mod inspect;
 pub(crate) mod instance;
-pub mod istio_api;
+pub use dataplane_istio_api as istio_api;
 pub mod istiod;
 pub mod kube;
 pub mod logging;

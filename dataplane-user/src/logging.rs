@@ -19,6 +19,10 @@ use tracing_subscriber::{
 
 use crate::{cli::LogFormat, telemetry::RecentLayer};
 
+/// Moved to `dataplane_core::error`; named here for the modules that still
+/// import it from `logging`.
+pub use dataplane_core::error::Chain;
+
 /// Why a new log filter was not applied.
 #[derive(Debug, thiserror::Error)]
 pub enum LoggingError {
@@ -103,20 +107,4 @@ pub fn current_filter() -> Option<String> {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     })
-}
-
-/// Displays an error with its whole source chain (`outer: inner: root`), for
-/// log fields: error types keep their own message free of their source's.
-pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
-
-impl std::fmt::Display for Chain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(err) = source {
-            write!(f, ": {err}")?;
-            source = err.source();
-        }
-        Ok(())
-    }
 }

@@ -256,26 +256,7 @@ fn on_filesystem(path: &Path, magic: nix::sys::statfs::FsType) -> bool {
     statfs(path).is_ok_and(|s| s.filesystem_type() == magic)
 }
 
-/// The first cgroup v2 mount point: `/sys/fs/cgroup` on unified hosts,
-/// `/sys/fs/cgroup/unified` on hybrid ones.
-pub fn cgroup2_mount() -> Option<PathBuf> {
-    mount_points("cgroup2").into_iter().next()
-}
-
-/// Mount points of every filesystem of type `fstype`, in the order of
-/// `/proc/self/mountinfo`.
-pub fn mount_points(fstype: &str) -> Vec<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    mountinfo
-        .lines()
-        .filter_map(|line| {
-            // Fields: id parent dev root mount_point ... - fstype source options
-            let (left, right) = line.split_once(" - ")?;
-            let mount_point = left.split_whitespace().nth(4)?;
-            (right.split_whitespace().next()? == fstype).then(|| PathBuf::from(mount_point))
-        })
-        .collect()
-}
+pub use dataplane_core::fs::{cgroup2_mount, mount_points};
 
 #[cfg(test)]
 mod tests {

@@ -103,7 +103,7 @@ fn stamp(path: &Path) -> Option<Stamp> {
 /// Reads the file, refusing one larger than [`MAX_CONFIG_BYTES`] without
 /// reading it all.
 fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
-    let (bytes, more) = crate::config::limits::read_at_most(path, MAX_CONFIG_BYTES)
+    let (bytes, more) = dataplane_core::fs::read_at_most(path, MAX_CONFIG_BYTES)
         .map_err(|err| format!("cannot read config file {}: {err}", path.display()))?;
     if more {
         return Err(format!(

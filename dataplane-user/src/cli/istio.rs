@@ -221,8 +221,8 @@ pub fn read_root_certs(
         path: path.to_path_buf(),
         reason,
     };
-    let (bytes, more) = crate::config::limits::read_at_most(path, MAX_ROOT_FILE)
-        .map_err(|e| error(e.to_string()))?;
+    let (bytes, more) =
+        dataplane_core::fs::read_at_most(path, MAX_ROOT_FILE).map_err(|e| error(e.to_string()))?;
     if more {
         return Err(error(format!("larger than {MAX_ROOT_FILE} bytes")));
     }

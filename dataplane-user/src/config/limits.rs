@@ -13,23 +13,6 @@ pub const MAX_CONFIG_BYTES: usize = 16 << 20;
 /// three deep; nothing in the schema nests deeper than six).
 pub const MAX_FLOW_DEPTH: usize = 64;
 
-/// Reads at most `limit` bytes of the file at `path`; the flag says
-/// whether it holds more. A file larger than a reader accepts is never read
-/// whole (config files, tokens).
-pub(crate) fn read_at_most(
-    path: &std::path::Path,
-    limit: usize,
-) -> std::io::Result<(Vec<u8>, bool)> {
-    use std::io::Read as _;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(limit as u64 + 1)
-        .read_to_end(&mut bytes)?;
-    let more = bytes.len() > limit;
-    bytes.truncate(limit);
-    Ok((bytes, more))
-}
-
 /// Checks `text` against the bounds; `origin` names it in errors.
 pub fn check(text: &str, origin: &str) -> Result<(), ConfigError> {
     let bounded = |what: String| ConfigError::Bounds {

@@ -129,7 +129,8 @@ impl LocalConfig {
         };
         let invalid =
             |what: String| read_error(std::io::Error::new(std::io::ErrorKind::InvalidData, what));
-        let (bytes, more) = limits::read_at_most(path, MAX_CONFIG_BYTES).map_err(read_error)?;
+        let (bytes, more) =
+            dataplane_core::fs::read_at_most(path, MAX_CONFIG_BYTES).map_err(read_error)?;
         if more {
             return Err(invalid(format!(
                 "larger than the {MAX_CONFIG_BYTES} bytes accepted"

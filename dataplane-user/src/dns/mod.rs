@@ -285,11 +285,11 @@ impl PodDns {
 }
 
 /// A pod's [`DNS_CAPTURE_ANNOTATION`] (see
-/// [`annotation_flag`](crate::enroll::annotation_flag)).
+/// [`annotation_flag`](dataplane_core::parse::annotation_flag)).
 pub fn annotation_setting(
     annotations: &std::collections::BTreeMap<String, String>,
 ) -> Option<bool> {
-    crate::enroll::annotation_flag(annotations, DNS_CAPTURE_ANNOTATION)
+    dataplane_core::parse::annotation_flag(annotations, DNS_CAPTURE_ANNOTATION)
 }
 
 /// `IP` or `IP:PORT` (`[v6]:PORT`); port 53 when none is given.

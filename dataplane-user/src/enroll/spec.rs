@@ -73,19 +73,7 @@ pub fn annotation_exclusions(
     }
 }
 
-/// The boolean value of the annotation `key`, read as Go's
-/// `strconv.ParseBool` reads it (which Istio's agents use for theirs);
-/// `None` when absent or not a boolean.
-pub fn annotation_flag(
-    annotations: &std::collections::BTreeMap<String, String>,
-    key: &str,
-) -> Option<bool> {
-    match annotations.get(key)?.as_str() {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
-}
+pub use dataplane_core::parse::annotation_flag;
 
 fn default_service_account() -> String {
     "default".into()

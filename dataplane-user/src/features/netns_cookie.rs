@@ -237,7 +237,7 @@ fn netns_of(socket: BorrowedFd<'_>) -> io::Result<OwnedFd> {
 fn own_cgroup() -> Option<PathBuf> {
     let membership = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     let relative = cgroup_v2_path(&membership)?;
-    let mount = crate::preflight::cgroup2_mount()?;
+    let mount = dataplane_core::fs::cgroup2_mount()?;
     Some(mount.join(relative.strip_prefix("/").unwrap_or(relative)))
 }
 

@@ -223,12 +223,11 @@ pub fn check_files(
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, CertDirError> {
-    let (bytes, more) = crate::config::limits::read_at_most(path, MAX_FILE).map_err(|source| {
-        CertDirError::Read {
+    let (bytes, more) =
+        dataplane_core::fs::read_at_most(path, MAX_FILE).map_err(|source| CertDirError::Read {
             path: path.to_owned(),
             source,
-        }
-    })?;
+        })?;
     if more {
         return Err(CertDirError::TooLarge {
             path: path.to_owned(),

@@ -48,8 +48,8 @@ const fn vm_test(names: &'static [&'static str]) -> Package {
 
 /// Packages whose tools the tests and benchmarks call.
 const PACKAGES: &[Package] = &[
-    // protoc: dataplane-user/build.rs compiles Istio's wire types
-    // (dataplane-user/proto) with it
+    // protoc: crates/istio-api/build.rs compiles Istio's wire types
+    // (crates/istio-api/proto) with it
     tests(&["protobuf-compiler"]),
     // ip, ss, tc
     tests(&["iproute2"]),

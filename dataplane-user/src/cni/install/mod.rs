@@ -135,7 +135,7 @@ pub struct InstallCniArgs {
     pub cleanup_on_exit: bool,
     /// How often the installation is checked (and the token refreshed)
     /// besides directory change notifications, e.g. `10s`.
-    #[arg(long, env = "DATAPLANE_CNI_RESYNC", default_value = "10s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, env = "DATAPLANE_CNI_RESYNC", default_value = "10s", value_parser = dataplane_core::parse::parse_duration)]
     pub resync: Duration,
 }
 

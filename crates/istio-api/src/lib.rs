@@ -2,7 +2,7 @@
 //! (see its README): delta xDS, Istio's workload and authorization
 //! resources, and the CA's certificate service, each with a tonic client
 //! and server; and the messages of ZDS, the node agent's unix-socket
-//! protocol with ztunnel (`crate::zds`).
+//! protocol with ztunnel (`dataplane_user::zds`).
 
 /// Resource type URL of workloads and services.
 pub const ADDRESS_TYPE: &str = "type.googleapis.com/istio.workload.Address";

@@ -1,0 +1,19 @@
+//! The bottom layer of the dataplane agent: what every other crate may use
+//! and which itself uses nothing of the agent's.
+//!
+//! - [`addr`]: addresses as the mesh compares them.
+//! - [`error`]: [`Chain`](error::Chain), an error with its whole source
+//!   chain, for log fields and messages.
+//! - [`fs`]: bounded file reads and `/proc/self/mountinfo`.
+//! - [`parse`]: durations as flags and files spell them, Go-style booleans
+//!   as Kubernetes annotations carry them.
+//!
+//! It depends on no other crate of the agent but `dataplane-common` (for the
+//! engine's port numbers), and not on clap: flag types live with the binary.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod addr;
+pub mod error;
+pub mod fs;
+pub mod parse;
