@@ -5,7 +5,8 @@
 //! istiod live: a policy added and removed, a workload removed, an invalid
 //! resource NACKed while the rest applies, istiod restarted (the last state
 //! keeps serving, the stream resumes with the versions held), and
-//! readiness held until the first complete state.
+//! readiness held until the first complete state; a push voids only the
+//! same-node fast-path verdicts it concerns.
 //!
 //! State is read from the agents' status, config dump, readiness endpoint
 //! and `/metrics`, never from their logs.
@@ -23,7 +24,7 @@ use dataplane_tests::{
     istiod::{SERVER_NAME, TestIstiod, TestPki},
     mesh::{ECHO_VIP, NAMESPACE, TwoNodes, addr, policy, to_ports},
     observe::{scrape, sum, value},
-    traffic::{echo, echo_server, http, try_stream, wait_until},
+    traffic::{echo, echo_server, http, stream, try_stream, wait_until},
 };
 use dataplane_user::config::{Action, LocalConfig, Scope};
 use dataplane_user::control::Request;
@@ -90,6 +91,26 @@ impl World {
     ) -> Result<String> {
         self.rt
             .block_on(self.istiod()?.publish(type_url, resources, removed))
+    }
+
+    /// Waits for the agent's answer to the push `nonce` (sent once the
+    /// agent's state holds it) and checks it is an ACK.
+    fn acked(&mut self, nonce: &str) -> Result<()> {
+        let istiod = self.istiod.as_mut().context("the test istiod is stopped")?;
+        let seen = self.rt.block_on(async {
+            loop {
+                let seen = istiod.next_request(Duration::from_secs(60)).await?;
+                if seen.request.response_nonce == nonce {
+                    return anyhow::Ok(seen);
+                }
+            }
+        })?;
+        ensure!(
+            seen.request.error_detail.is_none(),
+            "push {nonce} NACKed: {:?}",
+            seen.request.error_detail
+        );
+        Ok(())
     }
 
     /// Serves the whole mesh (version `version`).
@@ -483,6 +504,101 @@ fn a_push_is_acked_once_the_agent_serves_it() -> Result<()> {
         ack.request.error_detail.is_none(),
         "{:?}",
         ack.request.error_detail
+    );
+    Ok(())
+}
+
+/// `(redirected_outbound, fast_path_outbound)` of `agent`'s kernel counters.
+fn ways(agent: &Agent) -> Result<(u64, u64)> {
+    Ok((
+        agent.counter("redirected_outbound")?,
+        agent.counter("fast_path_outbound")?,
+    ))
+}
+
+/// A push changes only the fast-path verdicts it concerns: one about a pod
+/// elsewhere leaves a same-node pair socket to socket; a namespace policy
+/// that now denies the pair resets its open fast-path connection and sends
+/// the next one back to the proxy, which refuses it. The push is ACKed
+/// only once both are done, so every check follows the ACK.
+#[test]
+fn a_push_revokes_the_fast_path_verdicts_it_concerns_and_no_other() -> Result<()> {
+    let mut world = World::new("xdsfp")?;
+    world.publish_mesh("v1")?;
+    let a1 = world.agent("xf", 1)?;
+    wait_until("node1's agent to be ready on istiod's state", || {
+        Ok(http(a1.readiness_addr()?, "GET", "/healthz/ready")?.0 == 200)
+    })?;
+    let w = &world.w;
+    world.enroll(&a1, &w.client, "client")?;
+    world.enroll(&a1, &w.local, "local")?;
+    let _held = echo_server(&w.local, 9001)?;
+    // The first connection is decided by the proxy, the next goes socket to
+    // socket.
+    echo(&w.client, addr(&w.local, 9001), 10, 1)?;
+    echo(&w.client, addr(&w.local, 9001), 10, 2)?;
+    let decided = ways(&a1)?;
+    ensure!(
+        decided.0 == 1 && decided.1 == 1,
+        "(proxied, socket to socket) = {decided:?}"
+    );
+
+    // The remote pod turns unhealthy: its own entry and the service it
+    // serves change, the pair's verdict stays.
+    let remote = world
+        .mesh
+        .workloads
+        .iter()
+        .find(|w| w.name == "remote")
+        .context("remote in the mesh")?;
+    let mut sick = (**remote).clone();
+    sick.status = dataplane_user::config::WorkloadStatus::Unhealthy;
+    let nonce = world.publish(ADDRESS_TYPE, vec![workload_resource(&sick, "v2")], &[])?;
+    world.acked(&nonce)?;
+    let w = &world.w;
+    echo(&w.client, addr(&w.local, 9001), 10, 3)?;
+    let after = ways(&a1)?;
+    ensure!(
+        after == (decided.0, decided.1 + 1),
+        "a push about another node's pod revoked the pair's verdict: {decided:?} -> {after:?}"
+    );
+
+    // A namespace policy denying the port resets the open connection.
+    let target = addr(&w.local, 9001).to_string();
+    let (outcome, nonce) = std::thread::scope(|scope| -> Result<(String, String)> {
+        let holder = scope.spawn(|| stream(&w.client, &["hold-end", &target, "30"]));
+        wait_until("the held connection to take the fast path", || {
+            Ok(ways(&a1)?.1 > after.1)
+        })?;
+        let deny = policy(
+            "deny-9001",
+            NAMESPACE,
+            Scope::Namespace,
+            Action::Deny,
+            to_ports(&[9001]),
+        );
+        let nonce = world.publish(AUTHORIZATION_TYPE, vec![policy_resource(&deny, "v3")], &[])?;
+        let outcome = holder
+            .join()
+            .map_err(|_| anyhow::anyhow!("the holding client panicked"))??;
+        Ok((outcome, nonce))
+    })?;
+    ensure!(
+        outcome == "reset",
+        "the denied fast-path connection: {outcome}"
+    );
+    world.acked(&nonce)?;
+    let w = &world.w;
+    // The next connection goes to the proxy again, which refuses it.
+    let proxied = ways(&a1)?.0;
+    let denied = stream(
+        &w.client,
+        &["expect-reset", &addr(&w.local, 9001).to_string()],
+    )?;
+    ensure!(denied == "reset", "a denied connection: {denied}");
+    ensure!(
+        ways(&a1)?.0 == proxied + 1,
+        "the denied connection did not go through the proxy"
     );
     Ok(())
 }

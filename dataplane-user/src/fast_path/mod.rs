@@ -385,8 +385,12 @@ impl FastPath {
         };
         let mut reset = 0;
         for (tuple, conn) in open {
-            let (_, dst) = tuple_addrs(&tuple);
-            if !affected.concerns(state, dst.ip()) {
+            // A changed client (its identity, say) can be denied by a
+            // destination the change does not otherwise concern.
+            let (src, dst) = tuple_addrs(&tuple);
+            if !affected.concerns(state, dst.ip())
+                && !affected.addrs.contains(&src.ip().to_canonical())
+            {
                 continue;
             }
             if let Some(reason) = self.denied(state, &tuple, &conn) {
