@@ -27,6 +27,41 @@ use crate::config::{
 };
 use crate::istio_api::workload::{Address, address};
 
+/// The entries claiming one address, in claim order (the first keeps it).
+/// Nearly always one: a sorted `Vec` costs its elements, where a
+/// `BTreeSet` allocated an eleven-slot node for each address (about 350
+/// bytes per workload IP; `benches/mesh_memory.rs`).
+#[derive(Debug, Default, Clone)]
+struct Claimants(Vec<XdsEntry>);
+
+impl Claimants {
+    fn insert(&mut self, entry: XdsEntry) {
+        if let Err(at) = self.0.binary_search(&entry) {
+            // Room for one: a `Vec`'s first growth would make it four.
+            self.0.reserve_exact(1);
+            self.0.insert(at, entry);
+        }
+    }
+
+    fn remove(&mut self, entry: &XdsEntry) {
+        if let Ok(at) = self.0.binary_search(entry) {
+            self.0.remove(at);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn first(&self) -> Option<&XdsEntry> {
+        self.0.first()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &XdsEntry> {
+        self.0.iter()
+    }
+}
+
 /// istiod's entries as the mesh model holds them, conflicts resolved.
 /// Cloning is cheap (persistent maps).
 #[derive(Debug, Clone, Default)]
@@ -132,7 +167,7 @@ pub struct XdsModel {
     /// Each address resource translated, by name.
     raw: HashMap<String, Raw, foldhash::fast::RandomState>,
     /// Who claims each address.
-    claims: HashMap<IpAddr, BTreeSet<XdsEntry>, foldhash::fast::RandomState>,
+    claims: HashMap<IpAddr, Claimants, foldhash::fast::RandomState>,
     entries: XdsEntries,
 }
 
