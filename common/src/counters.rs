@@ -125,6 +125,11 @@ counters! {
     /// Inbound connection made by a socket of the node's own namespace:
     /// let through to the app uncaptured.
     ExemptNodeSocket = 30 => "exempt_node_socket",
+    /// A captured `connect()` of a pod served by an external proxy that
+    /// could not be bound to the pod's own address (the application bound
+    /// the socket itself, or the address is not usable in the pod): it
+    /// reaches the proxy from loopback instead.
+    SourceBindFailed = 31 => "source_bind_failed",
 }
 
 /// Number of slots in the `REDIRECT_STATS` array: room for counters added

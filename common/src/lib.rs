@@ -247,6 +247,25 @@ pub const ENROLLED_CAPTURE_DNS: u32 = 1 << 2;
 /// cannot ask for the socket's namespace.
 pub const ENROLLED_ORIG_DST_BY_TUPLE: u32 = 1 << 3;
 
+/// The addresses a captured outbound connection of a pod served by an
+/// external proxy (Istio's ztunnel) leaves from: the value of `POD_SOURCE`,
+/// keyed by the pod's namespace cookie.
+///
+/// `connect4`/`connect6` rewrite the destination to the loopback listener
+/// before the kernel picks the source, which would then be loopback too; so
+/// they bind the socket to the pod's address first. The proxy then sees the
+/// pod as the client, as under istio-cni's iptables `REDIRECT` (which
+/// rewrites the destination after the source was chosen). Our own engine
+/// knows the client from its pod, so its pods have no entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodSource {
+    /// The pod's IPv4 address, IPv4-mapped; all zero when it has none.
+    pub v4: IpAddr16,
+    /// The pod's IPv6 address; all zero when it has none.
+    pub v6: IpAddr16,
+}
+
 /// The DNS port the kernel programs capture.
 pub const DNS_PORT: u16 = 53;
 
@@ -374,6 +393,7 @@ const _: () = {
     assert!(core::mem::size_of::<ListenerKey>() == 20);
     assert!(core::mem::size_of::<PodPort>() == 20);
     assert!(core::mem::size_of::<DnsOrigDst>() == 24);
+    assert!(core::mem::size_of::<PodSource>() == 32);
 };
 
 #[cfg(feature = "user")]
@@ -394,4 +414,5 @@ mod pod {
     unsafe impl aya::Pod for super::ListenerKey {}
     unsafe impl aya::Pod for super::PodPort {}
     unsafe impl aya::Pod for super::DnsOrigDst {}
+    unsafe impl aya::Pod for super::PodSource {}
 }

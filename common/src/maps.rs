@@ -27,6 +27,9 @@ pub const OUT_EXCL_CIDRS: &str = "OUT_EXCL_CIDRS";
 /// `HashMap<IpAddr16 pod IP, PodInbound>`: enrolled pods by IP, for
 /// `sk_lookup`.
 pub const POD_INBOUND: &str = "POD_INBOUND";
+/// `HashMap<u64 netns cookie, PodSource>`: the source addresses of the
+/// captured outbound connections of pods served by an external proxy.
+pub const POD_SOURCE: &str = "POD_SOURCE";
 /// `HashMap<PodPort, u8>`: inbound ports a pod excludes.
 pub const IN_EXCL_PORTS: &str = "IN_EXCL_PORTS";
 /// `HashMap<IpAddr16, u8>`: source addresses whose inbound connections are

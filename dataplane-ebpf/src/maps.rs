@@ -8,7 +8,7 @@ use aya_ebpf::{
 use dataplane_common::{
     AgentConfig, COUNTER_SLOTS, CapturedDst, Counter, DnsOrigDst, EnrolledNetns, FastConn, FastKey,
     FastService, FastVerdict, FastVip, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, OrigDst,
-    OrigDstKey, PodInbound, PodPort, SockTuple,
+    OrigDstKey, PodInbound, PodPort, PodSource, SockTuple,
     maps::{
         DNS_ORIG_CAPACITY, ENROLLED_CAPACITY, EXCLUSION_CAPACITY, FAST_CLOSED_BYTES,
         FAST_CONN_CAPACITY, FAST_SERVICE_CAPACITY, FAST_VERDICT_CAPACITY, LISTENERS_CAPACITY,
@@ -50,6 +50,9 @@ pub static OUT_EXCL_CIDRS: LpmTrie<NetnsAddr, u8> =
 #[map]
 pub static POD_INBOUND: HashMap<IpAddr16, PodInbound> =
     HashMap::with_max_entries(POD_IP_CAPACITY, 0);
+
+#[map]
+pub static POD_SOURCE: HashMap<u64, PodSource> = HashMap::with_max_entries(ENROLLED_CAPACITY, 0);
 
 #[map]
 pub static IN_EXCL_PORTS: HashMap<PodPort, u8> = HashMap::with_max_entries(EXCLUSION_CAPACITY, 0);

@@ -7,18 +7,21 @@
 //! the two families can never drift apart.
 
 use aya_ebpf::{
-    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    bindings::sockaddr,
+    helpers::{bpf_bind, bpf_get_netns_cookie, bpf_get_socket_cookie},
     maps::lpm_trie::Key,
     programs::SockAddrContext,
 };
 use dataplane_common::{
-    AGENT_FAIL_OPEN, CapturedDst, Counter, ENROLLED_CAPTURE_OUTBOUND, ENROLLED_ENGINE_READY,
-    ENROLLED_ORIG_DST_BY_TUPLE, IpAddr16, NETNS_ADDR_BITS, NetnsAddr, NetnsPort, OrigDst,
+    AF_INET, AGENT_FAIL_OPEN, CapturedDst, Counter, ENROLLED_CAPTURE_OUTBOUND,
+    ENROLLED_ENGINE_READY, ENROLLED_ORIG_DST_BY_TUPLE, IpAddr16, NETNS_ADDR_BITS, NetnsAddr,
+    NetnsPort, OrigDst,
 };
 
 use crate::fast_path::Admit;
 use crate::maps::{
-    ENROLLED_NETNS, ORIG_DST_COOKIE, OUT_EXCL_CIDRS, OUT_EXCL_PORTS, agent_config, count,
+    ENROLLED_NETNS, ORIG_DST_COOKIE, OUT_EXCL_CIDRS, OUT_EXCL_PORTS, POD_SOURCE, agent_config,
+    count,
 };
 
 /// Return value of a `cgroup/connect*` program that lets `connect()` go on.
@@ -36,7 +39,8 @@ pub enum Outbound {
     /// Fail the call with `EPERM` (a self-call to an engine capture port).
     Refuse,
     /// Rewrite the destination to the pod's loopback outbound listener on
-    /// this port (host order). The original destination is already recorded.
+    /// this port (host order). The original destination is already recorded,
+    /// and the source bound for pods of an external proxy.
     Redirect(u16),
     /// Rewrite the destination to this endpoint (address, port in host
     /// order) of the service dialled: the fast path chose it.
@@ -157,5 +161,104 @@ pub fn decide(ctx: &SockAddrContext, dst: IpAddr16, port: u16, family: u16) -> O
     if engine_ready {
         count(Counter::RedirectedOutbound);
     }
+    bind_pod_source(ctx, netns, dst, family);
     Outbound::Redirect(cfg.outbound_port)
+}
+
+/// `struct sockaddr_in`.
+#[repr(C)]
+struct SockaddrIn {
+    family: u16,
+    port_be: u16,
+    addr_be: u32,
+    zero: [u8; 8],
+}
+
+/// `struct sockaddr_in6`.
+#[repr(C)]
+struct SockaddrIn6 {
+    family: u16,
+    port_be: u16,
+    flowinfo: u32,
+    addr: [u32; 4],
+    scope_id: u32,
+}
+
+/// Binds a socket about to be steered to the loopback listener to its
+/// pod's own address, when the pod has a `POD_SOURCE` entry (pods served
+/// by an external proxy such as ztunnel).
+///
+/// Why: the hook rewrites the destination before the kernel routes the
+/// connection, so the kernel would pick a loopback source and the proxy
+/// would see every client as `127.0.0.1`/`::1`. iptables `REDIRECT` (what
+/// istio-cni uses) rewrites after routing, so ztunnel expects the pod's
+/// address as the peer: it reports it in its access records and sends it
+/// upstream in HBONE's `forwarded: for=`. A packet from the pod's address
+/// to loopback stays on `lo`, exactly as under `REDIRECT`.
+///
+/// `bpf_bind` (kernel 4.17, cgroup connect hooks only) binds within the
+/// socket's own namespace, the pod's, where the address is local; with
+/// port 0 the kernel binds the address alone
+/// (`BIND_FORCE_ADDRESS_NO_PORT`) and still picks the port at connect.
+/// A failure (the application bound the socket itself, or the address is
+/// not, or not yet, usable in the pod) leaves the loopback source: the
+/// connection still goes through, counted in `source_bind_failed`.
+#[inline(always)]
+fn bind_pod_source(ctx: &SockAddrContext, netns: u64, dst: IpAddr16, family: u16) {
+    let Some(source) = POD_SOURCE.get_ptr(netns) else {
+        return;
+    };
+    // SAFETY: a pointer from a successful lookup; the value is copied.
+    let source = unsafe { *source };
+    let none = IpAddr16 { words: [0; 4] };
+    let rc = if family == AF_INET {
+        if source.v4 == none {
+            return;
+        }
+        let mut sa = SockaddrIn {
+            family: AF_INET,
+            port_be: 0,
+            addr_be: source.v4.words[3],
+            zero: [0; 8],
+        };
+        // SAFETY: helper valid for connect4 programs; `sa` is a fully
+        // initialised `sockaddr_in` on the stack, its size passed.
+        unsafe {
+            bpf_bind(
+                ctx.sock_addr.cast(),
+                (&raw mut sa).cast::<sockaddr>(),
+                core::mem::size_of::<SockaddrIn>() as i32,
+            )
+        }
+    } else {
+        // An IPv6 socket dialling an IPv4-mapped address connects over
+        // IPv4: its source must be the mapped IPv4 address.
+        let addr = if dst.is_ipv4_mapped() {
+            source.v4
+        } else {
+            source.v6
+        };
+        if addr == none {
+            return;
+        }
+        let mut sa = SockaddrIn6 {
+            family,
+            port_be: 0,
+            flowinfo: 0,
+            addr: addr.words,
+            scope_id: 0,
+        };
+        // SAFETY: helper valid for connect6 programs; `sa` is a fully
+        // initialised `sockaddr_in6` on the stack, its size passed.
+        unsafe {
+            bpf_bind(
+                ctx.sock_addr.cast(),
+                (&raw mut sa).cast::<sockaddr>(),
+                core::mem::size_of::<SockaddrIn6>() as i32,
+            )
+        }
+    };
+    if rc != 0 {
+        count(Counter::SourceBindFailed);
+    }
 }

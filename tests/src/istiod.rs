@@ -67,6 +67,27 @@ impl TestPki {
         })
     }
 
+    /// A certificate for the SPIFFE URI `identity` signed by the root, its
+    /// chain (leaf, root) and key: what a mesh peer that istiod's CA signed
+    /// presents, for stand-ins of a node proxy.
+    pub fn issue(
+        &self,
+        identity: &str,
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+        let key = rcgen::KeyPair::generate()?;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        params.subject_alt_names = vec![rcgen::SanType::URI(identity.try_into()?)];
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let leaf = params.signed_by(&key, &self.issuer)?;
+        Ok((
+            vec![leaf.der().clone(), self.root.clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        ))
+    }
+
     /// The root as a rustls store.
     pub fn root_store(&self) -> Result<rustls::RootCertStore> {
         let mut store = rustls::RootCertStore::empty();

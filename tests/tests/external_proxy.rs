@@ -128,16 +128,18 @@ fn connections_reach_the_external_proxy_and_through_it_the_app() -> anyhow::Resu
     assert_eq!(
         out,
         format!(
-            "outbound orig={} via=SOL_IP\npeer",
-            at(w.peer.ip4, APP_PORT)
+            "outbound orig={} via=SOL_IP client={}\npeer",
+            at(w.peer.ip4, APP_PORT),
+            w.app.ip4
         )
     );
     let out = ok(dial(&w.app, &at(w.peer.ip6, APP_PORT), &[])?, "outbound v6");
     assert_eq!(
         out,
         format!(
-            "outbound orig={} via=SOL_IPV6\npeer",
-            at(w.peer.ip6, APP_PORT)
+            "outbound orig={} via=SOL_IPV6 client={}\npeer",
+            at(w.peer.ip6, APP_PORT),
+            w.app.ip6
         )
     );
     // A connection from the app carrying the proxy mark is not captured.

@@ -20,6 +20,7 @@ use std::{
     net::{IpAddr, SocketAddr, TcpStream},
     path::{Path, PathBuf},
     process::Command,
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -31,7 +32,7 @@ use dataplane_tests::{
     mesh::{NAMESPACE, TwoNodes, addr},
     responder::Responder,
     spawn_logged_in,
-    topology::Node,
+    topology::{Node, Pod},
     traffic::{echo, echo_server, stream},
 };
 use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
@@ -522,5 +523,218 @@ fn our_engine_and_a_stock_ztunnel_tunnel_both_ways() -> anyhow::Result<()> {
         .map(|s| s.value)
         .sum();
     assert!(early >= 1.0, "no tunnel into ztunnel carried early bytes");
+    Ok(())
+}
+
+/// A node proxy's HBONE port as the peer of a tunnel sees it: `[::]:15008`
+/// in a pod no agent enrolled (istiod still advertises it as HBONE, so
+/// ztunnel tunnels straight to it), presenting the pod's identity signed
+/// by istiod's CA. It records each CONNECT's authority and `forwarded`
+/// header, answers 200 and echoes the stream.
+struct HbonePeer {
+    seen: Arc<Mutex<Vec<(String, String)>>>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl HbonePeer {
+    fn start(pod: &Pod, pki: &TestPki, identity: &str) -> Result<Self> {
+        dataplane_user::tls::install_provider();
+        let (chain, key) = pki.issue(identity)?;
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(dataplane_user::tls::provider())
+                .with_safe_default_protocol_versions()?
+                .with_no_client_auth()
+                .with_single_cert(chain, key)?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = pod.netns.run(|| {
+            let listener = std::net::TcpListener::bind(SocketAddr::from(([0u16; 8], 15008)))?;
+            listener.set_nonblocking(true)?;
+            Ok::<_, std::io::Error>(listener)
+        })??;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = Arc::clone(&seen);
+        runtime.spawn(async move {
+            let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                return;
+            };
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, record) = (acceptor.clone(), Arc::clone(&record));
+                tokio::spawn(async move {
+                    let _ = serve_hbone(tcp, acceptor, record).await;
+                });
+            }
+        });
+        Ok(Self {
+            seen,
+            runtime: Some(runtime),
+        })
+    }
+
+    /// The `forwarded` header of the first tunnel to `authority`, waiting
+    /// for it up to 20 s.
+    fn forwarded_for(&self, authority: SocketAddr) -> Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let found = self
+                .seen
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .find(|(a, _)| *a == authority.to_string())
+                .map(|(_, f)| f.clone());
+            if let Some(forwarded) = found {
+                return Ok(forwarded);
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "no tunnel to {authority}; seen {:?}",
+                self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for HbonePeer {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+async fn serve_hbone(
+    tcp: tokio::net::TcpStream,
+    acceptor: tokio_rustls::TlsAcceptor,
+    record: Arc<Mutex<Vec<(String, String)>>>,
+) -> Result<()> {
+    let tls = tokio::time::timeout(Duration::from_secs(20), acceptor.accept(tcp)).await??;
+    let mut conn = h2::server::handshake(tls).await?;
+    while let Some(request) = conn.accept().await {
+        let (request, mut respond) = request?;
+        let authority = request
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .unwrap_or_default();
+        let forwarded = request
+            .headers()
+            .get(http::header::FORWARDED)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        record
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((authority, forwarded));
+        let mut send = respond.send_response(http::Response::new(()), false)?;
+        let mut body = request.into_body();
+        tokio::spawn(async move {
+            while let Some(Ok(chunk)) = body.data().await {
+                let _ = body.flow_control().release_capacity(chunk.len());
+                if send.send_data(chunk, false).is_err() {
+                    return;
+                }
+            }
+            let _ = send.send_data(bytes::Bytes::new(), true);
+        });
+    }
+    Ok(())
+}
+
+/// An address as it precedes `:port` in a socket address (`[...]` for
+/// IPv6), as ztunnel writes it.
+fn host(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    }
+}
+
+/// The lines of `zt`'s log that are access records from `src`, waiting
+/// up to 20 s for one (ztunnel writes them as connections complete).
+fn access_records_from(zt: &Ztunnel, src: IpAddr) -> Result<Vec<String>> {
+    let field = format!("src.addr={}:", host(src));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&zt.log).unwrap_or_default();
+        let records: Vec<String> = text
+            .lines()
+            .filter(|l| l.contains("access") && l.contains(&field))
+            .map(str::to_owned)
+            .collect();
+        if !records.is_empty() {
+            return Ok(records);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no access record with {field}:\n{}",
+            zt.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 29, item 10: the stock ztunnel that serves a pod sees the pod's
+/// own address as the client's, as under istio-cni's `REDIRECT`, IPv4 and
+/// IPv6: in its access records (`src.addr`) and in the `forwarded: for=`
+/// header its HBONE peer receives (on main both said 127.0.0.1 / ::1).
+#[test]
+#[ignore = "needs a ztunnel binary in DATAPLANE_ZTUNNEL"]
+fn stock_ztunnel_sees_the_pods_own_address_as_the_client() -> anyhow::Result<()> {
+    let binary = ztunnel_binary()?;
+    let w = TwoNodes::new("ztsa")?;
+    let config = w.config()?;
+    let zds1 = w.dir.path().join("zds1.sock");
+    let zds1_flag = zds1.display().to_string();
+    // Node1 only: the remote pod stays unenrolled, and the peer stand-in
+    // holds its HBONE port.
+    let a1 = w.agent(
+        "zs",
+        1,
+        &config,
+        &["--engine", "ztunnel", "--zds-socket", &zds1_flag],
+    )?;
+    let (rt, pki, mut istiod) = istiod_serving(&w)?;
+    let logs = TempDir::new("ztsalog")?;
+    let home1 = ZtunnelHome::new(
+        logs.path(),
+        "node1",
+        rt.block_on(istiod.listen_in(w.n1.netns()))?,
+        &pki.root_pem,
+    )?;
+    let peer = HbonePeer::start(
+        &w.remote,
+        &pki,
+        &format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/remote"),
+    )?;
+    let z1 = Ztunnel::start(&binary, &w.n1, "node1", &zds1, &home1, logs.path())?;
+    wait_captured(&a1, &z1)?;
+
+    let cases: [(IpAddr, IpAddr, &str); 2] = [
+        (w.remote.ip4.into(), w.client.ip4.into(), "IPv4"),
+        (w.remote.ip6.into(), w.client.ip6.into(), "IPv6"),
+    ];
+    for (seed, (dst, client, case)) in (1u64..).zip(cases) {
+        let dst = SocketAddr::new(dst, 9000);
+        echo(&w.client, dst, 64, seed)
+            .map_err(|e| anyhow::anyhow!("{case}: {e:#}\nztunnel log:\n{}", z1.log_tail()))?;
+        let forwarded = peer.forwarded_for(dst)?;
+        let expected = format!("for=\"{}:", host(client));
+        assert!(
+            forwarded.starts_with(&expected),
+            "{case}: the peer got forwarded: {forwarded:?}, not the pod {client}"
+        );
+        let records = access_records_from(&z1, client)?;
+        assert!(
+            records.iter().any(|r| r.contains(&dst.to_string())),
+            "{case}: ztunnel's records from {client}: {records:#?}"
+        );
+    }
     Ok(())
 }

@@ -23,7 +23,7 @@ use dataplane_tests::{
     external_proxy::{APP_PORT, peer_aware_server},
     mesh::TwoNodes,
     process::target_binary,
-    redirector_node::{at, dial},
+    redirector_node::{at, dial, mapped},
     responder::Responder,
     spawn_in,
     topology::{Node, Pod},
@@ -155,7 +155,7 @@ fn through_both(from: &Pod, to: &Pod, name: &str, v6: bool) -> (IpAddr, String) 
     (
         dst,
         format!(
-            "outbound orig={orig} via={via}\ninbound pod={name} local={orig}\napp peer={client}"
+            "outbound orig={orig} via={via} client={client}\ninbound pod={name} local={orig}\napp peer={client}"
         ),
     )
 }
@@ -184,6 +184,60 @@ fn pods_reach_each_other_through_the_node_proxies_both_ways() -> anyhow::Result<
     // Back the other way: remote -> client's node.
     let (dst, expected) = through_both(&w.remote, &w.local, "local", false);
     assert_eq!(dial_ok(&w.remote, dst)?, expected, "node2 -> node1");
+    Ok(())
+}
+
+/// Issue 29, item 10: the node proxy (ztunnel) must see the pod's own
+/// address as the client's, as under istio-cni's `REDIRECT`, not the
+/// loopback address the capture steers to: ztunnel writes it in its access
+/// records (`src.addr`) and sends it upstream in HBONE's `forwarded: for=`.
+/// Its outbound listener is the wildcard `[::]:15001` our stand-in opens
+/// too, so the peer the stand-in accepts is the peer ztunnel would. IPv4,
+/// IPv6, and an IPv6 socket dialling an IPv4-mapped address; a socket the
+/// application bound itself falls back to loopback, counted.
+#[test]
+fn the_node_proxy_sees_the_pods_own_address_as_the_client() -> anyhow::Result<()> {
+    let world = World::new("ztsrc")?;
+    let _p1 = world.proxy(1, &[])?;
+    let _p2 = world.proxy(2, &[])?;
+    wait_served(&world.agents[0], &["client", "local"])?;
+    wait_served(&world.agents[1], &["remote"])?;
+    let w = &world.w;
+    let cases: [(String, IpAddr, &str); 3] = [
+        (at(w.remote.ip4, APP_PORT), w.client.ip4.into(), "IPv4"),
+        (at(w.remote.ip6, APP_PORT), w.client.ip6.into(), "IPv6"),
+        (
+            mapped(w.remote.ip4, APP_PORT),
+            w.client.ip4.into(),
+            "IPv4-mapped",
+        ),
+    ];
+    for (dst, client, case) in cases {
+        let out = dial(&w.client, &dst, &[])?.map_err(|e| anyhow::anyhow!("{case}: {e}"))?;
+        let first = out.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with("outbound ") && first.ends_with(&format!(" client={client}")),
+            "{case}: the node proxy saw {first:?}, not the pod {client}"
+        );
+        // And the app behind the peer's node proxy sees the same address.
+        assert!(
+            out.ends_with(&format!("app peer={client}")),
+            "{case}: {out:?}"
+        );
+    }
+    assert_eq!(world.agents[0].counter("source_bind_failed")?, 0);
+    // A socket the application bound itself keeps its own choice (the
+    // kernel refuses a second bind): the connection still goes through,
+    // from loopback as before, and is counted.
+    let dst = at(w.remote.ip4, APP_PORT);
+    let out = dial(&w.client, &dst, &["--bind-port", "40123"])?
+        .map_err(|e| anyhow::anyhow!("bound socket: {e}"))?;
+    let first = out.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("outbound ") && first.ends_with(" client=127.0.0.1"),
+        "bound socket: the node proxy saw {first:?}"
+    );
+    assert_eq!(world.agents[0].counter("source_bind_failed")?, 1);
     Ok(())
 }
 
@@ -239,8 +293,9 @@ fn a_refused_pod_is_shown_unserved_and_a_removed_pod_is_released() -> anyhow::Re
     assert_eq!(
         dial_ok(&w.client, dst)?,
         format!(
-            "outbound orig={} via=SOL_IP\napp peer={}",
+            "outbound orig={} via=SOL_IP client={}\napp peer={}",
             at(dst, APP_PORT),
+            w.client.ip4,
             w.client.ip4
         ),
         "a removed pod is no longer captured"

@@ -19,7 +19,7 @@ use aya_obj::generated::{BPF_F_NO_PREALLOC, bpf_map_type};
 use dataplane_common::{
     AgentConfig, COUNTER_SLOTS, CapturedDst, DnsOrigDst, EnrolledNetns, FastConn, FastKey,
     FastService, FastVerdict, FastVip, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, OrigDst,
-    OrigDstKey, PodInbound, PodPort, SockTuple, maps as m,
+    OrigDstKey, PodInbound, PodPort, PodSource, SockTuple, maps as m,
 };
 
 use super::{EMBEDDED_OBJECT, MapDefinition, map_definitions, pins::MAP_PINS};
@@ -79,6 +79,10 @@ fn expected() -> BTreeMap<String, MapDefinition> {
         (
             m::POD_INBOUND,
             def::<IpAddr16, PodInbound>(BPF_MAP_TYPE_HASH, m::POD_IP_CAPACITY, 0),
+        ),
+        (
+            m::POD_SOURCE,
+            def::<u64, PodSource>(BPF_MAP_TYPE_HASH, m::ENROLLED_CAPACITY, 0),
         ),
         (
             m::IN_EXCL_PORTS,

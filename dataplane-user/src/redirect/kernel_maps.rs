@@ -7,9 +7,10 @@ use aya::{
 };
 use dataplane_common::{
     AgentConfig, EnrolledNetns, IpAddr16, ListenerKey, NetnsAddr, NetnsPort, PodInbound, PodPort,
+    PodSource,
     maps::{
         AGENT_CONFIG, ENROLLED_NETNS, IN_EXCL_PORTS, LISTENERS, NODE_NETNS, OUT_EXCL_CIDRS,
-        OUT_EXCL_PORTS, POD_INBOUND, PROBE_SOURCES,
+        OUT_EXCL_PORTS, POD_INBOUND, POD_SOURCE, PROBE_SOURCES,
     },
 };
 
@@ -34,6 +35,8 @@ pub(crate) struct KernelMaps {
     pub probe_sources: HashMap<MapData, IpAddr16, u8>,
     /// `LISTENERS`.
     pub listeners: SockHash<MapData, ListenerKey>,
+    /// `POD_SOURCE`.
+    pub pod_source: HashMap<MapData, u64, PodSource>,
 }
 
 impl KernelMaps {
@@ -47,6 +50,7 @@ impl KernelMaps {
             in_excl_ports: typed_map(ebpf, IN_EXCL_PORTS)?,
             probe_sources: typed_map(ebpf, PROBE_SOURCES)?,
             listeners: typed_map(ebpf, LISTENERS)?,
+            pod_source: typed_map(ebpf, POD_SOURCE)?,
         })
     }
 

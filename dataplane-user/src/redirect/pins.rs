@@ -16,7 +16,7 @@ pub const LAYOUT_VERSION: &str = "v3";
 /// pinned ...` and `ls`. Every map of the object is pinned, so a restarted
 /// agent re-adopts all of its state (`contract_tests` fails when a map of the
 /// object is missing here).
-pub(crate) const MAP_PINS: [(&str, &str); 23] = {
+pub(crate) const MAP_PINS: [(&str, &str); 24] = {
     use dataplane_common::maps as m;
     [
         (m::ENROLLED_NETNS, "enrolled_netns_by_cookie"),
@@ -27,6 +27,7 @@ pub(crate) const MAP_PINS: [(&str, &str); 23] = {
         (m::OUT_EXCL_PORTS, "outbound_excluded_ports_by_netns"),
         (m::OUT_EXCL_CIDRS, "outbound_excluded_cidrs_by_netns"),
         (m::POD_INBOUND, "inbound_pods_by_ip"),
+        (m::POD_SOURCE, "outbound_source_by_netns"),
         (m::IN_EXCL_PORTS, "inbound_excluded_ports_by_pod_ip"),
         (m::PROBE_SOURCES, "inbound_probe_sources"),
         (m::LISTENERS, "engine_listeners_by_pod_ip_and_port"),

@@ -10,6 +10,7 @@
 //! | `POD_INBOUND`         | pod IP                   | inbound capture      |
 //! | `IN_EXCL_PORTS`       | (pod IP, port)           | inbound excluded ports |
 //! | `LISTENERS`           | (pod IP, role port)      | the engine's inbound and HBONE listeners |
+//! | `POD_SOURCE`          | netns cookie             | the source address of outbound connections (external proxy only) |
 //! | `links/sk_lookup_netns_<cookie>` | -             | `dp_sk_lookup` attached to the pod's netns |
 //!
 //! The redirector remembers what it wrote for each cookie, so a later
@@ -28,8 +29,11 @@ use aya::maps::lpm_trie::Key;
 use dataplane_common::{
     AgentConfig, ENROLLED_CAPTURE_DNS, ENROLLED_CAPTURE_OUTBOUND, ENROLLED_ENGINE_READY,
     ENROLLED_ORIG_DST_BY_TUPLE, EnrolledNetns, IpAddr16, ListenerKey, NetnsAddr, NetnsPort,
-    POD_CAPTURE_INBOUND, PodInbound, PodPort,
-    maps::{ENROLLED_NETNS, IN_EXCL_PORTS, LISTENERS, OUT_EXCL_CIDRS, OUT_EXCL_PORTS, POD_INBOUND},
+    POD_CAPTURE_INBOUND, PodInbound, PodPort, PodSource,
+    maps::{
+        ENROLLED_NETNS, IN_EXCL_PORTS, LISTENERS, OUT_EXCL_CIDRS, OUT_EXCL_PORTS, POD_INBOUND,
+        POD_SOURCE,
+    },
 };
 use tracing::{debug, info};
 
@@ -276,6 +280,9 @@ impl Redirector {
         self.registry.insert(cookie, known);
 
         self.write_entries(pod, &wanted, listeners)?;
+        // Before outbound capture can start (`set_enrolled` below), so
+        // that no connection of the pod reaches the proxy from loopback.
+        self.write_source(cookie, pod.ips, server)?;
         links::attach_sk_lookup(&mut self.ebpf, &self.pins, cookie, pod.netns)?;
         let ready = wanted.listeners == listener_keys(&wanted.ips, &self.config);
         let by_tuple = server == Server::External && self.external_by_tuple;
@@ -317,6 +324,7 @@ impl Redirector {
     /// error.
     pub fn unenroll_pod(&mut self, netns_cookie: u64) -> Result<(), RedirectError> {
         self.unenroll_netns(netns_cookie)?;
+        ignore_missing(self.maps.pod_source.remove(&netns_cookie), POD_SOURCE)?;
         links::detach_sk_lookup(&self.pins, netns_cookie)?;
         let registered = match self.registry.get(&netns_cookie) {
             Some(registered) => registered.clone(),
@@ -438,6 +446,28 @@ impl Redirector {
         Ok(())
     }
 
+    /// Writes the pod's `POD_SOURCE` entry when an external proxy serves
+    /// it, so `connect4`/`connect6` bind its captured connections to its
+    /// first address of each family: a stock ztunnel must see the pod as
+    /// the client, as under istio-cni's `REDIRECT`. Our engine takes the
+    /// client from the pod it serves, so its pods keep the loopback source
+    /// (and have no entry: one left from an earlier enrollment is removed).
+    fn write_source(
+        &mut self,
+        netns_cookie: u64,
+        ips: &[IpAddr],
+        server: Server,
+    ) -> Result<(), RedirectError> {
+        let source = pod_source(ips);
+        if server != Server::External || source == PodSource::default() {
+            return ignore_missing(self.maps.pod_source.remove(&netns_cookie), POD_SOURCE);
+        }
+        self.maps
+            .pod_source
+            .insert(netns_cookie, source, 0)
+            .map_err(map_err(POD_SOURCE))
+    }
+
     /// Inserts (or replaces) the `LISTENERS` entries `keys`, each with the
     /// listener of its role.
     pub(super) fn write_listeners(
@@ -502,6 +532,23 @@ impl Redirector {
             maps.remove_cidr(*cidr)?;
         }
         Ok(())
+    }
+}
+
+/// The `POD_SOURCE` value of a pod with these IPs: the first IPv4 and the
+/// first IPv6 address (the pod's primary ones, in the order the CNI result
+/// or the API gave them); all zero for a family the pod lacks.
+fn pod_source(ips: &[IpAddr]) -> PodSource {
+    let first = |v4: bool| {
+        ips.iter()
+            .map(|ip| ip.to_canonical())
+            .find(|ip| ip.is_ipv4() == v4)
+            .map(addr16)
+            .unwrap_or_default()
+    };
+    PodSource {
+        v4: first(true),
+        v6: first(false),
     }
 }
 

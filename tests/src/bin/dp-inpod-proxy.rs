@@ -7,9 +7,10 @@
 //!   `SO_REUSEPORT`, every socket marked 0x539;
 //! - **15001** (outbound): the original destination from
 //!   `getsockopt(SOL_IP, SO_ORIGINAL_DST)`, then `SOL_IPV6`, then the local
-//!   address; writes `outbound orig=<dst> via=<SOL_IP|SOL_IPV6|local>` and
-//!   a newline to the client, connects to the destination from the pod
-//!   (mark 0x539) and relays;
+//!   address; writes `outbound orig=<dst> via=<SOL_IP|SOL_IPV6|local>
+//!   client=<peer IP>` (the client address the accepted socket shows, which
+//!   ztunnel logs and forwards) and a newline to the client, connects to
+//!   the destination from the pod (mark 0x539) and relays;
 //! - **15006** (inbound plaintext): the destination as above; writes
 //!   `inbound pod=<name> local=<local address>` and a newline, connects to
 //!   the destination from the client's own address (`IP_TRANSPARENT`, mark
@@ -163,7 +164,11 @@ fn handle(port: u16, name: &str, mut client: TcpStream) {
         15001 => {
             let (orig, via) = original_dst(&client).unwrap_or((local, "local"));
             let orig = canonical(orig);
-            let _ = writeln!(client, "outbound orig={orig} via={via}");
+            let _ = writeln!(
+                client,
+                "outbound orig={orig} via={via} client={}",
+                peer.ip()
+            );
             match connect(orig, None) {
                 Ok(upstream) => relay(client, upstream),
                 Err(e) => {
