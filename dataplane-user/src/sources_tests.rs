@@ -126,11 +126,8 @@ mod random_pushes {
     use crate::xds::{XdsResources, resources::Versioned};
     use std::sync::Arc;
 
-    fn held<T>(resource: T) -> Arc<Versioned<T>> {
-        Arc::new(Versioned {
-            version: "1".into(),
-            resource,
-        })
+    fn held<T: prost::Message + Default>(resource: T) -> Arc<Versioned<T>> {
+        Arc::new(Versioned::new("1", &resource))
     }
 
     fn ip(last: u8) -> Vec<u8> {

@@ -238,9 +238,18 @@ impl XdsModel {
                 | DiffItem::Update {
                     new: (name, new), ..
                 } => {
-                    self.entries
-                        .policies
-                        .insert(name.clone(), Arc::new(policy_of(&new.resource)));
+                    match new.decode() {
+                        Ok(policy) => {
+                            self.entries
+                                .policies
+                                .insert(name.clone(), Arc::new(policy_of(&policy)));
+                        }
+                        // Held resources decoded when they arrived: not
+                        // reached, and if it were, the policy is left out.
+                        Err(_) => {
+                            self.entries.policies.remove(name);
+                        }
+                    }
                 }
                 DiffItem::Remove(name, _) => {
                     self.entries.policies.remove(name);
@@ -335,7 +344,16 @@ fn conflict_note(loser: &str, ip: &IpAddr, owner: &str) -> String {
 /// out.
 fn translate_address(held: &Arc<Versioned<Address>>) -> (Raw, Vec<String>) {
     let mut notes = Vec::new();
-    let raw = match &held.resource.r#type {
+    let address = match held.decode() {
+        Ok(address) => address,
+        Err(err) => {
+            return (
+                Raw::Neither,
+                vec![format!("cannot be decoded again: {err}")],
+            );
+        }
+    };
+    let raw = match &address.r#type {
         Some(address::Type::Workload(w)) => Raw::Workload(workload_of(w, &mut notes).map(Arc::new)),
         Some(address::Type::Service(s)) => Raw::Service(Arc::new(service_of(s, &mut notes))),
         None => Raw::Neither,

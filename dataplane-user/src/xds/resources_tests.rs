@@ -135,7 +135,7 @@ fn an_invalid_resource_is_nacked_and_keeps_what_was_held() {
         held.addresses["uid-1"].version, "v1",
         "the good version stays"
     );
-    assert_eq!(held.addresses["uid-1"].resource, good);
+    assert_eq!(held.addresses["uid-1"].decode().ok(), Some(good));
     assert_eq!(
         held.addresses["uid-2"].version, "v1",
         "the rest of the push applies"

@@ -16,11 +16,8 @@ use crate::istio_api::{
 use crate::state::MeshState;
 use crate::xds::resources::Versioned;
 
-fn held<T>(resource: T) -> std::sync::Arc<Versioned<T>> {
-    std::sync::Arc::new(Versioned {
-        version: "1".into(),
-        resource,
-    })
+fn held<T: prost::Message + Default>(resource: T) -> std::sync::Arc<Versioned<T>> {
+    std::sync::Arc::new(Versioned::new("1", &resource))
 }
 
 fn workload(uid: &str, ip: [u8; 4]) -> workload::Workload {
@@ -321,7 +318,7 @@ fn seed_responses(r: &XdsResources) {
                     version: v.version.clone(),
                     resource: Some(prost_types::Any {
                         type_url: type_url.into(),
-                        value: v.resource.encode_to_vec(),
+                        value: v.encoding().to_vec(),
                     }),
                     ..Default::default()
                 })
