@@ -53,7 +53,9 @@ fn mesh(n: usize) -> LocalConfig {
                 workload_ips: vec![workload_ip(i).into()],
                 protocol: Protocol::Hbone,
                 node: format!("node{}", i % 100),
-                services: BTreeMap::from([(service.key(), service.ports.clone())]),
+                services: [(service.key(), service.ports.clone())]
+                    .into_iter()
+                    .collect(),
                 ..Workload::default()
             }
         })

@@ -23,11 +23,11 @@ fn ip_bytes(ip: &std::net::IpAddr) -> Vec<u8> {
     }
 }
 
-fn ports(map: &std::collections::BTreeMap<u16, u16>) -> Vec<Port> {
-    map.iter()
+fn ports(map: impl IntoIterator<Item = (u16, u16)>) -> Vec<Port> {
+    map.into_iter()
         .map(|(service, target)| Port {
-            service_port: u32::from(*service),
-            target_port: u32::from(*target),
+            service_port: u32::from(service),
+            target_port: u32::from(target),
         })
         .collect()
 }
@@ -63,7 +63,14 @@ pub fn workload_resource(w: &Workload, version: &str) -> Resource {
             services: w
                 .services
                 .iter()
-                .map(|(key, map)| (key.clone(), PortList { ports: ports(map) }))
+                .map(|(key, map)| {
+                    (
+                        key.clone(),
+                        PortList {
+                            ports: ports(map.iter()),
+                        },
+                    )
+                })
                 .collect(),
             authorization_policies: w.authorization_policies.clone(),
             status: match w.status {
@@ -91,7 +98,7 @@ pub fn service_resource(s: &Service, version: &str) -> Resource {
                     address: ip_bytes(vip),
                 })
                 .collect(),
-            ports: ports(&s.ports),
+            ports: ports(s.ports.iter().map(|(p, t)| (*p, *t))),
             subject_alt_names: s.subject_alt_names.clone(),
             ..Default::default()
         })),

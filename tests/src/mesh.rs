@@ -5,7 +5,6 @@
 //! write their raw text themselves.)
 
 use std::{
-    collections::BTreeMap,
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -32,7 +31,7 @@ pub fn hbone_workload(pod: &Pod, name: &str, node: &str) -> Workload {
         protocol: Protocol::Hbone,
         node: node.to_owned(),
         netns: Some(pod.netns.path().to_path_buf()),
-        services: BTreeMap::new(),
+        services: Default::default(),
         authorization_policies: Vec::new(),
         ..Workload::default()
     }
@@ -60,7 +59,7 @@ pub fn service(name: &str, namespace: &str, vip: IpAddr, ports: &[(u16, u16)]) -
 pub fn endpoint_of(workload: &mut Workload, service: &Service) {
     workload
         .services
-        .insert(service.key(), service.ports.clone());
+        .insert(service.key(), (&service.ports).into());
 }
 
 /// A policy in `namespace` with one rule of one clause of one match.

@@ -19,7 +19,7 @@ pub use schema::{
     Action, HealthPolicy, LoadBalancing, Match, Policy, Routing, RoutingMode, RoutingScope, Scope,
     Service,
 };
-pub use workload::{Locality, Protocol, Waypoint, Workload, WorkloadStatus};
+pub use workload::{Locality, Ports, Protocol, ServicePorts, Waypoint, Workload, WorkloadStatus};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -106,8 +106,8 @@ pub struct Workload {
     pub netns: Option<PathBuf>,
     /// Services this workload is an endpoint of: `namespace/hostname` ->
     /// service port -> target port.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub services: BTreeMap<String, BTreeMap<u16, u16>>,
+    #[serde(default, skip_serializing_if = "ServicePorts::is_empty")]
+    pub services: ServicePorts,
     /// `namespace/name` of WorkloadSelector-scoped policies that apply.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub authorization_policies: Vec<String>,
@@ -148,10 +148,175 @@ pub struct Workload {
     pub fast_path: Option<bool>,
 }
 
+/// The services a workload is an endpoint of and, for each, its service
+/// ports' target ports: a map, written as one (`namespace/hostname` ->
+/// service port -> target port), held as sorted slices. Nearly every
+/// workload is in one or two services with a port or two: two nested
+/// `BTreeMap`s allocated about 600 bytes of eleven-slot nodes for that,
+/// the slices about 50 (`benches/mesh_memory.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServicePorts(Vec<(String, Ports)>);
+
+/// One service's port mapping on a workload, sorted by service port.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ports(Box<[(u16, u16)]>);
+
+impl Ports {
+    /// The target port of service port `port`.
+    pub fn target(&self, port: u16) -> Option<u16> {
+        self.0
+            .binary_search_by_key(&port, |(service, _)| *service)
+            .ok()
+            .map(|at| self.0[at].1)
+    }
+
+    /// Service port -> target port, by service port.
+    pub fn iter(&self) -> impl Iterator<Item = (u16, u16)> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+impl FromIterator<(u16, u16)> for Ports {
+    /// The last mapping of a service port given twice wins, as a map's.
+    fn from_iter<I: IntoIterator<Item = (u16, u16)>>(iter: I) -> Self {
+        let map: BTreeMap<u16, u16> = iter.into_iter().collect();
+        Self(map.into_iter().collect())
+    }
+}
+
+impl From<&BTreeMap<u16, u16>> for Ports {
+    fn from(map: &BTreeMap<u16, u16>) -> Self {
+        Self(map.iter().map(|(s, t)| (*s, *t)).collect())
+    }
+}
+
+impl From<BTreeMap<u16, u16>> for Ports {
+    fn from(map: BTreeMap<u16, u16>) -> Self {
+        Self::from(&map)
+    }
+}
+
+impl ServicePorts {
+    /// Whether the workload is in no service.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The services' keys, sorted.
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|(key, _)| key)
+    }
+
+    /// Each service's key and port mapping, by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Ports)> {
+        self.0.iter().map(|(key, ports)| (key, ports))
+    }
+
+    /// The port mapping for service `key`, if the workload is in it.
+    pub fn get(&self, key: &str) -> Option<&Ports> {
+        self.0
+            .binary_search_by(|(k, _)| k.as_str().cmp(key))
+            .ok()
+            .map(|at| &self.0[at].1)
+    }
+
+    /// Whether the workload is in service `key`.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Makes the workload an endpoint of `key` with `ports` (replacing any
+    /// mapping it had for it).
+    pub fn insert(&mut self, key: String, ports: Ports) {
+        match self.0.binary_search_by(|(k, _)| k.as_str().cmp(&key)) {
+            Ok(at) => self.0[at].1 = ports,
+            Err(at) => self.0.insert(at, (key, ports)),
+        }
+    }
+}
+
+impl<P: Into<Ports>> FromIterator<(String, P)> for ServicePorts {
+    /// The last mapping of a key given twice wins, as a map's.
+    fn from_iter<I: IntoIterator<Item = (String, P)>>(iter: I) -> Self {
+        let map: BTreeMap<String, Ports> = iter.into_iter().map(|(k, p)| (k, p.into())).collect();
+        let mut entries: Vec<(String, Ports)> = map.into_iter().collect();
+        entries.shrink_to_fit();
+        Self(entries)
+    }
+}
+
+impl Serialize for ServicePorts {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (key, ports) in &self.0 {
+            let ports: BTreeMap<u16, u16> = ports.iter().collect();
+            map.serialize_entry(key, &ports)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for ServicePorts {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<String, BTreeMap<u16, u16>>::deserialize(deserializer)?;
+        Ok(map.into_iter().collect())
+    }
+}
+
 fn default_service_account() -> String {
     "default".into()
 }
 
 fn default_trust_domain() -> String {
     "cluster.local".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_ports_read_and_write_as_the_map_they_replace() {
+        let text = "b/svc: {80: 8080, 443: 8443}\na/svc: {9090: 9091}\n";
+        let ports: ServicePorts = serde_yaml_ng::from_str(text).unwrap();
+        let keys: Vec<&String> = ports.keys().collect();
+        assert_eq!(keys, ["a/svc", "b/svc"]);
+        let b = ports.get("b/svc").unwrap();
+        assert_eq!(
+            (b.target(80), b.target(443), b.target(81)),
+            (Some(8080), Some(8443), None)
+        );
+        assert!(!ports.contains_key("c/svc"));
+        let map: BTreeMap<String, BTreeMap<u16, u16>> =
+            serde_yaml_ng::from_str(&serde_yaml_ng::to_string(&ports).unwrap()).unwrap();
+        assert_eq!(map, serde_yaml_ng::from_str(text).unwrap());
+    }
+
+    #[test]
+    fn service_ports_keep_the_last_of_a_key_given_twice_as_a_map_would() {
+        let mut ports: ServicePorts = [
+            ("s".to_owned(), Ports::from_iter([(80, 1), (80, 2)])),
+            ("r".to_owned(), Ports::from_iter([(1, 1)])),
+            ("s".to_owned(), Ports::from_iter([(81, 3)])),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            ports.get("s").map(|p| p.iter().collect::<Vec<_>>()),
+            Some(vec![(81, 3)])
+        );
+        ports.insert("a".to_owned(), Ports::from_iter([(80, 2), (80, 1)]));
+        ports.insert("r".to_owned(), Ports::default());
+        let all: Vec<(&String, Vec<(u16, u16)>)> =
+            ports.iter().map(|(k, p)| (k, p.iter().collect())).collect();
+        assert_eq!(
+            all,
+            [
+                (&"a".to_owned(), vec![(80, 1)]),
+                (&"r".to_owned(), vec![]),
+                (&"s".to_owned(), vec![(81, 3)])
+            ]
+        );
+    }
 }

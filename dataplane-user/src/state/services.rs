@@ -133,7 +133,7 @@ impl ServiceEntry {
                     .workload
                     .services
                     .get(&key)
-                    .and_then(|ports| ports.get(&port).copied())
+                    .and_then(|ports| ports.target(port))
                     .or_else(|| self.service.ports.get(&port).copied().filter(|p| *p != 0))
                     .unwrap_or(port);
                 let ip = *workload.workload.workload_ips.first()?;

@@ -111,8 +111,7 @@ impl MeshState {
             .workload
             .services
             .get(&entry.service.key())?
-            .get(&port)
-            .copied()
+            .target(port)
             .or_else(|| entry.service.ports.get(&port).copied().filter(|p| *p != 0))
             .unwrap_or(port);
         Some(SocketAddr::new(local, target))
@@ -157,7 +156,7 @@ impl MeshState {
         }
         selecting()
             .find(|(entry, ports)| {
-                ports.values().any(|target| *target == dst.port())
+                ports.iter().any(|(_, target)| target == dst.port())
                     || entry
                         .service
                         .ports

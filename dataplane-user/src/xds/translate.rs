@@ -73,7 +73,7 @@ pub(super) fn workload_of(
             .services
             .iter()
             .map(|(key, ports)| {
-                let ports = ports
+                let ports: config::Ports = ports
                     .ports
                     .iter()
                     .filter_map(|p| Some((port(p.service_port)?, port(p.target_port)?)))

@@ -164,7 +164,8 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
         web.waypoint.as_ref().and_then(|w| w.hostname.as_deref()),
         Some("shop/waypoint.shop.svc.cluster.local")
     );
-    assert_eq!(web.services["shop/web.shop.svc.cluster.local"][&80], 8080);
+    let ports = web.services.get("shop/web.shop.svc.cluster.local");
+    assert_eq!(ports.and_then(|p| p.target(80)), Some(8080));
     let legacy = c.workloads.iter().find(|w| w.uid == "legacy").unwrap();
     assert_eq!(legacy.protocol, Protocol::Tcp);
     assert_eq!(legacy.service_account, "default");

@@ -147,7 +147,9 @@ fn workload(i: usize, services: &[Service], moved: usize) -> Workload {
         workload_ips: vec![Ipv4Addr::new(10, a, b, c).into()],
         protocol: Protocol::Hbone,
         node: format!("node{}", (i + moved) % 100),
-        services: BTreeMap::from([(service.key(), service.ports.clone())]),
+        services: [(service.key(), service.ports.clone())]
+            .into_iter()
+            .collect(),
         ..Workload::default()
     }
 }
