@@ -215,6 +215,12 @@ impl Identity {
         Self::new(trust_domain, *namespace, *service_account)
     }
 
+    /// Whether another clone of this identity exists (what a table of
+    /// shared identities asks before dropping its own).
+    pub fn is_shared(&self) -> bool {
+        Arc::strong_count(&self.0) > 1
+    }
+
     /// The SPIFFE URI, `spiffe://<td>/ns/<ns>/sa/<sa>`, as an owned string.
     pub fn to_uri(&self) -> String {
         self.uri.clone()

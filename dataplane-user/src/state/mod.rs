@@ -8,6 +8,7 @@
 //! holds. Lookups by IP are one hash probe.
 
 mod affected;
+mod interned;
 mod provenance;
 mod services;
 mod snapshot;
@@ -102,6 +103,9 @@ fn workload_peer(workload: &Workload, identity: &Identity) -> crate::telemetry::
 pub struct WorkloadIndex {
     by_ip: PMap<IpAddr, Arc<MeshWorkload>>,
     by_key: imbl::OrdMap<EntryKey, Arc<MeshWorkload>>,
+    /// Identities and peers shared by the workloads of this index and of
+    /// every index made from it.
+    interned: Arc<interned::Interned>,
 }
 
 impl WorkloadIndex {
@@ -110,6 +114,7 @@ impl WorkloadIndex {
         let mut index = Self {
             by_ip: pmap(),
             by_key: imbl::OrdMap::new(),
+            interned: Arc::default(),
         };
         let changes = Changes::of_file(config);
         index.apply(&changes.workloads, &mut |_, _| {})?;
@@ -152,7 +157,7 @@ impl WorkloadIndex {
             });
             let entry = match unchanged {
                 Some(old) => Arc::clone(old),
-                None => Arc::new(Self::entry(key.clone(), workload)?),
+                None => Arc::new(self.entry(key.clone(), workload)?),
             };
             for ip in &workload.workload_ips {
                 // Keyed as looked up: an IPv4-mapped address is its IPv4.
@@ -177,7 +182,7 @@ impl WorkloadIndex {
     }
 
     /// A workload with its identity and telemetry peer.
-    fn entry(key: EntryKey, workload: &Arc<Workload>) -> Result<MeshWorkload, StateError> {
+    fn entry(&self, key: EntryKey, workload: &Arc<Workload>) -> Result<MeshWorkload, StateError> {
         let identity = Identity::new(
             &workload.trust_domain,
             &workload.namespace,
@@ -187,7 +192,8 @@ impl WorkloadIndex {
             uid: workload.uid.clone(),
             source,
         })?;
-        let peer = Arc::new(workload_peer(workload, &identity));
+        let identity = self.interned.identity(identity);
+        let peer = self.interned.peer(workload_peer(workload, &identity));
         Ok(MeshWorkload {
             workload: Arc::clone(workload),
             identity,
