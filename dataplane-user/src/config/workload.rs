@@ -273,6 +273,7 @@ fn default_trust_domain() -> String {
 }
 
 #[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 mod tests {
     use super::*;
 
