@@ -138,7 +138,7 @@ pub fn merge_changes(
     let mut changes = Changes::default();
     for item in old.workloads.diff(&new.workloads) {
         let (name, workload) = changed(item);
-        let entry = XdsEntry::new(EntryKind::Workload, name);
+        let entry = XdsEntry::new(EntryKind::Workload, Arc::clone(name));
         provenance.shadows.remove(&entry);
         provenance.merge_dropped.remove(&entry);
         let kept = workload.filter(|w| {
@@ -161,11 +161,13 @@ pub fn merge_changes(
                 .insert(entry.clone(), Arc::from([note]));
             false
         });
-        changes.workloads.push((EntryKey::xds(name), kept.cloned()));
+        changes
+            .workloads
+            .push((EntryKey::xds(Arc::clone(name)), kept.cloned()));
     }
     for item in old.services.diff(&new.services) {
         let (name, service) = changed(item);
-        let entry = XdsEntry::new(EntryKind::Service, name);
+        let entry = XdsEntry::new(EntryKind::Service, Arc::clone(name));
         provenance.shadows.remove(&entry);
         provenance.merge_dropped.remove(&entry);
         let kept = service.and_then(|s| {
@@ -196,11 +198,13 @@ pub fn merge_changes(
             provenance.merge_dropped.insert(entry.clone(), notes.into());
             Some(Arc::new(kept))
         });
-        changes.services.push((EntryKey::xds(name), kept));
+        changes
+            .services
+            .push((EntryKey::xds(Arc::clone(name)), kept));
     }
     for item in old.policies.diff(&new.policies) {
         let (name, policy) = changed(item);
-        let entry = XdsEntry::new(EntryKind::Policy, name);
+        let entry = XdsEntry::new(EntryKind::Policy, Arc::clone(name));
         provenance.shadows.remove(&entry);
         let kept = policy.filter(|p| {
             let key = p.key();
@@ -212,7 +216,9 @@ pub fn merge_changes(
             }
             !shadowed
         });
-        changes.policies.push((EntryKey::xds(name), kept.cloned()));
+        changes
+            .policies
+            .push((EntryKey::xds(Arc::clone(name)), kept.cloned()));
     }
     for item in old.dropped.diff(&new.dropped) {
         if let DiffItem::Add(_, notes)
@@ -230,7 +236,7 @@ pub fn merge_changes(
 }
 
 /// A diff item's name and new value (`None`: removed).
-fn changed<'a, V>(item: DiffItem<'a, 'a, String, V>) -> (&'a str, Option<&'a V>) {
+fn changed<'a, V>(item: DiffItem<'a, 'a, Arc<str>, V>) -> (&'a Arc<str>, Option<&'a V>) {
     match item {
         DiffItem::Add(name, new)
         | DiffItem::Update {

@@ -182,7 +182,7 @@ mod random_pushes {
                 let address = Address {
                     r#type: Some(address::Type::Workload(w)),
                 };
-                r.addresses.insert(uid, held(address));
+                r.addresses.insert(uid.into(), held(address));
             }
             3 => {
                 let i = rng.below(4);
@@ -208,7 +208,7 @@ mod random_pushes {
                 let address = Address {
                     r#type: Some(address::Type::Service(s)),
                 };
-                r.addresses.insert(service_key(i), held(address));
+                r.addresses.insert(service_key(i).into(), held(address));
             }
             4 => {
                 let name = format!("p{}", rng.below(4));
@@ -219,7 +219,8 @@ mod random_pushes {
                     action: rng.below(2) as i32,
                     ..Default::default()
                 };
-                r.authorizations.insert(format!("shop/{name}"), held(a));
+                r.authorizations
+                    .insert(format!("shop/{name}").into(), held(a));
             }
             5 => {
                 let name = if rng.below(2) == 0 {
@@ -227,10 +228,11 @@ mod random_pushes {
                 } else {
                     service_key(rng.below(4))
                 };
-                r.addresses.remove(&name);
+                r.addresses.remove(name.as_str());
             }
             _ => {
-                r.authorizations.remove(&format!("shop/p{}", rng.below(4)));
+                r.authorizations
+                    .remove(format!("shop/p{}", rng.below(4)).as_str());
             }
         }
     }

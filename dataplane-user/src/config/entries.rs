@@ -23,9 +23,10 @@ pub enum EntryKey {
 }
 
 impl EntryKey {
-    /// istiod's resource `name`.
-    pub fn xds(name: &str) -> Self {
-        Self::Xds(Arc::from(name))
+    /// istiod's resource `name` (shared with every other holder of the
+    /// name when given as an `Arc<str>`).
+    pub fn xds(name: impl Into<Arc<str>>) -> Self {
+        Self::Xds(name.into())
     }
 
     /// The file's entry at `index`.
@@ -57,15 +58,16 @@ pub struct XdsEntry {
     /// Its kind.
     pub kind: EntryKind,
     /// istiod's resource name.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 impl XdsEntry {
-    /// The entry `name` of `kind`.
-    pub fn new(kind: EntryKind, name: &str) -> Self {
+    /// The entry `name` of `kind` (the name shared when given as an
+    /// `Arc<str>`).
+    pub fn new(kind: EntryKind, name: impl Into<Arc<str>>) -> Self {
         Self {
             kind,
-            name: name.to_owned(),
+            name: name.into(),
         }
     }
 }

@@ -67,11 +67,11 @@ impl Claimants {
 #[derive(Debug, Clone, Default)]
 pub struct XdsEntries {
     /// Workloads by resource name.
-    pub workloads: imbl::OrdMap<String, Arc<config::Workload>>,
+    pub workloads: imbl::OrdMap<Arc<str>, Arc<config::Workload>>,
     /// Services by resource name.
-    pub services: imbl::OrdMap<String, Arc<config::Service>>,
+    pub services: imbl::OrdMap<Arc<str>, Arc<config::Service>>,
     /// Authorization policies by resource name.
-    pub policies: imbl::OrdMap<String, Arc<config::Policy>>,
+    pub policies: imbl::OrdMap<Arc<str>, Arc<config::Policy>>,
     /// What was left out, and why.
     pub dropped: Dropped,
 }
@@ -165,7 +165,7 @@ pub struct XdsModel {
     /// The resources the entries were made from.
     held: XdsResources,
     /// Each address resource translated, by name.
-    raw: HashMap<String, Raw, foldhash::fast::RandomState>,
+    raw: HashMap<Arc<str>, Raw, foldhash::fast::RandomState>,
     /// Who claims each address.
     claims: HashMap<IpAddr, Claimants, foldhash::fast::RandomState>,
     entries: XdsEntries,
@@ -188,7 +188,7 @@ impl XdsModel {
             };
             if let Some(old) = self.raw.remove(name) {
                 if let Some(kind) = old.kind() {
-                    let claimant = XdsEntry::new(kind, name);
+                    let claimant = XdsEntry::new(kind, Arc::clone(name));
                     for ip in old.addresses() {
                         if let Some(set) = self.claims.get_mut(ip) {
                             set.remove(&claimant);
@@ -202,14 +202,14 @@ impl XdsModel {
                 }
                 self.entries
                     .dropped
-                    .remove(&DropKey::Translation(name.clone()));
+                    .remove(&DropKey::Translation(name.to_string()));
             }
             let Some(new) = new else {
                 continue;
             };
             let (raw, notes) = translate_address(new);
             if let Some(kind) = raw.kind() {
-                let claimant = XdsEntry::new(kind, name);
+                let claimant = XdsEntry::new(kind, Arc::clone(name));
                 for ip in raw.addresses() {
                     self.claims.entry(*ip).or_default().insert(claimant.clone());
                     addresses.insert(*ip);
@@ -219,7 +219,7 @@ impl XdsModel {
             if !notes.is_empty() {
                 self.entries
                     .dropped
-                    .insert(DropKey::Translation(name.clone()), notes.into());
+                    .insert(DropKey::Translation(name.to_string()), notes.into());
             }
             self.raw.insert(name.clone(), raw);
         }

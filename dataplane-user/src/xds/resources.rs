@@ -96,8 +96,9 @@ impl<T> std::fmt::Debug for Versioned<T> {
 }
 
 /// Resources of one type by name, each shared between the copies that
-/// hold it.
-pub type Held<T> = imbl::OrdMap<String, Arc<Versioned<T>>>;
+/// hold it. The name is held once: the mesh model's tables, the state's
+/// keys and the claims share it.
+pub type Held<T> = imbl::OrdMap<Arc<str>, Arc<Versioned<T>>>;
 
 /// Everything held from istiod.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -124,7 +125,7 @@ impl XdsResources {
     pub fn versions(&self, type_url: &str) -> BTreeMap<String, String> {
         fn of<T>(map: &Held<T>) -> BTreeMap<String, String> {
             map.iter()
-                .map(|(name, held)| (name.clone(), held.version.clone()))
+                .map(|(name, held)| (name.to_string(), held.version.clone()))
                 .collect()
         }
         match type_url {
@@ -197,7 +198,7 @@ fn apply_to<T: Message + Default>(
         match checked {
             Ok(body) => {
                 held.insert(
-                    name.clone(),
+                    Arc::from(name.as_str()),
                     Arc::new(Versioned::encoded(resource.version.clone(), body.into())),
                 );
             }
@@ -205,7 +206,7 @@ fn apply_to<T: Message + Default>(
         }
     }
     for name in &response.removed_resources {
-        held.remove(name);
+        held.remove(name.as_str());
     }
     rejects
 }

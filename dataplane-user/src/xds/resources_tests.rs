@@ -92,7 +92,7 @@ fn valid_resources_apply_and_are_acked() {
     let removal = response(ADDRESS_TYPE, vec![], &["uid-1", "never-held"]);
     assert_eq!(held.apply(&removal), Verdict::Ack);
     assert_eq!(
-        held.addresses.keys().collect::<Vec<_>>(),
+        held.addresses.keys().map(|k| &**k).collect::<Vec<&str>>(),
         ["shop/web.shop.svc.cluster.local"]
     );
 }

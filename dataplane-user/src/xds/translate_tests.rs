@@ -36,7 +36,7 @@ fn put_workload(r: &mut XdsResources, w: workload::Workload) {
     let address = Address {
         r#type: Some(address::Type::Workload(w.clone())),
     };
-    r.addresses.insert(w.uid.clone(), held(address));
+    r.addresses.insert(w.uid.as_str().into(), held(address));
 }
 
 fn put_service(r: &mut XdsResources, s: workload::Service) {
@@ -44,7 +44,7 @@ fn put_service(r: &mut XdsResources, s: workload::Service) {
     let address = Address {
         r#type: Some(address::Type::Service(s)),
     };
-    r.addresses.insert(key, held(address));
+    r.addresses.insert(key.into(), held(address));
 }
 
 fn exact(v: &str) -> StringMatch {
@@ -315,7 +315,7 @@ fn seed_responses(r: &XdsResources) {
             resources: held
                 .iter()
                 .map(|(name, v)| Resource {
-                    name: name.clone(),
+                    name: name.to_string(),
                     version: v.version.clone(),
                     resource: Some(prost_types::Any {
                         type_url: type_url.into(),
