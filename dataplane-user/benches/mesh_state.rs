@@ -47,12 +47,12 @@ fn mesh(n: usize) -> LocalConfig {
             Workload {
                 uid: format!("w{i}"),
                 name: format!("w{i}"),
-                namespace: service.namespace.clone(),
-                service_account: format!("sa{}", i % 500),
-                trust_domain: "cluster.local".to_owned(),
+                namespace: service.namespace.as_str().into(),
+                service_account: format!("sa{}", i % 500).into(),
+                trust_domain: "cluster.local".into(),
                 workload_ips: vec![workload_ip(i).into()],
                 protocol: Protocol::Hbone,
-                node: format!("node{}", i % 100),
+                node: format!("node{}", i % 100).into(),
                 services: [(service.key(), service.ports.clone())]
                     .into_iter()
                     .collect(),

@@ -51,15 +51,15 @@ pub fn workload_resource(w: &Workload, version: &str) -> Resource {
         r#type: Some(address::Type::Workload(workload::Workload {
             uid: w.uid.clone(),
             name: w.name.clone(),
-            namespace: w.namespace.clone(),
+            namespace: w.namespace.to_string(),
             addresses: w.workload_ips.iter().map(ip_bytes).collect(),
-            trust_domain: w.trust_domain.clone(),
-            service_account: w.service_account.clone(),
+            trust_domain: w.trust_domain.to_string(),
+            service_account: w.service_account.to_string(),
             tunnel_protocol: match w.protocol {
                 Protocol::Hbone => TunnelProtocol::Hbone as i32,
                 Protocol::Tcp => TunnelProtocol::None as i32,
             },
-            node: w.node.clone(),
+            node: w.node.to_string(),
             services: w
                 .services
                 .iter()

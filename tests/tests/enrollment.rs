@@ -450,7 +450,7 @@ fn a_pod_re_enrolled_under_a_new_identity_keeps_its_open_connections() -> anyhow
     };
     let workloads = |moving: &Pod, staying: &Pod, account: &str| {
         let mut moved = mesh::hbone_workload(moving, "moving", "node1");
-        moved.service_account = account.to_owned();
+        moved.service_account = account.into();
         mesh::config_of(vec![
             moved,
             mesh::hbone_workload(staying, "staying", "node1"),

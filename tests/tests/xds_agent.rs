@@ -471,9 +471,9 @@ fn a_push_is_acked_once_the_agent_serves_it() -> Result<()> {
             let workload = dataplane_user::config::Workload {
                 uid: format!("uid-bulk{i}"),
                 name: format!("bulk{i}"),
-                namespace: NAMESPACE.to_owned(),
-                service_account: "bulk".to_owned(),
-                trust_domain: "cluster.local".to_owned(),
+                namespace: NAMESPACE.into(),
+                service_account: "bulk".into(),
+                trust_domain: "cluster.local".into(),
                 workload_ips: vec![
                     std::net::Ipv4Addr::new(10, 250, (i >> 8) as u8, i as u8).into(),
                 ],

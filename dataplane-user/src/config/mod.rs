@@ -8,6 +8,7 @@
 
 pub mod changes;
 pub mod entries;
+pub mod interned;
 pub(crate) mod limits;
 mod schema;
 mod validate;
@@ -218,8 +219,8 @@ mod tests {
         )
         .expect("valid config");
         let w = &config.workloads[0];
-        assert_eq!(w.trust_domain, "cluster.local");
-        assert_eq!(w.service_account, "default");
+        assert_eq!(&*w.trust_domain, "cluster.local");
+        assert_eq!(&*w.service_account, "default");
         assert_eq!(w.protocol, Protocol::Hbone);
         assert_eq!(w.workload_ips, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
     }

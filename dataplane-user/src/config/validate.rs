@@ -34,7 +34,7 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
                 ),
             ));
         }
-        if let Err(e) = Identity::new(&w.trust_domain, &w.namespace, &w.service_account) {
+        if let Err(e) = Identity::new(&*w.trust_domain, &*w.namespace, &*w.service_account) {
             return Err(invalid(
                 format!("workloads[{i}]"),
                 &w.uid,

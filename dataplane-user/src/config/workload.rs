@@ -1,7 +1,7 @@
 //! The shape of a workload (a pod) in the mesh model, as the local file
 //! writes it and as istiod's `istio.workload.Workload` is translated into.
 
-use std::{collections::BTreeMap, net::IpAddr, path::PathBuf};
+use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
@@ -84,13 +84,13 @@ pub struct Workload {
     /// Pod name.
     pub name: String,
     /// Kubernetes namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Service account (the identity's last component).
     #[serde(default = "default_service_account")]
-    pub service_account: String,
+    pub service_account: Arc<str>,
     /// SPIFFE trust domain.
     #[serde(default = "default_trust_domain")]
-    pub trust_domain: String,
+    pub trust_domain: Arc<str>,
     /// Pod IPs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workload_ips: Vec<IpAddr>,
@@ -98,8 +98,8 @@ pub struct Workload {
     #[serde(default)]
     pub protocol: Protocol,
     /// Node the workload runs on.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub node: String,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub node: Arc<str>,
     /// Network namespace path, for workloads this agent enrolls at start
     /// (standalone mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -118,21 +118,21 @@ pub struct Workload {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waypoint: Option<Waypoint>,
     /// The network the workload's IPs belong to (empty: the default one).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub network: String,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub network: Arc<str>,
     /// Canonical service (`service.istio.io/canonical-name`).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub canonical_name: String,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub canonical_name: Arc<str>,
     /// Canonical revision (`service.istio.io/canonical-revision`).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub canonical_revision: String,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub canonical_revision: Arc<str>,
     /// The owning workload (e.g. the Deployment's name), named in
     /// telemetry in place of the pod name when set.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub workload_name: String,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub workload_name: Arc<str>,
     /// The cluster the workload runs in.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub cluster_id: String,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub cluster_id: Arc<str>,
     /// Region, zone and subzone.
     #[serde(default, skip_serializing_if = "Locality::is_empty")]
     pub locality: Locality,
@@ -264,11 +264,11 @@ impl<'de> Deserialize<'de> for ServicePorts {
     }
 }
 
-fn default_service_account() -> String {
+fn default_service_account() -> Arc<str> {
     "default".into()
 }
 
-fn default_trust_domain() -> String {
+fn default_trust_domain() -> Arc<str> {
     "cluster.local".into()
 }
 

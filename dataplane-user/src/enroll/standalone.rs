@@ -65,14 +65,14 @@ impl Standalone {
         config
             .workloads
             .iter()
-            .filter(|w| self.node.as_ref().is_none_or(|node| *node == w.node))
+            .filter(|w| self.node.as_ref().is_none_or(|node| **node == *w.node))
             .filter_map(|w| {
                 Some(PodSpec {
                     uid: w.uid.clone(),
                     name: w.name.clone(),
-                    namespace: w.namespace.clone(),
-                    service_account: w.service_account.clone(),
-                    trust_domain: w.trust_domain.clone(),
+                    namespace: w.namespace.to_string(),
+                    service_account: w.service_account.to_string(),
+                    trust_domain: w.trust_domain.to_string(),
                     netns: w.netns.clone()?,
                     ips: w.workload_ips.clone(),
                     node_addr: None,

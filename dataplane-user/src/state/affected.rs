@@ -81,7 +81,7 @@ impl Affected {
         }
         match state.workloads.by_ip(dst) {
             Some(w) => {
-                self.namespaces.contains(&w.workload.namespace)
+                self.namespaces.contains(&*w.workload.namespace)
                     || w.workload
                         .authorization_policies
                         .iter()

@@ -90,7 +90,7 @@ fn workload_peer(workload: &Workload, identity: &Identity) -> crate::telemetry::
             known(&workload.canonical_revision).unwrap_or_else(|| "latest".to_owned()),
         ),
         workload: Some(name),
-        namespace: Some(workload.namespace.clone()),
+        namespace: Some(workload.namespace.to_string()),
         principal: Some(identity.to_uri()),
         cluster: known(&workload.cluster_id),
         region: known(&workload.locality.region),
@@ -184,9 +184,9 @@ impl WorkloadIndex {
     /// A workload with its identity and telemetry peer.
     fn entry(&self, key: EntryKey, workload: &Arc<Workload>) -> Result<MeshWorkload, StateError> {
         let identity = Identity::new(
-            &workload.trust_domain,
-            &workload.namespace,
-            &workload.service_account,
+            &*workload.trust_domain,
+            &*workload.namespace,
+            &*workload.service_account,
         )
         .map_err(|source| StateError::Identity {
             uid: workload.uid.clone(),

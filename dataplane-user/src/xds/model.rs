@@ -24,6 +24,7 @@ use super::translate::{Translated, policy_of, service_of, workload_of};
 use crate::config::{
     self, LocalConfig,
     entries::{DropKey, Dropped, EntryKind, XdsEntry},
+    interned::Strings,
 };
 use crate::istio_api::workload::{Address, address};
 
@@ -169,6 +170,8 @@ pub struct XdsModel {
     /// Who claims each address.
     claims: HashMap<IpAddr, Claimants, foldhash::fast::RandomState>,
     entries: XdsEntries,
+    /// The strings the translated workloads share.
+    strings: Strings,
 }
 
 impl XdsModel {
@@ -207,7 +210,7 @@ impl XdsModel {
             let Some(new) = new else {
                 continue;
             };
-            let (raw, notes) = translate_address(new);
+            let (raw, notes) = translate_address(new, &mut self.strings);
             if let Some(kind) = raw.kind() {
                 let claimant = XdsEntry::new(kind, Arc::clone(name));
                 for ip in raw.addresses() {
@@ -342,7 +345,7 @@ fn conflict_note(loser: &str, ip: &IpAddr, owner: &str) -> String {
 
 /// One address resource in the mesh model, with what translating it left
 /// out.
-fn translate_address(held: &Arc<Versioned<Address>>) -> (Raw, Vec<String>) {
+fn translate_address(held: &Arc<Versioned<Address>>, strings: &mut Strings) -> (Raw, Vec<String>) {
     let mut notes = Vec::new();
     let address = match held.decode() {
         Ok(address) => address,
@@ -354,7 +357,9 @@ fn translate_address(held: &Arc<Versioned<Address>>) -> (Raw, Vec<String>) {
         }
     };
     let raw = match &address.r#type {
-        Some(address::Type::Workload(w)) => Raw::Workload(workload_of(w, &mut notes).map(Arc::new)),
+        Some(address::Type::Workload(w)) => {
+            Raw::Workload(workload_of(w, strings, &mut notes).map(Arc::new))
+        }
         Some(address::Type::Service(s)) => Raw::Service(Arc::new(service_of(s, &mut notes))),
         None => Raw::Neither,
     };

@@ -14,7 +14,7 @@ use ipnet::IpNet;
 use super::resources::{XdsResources, ip_from_bytes};
 use crate::config::{
     self, Action, HealthPolicy, LocalConfig, Locality, Match, Policy, Protocol, Routing,
-    RoutingMode, RoutingScope, Scope, Waypoint, WorkloadStatus,
+    RoutingMode, RoutingScope, Scope, Waypoint, WorkloadStatus, interned::Strings,
 };
 use crate::identity::Identity;
 use crate::istio_api::{
@@ -45,16 +45,17 @@ pub fn translate(resources: &XdsResources, origin: &str) -> Translated {
 
 pub(super) fn workload_of(
     w: &workload::Workload,
+    strings: &mut Strings,
     dropped: &mut Vec<String>,
 ) -> Option<config::Workload> {
-    let or = |value: &str, default: &str| match value {
-        "" => default.to_owned(),
-        v => v.to_owned(),
+    let mut or = |value: &str, default: &str| match value {
+        "" => strings.get(default),
+        v => strings.get(v),
     };
     let workload = config::Workload {
         uid: w.uid.clone(),
         name: w.name.clone(),
-        namespace: w.namespace.clone(),
+        namespace: or(&w.namespace, ""),
         service_account: or(&w.service_account, "default"),
         trust_domain: or(&w.trust_domain, "cluster.local"),
         workload_ips: w
@@ -67,7 +68,7 @@ pub(super) fn workload_of(
             Ok(TunnelProtocol::Hbone) => Protocol::Hbone,
             _ => Protocol::Tcp,
         },
-        node: w.node.clone(),
+        node: or(&w.node, ""),
         netns: None,
         services: w
             .services
@@ -87,11 +88,11 @@ pub(super) fn workload_of(
             _ => WorkloadStatus::Healthy,
         },
         waypoint: w.waypoint.as_ref().and_then(waypoint_of),
-        network: w.network.clone(),
-        canonical_name: w.canonical_name.clone(),
-        canonical_revision: w.canonical_revision.clone(),
-        workload_name: w.workload_name.clone(),
-        cluster_id: w.cluster_id.clone(),
+        network: or(&w.network, ""),
+        canonical_name: or(&w.canonical_name, ""),
+        canonical_revision: or(&w.canonical_revision, ""),
+        workload_name: or(&w.workload_name, ""),
+        cluster_id: or(&w.cluster_id, ""),
         locality: w
             .locality
             .as_ref()
@@ -108,9 +109,9 @@ pub(super) fn workload_of(
     // The check on arrival refuses these; an identity is what every
     // certificate and policy hangs on, so never carry one that is not.
     if let Err(err) = Identity::new(
-        &workload.trust_domain,
-        &workload.namespace,
-        &workload.service_account,
+        &*workload.trust_domain,
+        &*workload.namespace,
+        &*workload.service_account,
     ) {
         dropped.push(format!("workload {}: {err}", workload.uid));
         return None;

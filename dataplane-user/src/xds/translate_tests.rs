@@ -150,16 +150,13 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     let out = translate(&r, "xds://istiod");
     let c = &out.config;
     let web = c.workloads.iter().find(|w| w.uid == "web-1").unwrap();
-    assert_eq!(web.trust_domain, "example.org");
+    assert_eq!(&*web.trust_domain, "example.org");
     assert_eq!(web.protocol, Protocol::Hbone);
     assert_eq!(web.status, WorkloadStatus::Unhealthy);
     assert_eq!(web.locality.zone, "eu-1");
-    assert_eq!(
-        (web.network.as_str(), web.cluster_id.as_str()),
-        ("net1", "c1")
-    );
-    assert_eq!(web.workload_name, "web-deploy");
-    assert_eq!(web.canonical_revision, "v2");
+    assert_eq!((&*web.network, &*web.cluster_id), ("net1", "c1"));
+    assert_eq!(&*web.workload_name, "web-deploy");
+    assert_eq!(&*web.canonical_revision, "v2");
     assert_eq!(
         web.waypoint.as_ref().and_then(|w| w.hostname.as_deref()),
         Some("shop/waypoint.shop.svc.cluster.local")
@@ -168,7 +165,7 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     assert_eq!(ports.and_then(|p| p.target(80)), Some(8080));
     let legacy = c.workloads.iter().find(|w| w.uid == "legacy").unwrap();
     assert_eq!(legacy.protocol, Protocol::Tcp);
-    assert_eq!(legacy.service_account, "default");
+    assert_eq!(&*legacy.service_account, "default");
     let svc = &c.services[0];
     assert_eq!(svc.vips, ["10.96.0.10".parse::<IpAddr>().unwrap()]);
     assert_eq!(svc.health_policy, HealthPolicy::AllowAll);
@@ -286,7 +283,7 @@ fn a_resource_istiod_did_not_change_is_not_translated_again() {
         &first.config.workloads[0],
         &second.config.workloads[0]
     ));
-    assert_eq!(second.config.workloads[1].service_account, "renamed");
+    assert_eq!(&*second.config.workloads[1].service_account, "renamed");
     // d claims a's address: resolved as from scratch, the cached a intact.
     assert!(second.config.workloads[2].workload_ips.is_empty());
     assert_eq!(second.dropped.len(), 1, "{:?}", second.dropped);

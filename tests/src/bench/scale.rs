@@ -141,12 +141,12 @@ fn workload(i: usize, services: &[Service], moved: usize) -> Workload {
     Workload {
         uid: format!("Kubernetes//Pod/{}/w{i}", service.namespace),
         name: format!("w{i}"),
-        namespace: service.namespace.clone(),
-        service_account: format!("sa{}", i % 500),
-        trust_domain: "cluster.local".to_owned(),
+        namespace: service.namespace.as_str().into(),
+        service_account: format!("sa{}", i % 500).into(),
+        trust_domain: "cluster.local".into(),
         workload_ips: vec![Ipv4Addr::new(10, a, b, c).into()],
         protocol: Protocol::Hbone,
-        node: format!("node{}", (i + moved) % 100),
+        node: format!("node{}", (i + moved) % 100).into(),
         services: [(service.key(), service.ports.clone())]
             .into_iter()
             .collect(),

@@ -1,0 +1,125 @@
+//! One copy of each identity and telemetry peer the workloads share.
+//!
+//! Replicas of a Deployment share their SPIFFE identity and, as telemetry
+//! names them (the owning workload, not the pod), their peer: built per
+//! workload they took about 450 bytes each (`benches/mesh_memory.rs`), held
+//! once per distinct value they take that much per Deployment. Entries no
+//! state refers to any more are dropped once the table has doubled since
+//! it was last swept, so sweeping costs O(1) per insertion.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use crate::{identity::Identity, telemetry::Peer};
+
+/// Smallest table size swept (below it sweeping is not worth a pass).
+const MIN_SWEEP: usize = 64;
+
+/// The shared identities and peers, behind a lock taken only while a state
+/// is built (never on the connection path).
+#[derive(Debug, Default)]
+pub(super) struct Interned(Mutex<Tables>);
+
+#[derive(Debug, Default)]
+struct Tables {
+    identities: HashSet<Identity, foldhash::fast::RandomState>,
+    peers: HashSet<Arc<Peer>, foldhash::fast::RandomState>,
+    /// Entries (both tables) after the last sweep.
+    swept_at: usize,
+}
+
+impl Interned {
+    /// The held identity equal to `identity` (holding it if none is).
+    pub(super) fn identity(&self, identity: Identity) -> Identity {
+        let mut tables = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(held) = tables.identities.get(&identity) {
+            return held.clone();
+        }
+        tables.identities.insert(identity.clone());
+        tables.sweep_if_grown();
+        identity
+    }
+
+    /// The held peer equal to `peer` (holding it if none is).
+    pub(super) fn peer(&self, peer: Peer) -> Arc<Peer> {
+        let mut tables = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(held) = tables.peers.get(&peer) {
+            return Arc::clone(held);
+        }
+        let peer = Arc::new(peer);
+        tables.peers.insert(Arc::clone(&peer));
+        tables.sweep_if_grown();
+        peer
+    }
+
+    /// Entries held (identities, peers).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> (usize, usize) {
+        let tables = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        (tables.identities.len(), tables.peers.len())
+    }
+}
+
+impl Tables {
+    fn sweep_if_grown(&mut self) {
+        let len = self.identities.len() + self.peers.len();
+        if len < MIN_SWEEP.max(self.swept_at * 2) {
+            return;
+        }
+        // Held only here: no state refers to it.
+        self.identities.retain(|i| i.is_shared());
+        self.peers.retain(|p| Arc::strong_count(p) > 1);
+        self.swept_at = self.identities.len() + self.peers.len();
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
+mod tests {
+    use super::*;
+
+    fn peer(name: &str) -> Peer {
+        Peer {
+            workload: Some(name.to_owned()),
+            namespace: Some("shop".to_owned()),
+            ..Peer::default()
+        }
+    }
+
+    #[test]
+    fn equal_values_share_one_copy() {
+        let interned = Interned::default();
+        let id = |sa: &str| Identity::new("cluster.local", "shop", sa).unwrap();
+        let (a, b) = (interned.identity(id("web")), interned.identity(id("web")));
+        assert!(std::ptr::eq(&*a, &*b));
+        assert!(!std::ptr::eq(&*a, &*interned.identity(id("db"))));
+        let (p, q) = (interned.peer(peer("web")), interned.peer(peer("web")));
+        assert!(Arc::ptr_eq(&p, &q));
+        assert!(!Arc::ptr_eq(&p, &interned.peer(peer("db"))));
+        assert_eq!(interned.len(), (2, 2));
+    }
+
+    #[test]
+    fn values_no_one_holds_are_swept_once_the_table_doubled() {
+        let interned = Interned::default();
+        let kept: Vec<Arc<Peer>> = (0..10)
+            .map(|i| interned.peer(peer(&format!("k{i}"))))
+            .collect();
+        for i in 0..(MIN_SWEEP - 11) {
+            drop(interned.peer(peer(&format!("gone{i}"))));
+        }
+        assert_eq!(
+            interned.len(),
+            (0, MIN_SWEEP - 1),
+            "not swept before the threshold"
+        );
+        drop(interned.peer(peer("last")));
+        // The one being inserted is held by its caller while the sweep runs.
+        assert_eq!(interned.len(), (0, 11), "only the held ones stay");
+        for (i, held) in kept.iter().enumerate() {
+            assert!(Arc::ptr_eq(held, &interned.peer(peer(&format!("k{i}")))));
+        }
+    }
+}
