@@ -15,14 +15,23 @@
 //! last update, or the run fails: a ztunnel that dropped the resources
 //! must not look fast. The two never run at the same time.
 //!
-//! Neither has a pod enrolled: what is measured is the mesh state alone.
-//! ztunnel's node hosts none of the workloads, so it fetches no
-//! certificates ahead for them.
+//! Given `dp-load` ([`ScaleSettings::load`]), our agent's node also has a
+//! client and a server pod in the mesh (from its file config, HBONE, no
+//! fast path), and during the churn the client opens a connection to the
+//! server through the agent once a second: its set-up cost (connect, 64
+//! bytes there and back) at each N. ztunnel's runs have no pod: what is
+//! measured of it is the mesh state alone. ztunnel's node hosts none of
+//! the workloads, so it fetches no certificates ahead for them.
 
 use std::{
     collections::{BTreeMap, HashMap},
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -33,11 +42,17 @@ use dataplane_user::{
 };
 use serde::Serialize;
 
-use super::agent::MeasuredAgent;
+use super::{
+    agent::MeasuredAgent,
+    mesh::{ECHO_PORT, SINK_PORT},
+    process::BenchProcess,
+};
 use crate::{
     Cgroup, Netns, TempDir,
     istio_resources::{policy_resource, service_resource, workload_resource},
     istiod::{SERVER_NAME, TestIstiod, TestPki},
+    mesh::{config_of, hbone_workload, write_config},
+    topology::{Node, Pod},
     ztunnel::{HeldState, Ztunnel, ZtunnelHome, ZtunnelNode},
 };
 
@@ -64,6 +79,9 @@ pub struct ScaleSettings {
     pub churn: Duration,
     /// A stock ztunnel binary to measure the same way, after our agent.
     pub ztunnel: Option<PathBuf>,
+    /// `dp-load`, for a connection per second through our agent during
+    /// the churn (none without it).
+    pub load: Option<PathBuf>,
 }
 
 impl ScaleSettings {
@@ -74,6 +92,7 @@ impl ScaleSettings {
             rate: 20,
             churn: Duration::from_secs(30),
             ztunnel: None,
+            load: None,
         }
     }
 
@@ -84,6 +103,7 @@ impl ScaleSettings {
             rate: 20,
             churn: Duration::from_secs(3),
             ztunnel: None,
+            load: None,
         }
     }
 }
@@ -129,6 +149,14 @@ pub struct ScaleResult {
     pub ack_p50_ms: f64,
     /// As above.
     pub ack_p99_ms: f64,
+    /// Connections opened through the proxy during the churn (one a
+    /// second; our agent only).
+    pub conns: usize,
+    /// Their set-up cost (connect, 64 bytes there and back), median and
+    /// 99th percentile, ms.
+    pub conn_p50_ms: Option<f64>,
+    /// As above.
+    pub conn_p99_ms: Option<f64>,
 }
 
 /// The synthetic mesh of `n` workloads in n/100 namespaces.
@@ -217,8 +245,9 @@ pub fn run(agent_binary: &Path, settings: &ScaleSettings) -> anyhow::Result<Vec<
 
 /// The proxy a run measures.
 enum Proxy<'a> {
-    /// Our agent, `dataplane run`.
-    Ours(&'a Path),
+    /// Our agent, `dataplane run`, with pods on its node when given
+    /// `dp-load`.
+    Ours(&'a Path, Option<&'a Path>),
     /// A stock ztunnel.
     Ztunnel(&'a Path),
 }
@@ -260,7 +289,7 @@ fn one_size(
     let ours = measure(
         rt,
         pki,
-        &Proxy::Ours(agent_binary),
+        &Proxy::Ours(agent_binary, settings.load.as_deref()),
         &mesh,
         &served,
         settings,
@@ -291,8 +320,10 @@ fn one_size(
 /// used.
 enum Running {
     Ours {
+        // Field order is drop order: the agent before its node.
         agent: MeasuredAgent,
-        _node: Cgroup,
+        _node: Option<Cgroup>,
+        pods: Option<Box<ConnPods>>,
     },
     Ztunnel {
         // Field order is drop order: the process before its namespace.
@@ -406,13 +437,13 @@ fn measure(
             .await
     })?;
     let side = match proxy {
-        Proxy::Ours(_) => "a",
+        Proxy::Ours(..) => "a",
         Proxy::Ztunnel(_) => "z",
     };
     let tag = format!("bench-scale{n}{side}");
     let dir = TempDir::new(&tag)?;
     let (started, mut running) = match *proxy {
-        Proxy::Ours(binary) => start_ours(binary, &tag, dir.path(), pki, &istiod)?,
+        Proxy::Ours(binary, load) => start_ours(binary, load, &tag, dir.path(), pki, &istiod)?,
         Proxy::Ztunnel(binary) => start_ztunnel(rt, binary, &tag, dir.path(), pki, &mut istiod)?,
     };
     let limit = ack_limit(n);
@@ -428,6 +459,9 @@ fn measure(
     rt.block_on(istiod.stop());
     let mut sorted = churned.latencies.clone();
     sorted.sort_by(f64::total_cmp);
+    let mut conns = churned.conns.clone();
+    conns.sort_by(f64::total_cmp);
+    let conn_quantile = |p| (!conns.is_empty()).then(|| percentile(&conns, p));
     Ok(ScaleResult {
         first_state_ms,
         // Since the proxy started (its cgroup is its own): start-up
@@ -444,6 +478,9 @@ fn measure(
         },
         ack_p50_ms: percentile(&sorted, 0.50),
         ack_p99_ms: percentile(&sorted, 0.99),
+        conns: conns.len(),
+        conn_p50_ms: conn_quantile(0.50),
+        conn_p99_ms: conn_quantile(0.99),
     })
 }
 
@@ -456,9 +493,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank - 1]
 }
 
-/// Starts our agent on `istiod`, with no pod and an empty file config.
+/// Starts our agent on `istiod`: with no pod and an empty file config,
+/// or, given `dp-load`, with a client and a server pod ([`ConnPods`]).
 fn start_ours(
     binary: &Path,
+    load: Option<&Path>,
     tag: &str,
     dir: &Path,
     pki: &TestPki,
@@ -468,12 +507,25 @@ fn start_ours(
     std::fs::write(&root, &pki.root_pem)?;
     let token = dir.join("istio-token");
     std::fs::write(&token, "scale-token\n")?;
-    let empty = dir.join("empty.yaml");
-    std::fs::write(&empty, "workloads: []\n")?;
-    let node = Cgroup::new(&format!("{tag}-node"))?;
+    let (node, pods, config) = match load {
+        None => {
+            let empty = dir.join("empty.yaml");
+            std::fs::write(&empty, "workloads: []\n")?;
+            (Some(Cgroup::new(&format!("{tag}-node"))?), None, empty)
+        }
+        Some(load) => {
+            let (pods, config) = ConnPods::new(load, tag, dir)?;
+            (None, Some(Box::new(pods)), config)
+        }
+    };
+    let node_cgroup = match (&node, &pods) {
+        (Some(cgroup), _) => cgroup.path().to_owned(),
+        (None, Some(pods)) => pods.node.cgroup().path().to_owned(),
+        (None, None) => anyhow::bail!("no node cgroup"),
+    };
     let flags: Vec<String> = [
         "--config",
-        &empty.display().to_string(),
+        &config.display().to_string(),
         "--xds",
         "--istiod-address",
         &istiod.addr.to_string(),
@@ -494,8 +546,124 @@ fn start_ours(
     .map(|s| (*s).to_owned())
     .collect();
     let started = Instant::now();
-    let agent = MeasuredAgent::start(binary, tag, node.path(), &flags, 0)?;
-    Ok((started, Running::Ours { agent, _node: node }))
+    let expected_pods = if pods.is_some() { 2 } else { 0 };
+    let agent = MeasuredAgent::start(binary, tag, &node_cgroup, &flags, expected_pods)?;
+    Ok((
+        started,
+        Running::Ours {
+            agent,
+            _node: node,
+            pods,
+        },
+    ))
+}
+
+/// A client and a server pod on our agent's node (index 200: their
+/// addresses, 10.200.0.x, are no synthetic workload's below 13M), in the
+/// mesh through the agent's file config (HBONE, fast path off, so every
+/// connection goes through the agent), the server running `dp-load serve`.
+struct ConnPods {
+    // Field order is drop order: processes, pods, then the node.
+    _server: BenchProcess,
+    client: Pod,
+    server: Pod,
+    node: Node,
+    load: PathBuf,
+}
+
+impl ConnPods {
+    /// Builds them; returns them and the agent's config file.
+    fn new(load: &Path, tag: &str, dir: &Path) -> anyhow::Result<(Self, PathBuf)> {
+        let mut node = Node::new(tag, 200)?;
+        let client = node.add_pod(tag)?;
+        let server = node.add_pod(tag)?;
+        let mut cmd = Command::new(load);
+        cmd.args(["serve", &ECHO_PORT.to_string(), &SINK_PORT.to_string()]);
+        let mut process =
+            BenchProcess::spawn(cmd, Some(server.netns.path()), Some(server.cgroup.path()))?;
+        let line = process.line(Duration::from_secs(10))?;
+        anyhow::ensure!(line == "listening", "server said `{line}`");
+        let workloads = [(&client, "client"), (&server, "server")]
+            .into_iter()
+            .map(|(pod, name)| {
+                let mut workload = hbone_workload(pod, name, "node0");
+                workload.fast_path = Some(false);
+                workload
+            })
+            .collect();
+        let config = write_config(dir, "pods.yaml", &config_of(workloads))?;
+        Ok((
+            Self {
+                _server: process,
+                client,
+                server,
+                node,
+                load: load.to_owned(),
+            },
+            config,
+        ))
+    }
+
+    /// Starts opening a connection a second from the client to the server.
+    fn probe(&self) -> ConnProbe {
+        ConnProbe::start(
+            self.load.clone(),
+            self.client.netns.path().to_owned(),
+            self.client.cgroup.path().to_owned(),
+            SocketAddr::new(self.server.ip4.into(), ECHO_PORT),
+        )
+    }
+}
+
+/// A thread that runs `dp-load conn ADDR 1 1 64` in the client pod once a
+/// second until stopped, keeping each connection's time.
+struct ConnProbe {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<anyhow::Result<Vec<f64>>>,
+}
+
+impl ConnProbe {
+    fn start(load: PathBuf, netns: PathBuf, cgroup: PathBuf, server: SocketAddr) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut times = Vec::new();
+            let mut next = Instant::now();
+            while !stopped.load(Ordering::Relaxed) {
+                if Instant::now() < next {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                next += Duration::from_secs(1);
+                let mut cmd = Command::new(&load);
+                cmd.args(["conn", &server.to_string(), "1", "1", "64"]);
+                let text = BenchProcess::spawn(cmd, Some(&netns), Some(&cgroup))?
+                    .output(Duration::from_secs(60))?;
+                times.push(conn_time_ms(&text)?);
+            }
+            Ok(times)
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops it; returns every connection's time, ms.
+    fn finish(self) -> anyhow::Result<Vec<f64>> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the connection probe panicked"))?
+    }
+}
+
+/// The time of the one connection a `dp-load conn ADDR 1 ...` report
+/// holds, ms.
+fn conn_time_ms(report: &str) -> anyhow::Result<f64> {
+    let report: serde_json::Value =
+        serde_json::from_str(report.trim()).context("dp-load's report")?;
+    report["latency"]["p50_us"]
+        .as_f64()
+        .map(|us| us / 1e3)
+        .with_context(|| format!("no latency in dp-load's report {report}"))
 }
 
 /// Starts ztunnel in a network namespace of its own, where `istiod` also
@@ -587,6 +755,9 @@ struct Churned {
     cpu_usec: u64,
     /// The last update's workload.
     last: Option<Workload>,
+    /// The time of every connection opened through the proxy meanwhile,
+    /// ms.
+    conns: Vec<f64>,
 }
 
 /// Sends `settings.rate` single-workload updates per second for
@@ -605,6 +776,12 @@ async fn churn(
     let mut sent: HashMap<String, Instant> = HashMap::new();
     let mut latencies = Vec::with_capacity(total);
     let mut last = None;
+    let probe = match running {
+        Running::Ours {
+            pods: Some(pods), ..
+        } => Some(pods.probe()),
+        _ => None,
+    };
     let cpu_before = running.cpu_usec()?;
     let mut ticks = tokio::time::interval(period);
     let mut next = 0;
@@ -641,11 +818,17 @@ async fn churn(
             }
         }
     }
+    let cpu_usec = running.cpu_usec()? - cpu_before;
+    let conns = match probe {
+        Some(probe) => probe.finish()?,
+        None => Vec::new(),
+    };
     Ok(Churned {
         updates: total,
         latencies,
-        cpu_usec: running.cpu_usec()? - cpu_before,
+        cpu_usec,
         last,
+        conns,
     })
 }
 
@@ -672,6 +855,10 @@ pub fn table(rows: &[ScaleRow]) -> String {
         );
         for figure in FIGURES {
             let ours = (figure.values)(&row.ours, row.workloads);
+            if ours.iter().all(|v| v.is_nan()) {
+                // Not measured (connections without `dp-load`).
+                continue;
+            }
             let (theirs, ratios) = match &row.ztunnel {
                 Some(zt) => {
                     let theirs = (figure.values)(zt, row.workloads);
@@ -741,6 +928,16 @@ const FIGURES: &[Figure] = &[
         values: |r, _| vec![r.ack_p50_ms, r.ack_p99_ms],
         format: ms,
     },
+    Figure {
+        name: "connection set-up during churn p50 / p99",
+        values: |r, _| {
+            vec![
+                r.conn_p50_ms.unwrap_or(f64::NAN),
+                r.conn_p99_ms.unwrap_or(f64::NAN),
+            ]
+        },
+        format: ms,
+    },
 ];
 
 /// `values` written with `format`, joined by ` / `.
@@ -807,12 +1004,12 @@ fn count(n: usize) -> String {
 /// Our agent alone: one line per size.
 fn ours_table(rows: &[ScaleRow]) -> String {
     let mut out = String::from(
-        "| workloads (services, policies) | first state: time / CPU | RSS first / after churn | CPU per update | push-to-ACK p50 / p99 | RSS / workload |\n|---|---|---|---|---|---|\n",
+        "| workloads (services, policies) | first state: time / CPU | RSS first / after churn | CPU per update | push-to-ACK p50 / p99 | RSS / workload | connection set-up p50 / p99 |\n|---|---|---|---|---|---|---|\n",
     );
     for row in rows {
         let r = &row.ours;
         out.push_str(&format!(
-            "| {} ({}, {}) | {} / {} | {} / {} | {} | {} / {} | {} |\n",
+            "| {} ({}, {}) | {} / {} | {} / {} | {} | {} / {} | {} | {} / {} |\n",
             count(row.workloads),
             count(row.services),
             count(row.policies),
@@ -824,6 +1021,8 @@ fn ours_table(rows: &[ScaleRow]) -> String {
             ms(r.ack_p50_ms),
             ms(r.ack_p99_ms),
             kilobytes(r.rss_first as f64 / row.workloads.max(1) as f64),
+            ms(r.conn_p50_ms.unwrap_or(f64::NAN)),
+            ms(r.conn_p99_ms.unwrap_or(f64::NAN)),
         ));
     }
     out
@@ -844,6 +1043,9 @@ mod tests {
             cpu_per_update_ms: 0.5 * scale,
             ack_p50_ms: 4.0 * scale,
             ack_p99_ms: 18.0 * scale,
+            conns: 0,
+            conn_p50_ms: None,
+            conn_p99_ms: None,
         }
     }
 
@@ -887,7 +1089,8 @@ mod tests {
             text.contains("|  | RSS per workload (first state) | 54.0 KB | 27.0 KB | 2.0x |"),
             "{text}"
         );
-        assert_eq!(text.lines().count(), 2 + FIGURES.len());
+        // No connection figure: none was measured.
+        assert_eq!(text.lines().count(), 2 + FIGURES.len() - 1);
 
         let failed = ScaleRow {
             ztunnel: None,
@@ -938,6 +1141,15 @@ mod tests {
         assert_eq!(service_vip(257), IpAddr::from([172, 16, 1, 1]));
         assert_eq!(service_vip(65_536), IpAddr::from([172, 17, 0, 0]));
         assert_eq!(service_vip(999_999), IpAddr::from([172, 31, 66, 63]));
+    }
+
+    #[test]
+    fn a_connection_time_from_dp_loads_report() -> anyhow::Result<()> {
+        let report = r#"{"ops":1,"secs":0.002,"rate":500.0,"latency":{"samples":1,"p50_us":1523.5,"p99_us":1523.5}}"#;
+        assert!((conn_time_ms(report)? - 1.5235).abs() < 1e-9);
+        assert!(conn_time_ms(r#"{"ops":1}"#).is_err());
+        assert!(conn_time_ms("oops").is_err());
+        Ok(())
     }
 
     #[test]

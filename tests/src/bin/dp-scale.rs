@@ -5,7 +5,11 @@
 //! compare two agent builds.
 //!
 //! `dp-scale --agent PATH --out FILE [--quick] [--sizes 1000,10000]
-//! [--rate N] [--seconds N] [--ztunnel PATH]`
+//! [--rate N] [--seconds N] [--ztunnel PATH] [--load PATH]`
+//!
+//! With `--load PATH` (`dp-load`), our agent's node has a client and a
+//! server pod and the client opens a connection to the server through the
+//! agent once a second during the churn.
 //!
 //! With `--ztunnel PATH` (or `DATAPLANE_ZTUNNEL`, as the interop tests
 //! take it), each size also runs against that stock ztunnel and the table
@@ -47,7 +51,10 @@ fn run() -> anyhow::Result<()> {
         match arg.as_str() {
             "--agent" => agent = Some(PathBuf::from(value()?)),
             "--out" => out = PathBuf::from(value()?),
-            "--quick" => settings = ScaleSettings::quick(),
+            "--quick" => {
+                let quick = ScaleSettings::quick();
+                (settings.sizes, settings.churn) = (quick.sizes, quick.churn);
+            }
             "--sizes" => {
                 settings.sizes = value()?
                     .split(',')
@@ -57,6 +64,7 @@ fn run() -> anyhow::Result<()> {
             "--rate" => settings.rate = value()?.parse()?,
             "--seconds" => settings.churn = Duration::from_secs(value()?.parse()?),
             "--ztunnel" => ztunnel = Some(PathBuf::from(value()?)),
+            "--load" => settings.load = Some(PathBuf::from(value()?)),
             other => anyhow::bail!("unknown argument `{other}`"),
         }
     }

@@ -205,7 +205,9 @@ const SCALE: SideBench = SideBench {
             once its state holds it. CPU from the agent's cgroup; RSS per workload includes the agent's base. \
             With `--ztunnel PATH` (or `DATAPLANE_ZTUNNEL`), a stock ztunnel is then fed the same resources by a \
             fresh test istiod, in a cgroup of its own, and measured the same way (it ACKs a push once applied; \
-            its /config_dump is checked to hold every resource and the last update).",
+            its /config_dump is checked to hold every resource and the last update). Connection set-up: a client \
+            pod opens a connection (connect, 64 bytes echoed) to a server pod of the agent's node through the \
+            agent, HBONE, no fast path, once a second during the churn (our agent only).",
 };
 
 /// Runs `dp-churn` (enrollment churn beside request/response traffic).
@@ -222,7 +224,10 @@ fn run_churn(quick: bool, release: bool, out_dir: &Path) -> Result<bool> {
 
 /// Runs `dp-scale` (the mesh state at N workloads fed by the test istiod).
 fn run_scale(args: &BenchArgs, release: bool, out_dir: &Path) -> Result<bool> {
-    let mut extra: Vec<std::ffi::OsString> = Vec::new();
+    let load = cmd::target_dir()
+        .join(build::profile(release).1)
+        .join("dp-load");
+    let mut extra = vec!["--load".into(), load.into_os_string()];
     if args.quick {
         extra.push("--quick".into());
     }
