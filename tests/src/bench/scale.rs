@@ -258,6 +258,17 @@ struct Served {
     policies: Vec<Resource>,
 }
 
+impl Served {
+    /// Their size, encoded (about what the first responses carry).
+    fn encoded_len(&self) -> usize {
+        self.addresses
+            .iter()
+            .chain(&self.policies)
+            .map(prost::Message::encoded_len)
+            .sum()
+    }
+}
+
 fn one_size(
     rt: &tokio::runtime::Runtime,
     pki: &TestPki,
@@ -280,12 +291,7 @@ fn one_size(
             .map(|p| policy_resource(p, version))
             .collect(),
     };
-    let first_push_bytes = served
-        .addresses
-        .iter()
-        .chain(&served.policies)
-        .map(prost::Message::encoded_len)
-        .sum();
+    let first_push_bytes = served.encoded_len();
     let ours = measure(
         rt,
         pki,
@@ -447,7 +453,12 @@ fn measure(
         Proxy::Ztunnel(binary) => start_ztunnel(rt, binary, &tag, dir.path(), pki, &mut istiod)?,
     };
     let limit = ack_limit(n);
-    rt.block_on(first_state(&mut istiod, &mut running, limit))?;
+    rt.block_on(first_state(
+        &mut istiod,
+        &mut running,
+        limit,
+        served.encoded_len(),
+    ))?;
     let first_state_ms = started.elapsed().as_secs_f64() * 1e3;
     let cpu_first = running.cpu_usec()?;
     let rss_first = running.rss()?;
@@ -716,17 +727,27 @@ async fn next_request(
 
 /// Waits for the first complete state: both types' first responses ACKed
 /// (our agent's second ACK waits for the state built from both).
+/// A proxy that opens a second stream meanwhile dropped the first push
+/// (`push_bytes` encoded): it fails at once rather than at the guard.
 async fn first_state(
     istiod: &mut TestIstiod,
     running: &mut Running,
     limit: Duration,
+    push_bytes: usize,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + limit;
     let mut acked = [false; 2];
+    let mut first_stream = None;
     while !acked.iter().all(|a| *a) {
-        let request = next_request(istiod, running, deadline, "the first state")
-            .await?
-            .request;
+        let seen = next_request(istiod, running, deadline, "the first state").await?;
+        let stream = *first_stream.get_or_insert(seen.stream);
+        anyhow::ensure!(
+            seen.stream == stream,
+            "the proxy reconnected before ACKing its first state: it dropped the first push \
+             ({:.1} MB encoded; over its xDS message limit?)",
+            push_bytes as f64 / 1e6
+        );
+        let request = seen.request;
         if request.response_nonce.is_empty() {
             continue;
         }
