@@ -477,6 +477,15 @@ impl TestIstiod {
             .context("the test istiod stopped")
     }
 
+    /// The next request the agent sends within `timeout`, `None` if none
+    /// came (fails once the test istiod stopped).
+    pub async fn try_next_request(&mut self, timeout: Duration) -> Result<Option<SeenRequest>> {
+        match tokio::time::timeout(timeout, self.seen.recv()).await {
+            Err(_) => Ok(None),
+            Ok(seen) => seen.context("the test istiod stopped").map(Some),
+        }
+    }
+
     /// Stops serving and ends every stream (as an istiod restart does).
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {

@@ -38,6 +38,7 @@ pub mod transfer;
 pub mod upgrade;
 pub mod waypoint;
 pub mod zds_client;
+pub mod ztunnel;
 
 use std::{
     path::{Path, PathBuf},

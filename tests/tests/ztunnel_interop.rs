@@ -16,9 +16,8 @@
 //! that behave as ztunnel does.
 
 use std::{
-    io::{Read as _, Write as _},
-    net::{IpAddr, SocketAddr, TcpStream},
-    path::{Path, PathBuf},
+    net::{IpAddr, SocketAddr},
+    path::Path,
     process::Command,
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
@@ -26,138 +25,36 @@ use std::{
 
 use anyhow::Result;
 use dataplane_tests::{
-    Cgroup, ChildGuard, TempDir,
+    Cgroup, TempDir,
     istio_resources::{address_resources, authorization_resources},
     istiod::{SERVER_NAME, TestIstiod, TestPki},
     mesh::{NAMESPACE, TwoNodes, addr},
     responder::Responder,
-    spawn_logged_in,
     topology::{Node, Pod},
     traffic::{echo, echo_server, stream},
+    ztunnel::{self, Ztunnel, ZtunnelHome, ZtunnelNode, ztunnel_binary},
 };
 use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 
-/// The ztunnel binary to test against.
-fn ztunnel_binary() -> anyhow::Result<PathBuf> {
-    let path = PathBuf::from(
-        std::env::var_os("DATAPLANE_ZTUNNEL")
-            .ok_or_else(|| anyhow::anyhow!("set DATAPLANE_ZTUNNEL to a ztunnel binary"))?,
-    );
-    anyhow::ensure!(path.is_file(), "{} is not a file", path.display());
-    Ok(path)
-}
-
-/// One ztunnel, in a node's network namespace and in a cgroup of its own
-/// under the node's (as its pod would be), with its log in the test's
-/// directory.
-struct Ztunnel {
-    _process: ChildGuard,
-    _cgroup: Cgroup,
-    log: PathBuf,
-}
-
-/// Where one node's ztunnel finds istiod and what it holds from its pod
-/// spec: the root and token files at the paths Istio's chart mounts them
-/// (relative to its working directory, as ztunnel reads its defaults).
-struct ZtunnelHome {
-    dir: PathBuf,
-    /// istiod on the node's loopback.
-    istiod: SocketAddr,
-    /// The token this ztunnel presents.
-    token: String,
-}
-
-impl ZtunnelHome {
-    fn new(dir: &Path, node_name: &str, istiod: SocketAddr, root_pem: &str) -> Result<Self> {
-        let dir = dir.join(node_name);
-        let root = dir.join("var/run/secrets/istio");
-        let tokens = dir.join("var/run/secrets/tokens");
-        std::fs::create_dir_all(&root)?;
-        std::fs::create_dir_all(&tokens)?;
-        std::fs::write(root.join("root-cert.pem"), root_pem)?;
-        let token = format!("ztunnel-{node_name}-token");
-        std::fs::write(tokens.join("istio-token"), &token)?;
-        Ok(Self { dir, istiod, token })
-    }
-}
-
-impl Ztunnel {
-    /// Starts ztunnel with the environment Istio's ztunnel chart gives it
-    /// ([`ztunnel_env`]), its root and token files in place.
-    fn start(
-        binary: &Path,
-        node: &Node,
-        node_name: &str,
-        zds: &Path,
-        home: &ZtunnelHome,
-        logs: &Path,
-    ) -> Result<Self> {
-        let cgroup = Cgroup::child(node.cgroup(), "zt")?;
-        let log = logs.join(format!("ztunnel-{node_name}.log"));
-        let mut cmd = Command::new(binary);
-        cmd.env_clear().current_dir(&home.dir);
-        for (name, value) in ztunnel_env(node, node_name, zds, home.istiod) {
-            cmd.env(name, value);
-        }
-        let process = spawn_logged_in(cmd, Some(node.netns().path()), Some(cgroup.path()), &log)?;
-        Ok(Self {
-            _process: process,
-            _cgroup: cgroup,
-            log,
-        })
-    }
-
-    /// The last lines of its log, without the configuration it prints at
-    /// start.
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with("20") || l.starts_with("Error"))
-            .collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-}
-
-/// ztunnel's environment on `node`: what Istio's ztunnel chart sets (its
-/// defaults; the downward API's pod, node, address, service account and
-/// CPU count; no CPU limit, a 200m request rounded up as the API does),
-/// with istiod's address on the node's loopback, and the few settings
-/// only the test needs.
-fn ztunnel_env(
+/// Starts ztunnel for `node` as Istio's chart does ([`ztunnel::ztunnel_env`]), in
+/// the node's network namespace and in a cgroup of its own under the
+/// node's (as its pod would be), with its log in `logs`.
+fn start_ztunnel(
+    binary: &Path,
     node: &Node,
     node_name: &str,
     zds: &Path,
-    istiod: SocketAddr,
-) -> Vec<(String, String)> {
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    [
-        ("CA_ADDRESS", istiod.to_string()),
-        ("XDS_ADDRESS", istiod.to_string()),
-        ("RUST_LOG", "info".to_owned()),
-        ("RUST_BACKTRACE", "1".to_owned()),
-        ("ISTIO_META_CLUSTER_ID", "Kubernetes".to_owned()),
-        ("INPOD_ENABLED", "true".to_owned()),
-        ("TERMINATION_GRACE_PERIOD_SECONDS", "30".to_owned()),
-        ("POD_NAME", format!("ztunnel-{node_name}")),
-        ("POD_NAMESPACE", "istio-system".to_owned()),
-        ("NODE_NAME", node_name.to_owned()),
-        ("INSTANCE_IP", node.bridge_ip4().to_string()),
-        ("SERVICE_ACCOUNT", "ztunnel".to_owned()),
-        ("ZTUNNEL_CPU_LIMIT", cpus.to_string()),
-        ("ZTUNNEL_RESOURCE_CPU_REQUEST", "1".to_owned()),
-        // Not the chart's: the ZDS socket is the agent's (the chart
-        // mounts it at ztunnel's default path), istiod is reached by
-        // address and named for its certificate (no cluster DNS here),
-        // and the test's programs live in the usual places.
-        ("INPOD_UDS", zds.display().to_string()),
-        ("ALT_CA_HOSTNAME", SERVER_NAME.to_owned()),
-        ("ALT_XDS_HOSTNAME", SERVER_NAME.to_owned()),
-        ("PATH", "/usr/bin:/bin".to_owned()),
-    ]
-    .into_iter()
-    .map(|(name, value)| (name.to_owned(), value))
-    .collect()
+    home: &ZtunnelHome,
+    logs: &Path,
+) -> Result<Ztunnel> {
+    let cgroup = Cgroup::child(node.cgroup(), "zt")?;
+    let log = logs.join(format!("ztunnel-{node_name}.log"));
+    let site = ZtunnelNode {
+        name: node_name,
+        instance_ip: node.bridge_ip4().into(),
+        zds,
+    };
+    Ztunnel::start(binary, node.netns(), cgroup, &site, home, &log)
 }
 
 /// The test istiod, on the runtime that drives it, with its CA, serving
@@ -237,14 +134,7 @@ fn seen_by(app: &Responder) -> anyhow::Result<IpAddr> {
 
 /// ztunnel's Prometheus text, from its stats port in `node`'s namespace.
 fn ztunnel_metrics(node: &Node) -> anyhow::Result<String> {
-    node.netns().run(|| -> anyhow::Result<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", 15020))?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-        let mut body = String::new();
-        stream.read_to_string(&mut body)?;
-        Ok(body)
-    })?
+    ztunnel::metrics(node.netns())
 }
 
 /// The sum of `istio_tcp_connections_opened_total` samples whose labels
@@ -315,8 +205,8 @@ fn stock_ztunnel_captures_and_tunnels_enrolled_pods() -> anyhow::Result<()> {
         rt.block_on(istiod.listen_in(w.n2.netns()))?,
         &pki.root_pem,
     )?;
-    let z1 = Ztunnel::start(&binary, &w.n1, "node1", &zds1, &home1, logs.path())?;
-    let z2 = Ztunnel::start(&binary, &w.n2, "node2", &zds2, &home2, logs.path())?;
+    let z1 = start_ztunnel(&binary, &w.n1, "node1", &zds1, &home1, logs.path())?;
+    let z2 = start_ztunnel(&binary, &w.n2, "node2", &zds2, &home2, logs.path())?;
     wait_captured(&a1, &z1)?;
     wait_captured(&a2, &z2)?;
 
@@ -382,7 +272,7 @@ fn stock_ztunnel_captures_and_tunnels_enrolled_pods() -> anyhow::Result<()> {
     // ztunnel restarts: the agent sends it the snapshot again and points
     // the kernel at the new listeners.
     drop(z1);
-    let z1 = Ztunnel::start(&binary, &w.n1, "node1", &zds1, &home1, logs.path())?;
+    let z1 = start_ztunnel(&binary, &w.n1, "node1", &zds1, &home1, logs.path())?;
     wait_captured(&a1, &z1)?;
     echo(&w.client, addr(&w.remote, 9000), 64, 3)?;
     assert_eq!(
@@ -465,7 +355,7 @@ fn our_engine_and_a_stock_ztunnel_tunnel_both_ways() -> anyhow::Result<()> {
         rt.block_on(istiod.listen_in(w.n2.netns()))?,
         &pki.root_pem,
     )?;
-    let z2 = Ztunnel::start(&binary, &w.n2, "node2", &zds2, &home2, logs.path())?;
+    let z2 = start_ztunnel(&binary, &w.n2, "node2", &zds2, &home2, logs.path())?;
     wait_captured(&a2, &z2)?;
 
     let local = echo_server(&w.local, 9000)?;
@@ -727,7 +617,7 @@ fn stock_ztunnel_sees_the_pods_own_address_as_the_client() -> anyhow::Result<()>
         &pki,
         &format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/remote"),
     )?;
-    let z1 = Ztunnel::start(&binary, &w.n1, "node1", &zds1, &home1, logs.path())?;
+    let z1 = start_ztunnel(&binary, &w.n1, "node1", &zds1, &home1, logs.path())?;
     wait_captured(&a1, &z1)?;
 
     let cases: [(IpAddr, IpAddr, &str); 2] = [

@@ -118,6 +118,13 @@ impl MeasuredAgent {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Whether it has not exited.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// CPU time its cgroup used so far, in microseconds.
     pub fn cpu_usec(&self) -> anyhow::Result<u64> {
         probe::cgroup_cpu_usec(self.cgroup.path())

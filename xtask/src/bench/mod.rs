@@ -55,6 +55,10 @@ pub struct BenchArgs {
     /// [default: 1000,10000; quick 1000]; `0` skips it.
     #[arg(long, value_delimiter = ',')]
     pub scale: Vec<usize>,
+    /// A stock ztunnel binary: the scale benchmark runs every size against
+    /// it too and sets ours beside it [default: `DATAPLANE_ZTUNNEL`, if set].
+    #[arg(long, value_name = "PATH")]
+    pub ztunnel: Option<PathBuf>,
     /// Skip the criterion micro-benchmarks.
     #[arg(long)]
     pub no_micro: bool,
@@ -198,7 +202,12 @@ const SCALE: SideBench = SideBench {
     title: "Mesh scale",
     intro: "One agent fed by the test istiod a mesh of N workloads (one IP each, a service per ten, a \
             namespace policy per hundred), then 20 single-workload updates per second; the agent ACKs a push \
-            once its state holds it. CPU from the agent's cgroup; RSS per workload includes the agent's base.",
+            once its state holds it. CPU from the agent's cgroup; RSS per workload includes the agent's base. \
+            With `--ztunnel PATH` (or `DATAPLANE_ZTUNNEL`), a stock ztunnel is then fed the same resources by a \
+            fresh test istiod, in a cgroup of its own, and measured the same way (it ACKs a push once applied; \
+            its /config_dump is checked to hold every resource and the last update). Connection set-up: a client \
+            pod opens a connection (connect, 64 bytes echoed) to a server pod of the agent's node through the \
+            agent, HBONE, no fast path, once a second during the churn (our agent only).",
 };
 
 /// Runs `dp-churn` (enrollment churn beside request/response traffic).
@@ -215,13 +224,19 @@ fn run_churn(quick: bool, release: bool, out_dir: &Path) -> Result<bool> {
 
 /// Runs `dp-scale` (the mesh state at N workloads fed by the test istiod).
 fn run_scale(args: &BenchArgs, release: bool, out_dir: &Path) -> Result<bool> {
-    let mut extra: Vec<std::ffi::OsString> = Vec::new();
+    let load = cmd::target_dir()
+        .join(build::profile(release).1)
+        .join("dp-load");
+    let mut extra = vec!["--load".into(), load.into_os_string()];
     if args.quick {
         extra.push("--quick".into());
     }
     if !args.scale.is_empty() {
         let sizes: Vec<String> = args.scale.iter().map(usize::to_string).collect();
         extra.extend(["--sizes".into(), sizes.join(",").into()]);
+    }
+    if let Some(ztunnel) = &args.ztunnel {
+        extra.extend(["--ztunnel".into(), ztunnel.clone().into_os_string()]);
     }
     run_side(&SCALE, &extra, release, out_dir)
 }
