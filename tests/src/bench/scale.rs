@@ -415,7 +415,7 @@ fn check_held(held: &HeldState, mesh: &LocalConfig, last: Option<&Workload>) -> 
     if let Some(last) = last {
         let node = held.node_of(&last.uid);
         anyhow::ensure!(
-            node == Some(last.node.as_str()),
+            node == Some(&*last.node),
             "ztunnel holds {} on {node:?}, not on {} (the last update)",
             last.uid,
             last.node
@@ -1143,7 +1143,7 @@ mod tests {
             workloads: mesh
                 .workloads
                 .iter()
-                .map(|w| (w.uid.clone(), w.node.clone()))
+                .map(|w| (w.uid.clone(), w.node.to_string()))
                 .collect(),
             services: mesh.services.len(),
             policies: mesh.policies.len(),
@@ -1151,7 +1151,7 @@ mod tests {
         check_held(&held, &mesh, None)?;
         let moved = workload(3, &mesh.services, 5);
         assert!(check_held(&held, &mesh, Some(&moved)).is_err());
-        held.workloads[3].1 = moved.node.clone();
+        held.workloads[3].1 = moved.node.to_string();
         check_held(&held, &mesh, Some(&moved))?;
         held.policies = 0;
         assert!(check_held(&held, &mesh, None).is_err());
