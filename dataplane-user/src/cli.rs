@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::logging::LogFormat;
 use crate::redirect::ExitMode;
 
 pub mod engine;
@@ -402,7 +403,7 @@ pub struct RunArgs {
     #[arg(long, env = "DATAPLANE_PROXY_MARK", default_value_t = dataplane_common::DEFAULT_PROXY_MARK, value_parser = parse_u32)]
     pub proxy_mark: u32,
     /// Log output format.
-    #[arg(long, env = "DATAPLANE_LOG_FORMAT", value_enum, default_value = "text")]
+    #[arg(long, env = "DATAPLANE_LOG_FORMAT", default_value = "text", value_parser = log_format_parser())]
     pub log_format: LogFormat,
     /// How pod traffic reaches the in-pod listeners: `ebpf` (our kernel
     /// programs) or `iptables` (Istio-style REDIRECT rules that someone else
@@ -492,13 +493,18 @@ impl Toggle {
     }
 }
 
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
+/// Parses `--log-format` into [`LogFormat`] and lists the formats in
+/// `--help` as a clap enum would; the type itself knows nothing of clap.
+fn log_format_parser() -> impl clap::builder::TypedValueParser<Value = LogFormat> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new([
+        PossibleValue::new("text").help("Human-readable lines"),
+        PossibleValue::new("json").help("One JSON object per line"),
+    ])
+    .map(|name| match name.as_str() {
+        "json" => LogFormat::Json,
+        _ => LogFormat::Text,
+    })
 }
 
 pub use dataplane_core::parse::parse_duration;
