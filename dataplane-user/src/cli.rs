@@ -237,7 +237,7 @@ pub struct RunArgs {
     /// attached and maps pinned for the next agent to re-adopt (pods stay
     /// captured; fail-closed while no agent runs); `detach` removes them
     /// (pods fall back to direct traffic).
-    #[arg(long, env = "DATAPLANE_ON_EXIT", value_enum, default_value = "keep")]
+    #[arg(long, env = "DATAPLANE_ON_EXIT", default_value = "keep", value_parser = exit_mode_parser())]
     pub on_exit: ExitMode,
     /// While no agent serves an enrolled pod (stopped with `--on-exit keep`,
     /// or crashed), let its traffic through uncaptured instead of refusing
@@ -491,6 +491,27 @@ impl Toggle {
     pub fn is_on(self) -> bool {
         self == Self::On
     }
+}
+
+/// Parses `--on-exit` into [`ExitMode`] and lists the modes in `--help` as
+/// a clap enum would; the kernel crate's type knows nothing of clap.
+fn exit_mode_parser() -> impl clap::builder::TypedValueParser<Value = ExitMode> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new([
+        PossibleValue::new("keep").help(
+            "Leave programs attached and maps pinned, so a restarted agent re-adopts them and \
+             enrolled pods stay captured (their connections are refused until the agent's \
+             listeners are back: fail-closed)",
+        ),
+        PossibleValue::new("detach").help(
+            "Detach every program and remove every pin: pods fall back to direct, uncaptured \
+             traffic (fail-open) and nothing is left in bpffs",
+        ),
+    ])
+    .map(|name| match name.as_str() {
+        "detach" => ExitMode::Detach,
+        _ => ExitMode::Keep,
+    })
 }
 
 /// Parses `--log-format` into [`LogFormat`] and lists the formats in

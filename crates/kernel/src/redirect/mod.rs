@@ -27,7 +27,7 @@
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use dataplane_user::redirect::{PinLayout, Redirector, RedirectorOptions, ExitMode};
+//! use dataplane_kernel::redirect::{PinLayout, Redirector, RedirectorOptions, ExitMode};
 //! let options = RedirectorOptions::new(
 //!     "/sys/fs/cgroup".into(),
 //!     PinLayout::new("/sys/fs/bpf".as_ref(), "default"),
@@ -112,7 +112,7 @@ const CGROUP_PROGRAMS: [(&str, &str); 10] = [
 ];
 
 /// What happens to the kernel state when the agent stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ExitMode {
     /// Leave programs attached and maps pinned, so a restarted agent re-adopts
@@ -230,7 +230,7 @@ impl Redirector {
             && first_start
             && let Err(err) = remove_pinned_state(&options.pins)
         {
-            warn!(error = %crate::logging::Chain(&err), "could not remove the pins of a failed first start");
+            warn!(error = %dataplane_core::error::Chain(&err), "could not remove the pins of a failed first start");
         }
         result
     }

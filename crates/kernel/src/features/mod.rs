@@ -27,7 +27,7 @@
 //! 6.12 and the host's kernel (`cargo xtask vm-test`).
 //!
 //! ```no_run
-//! let support = dataplane_user::features::probe();
+//! let support = dataplane_kernel::features::probe();
 //! for missing in &support.missing {
 //!     eprintln!("{}", missing.message()); // needs sk_lookup programs: kernel >= 5.9
 //! }

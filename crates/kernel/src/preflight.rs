@@ -18,7 +18,9 @@ use caps::{CapSet, Capability};
 use nix::sys::statfs::{BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC, statfs};
 use tracing::{info, warn};
 
-use crate::{features, logging::Chain};
+use dataplane_core::error::Chain;
+
+use crate::features;
 
 /// Capabilities the agent needs, with what each is for.
 pub const REQUIRED_CAPABILITIES: [(Capability, &str); 3] = [
