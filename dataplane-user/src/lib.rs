@@ -54,7 +54,7 @@ pub(crate) mod proxy;
 /// replies back to a proxy connected from the client's address: our
 /// engine's pods and those of an external in-pod proxy
 /// ([`redirect::ExternalPodCapture`]) both need it.
-pub use proxy::{
+pub use dataplane_kernel::in_pod::{
     PodNetns,
     original_source::{OriginalSourceError, SourceRouting},
 };

@@ -10,6 +10,8 @@
 //! - [`preflight`]: capabilities, filesystems and features checked before
 //!   anything touches the kernel, reported at once.
 //! - [`netns`]: entering network namespaces and their cookies.
+//! - [`in_pod`]: sockets made inside a pod's namespace, their keepalive,
+//!   and the in-pod routing of connections from the client's address.
 //! - [`sock_diag`]: resetting one TCP socket (`SOCK_DESTROY`).
 //! - `bpf_syscall`: the `bpf(2)` commands aya lacks.
 //!
@@ -21,6 +23,7 @@
 
 pub(crate) mod bpf_syscall;
 pub mod features;
+pub mod in_pod;
 pub mod netns;
 pub mod preflight;
 pub mod redirect;
