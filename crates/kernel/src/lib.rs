@@ -28,3 +28,4 @@ pub mod netns;
 pub mod preflight;
 pub mod redirect;
 pub mod sock_diag;
+mod sockopt;

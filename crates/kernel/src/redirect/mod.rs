@@ -87,11 +87,9 @@ pub use tproxy::TproxyTable;
 use kernel_maps::{KernelMaps, collect_keys, ignore_missing};
 use pods::Registration;
 
-/// Oldest kernel the redirector works on: `sk_lookup` and `BPF_LINK_DETACH`
-/// (5.9); `getpeername` hooks need 5.8, BPF links for cgroup programs and
-/// netns cookies in `connect4`/`connect6` 5.7, `getsockopt` hooks 5.3 (5.15
-/// to key external proxies' pods by namespace, see `dp_gsopt_tuple`).
-pub const MIN_KERNEL: (u32, u32) = (5, 9);
+/// Oldest kernel the redirector works on (defined with the feature probes
+/// that check it).
+pub use crate::features::MIN_KERNEL;
 
 /// The cgroup programs, in attach order, with the hook part of their link
 /// pin names. `sockops` goes first so that the tuple record exists for every
