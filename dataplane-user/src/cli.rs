@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::logging::LogFormat;
 use crate::redirect::ExitMode;
 
 pub mod engine;
@@ -236,7 +237,7 @@ pub struct RunArgs {
     /// attached and maps pinned for the next agent to re-adopt (pods stay
     /// captured; fail-closed while no agent runs); `detach` removes them
     /// (pods fall back to direct traffic).
-    #[arg(long, env = "DATAPLANE_ON_EXIT", value_enum, default_value = "keep")]
+    #[arg(long, env = "DATAPLANE_ON_EXIT", default_value = "keep", value_parser = exit_mode_parser())]
     pub on_exit: ExitMode,
     /// While no agent serves an enrolled pod (stopped with `--on-exit keep`,
     /// or crashed), let its traffic through uncaptured instead of refusing
@@ -402,7 +403,7 @@ pub struct RunArgs {
     #[arg(long, env = "DATAPLANE_PROXY_MARK", default_value_t = dataplane_common::DEFAULT_PROXY_MARK, value_parser = parse_u32)]
     pub proxy_mark: u32,
     /// Log output format.
-    #[arg(long, env = "DATAPLANE_LOG_FORMAT", value_enum, default_value = "text")]
+    #[arg(long, env = "DATAPLANE_LOG_FORMAT", default_value = "text", value_parser = log_format_parser())]
     pub log_format: LogFormat,
     /// How pod traffic reaches the in-pod listeners: `ebpf` (our kernel
     /// programs) or `iptables` (Istio-style REDIRECT rules that someone else
@@ -492,13 +493,39 @@ impl Toggle {
     }
 }
 
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
+/// Parses `--on-exit` into [`ExitMode`] and lists the modes in `--help` as
+/// a clap enum would; the kernel crate's type knows nothing of clap.
+fn exit_mode_parser() -> impl clap::builder::TypedValueParser<Value = ExitMode> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new([
+        PossibleValue::new("keep").help(
+            "Leave programs attached and maps pinned, so a restarted agent re-adopts them and \
+             enrolled pods stay captured (their connections are refused until the agent's \
+             listeners are back: fail-closed)",
+        ),
+        PossibleValue::new("detach").help(
+            "Detach every program and remove every pin: pods fall back to direct, uncaptured \
+             traffic (fail-open) and nothing is left in bpffs",
+        ),
+    ])
+    .map(|name| match name.as_str() {
+        "detach" => ExitMode::Detach,
+        _ => ExitMode::Keep,
+    })
+}
+
+/// Parses `--log-format` into [`LogFormat`] and lists the formats in
+/// `--help` as a clap enum would; the type itself knows nothing of clap.
+fn log_format_parser() -> impl clap::builder::TypedValueParser<Value = LogFormat> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new([
+        PossibleValue::new("text").help("Human-readable lines"),
+        PossibleValue::new("json").help("One JSON object per line"),
+    ])
+    .map(|name| match name.as_str() {
+        "json" => LogFormat::Json,
+        _ => LogFormat::Text,
+    })
 }
 
 pub use dataplane_core::parse::parse_duration;

@@ -15,10 +15,10 @@ use serde_json::json;
 use crate::{
     enroll::{DepartedPod, Enroller, PodStatus},
     identity::CertSourceStatus,
+    logging::{RecentError, recent},
     mesh::MeshContext,
     readiness::Readiness,
     redirect::PinLayout,
-    telemetry::{RecentError, recent},
 };
 
 /// How many recent warnings `status` lists (all are counted).

@@ -24,7 +24,6 @@
 pub(crate) use dataplane_core::addr;
 pub(crate) mod admin;
 pub mod agent;
-pub(crate) mod bpf_syscall;
 pub mod cli;
 pub mod cni;
 pub mod config;
@@ -32,7 +31,7 @@ pub mod control;
 pub mod dns;
 pub mod enroll;
 pub mod fast_path;
-pub mod features;
+pub use dataplane_kernel::features;
 #[cfg(test)]
 mod fuzz_seeds;
 pub mod handover;
@@ -46,21 +45,21 @@ pub mod istiod;
 pub mod kube;
 pub mod logging;
 pub(crate) mod mesh;
-pub mod netns;
+pub use dataplane_kernel::netns;
 pub(crate) mod nofile;
 pub mod policy;
-pub mod preflight;
+pub use dataplane_kernel::preflight;
 pub(crate) mod proxy;
 /// A pod's network namespace and the in-pod routing that brings an app's
 /// replies back to a proxy connected from the client's address: our
 /// engine's pods and those of an external in-pod proxy
 /// ([`redirect::ExternalPodCapture`]) both need it.
-pub use proxy::{
+pub use dataplane_kernel::in_pod::{
     PodNetns,
     original_source::{OriginalSourceError, SourceRouting},
 };
 pub(crate) mod readiness;
-pub mod redirect;
+pub use dataplane_kernel::redirect;
 pub(crate) mod relay;
 pub(crate) mod reload;
 pub mod render;

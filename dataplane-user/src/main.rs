@@ -5,11 +5,11 @@ use std::process::ExitCode;
 use clap::Parser;
 use dataplane_user::{
     agent::{self, AgentError},
-    cli::{Cli, Command, LogFormat, PodCommand, RedirectCommand, StateArgs},
+    cli::{Cli, Command, PodCommand, RedirectCommand, StateArgs},
     control::{self, ControlError, Request},
     enroll::PodSpec,
     inspect::{CertInfo, StatusReport},
-    logging,
+    logging::{self, LogFormat},
     redirect::{self, PinLayout},
     render, version,
     workers::Threading,

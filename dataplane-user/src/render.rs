@@ -327,7 +327,7 @@ mod tests {
         let mut report = report();
         let now = 1_800_000_000;
         report.errors_last_minute = 1;
-        report.recent_errors = vec![crate::telemetry::RecentError {
+        report.recent_errors = vec![crate::logging::RecentError {
             at: now - 5,
             level: "WARN".into(),
             target: "access".into(),

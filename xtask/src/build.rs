@@ -1,9 +1,10 @@
 //! `cargo xtask build`: plain cargo over the workspace, minus the kernel
 //! crate.
 //!
-//! The kernel crate (`dataplane-ebpf`) only compiles for
-//! `bpfel-unknown-none`; `dataplane-user/build.rs` builds it with aya-build
-//! and embeds the object, so `--workspace` commands exclude it.
+//! The eBPF crate (`dataplane-ebpf`) only compiles for
+//! `bpfel-unknown-none`; `crates/kernel/build.rs` builds it with aya-build
+//! and `dataplane-kernel` embeds the object, so `--workspace` commands
+//! exclude it.
 
 use std::process::{Command, ExitCode};
 

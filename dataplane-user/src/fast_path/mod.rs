@@ -39,7 +39,6 @@
 //! both ends through `sock_diag` (`SOCK_DESTROY`), the same thing `ss -K`
 //! does. A verdict decided on a state no longer in force is not cached.
 
-mod destroy;
 mod records;
 
 use std::{
@@ -62,7 +61,7 @@ use crate::{
     state::{Affected, MeshState},
 };
 
-pub use destroy::DestroyError;
+pub use dataplane_kernel::sock_diag::DestroyError;
 
 /// The fast path's state: the kernel maps and this node's pods.
 pub struct FastPath {
@@ -470,7 +469,7 @@ impl FastPath {
             let Some(pod) = self.pod(cookie) else {
                 continue;
             };
-            match destroy::destroy(pod.netns.fd(), local, remote) {
+            match dataplane_kernel::sock_diag::destroy(pod.netns.fd(), local, remote) {
                 Ok(found) => done |= found,
                 Err(err) => {
                     warn!(%src, %dst, pod = %pod.identity.name, error = %err, "cannot reset a fast-path connection the policies now deny");

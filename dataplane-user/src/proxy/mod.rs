@@ -25,12 +25,9 @@ mod engine;
 pub mod handshakes;
 pub mod inbound;
 pub mod inbound_hbone;
-pub mod keepalive;
 mod netfilter;
 pub mod orig_dst;
-pub mod original_source;
 pub mod outbound;
-mod pod_netns;
 
 use std::{
     io,
@@ -46,9 +43,11 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
+/// Moved to `dataplane_kernel::in_pod`; named here for the modules that
+/// still import them from `proxy`.
+pub use dataplane_kernel::in_pod::{PodNetns, keepalive, original_source, pod_netns};
 pub use dialer::PodTlsDialer;
 pub use engine::{PodEngine, RetiredEngine};
-pub use pod_netns::PodNetns;
 
 use crate::{
     addr::canonical,
@@ -467,7 +466,7 @@ mod tests {
             let socket = socket2::SockRef::from(&accepted);
             assert_eq!(socket.linger().unwrap(), Some(Duration::ZERO));
             assert!(socket.tcp_nodelay().unwrap());
-            assert_eq!(keepalive::tests::read_back(socket), keepalive, "{ip}");
+            assert_eq!(keepalive::read_back(socket).unwrap(), keepalive, "{ip}");
             // Closed before any relay: the client sees a reset, not an end.
             drop(accepted);
             let err = client.read(&mut [0; 1]).unwrap_err();

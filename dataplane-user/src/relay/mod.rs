@@ -6,7 +6,7 @@
 //! Both carry TCP's semantics across (half-close stays half-close, a reset
 //! becomes a reset, and any other end short of both FINs, a crash of the
 //! agent included, becomes a reset: see [`reset_on_close`]), count bytes
-//! into a [`Meter`] as they pass so metrics show a long-lived connection's
+//! into a [`Meter`](crate::telemetry::Meter) as they pass so metrics show a long-lived connection's
 //! traffic before it closes, and hold no buffer while a connection is
 //! idle. What they share lives here, owned by
 //! neither direction of the proxy nor by the HBONE protocol code.
@@ -32,7 +32,6 @@ use std::{
     time::Duration,
 };
 
-use prometheus_client::metrics::counter::Counter;
 use tokio::{io::Interest, net::TcpStream};
 
 pub use plain::relay as relay_plain;
@@ -41,17 +40,6 @@ pub use tunnel::relay as relay_tunnel;
 // it through its `Display`.
 #[cfg(test)]
 pub use tunnel::TunnelRelayError;
-
-/// Where a relay counts bytes as they pass. `Meter::default()` counts into
-/// counters nobody reads.
-#[derive(Debug, Clone, Default)]
-pub struct Meter {
-    /// Bytes from the first end to the second (downstream to upstream; for
-    /// a tunnel relay, TCP into the tunnel).
-    pub forward: Counter,
-    /// Bytes the other way.
-    pub backward: Counter,
-}
 
 /// Bytes carried each way when a relay ends.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

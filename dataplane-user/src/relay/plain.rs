@@ -28,7 +28,8 @@ use std::{
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpStream;
 
-use super::{Meter, Socket, Transferred, both, close_normally, reset_on_close};
+use super::{Socket, Transferred, both, close_normally, reset_on_close};
+use crate::telemetry::Meter;
 
 /// Largest read: the per-thread scratch buffer's size.
 const BUFFER_SIZE: usize = 64 * 1024;

@@ -40,7 +40,8 @@ use bytes::{Buf, Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
 use tokio::net::TcpStream;
 
-use super::{Meter, Socket, Transferred, both, close_normally, reset_on_close};
+use super::{Socket, Transferred, both, close_normally, reset_on_close};
+use crate::telemetry::Meter;
 
 /// Largest read from the TCP side.
 const CHUNK: usize = 64 * 1024;

@@ -16,8 +16,10 @@ use std::{
 
 use tracing::{info, warn};
 
-use super::metrics::{FlowKey, Metrics, TcpCounters, TcpLabels};
-use crate::relay::Meter;
+use super::{
+    Meter,
+    metrics::{FlowKey, Metrics, TcpCounters, TcpLabels},
+};
 
 /// Which side of the mesh reports the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,16 +1,18 @@
 //! What operators see of the data plane: Prometheus metrics on 15020
 //! `/metrics` (Istio's `istio_tcp_*` families with Istio's labels, plus the
 //! agent's own), one access record per connection on the `access` log
-//! target, and the warnings of the last minute for `dataplane status`.
+//! target, and the byte counters relays count into as they pass
+//! ([`Meter`]). (The warnings of the last minute for `dataplane status`
+//! are `logging`'s.)
 //!
 //! Every connection the engine handles is a [`Flow`]: opening it counts it,
 //! closing (or dropping) it adds its bytes and writes its access record, so
 //! the metrics and the log cannot disagree.
 
 mod flow;
+mod meter;
 mod metrics;
 mod process;
-pub mod recent;
 mod state;
 
 use std::sync::Arc;
@@ -18,8 +20,8 @@ use std::sync::Arc;
 use http::{Method, StatusCode};
 
 pub use flow::{Direction, FailReason, Flow, OpenFlow, Peer, Protocol, ServiceRef};
+pub use meter::Meter;
 pub use metrics::{Metrics, TcpLabels};
-pub use recent::{RecentError, RecentLayer};
 pub use state::StateCollector;
 use tokio::net::TcpListener;
 

@@ -334,7 +334,7 @@ impl PodOriginalSource {
             }),
             Err(err) if setting.required => Err(err),
             Err(err) => {
-                let error = crate::logging::Chain(&err).to_string();
+                let error = dataplane_core::error::Chain(&err).to_string();
                 tracing::warn!(netns = %netns.path().display(), %error, "original source off for this pod");
                 Ok(Self {
                     error: Some(error),
@@ -374,7 +374,7 @@ impl PodOriginalSource {
             return;
         };
         if let Err(err) = routing.remove(netns, self.installed) {
-            tracing::warn!(netns = %netns.path().display(), error = %crate::logging::Chain(&err), "cannot remove the pod's original-source routing");
+            tracing::warn!(netns = %netns.path().display(), error = %dataplane_core::error::Chain(&err), "cannot remove the pod's original-source routing");
         }
     }
 }
@@ -433,7 +433,7 @@ impl Transparent {
             .lock()
             .map_err(|_| io::Error::other("transparent tuple table poisoned"))?
             .record(src, app)
-            .map_err(|e| io::Error::other(crate::logging::Chain(&e).to_string()))?;
+            .map_err(|e| io::Error::other(dataplane_core::error::Chain(&e).to_string()))?;
         // A SYN that reached the app consumed the entry; one that never
         // got there (a local failure, a cancelled connect) must not leave
         // it behind, or a later outside SYN with this tuple would pass.

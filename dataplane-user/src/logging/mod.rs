@@ -5,7 +5,9 @@
 //! Access records have their own target, `access`: `RUST_LOG=info,access=off`
 //! silences them, `warn,access=info` keeps only them and the warnings.
 //! Warnings and errors are also copied to the last-minute ring that
-//! `dataplane status` shows, whatever the level.
+//! `dataplane status` shows, whatever the level ([`recent`]).
+
+pub mod recent;
 
 use std::{
     io::IsTerminal,
@@ -17,7 +19,7 @@ use tracing_subscriber::{
     util::SubscriberInitExt as _,
 };
 
-use crate::{cli::LogFormat, telemetry::RecentLayer};
+pub use recent::{RecentError, RecentLayer};
 
 /// Moved to `dataplane_core::error`; named here for the modules that still
 /// import it from `logging`.
@@ -43,6 +45,15 @@ pub enum LoggingError {
     /// The subscriber is gone.
     #[error("the log filter could not be replaced")]
     Reload(#[source] reload::Error),
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 struct Filter {

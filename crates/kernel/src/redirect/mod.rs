@@ -27,7 +27,7 @@
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use dataplane_user::redirect::{PinLayout, Redirector, RedirectorOptions, ExitMode};
+//! use dataplane_kernel::redirect::{PinLayout, Redirector, RedirectorOptions, ExitMode};
 //! let options = RedirectorOptions::new(
 //!     "/sys/fs/cgroup".into(),
 //!     PinLayout::new("/sys/fs/bpf".as_ref(), "default"),
@@ -87,11 +87,9 @@ pub use tproxy::TproxyTable;
 use kernel_maps::{KernelMaps, collect_keys, ignore_missing};
 use pods::Registration;
 
-/// Oldest kernel the redirector works on: `sk_lookup` and `BPF_LINK_DETACH`
-/// (5.9); `getpeername` hooks need 5.8, BPF links for cgroup programs and
-/// netns cookies in `connect4`/`connect6` 5.7, `getsockopt` hooks 5.3 (5.15
-/// to key external proxies' pods by namespace, see `dp_gsopt_tuple`).
-pub const MIN_KERNEL: (u32, u32) = (5, 9);
+/// Oldest kernel the redirector works on (defined with the feature probes
+/// that check it).
+pub use crate::features::MIN_KERNEL;
 
 /// The cgroup programs, in attach order, with the hook part of their link
 /// pin names. `sockops` goes first so that the tuple record exists for every
@@ -112,7 +110,7 @@ const CGROUP_PROGRAMS: [(&str, &str); 10] = [
 ];
 
 /// What happens to the kernel state when the agent stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ExitMode {
     /// Leave programs attached and maps pinned, so a restarted agent re-adopts
@@ -230,7 +228,7 @@ impl Redirector {
             && first_start
             && let Err(err) = remove_pinned_state(&options.pins)
         {
-            warn!(error = %crate::logging::Chain(&err), "could not remove the pins of a failed first start");
+            warn!(error = %dataplane_core::error::Chain(&err), "could not remove the pins of a failed first start");
         }
         result
     }

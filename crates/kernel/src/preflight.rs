@@ -18,7 +18,9 @@ use caps::{CapSet, Capability};
 use nix::sys::statfs::{BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC, statfs};
 use tracing::{info, warn};
 
-use crate::{features, logging::Chain};
+use dataplane_core::error::Chain;
+
+use crate::features;
 
 /// Capabilities the agent needs, with what each is for.
 pub const REQUIRED_CAPABILITIES: [(Capability, &str); 3] = [
@@ -34,8 +36,8 @@ pub const REQUIRED_CAPABILITIES: [(Capability, &str); 3] = [
 ];
 
 /// Oldest kernel the programs can run on at all (`sk_lookup`; see
-/// [`crate::redirect::MIN_KERNEL`]).
-pub const MIN_KERNEL: (u32, u32) = crate::redirect::MIN_KERNEL;
+/// [`crate::features::MIN_KERNEL`]).
+pub const MIN_KERNEL: (u32, u32) = crate::features::MIN_KERNEL;
 
 /// Oldest kernel the project is tested on (`cargo xtask vm-test`).
 pub const OLDEST_TESTED_KERNEL: (u32, u32) = (5, 10);

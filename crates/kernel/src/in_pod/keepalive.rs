@@ -51,6 +51,19 @@ impl Keepalive {
     }
 }
 
+/// What the kernel holds for `socket`: its keepalive settings, or `None`
+/// when keepalive is off.
+pub fn read_back(socket: SockRef<'_>) -> io::Result<Option<Keepalive>> {
+    if !socket.keepalive()? {
+        return Ok(None);
+    }
+    Ok(Some(Keepalive {
+        time: socket.tcp_keepalive_time()?,
+        interval: socket.tcp_keepalive_interval()?,
+        retries: socket.tcp_keepalive_retries()?,
+    }))
+}
+
 /// Applies `keepalive` (when on) to `socket`.
 pub fn apply(keepalive: Option<Keepalive>, socket: SockRef<'_>) -> io::Result<()> {
     keepalive.map_or(Ok(()), |k| k.apply(socket))
@@ -58,16 +71,11 @@ pub fn apply(keepalive: Option<Keepalive>, socket: SockRef<'_>) -> io::Result<()
 
 #[cfg(test)]
 #[expect(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
-    /// Reads back what the kernel holds for a socket.
-    pub(crate) fn read_back(socket: SockRef<'_>) -> Option<Keepalive> {
-        socket.keepalive().unwrap().then(|| Keepalive {
-            time: socket.tcp_keepalive_time().unwrap(),
-            interval: socket.tcp_keepalive_interval().unwrap(),
-            retries: socket.tcp_keepalive_retries().unwrap(),
-        })
+    fn read_back(socket: SockRef<'_>) -> Option<Keepalive> {
+        super::read_back(socket).unwrap()
     }
 
     #[test]

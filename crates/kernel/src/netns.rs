@@ -7,7 +7,7 @@
 use std::{
     fs::File,
     io,
-    os::fd::{AsFd, AsRawFd, BorrowedFd},
+    os::fd::{AsFd, BorrowedFd},
     path::{Path, PathBuf},
 };
 
@@ -51,31 +51,9 @@ pub enum NetnsError {
     },
 }
 
-/// A `SOL_SOCKET` option whose value is a `u64` (`SO_COOKIE`,
-/// `SO_NETNS_COOKIE`), which socket2 does not cover.
-pub(crate) fn sol_socket_u64(socket: BorrowedFd<'_>, option: libc::c_int) -> io::Result<u64> {
-    let mut value: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: valid fd, and a buffer of the size the kernel writes.
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            option,
-            (&raw mut value).cast(),
-            &mut len,
-        )
-    };
-    if rc == 0 {
-        Ok(value)
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 /// The cookie of the network namespace `socket` belongs to.
 pub fn socket_netns_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
-    let error = match sol_socket_u64(socket, libc::SO_NETNS_COOKIE) {
+    let error = match crate::sockopt::sol_socket_u64(socket, libc::SO_NETNS_COOKIE) {
         Ok(cookie) => return Ok(cookie),
         Err(error) => error,
     };

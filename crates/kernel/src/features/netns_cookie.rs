@@ -218,7 +218,7 @@ fn probe_connect(netns: BorrowedFd<'_>) -> io::Result<u64> {
 
 /// `SO_COOKIE` (4.12) of `socket`.
 fn socket_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
-    crate::netns::sol_socket_u64(socket, libc::SO_COOKIE)
+    crate::sockopt::sol_socket_u64(socket, libc::SO_COOKIE)
 }
 
 /// The network namespace `socket` belongs to (`SIOCGSKNS`).

@@ -27,7 +27,7 @@
 //! 6.12 and the host's kernel (`cargo xtask vm-test`).
 //!
 //! ```no_run
-//! let support = dataplane_user::features::probe();
+//! let support = dataplane_kernel::features::probe();
 //! for missing in &support.missing {
 //!     eprintln!("{}", missing.message()); // needs sk_lookup programs: kernel >= 5.9
 //! }
@@ -53,6 +53,12 @@ pub use netns_cookie::{CookieProbeError, PROBES_OBJECT, netns_cookie_by_program}
 
 /// A kernel version: `(major, minor)`.
 pub type KernelVersion = (u32, u32);
+
+/// Oldest kernel the redirector works on: `sk_lookup` and `BPF_LINK_DETACH`
+/// (5.9); `getpeername` hooks need 5.8, BPF links for cgroup programs and
+/// netns cookies in `connect4`/`connect6` 5.7, `getsockopt` hooks 5.3 (5.15
+/// to key external proxies' pods by namespace, see `dp_gsopt_tuple`).
+pub const MIN_KERNEL: KernelVersion = (5, 9);
 
 /// Test hook: the [`Requirement::key`] named here is probed with a probe no
 /// kernel passes (a call to a helper beyond the last one), so the refusal
@@ -393,7 +399,7 @@ pub fn has_so_netns_cookie() -> bool {
     let Ok((socket, _peer)) = UnixDatagram::pair() else {
         return true;
     };
-    match crate::netns::sol_socket_u64(socket.as_fd(), libc::SO_NETNS_COOKIE) {
+    match crate::sockopt::sol_socket_u64(socket.as_fd(), libc::SO_NETNS_COOKIE) {
         Ok(_) => true,
         Err(err) => err.raw_os_error() != Some(libc::ENOPROTOOPT),
     }
@@ -425,12 +431,7 @@ mod tests {
     #[test]
     fn every_requirement_is_in_the_minimum_kernel() {
         for r in REQUIRED {
-            assert!(
-                r.since <= crate::redirect::MIN_KERNEL,
-                "{} needs {:?}",
-                r.key,
-                r.since
-            );
+            assert!(r.since <= MIN_KERNEL, "{} needs {:?}", r.key, r.since);
         }
         let mut keys: Vec<_> = REQUIRED.iter().map(|r| r.key).collect();
         keys.sort_unstable();

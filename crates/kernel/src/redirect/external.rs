@@ -14,7 +14,7 @@
 //! - **The proxy's connection to the app**, from the client's address with
 //!   the proxy mark: `dp_proxy_syn` on the pod's `lo` records its SYN for
 //!   `sk_lookup` and gives it the transparent mark, and the pod's original
-//!   source routing (`proxy::original_source::SourceRouting`, which the
+//!   source routing (`crate::in_pod::original_source::SourceRouting`, which the
 //!   caller installs) brings the app's replies back to the proxy.
 //!
 //! Order: [`Redirector::enroll_external_pod`] first (capture and the `lo`
