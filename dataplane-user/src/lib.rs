@@ -36,6 +36,7 @@ pub use dataplane_kernel::features;
 mod fuzz_seeds;
 pub mod handover;
 pub mod hbone;
+pub(crate) mod heap;
 pub(crate) mod httpd;
 pub mod identity;
 pub mod inspect;

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use imbl::ordmap::DiffItem;
 use tokio::sync::{Mutex, watch};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::{
     LocalConfig,
@@ -356,6 +356,11 @@ impl ConfigSources {
             warn!(error = %Chain(&err), "cannot apply the configured workloads");
         }
         let whole = changed == usize::MAX;
+        if changed >= crate::heap::TRIM_AFTER {
+            // The buffers the change was decoded and built in are free.
+            let trimmed = crate::heap::trim();
+            debug!(trimmed, "freed heap returned after a large change");
+        }
         info!(
             %origin,
             workloads,
