@@ -2,7 +2,7 @@
 //! so that a socket `sk_lookup` could not use is refused with a reason at
 //! enrollment instead of silently refusing the pod's inbound connections.
 
-use std::{io, os::fd::BorrowedFd};
+use std::os::fd::BorrowedFd;
 
 use super::RedirectError;
 
@@ -15,7 +15,7 @@ pub(crate) fn check(
 ) -> Result<(), RedirectError> {
     let unusable = |reason: &'static str| RedirectError::UnusableListener { port, reason };
     let read = |level, name| {
-        int_option(socket, level, name)
+        crate::sockopt::int(socket, level, name)
             .map_err(|source| RedirectError::InspectListener { port, source })
     };
     if read(libc::SOL_SOCKET, libc::SO_PROTOCOL)? != libc::IPPROTO_TCP {
@@ -32,26 +32,5 @@ pub(crate) fn check(
             unusable("an IPV6_V6ONLY socket cannot take the pod's IPv4 connections"),
         ),
         _ => Ok(()),
-    }
-}
-
-fn int_option(socket: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i32> {
-    use std::os::fd::AsRawFd;
-    let mut value: i32 = 0;
-    let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
-    // SAFETY: a valid descriptor and a buffer of the size passed.
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            level,
-            name,
-            (&raw mut value).cast(),
-            &mut len,
-        )
-    };
-    if rc == 0 {
-        Ok(value)
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
