@@ -387,9 +387,7 @@ impl FastPath {
             // A changed client (its identity, say) can be denied by a
             // destination the change does not otherwise concern.
             let (src, dst) = tuple_addrs(&tuple);
-            if !affected.concerns(state, dst.ip())
-                && !affected.addrs.contains(&src.ip().to_canonical())
-            {
+            if !affected.concerns(state, dst.ip()) && !affected.touches(src.ip()) {
                 continue;
             }
             if let Some(reason) = self.denied(state, &tuple, &conn) {
@@ -416,11 +414,8 @@ impl FastPath {
             return;
         }
         let client_changed = |netns: u64| {
-            self.pod(netns).is_some_and(|pod| {
-                pod.ips
-                    .iter()
-                    .any(|ip| affected.addrs.contains(&ip.to_canonical()))
-            })
+            self.pod(netns)
+                .is_some_and(|pod| pod.ips.iter().any(|ip| affected.touches(*ip)))
         };
         let voided = table.revoke_where(|cached, endpoints| {
             client_changed(cached.src_netns)

@@ -50,6 +50,13 @@ impl Affected {
         self.all || !self.namespaces.is_empty() || !self.selected.is_empty()
     }
 
+    /// Whether `ip` is (or was) an address of something the change
+    /// rebuilt: a workload's own change (its identity, say) that a
+    /// destination-side check alone does not see.
+    pub fn touches(&self, ip: IpAddr) -> bool {
+        self.addrs.contains(&ip.to_canonical())
+    }
+
     /// Records that `ip` is (or was) an address of something rebuilt.
     pub fn addr(&mut self, ip: IpAddr) {
         self.addrs.insert(ip.to_canonical());
@@ -73,7 +80,7 @@ impl Affected {
     /// workload changed namespace or policy list has its address in
     /// [`Self::addrs`], so `state`'s view of it is enough for the rest.
     pub fn concerns(&self, state: &MeshState, dst: IpAddr) -> bool {
-        if self.all || self.addrs.contains(&dst.to_canonical()) {
+        if self.all || self.touches(dst) {
             return true;
         }
         if !self.policies_changed() {
