@@ -36,7 +36,7 @@ use crate::logging::Chain;
 use crate::mesh::MeshContext;
 use crate::readiness::{Readiness, Step};
 use crate::state::{Affected, Changes, MeshState, Provenance, StateError};
-use crate::xds::{XdsEntries, XdsModel, XdsSnapshot, client::AppliedReporter};
+use crate::xds::{XdsEntries, XdsModel, XdsResources, XdsSnapshot, client::AppliedReporter};
 
 /// The file's keys and addresses: istiod's entries of the same key are
 /// replaced by the file's, and those claiming its addresses left out.
@@ -252,6 +252,10 @@ struct Held {
     file: Arc<LocalConfig>,
     file_index: Arc<FileIndex>,
     xds: Option<(String, XdsEntries)>,
+    /// istiod's resources as translated for the last push (a push
+    /// translates only what it changed); ahead of `xds` when the state
+    /// made from its entries was refused.
+    model: XdsModel,
 }
 
 /// Combines the sources and installs every change.
@@ -274,6 +278,7 @@ impl ConfigSources {
                 file_index: Arc::new(FileIndex::of(&file)),
                 file,
                 xds: None,
+                model: XdsModel::default(),
             }),
         }
     }
@@ -298,9 +303,16 @@ impl ConfigSources {
         Ok(())
     }
 
-    /// A new version of istiod's entries (`origin` names istiod): only
-    /// what changed since the entries in force is applied.
-    pub async fn xds_changed(&self, origin: String, entries: XdsEntries) -> Result<(), String> {
+    /// A new version of istiod's resources (`origin` names istiod): they
+    /// are translated and the state made from them in one step off the
+    /// runtime's threads, both costing only what changed since the last
+    /// version (one hand-over per push: each costs two thread wake-ups,
+    /// more than a single-workload change itself; issue 31).
+    pub async fn xds_changed(
+        &self,
+        origin: String,
+        resources: Arc<XdsResources>,
+    ) -> Result<(), String> {
         let mut held = self.held.lock().await;
         let file = Arc::clone(&held.file);
         let index = Arc::clone(&held.file_index);
@@ -309,23 +321,36 @@ impl ConfigSources {
             Some((name, old)) if *name == origin => Some(old.clone()),
             _ => None,
         };
-        let (state, changed, affected) = {
-            let entries = entries.clone();
+        let mut model = std::mem::take(&mut held.model);
+        let built = {
             let origin = origin.clone();
-            blocking(move || match old {
-                // The state in force holds `old`: change only what differs.
-                Some(old) => {
-                    let mut provenance = previous.provenance.clone();
-                    let changes = merge_changes(&index, &old, &entries, &mut provenance);
-                    let (mut state, affected) = previous.apply_tracked(&changes)?;
-                    state.provenance = provenance;
-                    Ok((state, changes.len(), affected))
-                }
-                None => merged_state(&file, Some((&origin, &entries)))
-                    .map(|s| (s, usize::MAX, Affected::everything())),
+            tokio::task::spawn_blocking(move || {
+                let entries = model.update(&resources).clone();
+                let state = match old {
+                    // The state in force holds `old`: change only what
+                    // differs.
+                    Some(old) => {
+                        let mut provenance = previous.provenance.clone();
+                        let changes = merge_changes(&index, &old, &entries, &mut provenance);
+                        previous
+                            .apply_tracked(&changes)
+                            .map(|(mut state, affected)| {
+                                state.provenance = provenance;
+                                (state, changes.len(), affected)
+                            })
+                    }
+                    None => merged_state(&file, Some((&origin, &entries)))
+                        .map(|s| (s, usize::MAX, Affected::everything())),
+                };
+                (model, entries, state)
             })
-            .await?
+            .await
         };
+        // A panic lost the model: the next push translates everything.
+        let (model, entries, state) =
+            built.map_err(|err| format!("translating istiod's resources failed: {err}"))?;
+        held.model = model;
+        let (state, changed, affected) = state.map_err(|err| Chain(&err).to_string())?;
         held.xds = Some((origin, entries));
         if changed > 0 {
             self.install(state, changed, &affected, None).await;
@@ -397,9 +422,6 @@ pub async fn follow_xds(
     readiness: Arc<Readiness>,
     applied: AppliedReporter,
 ) {
-    // istiod's resources as translated for the last push: a push
-    // translates only what it changed.
-    let mut model = XdsModel::default();
     while snapshots.changed().await.is_ok() {
         // The watch keeps only the newest: a burst of pushes is applied
         // once.
@@ -410,21 +432,9 @@ pub async fn follow_xds(
             applied.report(generation, None);
             continue;
         }
-        let updated = tokio::task::spawn_blocking(move || {
-            let entries = model.update(&snapshot.resources).clone();
-            (entries, model)
-        })
-        .await;
-        let result = match updated {
-            Ok((entries, kept)) => {
-                model = kept;
-                sources.xds_changed(origin.clone(), entries).await
-            }
-            Err(err) => {
-                model = XdsModel::default();
-                Err(format!("translating istiod's resources failed: {err}"))
-            }
-        };
+        let result = sources
+            .xds_changed(origin.clone(), snapshot.resources)
+            .await;
         match &result {
             Ok(()) => readiness.done(Step::Xds),
             Err(error) => {
