@@ -191,6 +191,9 @@ async fn subscribes_acks_nacks_and_resumes_after_an_istiod_restart() -> Result<(
         .await?;
     answer_to(&mut istiod, "p1").await?;
     wait_for(&mut snapshots, "a synced state", |s| s.synced).await?;
+    // The names the responses carried, which tell the consumer how much
+    // at most changed between two snapshots.
+    assert_eq!(snapshots.borrow().names, 2);
 
     // An invalid resource is NACKed with a reason; the rest applies and
     // the invalid one's previous version stays.
@@ -221,6 +224,8 @@ async fn subscribes_acks_nacks_and_resumes_after_an_istiod_restart() -> Result<(
         snapshots.borrow().resources.addresses["uid-1"].version,
         "uid-1-v1"
     );
+    // Two resources and a removal, the rejected one counted too.
+    assert_eq!(snapshots.borrow().names, 5);
     {
         let status = status
             .lock()

@@ -55,6 +55,10 @@ pub struct XdsSnapshot {
     /// Responses applied since the client started: the consumer reports
     /// this back once its state holds them ([`Applied`]).
     pub generation: u64,
+    /// Resource names those responses carried (added, changed or
+    /// removed): the difference between two snapshots bounds how much
+    /// changed between them, before anything is compared.
+    pub names: u64,
 }
 
 /// What the consumer of the snapshots reports back: how far its state has
@@ -129,6 +133,8 @@ pub struct XdsClient {
     resources: Arc<XdsResources>,
     synced: [bool; TYPES.len()],
     generation: u64,
+    /// Resource names the responses carried ([`XdsSnapshot::names`]).
+    names: u64,
     snapshot: watch::Sender<XdsSnapshot>,
     /// Set by [`Self::ack_when_applied`]: answers wait for the state.
     applied: Option<watch::Receiver<Applied>>,
@@ -157,6 +163,7 @@ impl XdsClient {
             resources: Arc::default(),
             synced: [false; TYPES.len()],
             generation: 0,
+            names: 0,
             snapshot,
             applied: None,
             status: Arc::clone(&status),
@@ -302,6 +309,9 @@ impl XdsClient {
                 self.synced[i] = true;
             }
             self.generation += 1;
+            self.names = self.names.saturating_add(
+                (response.resources.len() + response.removed_resources.len()) as u64,
+            );
             self.publish();
             let answer = Answer {
                 generation: self.generation,
@@ -374,6 +384,7 @@ impl XdsClient {
             resources: Arc::clone(&self.resources),
             synced: self.synced.iter().all(|s| *s),
             generation: self.generation,
+            names: self.names,
         };
         self.snapshot.send_replace(snapshot);
     }
