@@ -15,9 +15,9 @@
 //! [`MeshState::apply`] makes the next state from the one in force,
 //! sharing everything else. A change of the file (rare, and it can
 //! shadow any of istiod's entries) builds the state whole. Either is
-//! installed one at a time, off the runtime's threads (policies
-//! re-checked on open connections; configured pods enrolled when the
-//! file changed).
+//! installed one at a time (policies re-checked on open connections;
+//! configured pods enrolled when the file changed), made off the
+//! runtime's threads unless the push was small ([`INLINE_NAMES`]).
 
 use std::collections::HashSet;
 use std::net::IpAddr;
