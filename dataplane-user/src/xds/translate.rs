@@ -87,7 +87,7 @@ pub(super) fn workload_of(
             Ok(workload::WorkloadStatus::Unhealthy) => WorkloadStatus::Unhealthy,
             _ => WorkloadStatus::Healthy,
         },
-        waypoint: w.waypoint.as_ref().and_then(waypoint_of),
+        waypoint: w.waypoint.as_ref().and_then(waypoint_of).map(Box::new),
         network: or(&w.network, ""),
         canonical_name: or(&w.canonical_name, ""),
         canonical_revision: or(&w.canonical_revision, ""),
