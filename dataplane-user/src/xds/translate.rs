@@ -97,9 +97,9 @@ pub(super) fn workload_of(
             .locality
             .as_ref()
             .map(|l| Locality {
-                region: l.region.clone(),
-                zone: l.zone.clone(),
-                subzone: l.subzone.clone(),
+                region: or(&l.region, ""),
+                zone: or(&l.zone, ""),
+                subzone: or(&l.subzone, ""),
             })
             .unwrap_or_default(),
         // Istio carries DNS capture in the pod's annotation, not in xDS.
