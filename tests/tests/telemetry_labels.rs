@@ -31,7 +31,7 @@ fn service_attribution_and_workload_facts_reach_istios_labels() -> anyhow::Resul
             workload.locality = Locality {
                 region: "eu".into(),
                 zone: "eu-1".into(),
-                subzone: String::new(),
+                subzone: "".into(),
             };
         }
     }

@@ -32,11 +32,11 @@ fn mesh(w: &TwoNodes, guarded: bool) -> LocalConfig {
         for workload in &mut config.workloads {
             let workload = std::sync::Arc::make_mut(workload);
             if workload.name == "remote" {
-                workload.waypoint = Some(Waypoint {
+                workload.waypoint = Some(Box::new(Waypoint {
                     address: Some(w.plain.ip4.into()),
                     hostname: None,
                     hbone_port: 15008,
-                });
+                }));
             }
         }
     }

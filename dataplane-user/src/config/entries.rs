@@ -108,7 +108,7 @@ where
 /// as when the state was a list built in that order).
 #[derive(Debug, Clone)]
 pub struct Multi<K: std::hash::Hash + Eq + Clone, V: Clone> {
-    map: PMap<K, imbl::OrdMap<EntryKey, V>>,
+    map: PMap<K, Values<V>>,
 }
 
 impl<K: std::hash::Hash + Eq + Clone, V: Clone> Default for Multi<K, V> {
@@ -121,11 +121,9 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Multi<K, V> {
     /// Adds (or replaces) `entry`'s value under `key`.
     pub fn insert(&mut self, key: K, entry: EntryKey, value: V) {
         match self.map.get_mut(&key) {
-            Some(values) => {
-                values.insert(entry, value);
-            }
+            Some(values) => values.insert(entry, value),
             None => {
-                self.map.insert(key, imbl::OrdMap::unit(entry, value));
+                self.map.insert(key, Values::One(entry, value));
             }
         }
     }
@@ -146,7 +144,7 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Multi<K, V> {
     }
 
     /// The values under `key`, in entry order.
-    pub fn all<Q>(&self, key: &Q) -> Option<&imbl::OrdMap<EntryKey, V>>
+    pub fn all<Q>(&self, key: &Q) -> Option<&Values<V>>
     where
         K: std::borrow::Borrow<Q>,
         Q: std::hash::Hash + Eq + ?Sized,
@@ -160,7 +158,97 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Multi<K, V> {
         K: std::borrow::Borrow<Q>,
         Q: std::hash::Hash + Eq + ?Sized,
     {
-        self.map.get(key)?.get_max().map(|(_, v)| v)
+        self.map.get(key)?.last()
+    }
+}
+
+/// The values under one key of a [`Multi`], by entry. Nearly every key
+/// has one (a service's hostname, its definition, a policy's key), held
+/// inline: a one-entry `imbl::OrdMap` allocated a sixteen-slot leaf of
+/// about 530 bytes for it (`benches/mesh_memory.rs`).
+#[derive(Debug, Clone)]
+pub enum Values<V: Clone> {
+    /// One entry's value.
+    One(EntryKey, V),
+    /// Any number of entries' values (none only while being emptied).
+    Many(imbl::OrdMap<EntryKey, V>),
+}
+
+impl<V: Clone> Default for Values<V> {
+    fn default() -> Self {
+        Self::Many(imbl::OrdMap::new())
+    }
+}
+
+impl<V: Clone> Values<V> {
+    /// Adds (or replaces) `entry`'s value.
+    fn insert(&mut self, entry: EntryKey, value: V) {
+        match self {
+            Self::One(held, held_value) if *held == entry => *held_value = value,
+            Self::One(held, held_value) => {
+                let mut many = imbl::OrdMap::unit(held.clone(), held_value.clone());
+                many.insert(entry, value);
+                *self = Self::Many(many);
+            }
+            Self::Many(many) if many.is_empty() => *self = Self::One(entry, value),
+            Self::Many(many) => {
+                many.insert(entry, value);
+            }
+        }
+    }
+
+    /// Removes `entry`'s value, going back inline when one is left.
+    fn remove(&mut self, entry: &EntryKey) {
+        match self {
+            Self::One(held, _) if held == entry => *self = Self::Many(imbl::OrdMap::new()),
+            Self::One(..) => {}
+            Self::Many(many) => {
+                many.remove(entry);
+                if many.len() == 1
+                    && let Some((entry, value)) = many.get_min()
+                {
+                    *self = Self::One(entry.clone(), value.clone());
+                }
+            }
+        }
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Self::One(..) => false,
+            Self::Many(many) => many.is_empty(),
+        }
+    }
+
+    /// The value of `entry`.
+    pub fn get(&self, entry: &EntryKey) -> Option<&V> {
+        match self {
+            Self::One(held, value) => (held == entry).then_some(value),
+            Self::Many(many) => many.get(entry),
+        }
+    }
+
+    /// The value of the last entry.
+    pub fn last(&self) -> Option<&V> {
+        match self {
+            Self::One(_, value) => Some(value),
+            Self::Many(many) => many.get_max().map(|(_, v)| v),
+        }
+    }
+
+    /// Each entry and its value, in entry order.
+    pub fn iter(&self) -> impl Iterator<Item = (&EntryKey, &V)> {
+        let (one, many) = match self {
+            Self::One(entry, value) => (Some((entry, value)), None),
+            Self::Many(many) => (None, Some(many.iter())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
+
+    /// Each value, in entry order.
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.iter().map(|(_, value)| value)
     }
 }
 
@@ -192,6 +280,10 @@ mod tests {
         assert_eq!(multi.last("h"), Some(&2));
         multi.remove("h", &EntryKey::xds("b"));
         assert_eq!(multi.last("h"), Some(&1));
+        assert!(matches!(multi.all("h"), Some(Values::One(..))));
+        multi.insert("h".into(), EntryKey::file(0), 3);
+        assert_eq!(multi.last("h"), Some(&3));
+        assert_eq!(multi.all("h").map(|v| v.iter().count()), Some(1));
         multi.remove("h", &EntryKey::file(0));
         assert!(multi.all("h").is_none());
         assert!(multi.last("h").is_none());

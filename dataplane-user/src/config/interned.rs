@@ -1,9 +1,9 @@
 //! One copy of each string many workloads repeat: namespaces, service
 //! accounts, the trust domain, node names, cluster and network names,
-//! canonical names and revisions. A workload translated from istiod holds
-//! these as [`Arc<str>`] taken from [`Strings`], so ten thousand pods of one
-//! namespace hold its name once (each field also shrinks from 24 bytes to
-//! 16). Strings no workload holds any more are dropped once the table has
+//! canonical names and revisions, localities. A workload translated from
+//! istiod holds these as [`Arc<str>`] taken from [`Strings`], so ten
+//! thousand pods of one namespace hold its name once (each field also
+//! shrinks from 24 bytes to 16). Strings no workload holds any more are dropped once the table has
 //! doubled since it was last swept (O(1) per insertion).
 
 use std::{collections::HashSet, sync::Arc};

@@ -44,7 +44,7 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
                 ),
             ));
         }
-        if let Some(reason) = w.waypoint.as_ref().and_then(waypoint_problem) {
+        if let Some(reason) = w.waypoint.as_deref().and_then(waypoint_problem) {
             return Err(invalid(
                 format!("workloads[{i}].waypoint"),
                 &w.uid,

@@ -18,7 +18,7 @@ use std::{net::IpAddr, sync::Arc};
 
 pub use crate::config::{
     changes::Changes,
-    entries::{EntryKey, Multi, PMap, pmap},
+    entries::{EntryKey, Multi, PMap, Values, pmap},
 };
 
 pub use affected::Affected;

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{EntryKey, MeshWorkload, Multi, PMap};
+use super::{EntryKey, MeshWorkload, Multi, PMap, Values};
 use crate::{
     config::{HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, WorkloadStatus},
     identity::Identity,
@@ -303,11 +303,7 @@ impl ServiceEntry {
     /// `service` with its endpoints among `members` (the workloads that
     /// name it, in entry order): healthy ones, unless its health policy
     /// allows all.
-    fn new(
-        key: EntryKey,
-        service: &Service,
-        members: &imbl::OrdMap<EntryKey, Arc<MeshWorkload>>,
-    ) -> Self {
+    fn new(key: EntryKey, service: &Service, members: &Values<Arc<MeshWorkload>>) -> Self {
         let endpoints = members
             .values()
             .filter(|w| {

@@ -29,37 +29,72 @@ use crate::config::{
 use crate::istio_api::workload::{Address, address};
 
 /// The entries claiming one address, in claim order (the first keeps it).
-/// Nearly always one: a sorted `Vec` costs its elements, where a
-/// `BTreeSet` allocated an eleven-slot node for each address (about 350
-/// bytes per workload IP; `benches/mesh_memory.rs`).
-#[derive(Debug, Default, Clone)]
-struct Claimants(Vec<XdsEntry>);
+/// Nearly always one, held inline: a one-element `Vec` allocated its
+/// element besides (and a `BTreeSet` an eleven-slot node, about 350 bytes
+/// per workload IP; `benches/mesh_memory.rs`).
+#[derive(Debug, Clone)]
+enum Claimants {
+    /// One claimant.
+    One(XdsEntry),
+    /// Several (or, only while being emptied, none), sorted.
+    Many(Vec<XdsEntry>),
+}
+
+impl Default for Claimants {
+    fn default() -> Self {
+        Self::Many(Vec::new())
+    }
+}
 
 impl Claimants {
     fn insert(&mut self, entry: XdsEntry) {
-        if let Err(at) = self.0.binary_search(&entry) {
-            // Room for one: a `Vec`'s first growth would make it four.
-            self.0.reserve_exact(1);
-            self.0.insert(at, entry);
+        match self {
+            Self::One(held) if *held == entry => {}
+            Self::One(held) => {
+                let mut many = vec![held.clone(), entry];
+                many.sort();
+                *self = Self::Many(many);
+            }
+            Self::Many(many) if many.is_empty() => *self = Self::One(entry),
+            Self::Many(many) => {
+                if let Err(at) = many.binary_search(&entry) {
+                    many.insert(at, entry);
+                }
+            }
         }
     }
 
     fn remove(&mut self, entry: &XdsEntry) {
-        if let Ok(at) = self.0.binary_search(entry) {
-            self.0.remove(at);
+        match self {
+            Self::One(held) if held == entry => *self = Self::Many(Vec::new()),
+            Self::One(_) => {}
+            Self::Many(many) => {
+                if let Ok(at) = many.binary_search(entry) {
+                    many.remove(at);
+                }
+                if let [last] = many.as_slice() {
+                    *self = Self::One(last.clone());
+                }
+            }
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        matches!(self, Self::Many(many) if many.is_empty())
     }
 
     fn first(&self) -> Option<&XdsEntry> {
-        self.0.first()
+        match self {
+            Self::One(held) => Some(held),
+            Self::Many(many) => many.first(),
+        }
     }
 
     fn iter(&self) -> impl Iterator<Item = &XdsEntry> {
-        self.0.iter()
+        match self {
+            Self::One(held) => std::slice::from_ref(held).iter(),
+            Self::Many(many) => many.iter(),
+        }
     }
 }
 

@@ -87,7 +87,7 @@ pub(super) fn workload_of(
             Ok(workload::WorkloadStatus::Unhealthy) => WorkloadStatus::Unhealthy,
             _ => WorkloadStatus::Healthy,
         },
-        waypoint: w.waypoint.as_ref().and_then(waypoint_of),
+        waypoint: w.waypoint.as_ref().and_then(waypoint_of).map(Box::new),
         network: or(&w.network, ""),
         canonical_name: or(&w.canonical_name, ""),
         canonical_revision: or(&w.canonical_revision, ""),
@@ -97,9 +97,9 @@ pub(super) fn workload_of(
             .locality
             .as_ref()
             .map(|l| Locality {
-                region: l.region.clone(),
-                zone: l.zone.clone(),
-                subzone: l.subzone.clone(),
+                region: or(&l.region, ""),
+                zone: or(&l.zone, ""),
+                subzone: or(&l.subzone, ""),
             })
             .unwrap_or_default(),
         // Istio carries DNS capture in the pod's annotation, not in xDS.

@@ -153,7 +153,7 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     assert_eq!(&*web.trust_domain, "example.org");
     assert_eq!(web.protocol, Protocol::Hbone);
     assert_eq!(web.status, WorkloadStatus::Unhealthy);
-    assert_eq!(web.locality.zone, "eu-1");
+    assert_eq!(&*web.locality.zone, "eu-1");
     assert_eq!((&*web.network, &*web.cluster_id), ("net1", "c1"));
     assert_eq!(&*web.workload_name, "web-deploy");
     assert_eq!(&*web.canonical_revision, "v2");
