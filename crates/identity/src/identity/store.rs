@@ -18,7 +18,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use dataplane_user::identity::{Ca, CertSource, CertStore, Identity, TrustBundle};
+//! use dataplane_identity::identity::{Ca, CertSource, CertStore, Identity, TrustBundle};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let ca = Arc::new(Ca::generate()?);
@@ -26,7 +26,7 @@
 //! let store = Arc::new(CertStore::new(
 //!     CertSource::Builtin(ca),
 //!     bundle,
-//!     dataplane_user::tls::provider(),
+//!     dataplane_identity::tls::provider(),
 //!     Duration::from_secs(24 * 3600),
 //! ));
 //! let _task = store.clone().spawn_rotation();
@@ -160,7 +160,7 @@ impl CertStore {
     /// A store of certificates from `source`, valid for `validity` (see
     /// [`DEFAULT_VALIDITY`]; what CAs are asked for), updating `bundle`
     /// with the roots the source sends; `provider` loads their keys for
-    /// signing handshakes (normally [`crate::tls::provider`]).
+    /// signing handshakes (normally [`crate::crypto::provider`]).
     pub fn new(
         source: CertSource,
         bundle: Arc<TrustBundle>,

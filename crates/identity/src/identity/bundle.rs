@@ -14,7 +14,7 @@
 //!
 //! ```
 //! # use std::time::{Duration, SystemTime};
-//! # use dataplane_user::identity::{Ca, TrustBundle};
+//! # use dataplane_identity::identity::{Ca, TrustBundle};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let (old, new) = (Ca::generate()?, Ca::generate()?);
 //! let bundle = TrustBundle::new(vec![old.root_der().clone()])?;
@@ -287,7 +287,7 @@ fn build(entries: Vec<Entry>) -> Result<Snapshot, TrustBundleError> {
     }
     let store = Arc::new(store);
     let client =
-        WebPkiClientVerifier::builder_with_provider(Arc::clone(&store), crate::tls::provider())
+        WebPkiClientVerifier::builder_with_provider(Arc::clone(&store), crate::crypto::provider())
             .build()
             .map_err(|e| TrustBundleError::Unusable {
                 index: 0,

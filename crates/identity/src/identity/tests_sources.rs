@@ -194,7 +194,7 @@ fn mounted_files_are_checked_for_identity_key_and_root() {
 
 #[tokio::test]
 async fn the_store_reloads_replaced_files_and_refuses_a_bad_replacement() {
-    crate::tls::install_provider();
+    crate::crypto::install_provider();
     let tmp = TempDir::new("cert-dir-store");
     let (ca, other) = (Ca::generate().unwrap(), Ca::generate().unwrap());
     let validity = Duration::from_secs(3600);
@@ -206,7 +206,7 @@ async fn the_store_reloads_replaced_files_and_refuses_a_bad_replacement() {
     let store = CertStore::new(
         CertSource::Files(dir),
         Arc::clone(&bundle),
-        crate::tls::provider(),
+        crate::crypto::provider(),
         validity,
     );
     store.want(&web).unwrap();

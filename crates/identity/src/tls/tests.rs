@@ -372,17 +372,3 @@ fn client_config_cache_reuses_configurations() {
         Err(TlsError::NoExpectedIdentity)
     ));
 }
-
-#[test]
-fn provider_is_restricted_to_hbone_suites() {
-    let p = provider();
-    let suites: Vec<_> = p.cipher_suites.iter().map(|cs| cs.suite()).collect();
-    assert_eq!(suites, CIPHER_SUITES);
-    assert_eq!(
-        p.kx_groups.first().map(|g| g.name()),
-        Some(rustls::NamedGroup::X25519)
-    );
-    install_provider();
-    install_provider();
-    assert!(rustls::crypto::CryptoProvider::get_default().is_some());
-}

@@ -8,12 +8,12 @@
 //! fragment, port or user info) plus Istio's fixed `/ns/../sa/..` path.
 //!
 //! ```
-//! use dataplane_user::identity::Identity;
+//! use dataplane_identity::identity::Identity;
 //!
 //! let id: Identity = "spiffe://cluster.local/ns/default/sa/web".parse()?;
 //! assert_eq!(id.namespace, "default");
 //! assert_eq!(id.to_uri(), "spiffe://cluster.local/ns/default/sa/web");
-//! # Ok::<(), dataplane_user::identity::IdentityError>(())
+//! # Ok::<(), dataplane_identity::identity::IdentityError>(())
 //! ```
 
 use std::fmt;

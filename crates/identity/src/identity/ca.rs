@@ -14,7 +14,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use dataplane_user::identity::{Ca, Identity};
+//! use dataplane_identity::identity::{Ca, Identity};
 //!
 //! let ca = Ca::load_or_generate("/var/lib/dataplane/ca".as_ref())?;
 //! let id = Identity::new("cluster.local", "default", "web")?;

@@ -20,6 +20,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use dataplane_istio_api::ca::{
+    IstioCertificateRequest, istio_certificate_service_client::IstioCertificateServiceClient,
+};
 use prost_types::{Struct, Value, value::Kind};
 use rcgen::{
     CertificateParams, DistinguishedName, KeyPair, PKCS_ECDSA_P256_SHA256, PublicKeyData as _,
@@ -33,9 +36,6 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::ca::IssuedCert;
 use super::spiffe::Identity;
-use crate::istio_api::ca::{
-    IstioCertificateRequest, istio_certificate_service_client::IstioCertificateServiceClient,
-};
 use crate::istiod::{IstiodEndpoint, IstiodError};
 
 /// Most certificates accepted in one chain (leaf, intermediates, roots).
@@ -211,7 +211,7 @@ pub fn checked_chain(
             .map_err(|err| format!("a root is unusable: {err}"))?;
     }
     let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(store), crate::tls::provider())
+        WebPkiClientVerifier::builder_with_provider(Arc::new(store), crate::crypto::provider())
             .build()
             .map_err(|err| format!("cannot verify against the roots sent: {err}"))?;
     verifier

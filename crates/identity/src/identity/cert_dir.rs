@@ -185,7 +185,7 @@ pub fn check_files(
         ));
     }
     let (_, parsed) = X509Certificate::from_der(leaf).map_err(|e| format!("the leaf: {e}"))?;
-    let signing = crate::tls::provider()
+    let signing = crate::crypto::provider()
         .key_provider
         .load_private_key(key.clone_key())
         .map_err(|e| format!("the key cannot sign: {e}"))?;
@@ -206,7 +206,7 @@ pub fn check_files(
             .map_err(|e| format!("a root of {ROOT_BUNDLE_FILE} is unusable: {e}"))?;
     }
     let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(store), crate::tls::provider())
+        WebPkiClientVerifier::builder_with_provider(Arc::new(store), crate::crypto::provider())
             .build()
             .map_err(|e| format!("cannot verify against {ROOT_BUNDLE_FILE}: {e}"))?;
     verifier

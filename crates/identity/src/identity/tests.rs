@@ -218,7 +218,7 @@ fn store_issues_once_and_rotates_at_half_life() {
     let store = CertStore::new(
         CertSource::Builtin(ca),
         roots,
-        crate::tls::provider(),
+        crate::crypto::provider(),
         Duration::from_secs(3600),
     );
     let first = store.get_or_issue(&web()).unwrap();
@@ -247,7 +247,7 @@ fn a_resolver_of_a_forgotten_identity_presents_its_last_certificate() {
     let store = Arc::new(CertStore::new(
         CertSource::Builtin(ca),
         roots,
-        crate::tls::provider(),
+        crate::crypto::provider(),
         Duration::from_secs(3600),
     ));
     let resolver = store.resolver(web());

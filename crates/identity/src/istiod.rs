@@ -105,7 +105,7 @@ impl IstiodEndpoint {
                 address: address.clone(),
                 reason: format!("`{}` is not a valid TLS name: {err}", self.server_name),
             })?;
-        let mut tls = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        let mut tls = rustls::ClientConfig::builder_with_provider(crate::crypto::provider())
             .with_safe_default_protocol_versions()
             .map_err(|err| IstiodError::Address {
                 address: address.clone(),
