@@ -5,6 +5,7 @@
 //! - [`error`]: [`Chain`](error::Chain), an error with its whole source
 //!   chain, for log fields and messages.
 //! - [`fs`]: bounded file reads and `/proc/self/mountinfo`.
+//! - [`intern`]: one shared copy of each value many entries repeat.
 //! - [`parse`]: durations as flags and files spell them, Go-style booleans
 //!   as Kubernetes annotations carry them.
 //!
@@ -16,4 +17,5 @@
 pub mod addr;
 pub mod error;
 pub mod fs;
+pub mod intern;
 pub mod parse;

@@ -3,46 +3,43 @@
 //! canonical names and revisions, localities. A workload translated from
 //! istiod holds these as [`Arc<str>`] taken from [`Strings`], so ten
 //! thousand pods of one namespace hold its name once (each field also
-//! shrinks from 24 bytes to 16). Strings no workload holds any more are dropped once the table has
-//! doubled since it was last swept (O(1) per insertion).
+//! shrinks from 24 bytes to 16). Strings no workload holds any more are
+//! dropped as [`Interner`] sweeps.
 
-use std::{collections::HashSet, sync::Arc};
+use std::sync::Arc;
+
+use dataplane_core::intern::Interner;
 
 /// Smallest table size swept.
 const MIN_SWEEP: usize = 256;
 
 /// The shared strings.
-#[derive(Debug, Default)]
-pub struct Strings {
-    held: HashSet<Arc<str>, foldhash::fast::RandomState>,
-    /// Entries after the last sweep.
-    swept_at: usize,
+#[derive(Debug)]
+pub struct Strings(Interner<Arc<str>>);
+
+impl Default for Strings {
+    fn default() -> Self {
+        Strings(Interner::new(MIN_SWEEP))
+    }
 }
 
 impl Strings {
     /// The held copy of `value` (holding one if none is).
     pub fn get(&mut self, value: &str) -> Arc<str> {
-        if let Some(held) = self.held.get(value) {
-            return Arc::clone(held);
+        match self.0.get(value) {
+            Some(held) => held,
+            None => self.0.intern(Arc::from(value)),
         }
-        let held: Arc<str> = Arc::from(value);
-        self.held.insert(Arc::clone(&held));
-        if self.held.len() >= MIN_SWEEP.max(self.swept_at * 2) {
-            // Held only here: no workload refers to it.
-            self.held.retain(|s| Arc::strong_count(s) > 1);
-            self.swept_at = self.held.len();
-        }
-        held
     }
 
     /// Strings held.
     pub fn len(&self) -> usize {
-        self.held.len()
+        self.0.len()
     }
 
     /// Whether none is held.
     pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
+        self.0.is_empty()
     }
 }
 

@@ -4,13 +4,11 @@
 //! names them (the owning workload, not the pod), their peer: built per
 //! workload they took about 450 bytes each (`benches/mesh_memory.rs`), held
 //! once per distinct value they take that much per Deployment. Entries no
-//! state refers to any more are dropped once the table has doubled since
-//! it was last swept, so sweeping costs O(1) per insertion.
+//! state refers to any more are dropped as [`Interner`] sweeps.
 
-use std::{
-    collections::HashSet,
-    sync::{Arc, Mutex, PoisonError},
-};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use dataplane_core::intern::Interner;
 
 use crate::{identity::Identity, telemetry::Peer};
 
@@ -19,59 +17,48 @@ const MIN_SWEEP: usize = 64;
 
 /// The shared identities and peers, behind a lock taken only while a state
 /// is built (never on the connection path).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Interned(Mutex<Tables>);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Tables {
-    identities: HashSet<Identity, foldhash::fast::RandomState>,
-    peers: HashSet<Arc<Peer>, foldhash::fast::RandomState>,
-    /// Entries (both tables) after the last sweep.
-    swept_at: usize,
+    identities: Interner<Identity>,
+    peers: Interner<Arc<Peer>>,
+}
+
+impl Default for Interned {
+    fn default() -> Self {
+        Interned(Mutex::new(Tables {
+            identities: Interner::new(MIN_SWEEP),
+            peers: Interner::new(MIN_SWEEP),
+        }))
+    }
 }
 
 impl Interned {
+    fn tables(&self) -> std::sync::MutexGuard<'_, Tables> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The held identity equal to `identity` (holding it if none is).
     pub(super) fn identity(&self, identity: Identity) -> Identity {
-        let mut tables = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(held) = tables.identities.get(&identity) {
-            return held.clone();
-        }
-        tables.identities.insert(identity.clone());
-        tables.sweep_if_grown();
-        identity
+        self.tables().identities.intern(identity)
     }
 
     /// The held peer equal to `peer` (holding it if none is).
     pub(super) fn peer(&self, peer: Peer) -> Arc<Peer> {
-        let mut tables = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(held) = tables.peers.get(&peer) {
-            return Arc::clone(held);
+        let mut tables = self.tables();
+        match tables.peers.get(&peer) {
+            Some(held) => held,
+            None => tables.peers.intern(Arc::new(peer)),
         }
-        let peer = Arc::new(peer);
-        tables.peers.insert(Arc::clone(&peer));
-        tables.sweep_if_grown();
-        peer
     }
 
     /// Entries held (identities, peers).
     #[cfg(test)]
     pub(super) fn len(&self) -> (usize, usize) {
-        let tables = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let tables = self.tables();
         (tables.identities.len(), tables.peers.len())
-    }
-}
-
-impl Tables {
-    fn sweep_if_grown(&mut self) {
-        let len = self.identities.len() + self.peers.len();
-        if len < MIN_SWEEP.max(self.swept_at * 2) {
-            return;
-        }
-        // Held only here: no state refers to it.
-        self.identities.retain(|i| i.is_shared());
-        self.peers.retain(|p| Arc::strong_count(p) > 1);
-        self.swept_at = self.identities.len() + self.peers.len();
     }
 }
 

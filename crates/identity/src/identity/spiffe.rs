@@ -68,6 +68,14 @@ impl Deref for Identity {
     }
 }
 
+/// Clones share one allocation, so a table of shared identities can tell
+/// when it holds the last one.
+impl dataplane_core::intern::Shared for Identity {
+    fn is_shared(&self) -> bool {
+        Arc::strong_count(&self.0) > 1
+    }
+}
+
 impl fmt::Debug for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("Identity").field(&self.uri).finish()
@@ -213,12 +221,6 @@ impl Identity {
             ));
         }
         Self::new(trust_domain, *namespace, *service_account)
-    }
-
-    /// Whether another clone of this identity exists (what a table of
-    /// shared identities asks before dropping its own).
-    pub fn is_shared(&self) -> bool {
-        Arc::strong_count(&self.0) > 1
     }
 
     /// The SPIFFE URI, `spiffe://<td>/ns/<ns>/sa/<sa>`, as an owned string.
