@@ -388,9 +388,14 @@ impl ConfigSources {
         }
         let whole = changed == usize::MAX;
         if changed >= crate::heap::TRIM_AFTER {
-            // The buffers the change was decoded and built in are free.
-            let trimmed = crate::heap::trim();
-            debug!(trimmed, "freed heap returned after a large change");
+            // The buffers the change was decoded and built in are free. A
+            // trim walks the whole heap (milliseconds at hundreds of MB):
+            // off the runtime, whose threads the xDS client shares, and
+            // nothing waits for it.
+            drop(tokio::task::spawn_blocking(|| {
+                let trimmed = crate::heap::trim();
+                debug!(trimmed, "freed heap returned after a large change");
+            }));
         }
         info!(
             %origin,
