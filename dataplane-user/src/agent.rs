@@ -340,7 +340,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     let (xds, xds_status) = match xds_config {
         Some(xds_config) => {
             let origin = format!("xds://{}", xds_config.istiod.address);
-            let metrics = XdsMetrics::registered(&mesh.metrics);
+            let metrics = XdsMetrics::registered(&mut mesh.metrics.registry());
             let (client, snapshots, status) = XdsClient::new(xds_config);
             let (client, applied) = client.with_metrics(metrics).ack_when_applied();
             (Some((client, snapshots, origin, applied)), Some(status))

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use dataplane_core::intern::Interner;
 
-use crate::{identity::Identity, telemetry::Peer};
+use super::Peer;
+use crate::identity::Identity;
 
 /// Smallest table size swept (below it sweeping is not worth a pass).
 const MIN_SWEEP: usize = 64;

@@ -9,6 +9,7 @@
 
 mod affected;
 mod interned;
+mod peer;
 mod provenance;
 mod services;
 mod snapshot;
@@ -22,6 +23,7 @@ pub use crate::config::{
 };
 
 pub use affected::Affected;
+pub use peer::{Peer, ServiceRef};
 pub use provenance::Provenance;
 pub use services::{DEAD_ENDPOINT_HOLD, DeadEndpoints, Endpoint, ServiceEntry, ServiceIndex};
 pub use snapshot::MeshState;
@@ -65,7 +67,7 @@ pub struct MeshWorkload {
     pub identity: Identity,
     /// It as a connection end in metrics and access records (built once,
     /// shared by every connection to or from it).
-    pub peer: Arc<crate::telemetry::Peer>,
+    pub peer: Arc<Peer>,
     /// Where it is held in the merged configuration.
     pub key: EntryKey,
 }
@@ -81,10 +83,10 @@ impl MeshWorkload {
 /// the owning workload (a Deployment) when known, else the pod; the
 /// canonical service defaulting to that name and the revision to `latest`,
 /// as Istio defaults them.
-fn workload_peer(workload: &Workload, identity: &Identity) -> crate::telemetry::Peer {
+fn workload_peer(workload: &Workload, identity: &Identity) -> Peer {
     let known = |value: &str| (!value.is_empty()).then(|| value.to_owned());
     let name = known(&workload.workload_name).unwrap_or_else(|| workload.name.clone());
-    crate::telemetry::Peer {
+    Peer {
         canonical_service: Some(known(&workload.canonical_name).unwrap_or_else(|| name.clone())),
         canonical_revision: Some(
             known(&workload.canonical_revision).unwrap_or_else(|| "latest".to_owned()),

@@ -11,11 +11,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{EntryKey, MeshWorkload, Multi, PMap, Values};
+use super::{EntryKey, MeshWorkload, Multi, PMap, ServiceRef, Values};
 use crate::{
     config::{HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, WorkloadStatus},
     identity::Identity,
-    telemetry::ServiceRef,
 };
 
 /// How long an endpoint whose node did not answer is skipped.

@@ -3,11 +3,10 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use super::{Affected, Changes, Provenance, ServiceIndex, StateError, WorkloadIndex};
+use super::{Affected, Changes, Provenance, ServiceIndex, ServiceRef, StateError, WorkloadIndex};
 use crate::{
     config::LocalConfig,
     policy::{PolicySet, Request, Target},
-    telemetry::ServiceRef,
 };
 
 /// Workloads, services and policies of one config version.
@@ -119,7 +118,7 @@ impl MeshState {
 
     /// Who is at `ip`, as far as this state says (an unknown address gives
     /// an empty peer).
-    pub fn peer_at(&self, ip: IpAddr) -> Arc<crate::telemetry::Peer> {
+    pub fn peer_at(&self, ip: IpAddr) -> Arc<super::Peer> {
         self.workloads
             .by_ip(ip)
             .map(|w| Arc::clone(&w.peer))

@@ -311,6 +311,13 @@ impl Metrics {
         }
     }
 
+    /// The registry itself, for a module below telemetry that registers
+    /// its own families (`xds::XdsMetrics::registered`). A scrape waits
+    /// while the guard is held.
+    pub fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Adds a metric another module owns (it keeps a clone to update).
     pub fn register(
         &self,
@@ -319,7 +326,7 @@ impl Metrics {
         unit: Option<prometheus_client::registry::Unit>,
         metric: impl prometheus_client::registry::Metric,
     ) {
-        let mut registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut registry = self.registry();
         match unit {
             Some(unit) => registry.register_with_unit(name, help, unit, metric),
             None => registry.register(name, help, metric),

@@ -6,11 +6,10 @@
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family},
-    registry::Unit,
+    registry::{Registry, Unit},
 };
 
 use crate::istio_api::discovery::DeltaDiscoveryResponse;
-use crate::telemetry::Metrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
@@ -53,31 +52,29 @@ pub struct XdsMetrics {
 }
 
 impl XdsMetrics {
-    /// Counters registered in `metrics`.
-    pub fn registered(metrics: &Metrics) -> Self {
+    /// Counters registered in `registry` (the agent's, which serves
+    /// `/metrics`).
+    pub fn registered(registry: &mut Registry) -> Self {
         let this = Self::default();
-        metrics.register(
+        registry.register(
             "istio_xds_connection_terminations",
             "Streams to istiod that ended, by reason",
-            None,
             this.terminations.clone(),
         );
-        metrics.register(
+        registry.register(
             "istio_xds_message",
             "xDS responses received, by type",
-            None,
             this.messages.clone(),
         );
-        metrics.register(
+        registry.register_with_unit(
             "istio_xds_message",
             "Bytes of resources received over xDS, by type",
-            Some(Unit::Bytes),
+            Unit::Bytes,
             this.bytes.clone(),
         );
-        metrics.register(
+        registry.register(
             "dataplane_xds_nacks",
             "xDS responses NACKed (some resource in them did not validate; the rest applied), by type",
-            None,
             this.nacks.clone(),
         );
         this
