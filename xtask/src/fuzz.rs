@@ -117,9 +117,9 @@ fn ensure_cargo_fuzz() -> Result<()> {
     cmd::run(Command::new("cargo").args(["install", "--locked", CARGO_FUZZ]))
 }
 
-/// Runs the unit tests that write seeds (see `dataplane-user/src/fuzz_seeds.rs`
-/// and `crates/identity/src/fuzz_seeds.rs`): each crate's tests seed the
-/// targets of the parsers it holds.
+/// Runs the unit tests that write seeds (see `dataplane-user/src/fuzz_seeds.rs`,
+/// `crates/identity/src/fuzz_seeds.rs` and `crates/model/src/fuzz_seeds.rs`):
+/// each crate's tests seed the targets of the parsers it holds.
 fn write_seeds(seeds: &Path) -> Result<()> {
     if seeds.exists() {
         std::fs::remove_dir_all(seeds)
@@ -131,6 +131,8 @@ fn write_seeds(seeds: &Path) -> Result<()> {
         "dataplane-user",
         "-p",
         "dataplane-identity",
+        "-p",
+        "dataplane-model",
         "--lib",
         "-q",
     ]))

@@ -232,7 +232,7 @@ mod tests {
             "cfg.yaml",
         )
         .unwrap_err();
-        let err = crate::logging::Chain(&err).to_string();
+        let err = dataplane_core::error::Chain(&err).to_string();
         assert!(err.contains("cfg.yaml"), "{err}");
         assert!(err.contains("colour"), "{err}");
         assert!(err.contains("line 5"), "{err}");
@@ -320,7 +320,7 @@ policies:
         let text = config.to_yaml().unwrap();
         crate::fuzz_seeds::seed("config", &text);
         let parsed = LocalConfig::parse(&text, &config.origin)
-            .unwrap_or_else(|e| panic!("{}\n{text}", crate::logging::Chain(&e)));
+            .unwrap_or_else(|e| panic!("{}\n{text}", dataplane_core::error::Chain(&e)));
         (text, parsed)
     }
 
@@ -412,7 +412,8 @@ policies:
         let big_err = LocalConfig::from_file(&big).map(drop);
         let binary_err = LocalConfig::from_file(&binary).map(drop);
         std::fs::remove_dir_all(&dir).unwrap();
-        let text = |r: Result<(), ConfigError>| crate::logging::Chain(&r.unwrap_err()).to_string();
+        let text =
+            |r: Result<(), ConfigError>| dataplane_core::error::Chain(&r.unwrap_err()).to_string();
         let big_err = text(big_err);
         assert!(
             big_err.contains("big.yaml") && big_err.contains("larger than"),
@@ -435,7 +436,7 @@ policies:
             ("{address: 10.0.0.1, hbonePort: 0}", "0 is not a port"),
         ] {
             let err = LocalConfig::parse(&format!("{base}{waypoint}\n"), "w.yaml").unwrap_err();
-            let err = crate::logging::Chain(&err).to_string();
+            let err = dataplane_core::error::Chain(&err).to_string();
             assert!(
                 err.contains(expected) && err.contains("workloads[0].waypoint"),
                 "{waypoint}: {err}"
@@ -450,7 +451,7 @@ policies:
             "cfg.yaml",
         )
         .unwrap_err();
-        let err = crate::logging::Chain(&err).to_string();
+        let err = dataplane_core::error::Chain(&err).to_string();
         assert!(err.contains("invalid"), "{err}");
     }
 }

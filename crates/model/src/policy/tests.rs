@@ -205,7 +205,7 @@ fn bad_cidr_and_port_are_rejected_with_position() {
             "policies:\n- name: p\n  namespace: n\n  scope: Global\n  action: Deny\n  rules: {bad}\n"
         );
         let err = LocalConfig::parse(&text, "cfg.yaml").unwrap_err();
-        let msg = crate::logging::Chain(&err).to_string();
+        let msg = dataplane_core::error::Chain(&err).to_string();
         assert!(msg.contains("cfg.yaml"), "{msg}");
         assert!(msg.contains("line 6"), "{what}: {msg}");
     }

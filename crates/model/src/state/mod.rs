@@ -326,8 +326,8 @@ mod tests {
         let err = WorkloadIndex::from_config(&merged).unwrap_err();
         assert!(err.to_string().contains("both claim IP 10.0.0.1"), "{err}");
         let text = "workloads:\n- {uid: a, name: a, namespace: n, workloadIps: [10.0.0.1]}\n- {uid: b, name: b, namespace: n, workloadIps: [10.0.0.1]}\n";
-        let err =
-            crate::logging::Chain(&LocalConfig::parse(text, "cfg.yaml").unwrap_err()).to_string();
+        let err = dataplane_core::error::Chain(&LocalConfig::parse(text, "cfg.yaml").unwrap_err())
+            .to_string();
         assert!(
             err.contains("cfg.yaml:3:") && err.contains("workloads[1].workloadIps"),
             "{err}"

@@ -199,9 +199,12 @@ impl XdsClient {
                 Ok(()) => (Termination::Complete, "istiod closed the stream".to_owned()),
                 Err(err @ XdsError::Istiod(_)) => (
                     Termination::ConnectionError,
-                    crate::logging::Chain(&err).to_string(),
+                    dataplane_core::error::Chain(&err).to_string(),
                 ),
-                Err(err) => (Termination::Error, crate::logging::Chain(&err).to_string()),
+                Err(err) => (
+                    Termination::Error,
+                    dataplane_core::error::Chain(&err).to_string(),
+                ),
             };
             self.metrics.terminated(why);
             if self.snapshot.is_closed() {
