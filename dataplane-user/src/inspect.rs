@@ -9,6 +9,7 @@ use std::{
     time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
+use dataplane_core::timestamp::rfc3339;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -284,12 +285,6 @@ pub struct CertInfo {
     /// Where it came from: `builtin`, `istio` or `files`.
     #[serde(default)]
     pub source: String,
-}
-
-fn rfc3339(at: SystemTime) -> String {
-    time::OffsetDateTime::from(at)
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| "-".to_owned())
 }
 
 impl AgentView {

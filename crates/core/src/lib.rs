@@ -8,9 +8,11 @@
 //! - [`intern`]: one shared copy of each value many entries repeat.
 //! - [`parse`]: durations as flags and files spell them, Go-style booleans
 //!   as Kubernetes annotations carry them.
+//! - [`timestamp`]: instants as RFC 3339 for status pages and dumps.
 //!
 //! It depends on no other crate of the agent but `dataplane-common` (for the
-//! engine's port numbers), and not on clap: flag types live with the binary.
+//! engine's port numbers), on `time` only to format instants, and not on
+//! clap: flag types live with the binary.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -19,3 +21,4 @@ pub mod error;
 pub mod fs;
 pub mod intern;
 pub mod parse;
+pub mod timestamp;

@@ -29,6 +29,7 @@
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
+use dataplane_core::timestamp::rfc3339;
 use rustls::RootCertStore;
 use rustls::pki_types::CertificateDer;
 use rustls::server::WebPkiClientVerifier;
@@ -242,14 +243,14 @@ impl TrustBundle {
                     .map(|(_, c)| {
                         (
                             c.subject().to_string(),
-                            super::rfc3339(SystemTime::from(c.validity().not_after.to_datetime())),
+                            rfc3339(SystemTime::from(c.validity().not_after.to_datetime())),
                         )
                     })
                     .unwrap_or_else(|_| ("unknown".to_owned(), String::new()));
                 RootInfo {
                     subject,
                     not_after,
-                    retiring_at: e.retire_at.map(super::rfc3339),
+                    retiring_at: e.retire_at.map(rfc3339),
                 }
             })
             .collect()

@@ -33,13 +33,6 @@ pub use source::{CertSource, CertSourceError, CertSourceStatus, Fetched};
 pub use spiffe::{Identity, IdentityError, IdentityParts};
 pub use store::{CertStore, CertStoreError, DEFAULT_VALIDITY, FILES_POLL};
 
-/// `at` as RFC 3339 (UTC), for status and dumps.
-pub(crate) fn rfc3339(at: std::time::SystemTime) -> String {
-    time::OffsetDateTime::from(at)
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| "-".to_owned())
-}
-
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -42,6 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use dataplane_core::timestamp::rfc3339;
 use rustls::crypto::CryptoProvider;
 use rustls::sign::CertifiedKey;
 use tokio::sync::Notify;
@@ -301,12 +302,12 @@ impl CertStore {
             last_issued: stats
                 .last_issued
                 .as_ref()
-                .map(|(at, id)| format!("{} for {id}", super::rfc3339(*at))),
-            next_refresh: next_refresh.map(super::rfc3339),
+                .map(|(at, id)| format!("{} for {id}", rfc3339(*at))),
+            next_refresh: next_refresh.map(rfc3339),
             last_failure: stats
                 .last_failure
                 .as_ref()
-                .map(|(at, why)| format!("{}: {why}", super::rfc3339(*at))),
+                .map(|(at, why)| format!("{}: {why}", rfc3339(*at))),
             failures,
             successes,
             roots: self.bundle.describe(),
