@@ -5,6 +5,8 @@
 //! - [`error`]: [`Chain`](error::Chain), an error with its whole source
 //!   chain, for log fields and messages.
 //! - [`fs`]: bounded file reads and `/proc/self/mountinfo`.
+//! - `fuzz_seed` (feature `test-util`): the writer of fuzz seeds that unit
+//!   tests of every crate use.
 //! - [`intern`]: one shared copy of each value many entries repeat.
 //! - [`parse`]: durations as flags and files spell them, Go-style booleans
 //!   as Kubernetes annotations carry them.
@@ -19,6 +21,8 @@
 pub mod addr;
 pub mod error;
 pub mod fs;
+#[cfg(feature = "test-util")]
+pub mod fuzz_seed;
 pub mod intern;
 pub mod parse;
 pub mod timestamp;
