@@ -237,7 +237,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     // DNS is captured by the kernel programs only.
     let dns = match redirector {
         Some(_) => Some(Arc::new(crate::dns::DnsSettings::new(
-            &args.dns,
+            &crate::dns::DnsConfig::from(&args.dns),
             Arc::clone(&mesh),
             args.proxy_mark,
         )?)),
@@ -260,7 +260,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     // From here on the enrollment actor owns the pods and the kernel
     // programs; everything else sends it commands.
     let instance_dir = args.state.state_dir.join(&args.state.instance);
-    let workers = Arc::new(match args.threading {
+    let workers = Arc::new(match Threading::from(args.threading) {
         Threading::Pinned => Workers::pinned(args.worker_threads.map_or_else(
             || std::thread::available_parallelism().map_or(1, usize::from),
             usize::from,

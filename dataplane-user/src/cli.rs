@@ -7,9 +7,12 @@ use clap::{Args, Parser, Subcommand};
 use crate::logging::LogFormat;
 use crate::redirect::ExitMode;
 
+pub mod dns;
 pub mod engine;
+pub mod install_cni;
 pub mod istio;
 pub mod original_source;
+pub mod workers;
 
 /// eBPF-accelerated transparent redirection data plane for a service mesh.
 ///
@@ -93,7 +96,7 @@ pub enum Command {
     /// Install the CNI plugin on this node (from the DaemonSet): copy the
     /// binary, write its kubeconfig, insert it into the primary CNI
     /// configuration, and keep it there.
-    InstallCni(Box<crate::cni::install::InstallCniArgs>),
+    InstallCni(Box<install_cni::InstallCniArgs>),
 }
 
 /// `dataplane pod ...`
@@ -283,7 +286,7 @@ pub struct RunArgs {
     pub node_netns: Option<PathBuf>,
     /// DNS capture.
     #[command(flatten)]
-    pub dns: crate::dns::DnsArgs,
+    pub dns: dns::DnsArgs,
     /// This node's name: at start, configured workloads with a `netns` are
     /// enrolled when their `node` matches (all of them when unset).
     #[arg(long, env = "DATAPLANE_NODE")]
@@ -398,7 +401,7 @@ pub struct RunArgs {
         value_enum,
         default_value = "pinned"
     )]
-    pub threading: crate::workers::Threading,
+    pub threading: workers::ThreadingFlag,
     /// Socket mark of the agent's own sockets, which capture never touches.
     #[arg(long, env = "DATAPLANE_PROXY_MARK", default_value_t = dataplane_common::DEFAULT_PROXY_MARK, value_parser = parse_u32)]
     pub proxy_mark: u32,
@@ -578,6 +581,64 @@ mod tests {
             parse_positive_duration("2s"),
             Ok(std::time::Duration::from_secs(2))
         );
+    }
+
+    /// The command `argv` parses into.
+    fn command(argv: &[&str]) -> Command {
+        match Cli::try_parse_from(argv) {
+            Ok(cli) => cli.command,
+            Err(e) => panic!("`{}` does not parse: {e}", argv.join(" ")),
+        }
+    }
+
+    /// The flags that components no longer own reach them unchanged.
+    #[test]
+    fn run_flags_convert_into_component_types() {
+        let Command::Run(args) = command(&[
+            "dataplane",
+            "run",
+            "--threading",
+            "shared",
+            "--dns-capture=false",
+            "--dns-upstream",
+            "10.96.0.10,[fd00::a]:53",
+            "--dns-domain",
+            "example.org.",
+        ]) else {
+            panic!("`dataplane run` parsed as another command");
+        };
+        assert_eq!(
+            crate::workers::Threading::from(args.threading),
+            crate::workers::Threading::Shared
+        );
+        assert_eq!(
+            crate::dns::DnsConfig::from(&args.dns),
+            crate::dns::DnsConfig {
+                default_capture: false,
+                upstream: vec!["10.96.0.10".to_owned(), "[fd00::a]:53".to_owned()],
+                domain: "example.org.".to_owned(),
+            }
+        );
+    }
+
+    #[test]
+    fn install_cni_flags_convert_into_the_installer_config() {
+        let Command::InstallCni(args) = command(&[
+            "dataplane",
+            "install-cni",
+            "--on-agent-unreachable",
+            "pass",
+            "--once",
+        ]) else {
+            panic!("`dataplane install-cni` parsed as another command");
+        };
+        let config = crate::cni::install::InstallConfig::from(*args);
+        assert_eq!(
+            config.on_agent_unreachable,
+            crate::cni::spec::UnreachablePolicy::Pass
+        );
+        assert!(config.once);
+        assert_eq!(config.resync, std::time::Duration::from_secs(10));
     }
 
     #[test]

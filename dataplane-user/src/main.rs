@@ -59,7 +59,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => {
             logging::init(args.log_format);
-            let runtime = match (args.threading, args.worker_threads) {
+            let runtime = match (Threading::from(args.threading), args.worker_threads) {
                 // Connections run on workers of their own (started by the
                 // agent); the main runtime only enrolls, watches and
                 // answers. One thread: no work stealing, no cross-thread
@@ -135,7 +135,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::InstallCni(args) => {
             logging::init(LogFormat::Text);
-            dataplane_user::cni::install::run(*args)?;
+            dataplane_user::cni::install::run((*args).into())?;
         }
         Command::Redirect(RedirectCommand::Stats { state, json }) => {
             let pins = PinLayout::new(&state.bpffs, &state.instance);

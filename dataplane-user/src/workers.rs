@@ -43,12 +43,13 @@ pub enum WorkersError {
     },
 }
 
-/// How pods' connections are spread over threads (`--threading`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// How pods' connections are spread over threads (see the module doc; the
+/// flag `--threading` converts into it in `cli::workers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Threading {
-    /// Each pod on one single-threaded worker; pods spread over workers.
+    /// [`Workers::pinned`]: single-threaded workers, one pod on one.
     Pinned,
-    /// All pods on one multi-thread runtime with work stealing.
+    /// [`Workers::shared`]: the agent's multi-thread runtime for every pod.
     Shared,
 }
 

@@ -186,8 +186,9 @@ fn parse_args(args: &str) -> BTreeMap<String, String> {
 }
 
 /// What the plugin does when it cannot make sure a pod is captured (agent
-/// unreachable, Kubernetes API unreachable).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+/// unreachable, Kubernetes API unreachable); `install-cni` writes it into
+/// the plugin's configuration from `--on-agent-unreachable`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum UnreachablePolicy {
     /// Fail the ADD: the pod does not start (the runtime retries).

@@ -46,35 +46,20 @@ pub const DNS_CAPTURE_ANNOTATION: &str = "ambient.istio.io/dns-capture";
 /// Where upstream servers come from when `--dns-upstream` is not given.
 pub const NODE_RESOLV_CONF: &str = "/etc/resolv.conf";
 
-/// The agent's DNS flags.
-#[derive(Debug, Clone, clap::Args)]
-pub struct DnsArgs {
-    /// Capture enrolled pods' DNS into the in-pod resolver by default
-    /// (Istio's `cni.ambient.dnsCapture`, on by default since Istio 1.29).
-    /// A pod overrides it with the `ambient.istio.io/dns-capture`
-    /// annotation or its workload's `dnsCapture` setting.
-    #[arg(
-        long,
-        env = "DATAPLANE_DNS_CAPTURE",
-        default_value_t = true,
-        num_args = 0..=1,
-        default_missing_value = "true",
-        action = clap::ArgAction::Set
-    )]
-    pub dns_capture: bool,
-    /// Upstream DNS servers for names the mesh does not know, as `IP` or
-    /// `IP:PORT` (repeatable, comma-separated) [default: the nameservers of
-    /// the node's /etc/resolv.conf].
-    #[arg(
-        long = "dns-upstream",
-        env = "DATAPLANE_DNS_UPSTREAM",
-        value_delimiter = ','
-    )]
-    pub dns_upstream: Vec<String>,
-    /// The cluster's DNS domain (search domains `<ns>.svc.<domain>`,
-    /// `svc.<domain>`, `<domain>`).
-    #[arg(long, env = "DATAPLANE_DNS_DOMAIN", default_value = "cluster.local")]
-    pub dns_domain: String,
+/// Agent-wide DNS capture configuration (from `--dns-*`, see
+/// `cli::dns`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsConfig {
+    /// Whether pods capture DNS unless their annotation, workload or
+    /// enrollment request says otherwise.
+    pub default_capture: bool,
+    /// Upstream servers for names the mesh does not know, each `IP` or
+    /// `IP:PORT` as given (checked by [`DnsSettings::new`]); empty means
+    /// the nameservers of [`NODE_RESOLV_CONF`].
+    pub upstream: Vec<String>,
+    /// The cluster's DNS domain, as given (a trailing dot and case do not
+    /// matter).
+    pub domain: String,
 }
 
 /// Errors of DNS capture.
@@ -158,9 +143,13 @@ pub struct DnsSettings {
 }
 
 impl DnsSettings {
-    /// Settings from the flags; upstream sockets carry `proxy_mark`.
-    pub fn new(args: &DnsArgs, mesh: Arc<MeshContext>, proxy_mark: u32) -> Result<Self, DnsError> {
-        let servers = if args.dns_upstream.is_empty() {
+    /// Settings from `config`; upstream sockets carry `proxy_mark`.
+    pub fn new(
+        config: &DnsConfig,
+        mesh: Arc<MeshContext>,
+        proxy_mark: u32,
+    ) -> Result<Self, DnsError> {
+        let servers = if config.upstream.is_empty() {
             // A node without a readable resolv.conf must not keep the agent
             // from starting: forwarded names then get SERVFAIL.
             match std::fs::read_to_string(Path::new(NODE_RESOLV_CONF)) {
@@ -175,7 +164,8 @@ impl DnsSettings {
                 }
             }
         } else {
-            args.dns_upstream
+            config
+                .upstream
                 .iter()
                 .map(|v| parse_upstream(v))
                 .collect::<Result<_, _>>()?
@@ -184,10 +174,10 @@ impl DnsSettings {
             warn!("no upstream DNS server: names outside the mesh will get SERVFAIL");
         }
         let metrics = DnsMetrics::register(&mesh.metrics);
-        info!(upstream = ?servers, domain = %args.dns_domain, default_capture = args.dns_capture, "DNS capture settings");
+        info!(upstream = ?servers, domain = %config.domain, default_capture = config.default_capture, "DNS capture settings");
         Ok(Self {
-            default_capture: args.dns_capture,
-            domain: args.dns_domain.trim_end_matches('.').to_ascii_lowercase(),
+            default_capture: config.default_capture,
+            domain: config.domain.trim_end_matches('.').to_ascii_lowercase(),
             forwarder: Forwarder::new(servers, proxy_mark, Arc::new(metrics.clone())),
             mesh,
             metrics,

@@ -27,115 +27,59 @@ use std::{
     time::{Duration, Instant},
 };
 
-use clap::Args;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use serde_json::Value;
 use tracing::{info, warn};
 
-use super::spec::{DEFAULT_AGENT_SOCKET, PLUGIN_TYPE, UnreachablePolicy};
+use super::spec::{PLUGIN_TYPE, UnreachablePolicy};
 use crate::logging::Chain;
 
-/// `dataplane install-cni` options.
-#[derive(Debug, Clone, Args)]
-pub struct InstallCniArgs {
-    /// The plugin binary to install [default: `dataplane-cni` beside this
-    /// executable].
-    #[arg(long, env = "DATAPLANE_CNI_PLUGIN_BINARY")]
+/// What `dataplane install-cni` installs where (from its flags, see
+/// `cli::install_cni`).
+#[derive(Debug, Clone)]
+pub struct InstallConfig {
+    /// The plugin binary to copy; `None`: `dataplane-cni` beside this
+    /// executable.
     pub plugin_binary: Option<PathBuf>,
-    /// The host's CNI bin directory, as mounted here.
-    #[arg(
-        long,
-        env = "DATAPLANE_CNI_BIN_DIR",
-        default_value = "/host/opt/cni/bin"
-    )]
+    /// The host's CNI bin directory, as mounted in this container.
     pub cni_bin_dir: PathBuf,
-    /// The host's CNI configuration directory, as mounted here.
-    #[arg(
-        long,
-        env = "DATAPLANE_CNI_CONF_DIR",
-        default_value = "/host/etc/cni/net.d"
-    )]
+    /// The host's CNI configuration directory, as mounted in this
+    /// container.
     pub cni_conf_dir: PathBuf,
-    /// The same directory as the host sees it (paths written into the
-    /// configuration are host paths).
-    #[arg(
-        long,
-        env = "DATAPLANE_HOST_CNI_CONF_DIR",
-        default_value = "/etc/cni/net.d"
-    )]
+    /// [`cni_conf_dir`](Self::cni_conf_dir) as the host sees it: the paths
+    /// written into configuration files.
     pub host_cni_conf_dir: PathBuf,
-    /// Insert into this configuration file (a name in the configuration
-    /// directory) instead of the first one by name.
-    #[arg(long, env = "DATAPLANE_CNI_CONF_FILE")]
+    /// The configuration file (a name in `cni_conf_dir`) to insert the
+    /// plugin into; `None`: the first one by name.
     pub conf_file: Option<String>,
     /// The agent's control socket, as the host sees it.
-    #[arg(long, env = "DATAPLANE_CNI_AGENT_SOCKET", default_value = DEFAULT_AGENT_SOCKET)]
     pub agent_socket: PathBuf,
-    /// What the plugin does when the agent cannot be reached: `fail` (the
-    /// pod does not start) or `pass` (it starts uncaptured).
-    #[arg(
-        long,
-        env = "DATAPLANE_CNI_ON_AGENT_UNREACHABLE",
-        value_enum,
-        default_value = "fail"
-    )]
+    /// What the plugin does when the agent cannot be reached.
     pub on_agent_unreachable: UnreachablePolicy,
-    /// Namespaces whose pods the plugin never enrolls (repeatable, or
-    /// comma-separated): at least the agent's own, so it can always start.
-    #[arg(
-        long = "exclude-namespace",
-        env = "DATAPLANE_CNI_EXCLUDE_NAMESPACES",
-        value_delimiter = ',',
-        default_value = "kube-system"
-    )]
+    /// Namespaces the plugin never enrolls.
     pub exclude_namespaces: Vec<String>,
-    /// Which pods the plugin enrolls (Istio's enablement selectors, as the
-    /// agent's `--enablement-selectors`) [default: Istio's].
-    #[arg(long, env = "DATAPLANE_ENABLEMENT_SELECTORS", value_parser = crate::kube::optin::parse_selectors_arg)]
+    /// Which pods the plugin enrolls; `None`: Istio's default selectors.
     pub enablement_selectors: Option<crate::kube::optin::EnablementSelectors>,
     /// SPIFFE trust domain of the pods' identities.
-    #[arg(long, env = "DATAPLANE_TRUST_DOMAIN", default_value = "cluster.local")]
     pub trust_domain: String,
-    /// Kubernetes API server for the plugin [default: from
-    /// KUBERNETES_SERVICE_HOST/PORT]. Without one no kubeconfig is written
-    /// and the plugin enrolls every pod.
-    #[arg(long, env = "DATAPLANE_KUBE_API_SERVER")]
+    /// The Kubernetes API server the plugin asks; `None`: from
+    /// `KUBERNETES_SERVICE_HOST`/`PORT`.
     pub kube_api_server: Option<String>,
-    /// Write no kubeconfig for the plugin (it then enrolls every pod).
-    #[arg(
-        long,
-        env = "DATAPLANE_CNI_NO_KUBECONFIG",
-        conflicts_with = "kube_api_server"
-    )]
+    /// Write no kubeconfig (the plugin then enrolls every pod).
     pub no_kubeconfig: bool,
-    /// Service-account token the plugin authenticates with (copied to the
-    /// host and refreshed).
-    #[arg(
-        long,
-        env = "DATAPLANE_KUBE_TOKEN_FILE",
-        default_value = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    )]
+    /// The service-account token copied to the host for the plugin.
     pub kube_token_file: PathBuf,
-    /// CA bundle of the API server.
-    #[arg(
-        long,
-        env = "DATAPLANE_KUBE_CA_FILE",
-        default_value = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
-    )]
+    /// The API server's CA bundle.
     pub kube_ca_file: PathBuf,
-    /// Install once and exit instead of watching.
-    #[arg(long)]
+    /// Install once and return instead of watching.
     pub once: bool,
-    /// Remove everything installed and exit.
-    #[arg(long, conflicts_with = "once")]
+    /// Remove everything installed and return.
     pub uninstall: bool,
-    /// On SIGTERM/SIGINT, remove the plugin from the configuration and the
-    /// binary from the bin directory.
-    #[arg(long, env = "DATAPLANE_CNI_CLEANUP_ON_EXIT")]
+    /// On SIGTERM/SIGINT, take the plugin out of the configuration and the
+    /// bin directory.
     pub cleanup_on_exit: bool,
-    /// How often the installation is checked (and the token refreshed)
-    /// besides directory change notifications, e.g. `10s`.
-    #[arg(long, env = "DATAPLANE_CNI_RESYNC", default_value = "10s", value_parser = dataplane_core::parse::parse_duration)]
+    /// How often the installation is checked besides change
+    /// notifications.
     pub resync: Duration,
 }
 
@@ -181,18 +125,18 @@ pub struct Installed {
     pub changed: bool,
 }
 
-/// The installer, from its options.
+/// The installer, from its configuration.
 #[derive(Debug)]
 pub struct Installer {
-    args: InstallCniArgs,
+    config: InstallConfig,
     plugin_binary: PathBuf,
     server: Option<String>,
 }
 
 impl Installer {
-    /// An installer for `args`.
-    pub fn new(args: InstallCniArgs) -> Result<Self, InstallError> {
-        let plugin_binary = match &args.plugin_binary {
+    /// An installer for `config`.
+    pub fn new(config: InstallConfig) -> Result<Self, InstallError> {
+        let plugin_binary = match &config.plugin_binary {
             Some(path) => path.clone(),
             None => {
                 let exe = std::env::current_exe()
@@ -200,47 +144,48 @@ impl Installer {
                 exe.with_file_name(PLUGIN_TYPE)
             }
         };
-        let server = if args.no_kubeconfig {
+        let server = if config.no_kubeconfig {
             None
         } else {
-            args.kube_api_server
+            config
+                .kube_api_server
                 .clone()
                 .or_else(|| kubeconfig::in_cluster_server(|name| std::env::var(name).ok()))
         };
         Ok(Self {
-            args,
+            config,
             plugin_binary,
             server,
         })
     }
 
     fn kubeconfig_path(&self) -> PathBuf {
-        self.args.cni_conf_dir.join(kubeconfig::KUBECONFIG_NAME)
+        self.config.cni_conf_dir.join(kubeconfig::KUBECONFIG_NAME)
     }
 
     fn token_path(&self) -> PathBuf {
-        self.args.cni_conf_dir.join(kubeconfig::TOKEN_NAME)
+        self.config.cni_conf_dir.join(kubeconfig::TOKEN_NAME)
     }
 
     fn installed_binary(&self) -> PathBuf {
-        self.args.cni_bin_dir.join(PLUGIN_TYPE)
+        self.config.cni_bin_dir.join(PLUGIN_TYPE)
     }
 
     /// The plugin's entry in the configuration list.
     pub fn plugin_config(&self) -> Value {
         let mut conf = serde_json::json!({
             "type": PLUGIN_TYPE,
-            "agentSocket": self.args.agent_socket,
-            "onAgentUnreachable": self.args.on_agent_unreachable,
-            "trustDomain": self.args.trust_domain,
-            "excludeNamespaces": self.args.exclude_namespaces,
+            "agentSocket": self.config.agent_socket,
+            "onAgentUnreachable": self.config.on_agent_unreachable,
+            "trustDomain": self.config.trust_domain,
+            "excludeNamespaces": self.config.exclude_namespaces,
         });
-        if let Some(selectors) = &self.args.enablement_selectors {
+        if let Some(selectors) = &self.config.enablement_selectors {
             conf["enablementSelectors"] = serde_json::to_value(&selectors.0).unwrap_or_default();
         }
         if self.server.is_some() {
             conf["kubeconfig"] = self
-                .args
+                .config
                 .host_cni_conf_dir
                 .join(kubeconfig::KUBECONFIG_NAME)
                 .display()
@@ -254,13 +199,13 @@ impl Installer {
     pub fn install_once(&self) -> Result<Installed, InstallError> {
         let mut changed = self.install_binary()?;
         changed |= self.install_kubeconfig()?;
-        let config = match &self.args.conf_file {
+        let config = match &self.config.conf_file {
             Some(name) => {
-                let path = self.args.cni_conf_dir.join(name);
+                let path = self.config.cni_conf_dir.join(name);
                 path.exists().then_some(path)
             }
-            None => conflist::primary(&self.args.cni_conf_dir)
-                .map_err(io_err("cannot list", &self.args.cni_conf_dir))?,
+            None => conflist::primary(&self.config.cni_conf_dir)
+                .map_err(io_err("cannot list", &self.config.cni_conf_dir))?,
         };
         let Some(config) = config else {
             return Ok(Installed {
@@ -289,8 +234,8 @@ impl Installer {
         if std::fs::read(&target).is_ok_and(|current| current == source) {
             return Ok(false);
         }
-        std::fs::create_dir_all(&self.args.cni_bin_dir)
-            .map_err(io_err("cannot create", &self.args.cni_bin_dir))?;
+        std::fs::create_dir_all(&self.config.cni_bin_dir)
+            .map_err(io_err("cannot create", &self.config.cni_bin_dir))?;
         write_atomic(&target, &source, 0o755)?;
         info!(binary = %target.display(), "plugin binary installed");
         Ok(true)
@@ -302,17 +247,17 @@ impl Installer {
         };
         let mut changed = false;
         // The token first: the kubeconfig must never name a missing file.
-        match std::fs::read(&self.args.kube_token_file) {
+        match std::fs::read(&self.config.kube_token_file) {
             Ok(token) => changed |= write_if_changed(&self.token_path(), &token, 0o600)?,
             Err(err) => {
-                warn!(token = %self.args.kube_token_file.display(), error = %err, "no service-account token to copy; the plugin's API look-ups will fail")
+                warn!(token = %self.config.kube_token_file.display(), error = %err, "no service-account token to copy; the plugin's API look-ups will fail")
             }
         }
-        let ca = std::fs::read(&self.args.kube_ca_file).ok();
+        let ca = std::fs::read(&self.config.kube_ca_file).ok();
         let text = kubeconfig::render(
             server,
             ca.as_deref(),
-            &self.args.host_cni_conf_dir.join(kubeconfig::TOKEN_NAME),
+            &self.config.host_cni_conf_dir.join(kubeconfig::TOKEN_NAME),
         );
         changed |= write_if_changed(&self.kubeconfig_path(), text.as_bytes(), 0o600)?;
         Ok(changed)
@@ -321,7 +266,7 @@ impl Installer {
     /// Takes everything out again: the plugin from every configuration in
     /// the directory, the binary, the kubeconfig and token.
     pub fn uninstall(&self) -> Result<(), InstallError> {
-        let dir = &self.args.cni_conf_dir;
+        let dir = &self.config.cni_conf_dir;
         let entries = std::fs::read_dir(dir).map_err(io_err("cannot list", dir))?;
         for entry in entries.flatten() {
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
@@ -423,13 +368,13 @@ extern "C" fn request_stop(_: libc::c_int) {
 }
 
 /// Runs `dataplane install-cni`.
-pub fn run(args: InstallCniArgs) -> Result<(), InstallError> {
-    let installer = Installer::new(args)?;
-    if installer.args.uninstall {
+pub fn run(config: InstallConfig) -> Result<(), InstallError> {
+    let installer = Installer::new(config)?;
+    if installer.config.uninstall {
         return installer.uninstall();
     }
     install_signal_handlers();
-    let dir = installer.args.cni_conf_dir.clone();
+    let dir = installer.config.cni_conf_dir.clone();
     std::fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
     // Watch before the first pass: a write racing with it is not missed.
     let watch_err = |source| InstallError::Watch {
@@ -449,11 +394,11 @@ pub fn run(args: InstallCniArgs) -> Result<(), InstallError> {
         )
         .map_err(watch_err)?;
     report(installer.install_once()?, &dir);
-    if installer.args.once {
+    if installer.config.once {
         return Ok(());
     }
-    info!(dir = %dir.display(), resync = ?installer.args.resync, "watching the CNI configuration");
-    let mut next_resync = Instant::now() + installer.args.resync;
+    info!(dir = %dir.display(), resync = ?installer.config.resync, "watching the CNI configuration");
+    let mut next_resync = Instant::now() + installer.config.resync;
     while !STOP.load(Ordering::SeqCst) {
         let changed = wait_for_change(&inotify, Duration::from_millis(500));
         let due = Instant::now() >= next_resync;
@@ -461,7 +406,7 @@ pub fn run(args: InstallCniArgs) -> Result<(), InstallError> {
             continue;
         }
         if due {
-            next_resync = Instant::now() + installer.args.resync;
+            next_resync = Instant::now() + installer.config.resync;
         }
         match installer.install_once() {
             Ok(installed) if installed.changed => report(installed, &dir),
@@ -470,7 +415,7 @@ pub fn run(args: InstallCniArgs) -> Result<(), InstallError> {
         }
     }
     info!("stopping");
-    if installer.args.cleanup_on_exit {
+    if installer.config.cleanup_on_exit {
         installer.uninstall()?;
     }
     Ok(())
