@@ -69,6 +69,27 @@ impl ConnPods {
         ))
     }
 
+    /// The agent's CPU one of the probe's connections costs, us: `count`
+    /// connections one after another with nothing else happening, the
+    /// agent's CPU read by `cpu` around them. The churn takes this much
+    /// per connection out of the CPU it charges to updates, since
+    /// ztunnel's runs carry no connection.
+    pub(super) fn connection_cpu_usec(
+        &self,
+        count: u32,
+        cpu: impl Fn() -> anyhow::Result<u64>,
+    ) -> anyhow::Result<u64> {
+        let server = SocketAddr::new(self.server.ip4.into(), ECHO_PORT);
+        let (netns, cgroup) = (self.client.netns.path(), self.client.cgroup.path());
+        // The first one may open the pooled HBONE connection: not counted.
+        connect_once(&self.load, netns, cgroup, server)?;
+        let before = cpu()?;
+        for _ in 0..count {
+            connect_once(&self.load, netns, cgroup, server)?;
+        }
+        Ok((cpu()? - before) / u64::from(count.max(1)))
+    }
+
     /// Starts opening a connection a second from the client to the server.
     pub(super) fn probe(&self) -> ConnProbe {
         ConnProbe::start(
@@ -100,11 +121,7 @@ impl ConnProbe {
                     continue;
                 }
                 next += Duration::from_secs(1);
-                let mut cmd = Command::new(&load);
-                cmd.args(["conn", &server.to_string(), "1", "1", "64"]);
-                let text = BenchProcess::spawn(cmd, Some(&netns), Some(&cgroup))?
-                    .output(Duration::from_secs(60))?;
-                times.push(conn_time_ms(&text)?);
+                times.push(connect_once(&load, &netns, &cgroup, server)?);
             }
             Ok(times)
         });
@@ -118,6 +135,22 @@ impl ConnProbe {
             .join()
             .map_err(|_| anyhow::anyhow!("the connection probe panicked"))?
     }
+}
+
+/// Runs `dp-load conn ADDR 1 1 64` in the client pod (its own process, in
+/// the pod's cgroup, so none of its CPU is the agent's); returns the
+/// connection's time, ms.
+fn connect_once(
+    load: &Path,
+    netns: &Path,
+    cgroup: &Path,
+    server: SocketAddr,
+) -> anyhow::Result<f64> {
+    let mut cmd = Command::new(load);
+    cmd.args(["conn", &server.to_string(), "1", "1", "64"]);
+    let text =
+        BenchProcess::spawn(cmd, Some(netns), Some(cgroup))?.output(Duration::from_secs(60))?;
+    conn_time_ms(&text)
 }
 
 /// The time of the one connection a `dp-load conn ADDR 1 ...` report

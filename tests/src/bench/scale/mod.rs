@@ -20,7 +20,9 @@
 //! fast path), and during the churn the client opens a connection to the
 //! server through the agent once a second: its set-up cost (connect, 64
 //! bytes there and back) at each N. ztunnel's runs have no pod: what is
-//! measured of it is the mesh state alone. ztunnel's node hosts none of
+//! measured of it is the mesh state alone, so the agent's CPU for the
+//! probe's connections (measured alone before the churn, per connection)
+//! is taken out of its CPU per update. ztunnel's node hosts none of
 //! the workloads, so it fetches no certificates ahead for them.
 
 mod conn;
@@ -139,7 +141,8 @@ pub struct ScaleResult {
     pub updates: usize,
     /// Updates ACKed (the rest were still unanswered at the guard).
     pub acked: usize,
-    /// Its CPU per update during the churn, ms.
+    /// Its CPU per update during the churn, ms (our agent's without its
+    /// probe connections' share, [`ScaleResult::conn_cpu_ms`] each).
     pub cpu_per_update_ms: f64,
     /// Push-to-ACK, median and 99th percentile, ms.
     pub ack_p50_ms: f64,
@@ -153,6 +156,9 @@ pub struct ScaleResult {
     pub conn_p50_ms: Option<f64>,
     /// As above.
     pub conn_p99_ms: Option<f64>,
+    /// The agent's CPU per probe connection (measured alone before the
+    /// churn), ms.
+    pub conn_cpu_ms: Option<f64>,
 }
 
 /// The synthetic mesh of `n` workloads in n/100 namespaces.
@@ -390,6 +396,7 @@ fn measure(
         conns: conns.len(),
         conn_p50_ms: conn_quantile(0.50),
         conn_p99_ms: conn_quantile(0.99),
+        conn_cpu_ms: churned.conn_cpu_usec.map(|us| us as f64 / 1e3),
     })
 }
 
@@ -467,8 +474,12 @@ struct Churned {
     updates: usize,
     /// Every ACK's push-to-ACK latency, ms.
     latencies: Vec<f64>,
-    /// The proxy's CPU from the first update to the last ACK, us.
+    /// The proxy's CPU from the first update to the last ACK, the probe's
+    /// connections taken out, us.
     cpu_usec: u64,
+    /// What one probe connection cost the agent, measured before the
+    /// churn, us.
+    conn_cpu_usec: Option<u64>,
     /// The last update's workload.
     last: Option<Workload>,
     /// The time of every connection opened through the proxy meanwhile,
@@ -492,6 +503,12 @@ async fn churn(
     let mut sent: HashMap<String, Instant> = HashMap::new();
     let mut latencies = Vec::with_capacity(total);
     let mut last = None;
+    let conn_cpu_usec = match &*running {
+        Running::Ours {
+            pods: Some(pods), ..
+        } => Some(pods.connection_cpu_usec(8, || running.cpu_usec())?),
+        _ => None,
+    };
     let probe = match running {
         Running::Ours {
             pods: Some(pods), ..
@@ -539,10 +556,14 @@ async fn churn(
         Some(probe) => probe.finish()?,
         None => Vec::new(),
     };
+    // The probe's connections are not the updates' cost.
+    let conns_usec = conn_cpu_usec.unwrap_or(0) * conns.len() as u64;
+    let cpu_usec = cpu_usec.saturating_sub(conns_usec);
     Ok(Churned {
         updates: total,
         latencies,
         cpu_usec,
+        conn_cpu_usec,
         last,
         conns,
     })

@@ -109,6 +109,11 @@ pub(super) const FIGURES: &[Figure] = &[
         },
         format: ms,
     },
+    Figure {
+        name: "agent CPU per probe connection (out of CPU per update)",
+        values: |r, _| vec![r.conn_cpu_ms.unwrap_or(f64::NAN)],
+        format: ms,
+    },
 ];
 
 /// `values` written with `format`, joined by ` / `.
@@ -175,12 +180,12 @@ pub(super) fn count(n: usize) -> String {
 /// Our agent alone: one line per size.
 fn ours_table(rows: &[ScaleRow]) -> String {
     let mut out = String::from(
-        "| workloads (services, policies) | first state: time / CPU | RSS first / after churn | CPU per update | push-to-ACK p50 / p99 | RSS / workload | connection set-up p50 / p99 |\n|---|---|---|---|---|---|---|\n",
+        "| workloads (services, policies) | first state: time / CPU | RSS first / after churn | CPU per update | push-to-ACK p50 / p99 | RSS / workload | connection set-up p50 / p99 | CPU per probe connection |\n|---|---|---|---|---|---|---|---|\n",
     );
     for row in rows {
         let r = &row.ours;
         out.push_str(&format!(
-            "| {} ({}, {}) | {} / {} | {} / {} | {} | {} / {} | {} | {} / {} |\n",
+            "| {} ({}, {}) | {} / {} | {} / {} | {} | {} / {} | {} | {} / {} | {} |\n",
             count(row.workloads),
             count(row.services),
             count(row.policies),
@@ -194,6 +199,7 @@ fn ours_table(rows: &[ScaleRow]) -> String {
             kilobytes(r.rss_first as f64 / row.workloads.max(1) as f64),
             ms(r.conn_p50_ms.unwrap_or(f64::NAN)),
             ms(r.conn_p99_ms.unwrap_or(f64::NAN)),
+            ms(r.conn_cpu_ms.unwrap_or(f64::NAN)),
         ));
     }
     out

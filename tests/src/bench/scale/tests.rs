@@ -15,6 +15,7 @@ fn result(scale: f64) -> ScaleResult {
         conns: 0,
         conn_p50_ms: None,
         conn_p99_ms: None,
+        conn_cpu_ms: None,
     }
 }
 
@@ -58,8 +59,8 @@ fn the_table_sets_ours_beside_ztunnel() {
         text.contains("|  | RSS per workload (first state) | 54.0 KB | 27.0 KB | 2.0x |"),
         "{text}"
     );
-    // No connection figure: none was measured.
-    assert_eq!(text.lines().count(), 2 + FIGURES.len() - 1);
+    // No connection figures: none was measured.
+    assert_eq!(text.lines().count(), 2 + FIGURES.len() - 2);
 
     let failed = ScaleRow {
         ztunnel: None,
