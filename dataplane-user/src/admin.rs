@@ -3,7 +3,9 @@
 //! reach the node's loopback, so only the node itself can.
 //!
 //! - `GET /config_dump`: configuration in force, enrolled pods,
-//!   certificates (no keys), kernel programs and pinned maps (JSON).
+//!   certificates (no keys), kernel programs and pinned maps (JSON), and
+//!   ztunnel's `workloads`, `services`, `policies`, `certificates` and
+//!   `workloadState` in its own forms, for `istioctl ztunnel-config`.
 //! - `GET /logging`: the log filter; `POST /logging?level=<filter>` sets it
 //!   (`debug`, `info,access=off`, ...).
 //! - `POST /quitquitquit`: drain and exit, as SIGTERM does.

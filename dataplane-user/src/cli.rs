@@ -60,7 +60,9 @@ pub enum Command {
         json: bool,
     },
     /// Print a running agent's configuration dump (JSON): configuration in
-    /// force, pods, certificates (no keys), kernel programs, pinned maps.
+    /// force, pods, certificates (no keys), kernel programs, pinned maps,
+    /// and ztunnel's sections (`workloads`, `services`, `policies`,
+    /// `certificates`, `workloadState`) as `istioctl ztunnel-config` reads them.
     ConfigDump {
         /// Which agent instance.
         #[command(flatten)]

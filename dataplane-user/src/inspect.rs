@@ -1,7 +1,11 @@
 //! What the agent reports about itself: the `status` screen, the
 //! configuration dump and the certificate list, served on the control
 //! socket (for `dataplane status|config-dump|certs`) and the admin
-//! endpoint's `/config_dump`.
+//! endpoint's `/config_dump`. The dump also carries ztunnel's sections
+//! (`workloads`, `services`, `policies`, `certificates`, `workloadState`,
+//! see [`ztunnel_dump`]) so that `istioctl ztunnel-config` reads it.
+
+pub mod ztunnel_dump;
 
 use std::{
     path::Path,
@@ -503,7 +507,8 @@ impl AgentView {
     }
 
     /// The configuration dump: configuration in force, enrolled pods,
-    /// certificates (no keys), kernel programs and pinned maps.
+    /// certificates (no keys), kernel programs and pinned maps, and
+    /// ztunnel's sections ([`ztunnel_dump::ZtunnelSections`]) beside them.
     pub fn config_dump(&self) -> serde_json::Value {
         let state = self.mesh.state();
         let (pods, departed) = self.pods_and_departed();
@@ -522,16 +527,24 @@ impl AgentView {
             })
             .unwrap_or_default();
         let config_error = self.mesh.config_error();
-        json!({
+        let config = state.config();
+        let ztunnel = ztunnel_dump::ZtunnelSections::build(
+            &config,
+            &self.mesh.certs.issued(),
+            &self.mesh.roots.roots(),
+            &pods,
+        );
+        let mut dump = json!({
             "instance": self.instance,
             "version": env!("CARGO_PKG_VERSION"),
             "generatedAt": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-            "config": state.provenance.annotate(state.config().to_json()),
+            "config": state.provenance.annotate(config.to_json()),
             "configError": config_error,
             "xds": self.xds_view(),
             "pods": pods,
             "departedPods": departed,
-            "certificates": self.certs(),
+            // Ours, renamed: `certificates` is ztunnel's (see below).
+            "heldCertificates": self.certs(),
             "certificateSource": self.mesh.certs.status(),
             "trustDomain": self.mesh.trust_domain,
             "kernel": {
@@ -544,7 +557,15 @@ impl AgentView {
                 "pinnedLinks": list_dir(&self.pins.links_dir()),
                 "counters": counters,
             },
-        })
+        });
+        // ztunnel flattens its sections into the top level, where istioctl
+        // looks for them (istio `configdump/api.go`, `ZtunnelDump`).
+        if let (Some(dump), Ok(serde_json::Value::Object(sections))) =
+            (dump.as_object_mut(), serde_json::to_value(&ztunnel))
+        {
+            dump.extend(sections);
+        }
+        dump
     }
 }
 

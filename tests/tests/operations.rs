@@ -490,7 +490,7 @@ fn admin_is_reachable_on_loopback_only() -> anyhow::Result<()> {
         body = text;
         Ok(entry(&dump, "/pods", "/spec/uid", "uid-adm").is_ok())
     })?;
-    let cert = entry(&dump, "/certificates", "/identity", DEFAULT_ID)?;
+    let cert = entry(&dump, "/heldCertificates", "/identity", DEFAULT_ID)?;
     assert!(
         cert["expiresInSecs"].as_i64().is_some_and(|s| s > 0),
         "{cert}"
@@ -655,7 +655,7 @@ fn status_shows_capture_and_the_reason_after_unenroll() -> anyhow::Result<()> {
         "/config",
         "/pods",
         "/kernel/pinnedLinks",
-        "/certificates/0/serial",
+        "/heldCertificates/0/serial",
     ] {
         assert_eq!(dump.pointer(key), admin.pointer(key), "{key}");
         assert!(dump.pointer(key).is_some(), "{key} missing: {dump:#}");

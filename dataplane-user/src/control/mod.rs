@@ -21,8 +21,15 @@ pub use server::{MAX_CLIENTS, REQUEST_TIMEOUT, StagedSocket, bind, serve};
 
 use crate::enroll::{PodSpec, PodStatus};
 
-/// Largest request or response accepted, in bytes.
+/// Largest request accepted, in bytes.
 pub const MAX_MESSAGE: u64 = 1 << 20;
+
+/// Largest response a client reads, in bytes. A response comes from the
+/// client's own agent, and a configuration dump holds the whole mesh
+/// twice (ours and ztunnel's sections, see [`crate::inspect`]): 4,000
+/// workloads already pass 1 MiB. As large as the xDS messages the agent
+/// accepts from istiod (`xds::client`), so any mesh it holds can be dumped.
+pub const MAX_RESPONSE: u64 = 64 << 20;
 
 /// A request to the agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,7 +171,7 @@ pub fn call(path: &Path, request: &Request, timeout: Duration) -> Result<Respons
     stream.shutdown(std::net::Shutdown::Write).map_err(io_err)?;
     let mut reply = Vec::new();
     stream
-        .take(MAX_MESSAGE)
+        .take(MAX_RESPONSE)
         .read_to_end(&mut reply)
         .map_err(io_err)?;
     let response: Response =
