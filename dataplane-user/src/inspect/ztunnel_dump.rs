@@ -561,19 +561,13 @@ fn der_to_pem(der: &[u8]) -> String {
 }
 
 /// ztunnel `admin::rfc3339`: `to_rfc3339_opts(SecondsFormat::Secs, true)`,
-/// e.g. `2026-01-02T03:04:05Z`.
+/// e.g. `2026-01-02T03:04:05Z`. A certificate's times are whole seconds,
+/// so the agent's formatter writes them the same way.
 fn rfc3339_secs(unix: i64) -> String {
-    let at =
-        time::OffsetDateTime::from_unix_timestamp(unix).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        at.year(),
-        u8::from(at.month()),
-        at.day(),
-        at.hour(),
-        at.minute(),
-        at.second()
-    )
+    let at = u64::try_from(unix).map_or(std::time::UNIX_EPOCH, |secs| {
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs)
+    });
+    dataplane_core::timestamp::rfc3339(at)
 }
 
 #[cfg(test)]

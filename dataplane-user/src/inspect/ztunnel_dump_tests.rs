@@ -232,11 +232,9 @@ fn certificates_list_the_leaf_apart_from_the_roots() {
     let serial = leaf["serialNumber"].as_str().unwrap();
     assert!(serial.chars().all(|c| c.is_ascii_digit()), "{serial}");
     assert_ne!(serial, issued.serial());
-    let expected = |at: std::time::SystemTime| {
-        time::OffsetDateTime::from(at)
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap()
-    };
+    // The issued times are whole seconds, which RFC 3339 writes without
+    // a fraction, as ztunnel's `SecondsFormat::Secs` does.
+    let expected = dataplane_core::timestamp::rfc3339;
     assert_eq!(leaf["validFrom"], expected(issued.not_before));
     assert_eq!(leaf["expirationTime"], expected(issued.not_after));
 }
@@ -271,4 +269,11 @@ fn string_matches_read_back_from_our_wildcards() {
         serde_json::to_value(StringMatch::Presence()).unwrap(),
         json!({"Presence": []})
     );
+}
+
+#[test]
+fn certificate_times_are_whole_seconds_in_utc() {
+    // ztunnel `admin::rfc3339`: `SecondsFormat::Secs`, `Z` for UTC.
+    assert_eq!(rfc3339_secs(1_714_564_800), "2024-05-01T12:00:00Z");
+    assert_eq!(rfc3339_secs(0), "1970-01-01T00:00:00Z");
 }
