@@ -32,6 +32,42 @@ use ca::{CaService, CaSigner, NamedRoot, new_root};
 /// The name the test istiod's certificate carries (as istiod's does).
 pub const SERVER_NAME: &str = "istiod.istio-system.svc";
 
+/// The agent's flags that reach the test istiod at `addr`: its server
+/// name, the mesh root it is checked against (`root`, a PEM file) and the
+/// token file the agent presents.
+pub fn istiod_flags(
+    addr: SocketAddr,
+    root: &std::path::Path,
+    token: &std::path::Path,
+) -> Vec<String> {
+    [
+        "--istiod-address",
+        &addr.to_string(),
+        "--istiod-server-name",
+        SERVER_NAME,
+        "--istiod-root-cert",
+        &root.display().to_string(),
+        "--istiod-token",
+        &token.display().to_string(),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// [`istiod_flags`] and `--xds`, the agent naming itself `pod` on
+/// 127.0.0.1 (its xDS node: Istio's `ztunnel~<ip>~<pod>...`).
+pub fn xds_flags(
+    addr: SocketAddr,
+    root: &std::path::Path,
+    token: &std::path::Path,
+    pod: &str,
+) -> Vec<String> {
+    let mut flags = vec!["--xds".to_owned()];
+    flags.extend(istiod_flags(addr, root, token));
+    flags.extend(["--pod-name", pod, "--instance-ip", "127.0.0.1"].map(str::to_owned));
+    flags
+}
+
 /// A mesh root and a serving certificate for [`SERVER_NAME`] signed by it.
 pub struct TestPki {
     /// The root, DER (what clients trust).

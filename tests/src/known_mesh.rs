@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::{
     Agent,
     istio_resources::resource,
-    istiod::{SERVER_NAME, TestIstiod, TestPki},
+    istiod::{TestIstiod, TestPki, xds_flags},
     mesh::{NAMESPACE, TwoNodes},
     traffic::{http, wait_until},
 };
@@ -219,23 +219,7 @@ impl KnownMesh {
             .map_err(|_| anyhow::anyhow!("two resource types"))?;
         rt.block_on(istiod.publish(ADDRESS_TYPE, addresses, &[]))?;
         rt.block_on(istiod.publish(AUTHORIZATION_TYPE, policies, &[]))?;
-        let flags = [
-            "--xds",
-            "--istiod-address",
-            &istiod.addr.to_string(),
-            "--istiod-server-name",
-            SERVER_NAME,
-            "--istiod-root-cert",
-            &root.display().to_string(),
-            "--istiod-token",
-            &token.display().to_string(),
-            "--pod-name",
-            "dataplane-node1",
-            "--instance-ip",
-            "127.0.0.1",
-        ]
-        .map(str::to_owned)
-        .to_vec();
+        let flags = xds_flags(istiod.addr, &root, &token, "dataplane-node1");
         Ok(Self {
             w,
             rt,

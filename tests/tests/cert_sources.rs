@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, ensure};
 use dataplane_tests::{
     Agent,
-    istiod::{CaMode, SERVER_NAME, TestIstiod, TestPki},
+    istiod::{CaMode, TestIstiod, TestPki, istiod_flags},
     mesh::{NAMESPACE, TwoNodes, addr},
     observe::{scrape, value},
     stranger::StrangerTls,
@@ -73,22 +73,14 @@ impl IstioCaWorld {
 
     /// Flags that make an agent take certificates from this CA.
     fn flags(&self, lifetime: &str) -> Vec<String> {
-        [
-            "--cert-source",
-            "istio",
-            "--istiod-address",
-            &self.istiod.addr.to_string(),
-            "--istiod-server-name",
-            SERVER_NAME,
-            "--istiod-root-cert",
-            &self.root_file.display().to_string(),
-            "--istiod-token",
-            &self.token_file.display().to_string(),
-            "--cert-lifetime",
-            lifetime,
-        ]
-        .map(str::to_owned)
-        .to_vec()
+        let mut flags = ["--cert-source", "istio"].map(str::to_owned).to_vec();
+        flags.extend(istiod_flags(
+            self.istiod.addr,
+            &self.root_file,
+            &self.token_file,
+        ));
+        flags.extend(["--cert-lifetime", lifetime].map(str::to_owned));
+        flags
     }
 
     /// Starts both nodes' agents on `mesh`'s config with this CA.

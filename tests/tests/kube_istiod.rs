@@ -21,7 +21,7 @@ use anyhow::{Context as _, Result, ensure};
 use dataplane_tests::{
     Agent, Cgroup, ChildGuard, TempDir,
     cni_kubeapi::{FakeApi, fixture, pod_uid},
-    istiod::{SERVER_NAME, TestIstiod, TestPki},
+    istiod::{TestIstiod, TestPki, xds_flags},
     istiod_kube::{Cluster, PodWorkloads, REDIRECTION_ANNOTATION},
     kube_rbac::Grants,
     observe::{scrape, sum_matching},
@@ -257,45 +257,32 @@ fn start_agent(
     pki: &TestPki,
     node: &Node,
 ) -> Result<Agent> {
-    let write = |name: &str, text: &str| -> Result<String> {
+    let write = |name: &str, text: &str| -> Result<std::path::PathBuf> {
         let path = dir.path().join(name);
         std::fs::write(&path, text)?;
-        Ok(path.display().to_string())
+        Ok(path)
     };
     let root = write("root-cert.pem", &pki.root_pem)?;
     let token = write("istio-token", "kube-istiod-token\n")?;
     let empty = write("empty.yaml", "workloads: []\n")?;
-    let kubeconfig = api.write_kubeconfig(dir.path())?.display().to_string();
-    let ca = Path::new(dir.path()).join("ca").display().to_string();
-    let address = istiod.addr.to_string();
-    Agent::start(
-        "kubeistiod",
-        node,
-        &[
-            "--kube",
-            "--node",
-            NODE,
-            "--kubeconfig",
-            &kubeconfig,
-            "--config",
-            &empty,
-            "--ca-dir",
-            &ca,
-            "--fast-path",
-            "off",
-            "--xds",
-            "--istiod-address",
-            &address,
-            "--istiod-server-name",
-            SERVER_NAME,
-            "--istiod-root-cert",
-            &root,
-            "--istiod-token",
-            &token,
-            "--pod-name",
-            "dataplane-node-a",
-            "--instance-ip",
-            "127.0.0.1",
-        ],
-    )
+    let kubeconfig = api.write_kubeconfig(dir.path())?;
+    let ca = Path::new(dir.path()).join("ca");
+    let mut flags: Vec<String> = [
+        "--kube",
+        "--node",
+        NODE,
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--config",
+        &empty.display().to_string(),
+        "--ca-dir",
+        &ca.display().to_string(),
+        "--fast-path",
+        "off",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    flags.extend(xds_flags(istiod.addr, &root, &token, "dataplane-node-a"));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    Agent::start("kubeistiod", node, &flags)
 }

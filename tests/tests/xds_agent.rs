@@ -21,7 +21,7 @@ use dataplane_tests::{
     istio_resources::{
         address_resources, authorization_resources, policy_resource, workload_resource,
     },
-    istiod::{SERVER_NAME, TestIstiod, TestPki},
+    istiod::{TestIstiod, TestPki, xds_flags},
     mesh::{ECHO_VIP, NAMESPACE, TwoNodes, addr, policy, to_ports},
     observe::{scrape, sum, value},
     traffic::{echo, echo_server, http, stream, try_stream, wait_until},
@@ -126,27 +126,9 @@ impl World {
 
     /// Node `n`'s agent on an empty file, with istiod as its source.
     fn agent(&self, tag: &str, n: u8) -> Result<Agent> {
-        let address = self.istiod()?.addr.to_string();
-        let (root, token) = (
-            self.root.display().to_string(),
-            self.token.display().to_string(),
-        );
         let pod = format!("dataplane-node{n}");
-        let flags = [
-            "--xds",
-            "--istiod-address",
-            address.as_str(),
-            "--istiod-server-name",
-            SERVER_NAME,
-            "--istiod-root-cert",
-            root.as_str(),
-            "--istiod-token",
-            token.as_str(),
-            "--pod-name",
-            pod.as_str(),
-            "--instance-ip",
-            "127.0.0.1",
-        ];
+        let flags = xds_flags(self.istiod()?.addr, &self.root, &self.token, &pod);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         self.w.agent(tag, n, &self.empty, &flags)
     }
 

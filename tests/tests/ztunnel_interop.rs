@@ -27,7 +27,7 @@ use anyhow::Result;
 use dataplane_tests::{
     Cgroup, TempDir,
     istio_resources::{address_resources, authorization_resources},
-    istiod::{SERVER_NAME, TestIstiod, TestPki},
+    istiod::{TestIstiod, TestPki, xds_flags},
     mesh::{NAMESPACE, TwoNodes, addr},
     responder::Responder,
     topology::{Node, Pod},
@@ -304,33 +304,10 @@ fn our_engine_and_a_stock_ztunnel_tunnel_both_ways() -> anyhow::Result<()> {
     std::fs::write(&token, "engine-node1-token\n")?;
     let empty = w.dir.path().join("empty.yaml");
     std::fs::write(&empty, "workloads: []\n")?;
-    let (address, root, token) = (
-        istiod.addr.to_string(),
-        root.display().to_string(),
-        token.display().to_string(),
-    );
-    let a1 = w.agent(
-        "zm",
-        1,
-        &empty,
-        &[
-            "--xds",
-            "--cert-source",
-            "istio",
-            "--istiod-address",
-            &address,
-            "--istiod-server-name",
-            SERVER_NAME,
-            "--istiod-root-cert",
-            &root,
-            "--istiod-token",
-            &token,
-            "--pod-name",
-            "dataplane-node1",
-            "--instance-ip",
-            "127.0.0.1",
-        ],
-    )?;
+    let mut flags = xds_flags(istiod.addr, &root, &token, "dataplane-node1");
+    flags.extend(["--cert-source", "istio"].map(str::to_owned));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let a1 = w.agent("zm", 1, &empty, &flags)?;
     for (pod, name) in [(&w.client, "client"), (&w.local, "local")] {
         let mut spec = dataplane_tests::Agent::spec_for(pod, name);
         spec.service_account = name.to_owned();

@@ -50,7 +50,7 @@ use super::agent::MeasuredAgent;
 use crate::{
     Cgroup, Netns, TempDir,
     istio_resources::{policy_resource, service_resource, workload_resource},
-    istiod::{SERVER_NAME, TestIstiod, TestPki},
+    istiod::{TestIstiod, TestPki},
     ztunnel::{HeldState, Ztunnel, ZtunnelHome, ZtunnelNode},
 };
 

@@ -3,6 +3,7 @@
 //! checking it holds what was served.
 
 use super::*;
+use crate::istiod::xds_flags;
 
 /// A proxy under measurement; dropping it stops it and removes what it
 /// used.
@@ -144,28 +145,9 @@ pub(super) fn start_ours(
         (None, Some(pods)) => pods.node.cgroup().path().to_owned(),
         (None, None) => anyhow::bail!("no node cgroup"),
     };
-    let flags: Vec<String> = [
-        "--config",
-        &config.display().to_string(),
-        "--xds",
-        "--istiod-address",
-        &istiod.addr.to_string(),
-        "--istiod-server-name",
-        SERVER_NAME,
-        "--istiod-root-cert",
-        &root.display().to_string(),
-        "--istiod-token",
-        &token.display().to_string(),
-        "--pod-name",
-        "dataplane-scale",
-        "--node",
-        "node0",
-        "--instance-ip",
-        "127.0.0.1",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
+    let mut flags = vec!["--config".to_owned(), config.display().to_string()];
+    flags.extend(xds_flags(istiod.addr, &root, &token, "dataplane-scale"));
+    flags.extend(["--node", "node0"].map(str::to_owned));
     let started = Instant::now();
     let expected_pods = if pods.is_some() { 2 } else { 0 };
     let agent = MeasuredAgent::start(binary, tag, &node_cgroup, &flags, expected_pods)?;
