@@ -4,13 +4,8 @@
 //! `cargo xtask fuzz` runs the tests with `DATAPLANE_FUZZ_SEEDS` set; a
 //! plain test run writes nothing. The seeds of `spiffe_id` and
 //! `certificate` come from `dataplane-identity`'s tests, those of `config`
-//! and `xds_response` from `dataplane-model`'s, with the parsers; every
-//! crate writes through `dataplane_core::fuzz_seed`.
+//! and `xds_response` from `dataplane-model`'s, those of `hbone_head` from
+//! `dataplane-engine`'s, with the parsers; every crate writes through
+//! `dataplane_core::fuzz_seed`.
 
 pub(crate) use dataplane_core::fuzz_seed::seed;
-
-/// The `hbone_head` target's input format: the request's method,
-/// authority, `forwarded`, `baggage` and `traceparent`, one per line.
-pub(crate) fn hbone_head_input(fields: [&str; 5]) -> String {
-    fields.join("\n")
-}

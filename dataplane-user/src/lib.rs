@@ -21,36 +21,32 @@
 //! connection; [`agent`] runs it all.
 #![deny(missing_docs)]
 
-pub(crate) use dataplane_core::addr;
 pub(crate) mod admin;
 pub mod agent;
 pub mod cli;
 pub mod cni;
 pub use dataplane_model::config;
 pub mod control;
-pub mod dns;
+pub use dataplane_engine::dns;
 pub mod enroll;
-pub mod fast_path;
+pub use dataplane_engine::fast_path;
 pub use dataplane_kernel::features;
 #[cfg(test)]
 mod fuzz_seeds;
 pub mod handover;
-pub mod hbone;
+pub use dataplane_engine::hbone;
 pub(crate) mod heap;
-pub(crate) mod httpd;
+pub(crate) use dataplane_engine::httpd;
 pub use dataplane_identity::identity;
 pub mod inspect;
 pub(crate) mod instance;
 pub use dataplane_identity::istiod;
 pub use dataplane_istio_api as istio_api;
 pub mod kube;
-pub mod logging;
-pub(crate) mod mesh;
-pub use dataplane_kernel::netns;
-pub(crate) mod nofile;
-pub use dataplane_kernel::preflight;
-pub use dataplane_model::policy;
-pub(crate) mod proxy;
+pub use dataplane_engine::logging;
+pub(crate) use dataplane_engine::mesh;
+pub(crate) use dataplane_engine::nofile;
+pub(crate) use dataplane_engine::proxy;
 /// A pod's network namespace and the in-pod routing that brings an app's
 /// replies back to a proxy connected from the client's address: our
 /// engine's pods and those of an external in-pod proxy
@@ -59,16 +55,18 @@ pub use dataplane_kernel::in_pod::{
     PodNetns,
     original_source::{OriginalSourceError, SourceRouting},
 };
+pub use dataplane_kernel::netns;
+pub use dataplane_kernel::preflight;
+pub use dataplane_model::policy;
 pub(crate) mod readiness;
 pub use dataplane_kernel::redirect;
-pub(crate) mod relay;
 pub(crate) mod reload;
 pub mod render;
 pub mod sources;
-pub use dataplane_model::state;
-pub mod telemetry;
+pub use dataplane_engine::telemetry;
 pub use dataplane_identity::tls;
+pub use dataplane_model::state;
 pub mod version;
-pub mod workers;
+pub use dataplane_engine::workers;
 pub use dataplane_model::xds;
 pub mod zds;

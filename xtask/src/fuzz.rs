@@ -117,8 +117,9 @@ fn ensure_cargo_fuzz() -> Result<()> {
     cmd::run(Command::new("cargo").args(["install", "--locked", CARGO_FUZZ]))
 }
 
-/// Runs the unit tests that write seeds (see `dataplane-user/src/fuzz_seeds.rs`,
-/// `crates/identity/src/fuzz_seeds.rs` and `crates/model/src/fuzz_seeds.rs`):
+/// Runs the unit tests that write seeds (see `dataplane-user/src/fuzz_seeds.rs`
+/// and the `fuzz_seeds.rs` of `crates/identity`, `crates/model` and
+/// `crates/engine`):
 /// each crate's tests seed the targets of the parsers it holds.
 fn write_seeds(seeds: &Path) -> Result<()> {
     if seeds.exists() {
@@ -133,6 +134,8 @@ fn write_seeds(seeds: &Path) -> Result<()> {
         "dataplane-identity",
         "-p",
         "dataplane-model",
+        "-p",
+        "dataplane-engine",
         "--lib",
         "-q",
     ]))
