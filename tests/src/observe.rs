@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use crate::{Agent, traffic::http};
 
 /// One sample of the Prometheus text exposition.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     /// Metric name (with `_total` for counters).
     pub name: String,

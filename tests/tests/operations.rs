@@ -22,7 +22,7 @@ use std::{
 use dataplane_tests::{
     Agent, Responder, agent_binary,
     mesh::{NAMESPACE, TwoNodes, addr, policy, to_ports},
-    observe::{Sample, access_records, family, field, scrape, sum, value},
+    observe::{Sample, access_records, family, field, parse_exposition, scrape, sum, value},
     topology::{Node, Pod},
     traffic::{holding_server, http, stream, try_stream, wait_until},
 };
@@ -234,6 +234,19 @@ fn scraped_counters_equal_the_connections_and_bytes_made() -> anyhow::Result<()>
         ("tag", env!("CARGO_PKG_VERSION")),
     ];
     assert_eq!(value(&s1, "istio_build", &build), Some(1.0), "{s1:#?}");
+    // Istio's other path to the same page (ztunnel `src/metrics/server.rs`
+    // serves `/metrics` and `/stats/prometheus`), as some scrape configs
+    // ask for it; anything else is not found.
+    let (status, body) = http(a1.metrics_addr()?, "GET", "/stats/prometheus")?;
+    assert_eq!(status, 200, "{body}");
+    let tcp = |samples: Vec<Sample>| -> Vec<Sample> {
+        samples
+            .into_iter()
+            .filter(|s| s.name.starts_with("istio_tcp_"))
+            .collect()
+    };
+    assert_eq!(tcp(parse_exposition(&body)?), tcp(s1.clone()));
+    assert_eq!(http(a1.metrics_addr()?, "GET", "/stats")?.0, 404);
     Ok(())
 }
 

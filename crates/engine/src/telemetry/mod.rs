@@ -1,9 +1,9 @@
 //! What operators see of the data plane: Prometheus metrics on 15020
-//! `/metrics` (Istio's `istio_tcp_*` families with Istio's labels, plus the
-//! agent's own), one access record per connection on the `access` log
-//! target, and the byte counters relays count into as they pass
-//! ([`Meter`]). (The warnings of the last minute for `dataplane status`
-//! are `logging`'s.)
+//! `/metrics`, also served as `/stats/prometheus` as Istio's proxies do
+//! (Istio's `istio_tcp_*` families with Istio's labels, plus the agent's
+//! own), one access record per connection on the `access` log target, and
+//! the byte counters relays count into as they pass ([`Meter`]). (The
+//! warnings of the last minute for `dataplane status` are `logging`'s.)
 //!
 //! Every connection the engine handles is a [`Flow`]: opening it counts it,
 //! closing (or dropping) it adds its bytes and writes its access record, so
@@ -30,10 +30,13 @@ use crate::httpd::{self, Handler, Reply};
 /// Port of the metrics endpoint (Istio's).
 pub const METRICS_PORT: u16 = 15020;
 
-/// Serves `GET /metrics` until the task is dropped.
+/// Serves `GET /metrics` until the task is dropped, also as
+/// `/stats/prometheus` (Istio's proxies answer both: ztunnel
+/// `src/metrics/server.rs`, Envoy's admin path for the same page).
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     let handler: Handler = Arc::new(move |request| {
-        if request.method != Method::GET || request.uri.path() != "/metrics" {
+        let path = request.uri.path();
+        if request.method != Method::GET || !matches!(path, "/metrics" | "/stats/prometheus") {
             return Reply::text(StatusCode::NOT_FOUND, "not found; try GET /metrics\n");
         }
         match metrics.encode() {
