@@ -549,15 +549,10 @@ fn cert_dump(der: &CertificateDer<'_>) -> Option<CertDump> {
 /// ztunnel `tls::certificate::der_to_pem`: 60 base64 characters a line
 /// (not PEM's usual 64), each line and the footer ending in `\n`.
 fn der_to_pem(der: &[u8]) -> String {
-    use base64::Engine as _;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut pem = String::from("-----BEGIN CERTIFICATE-----\n");
-    for line in b64.as_bytes().chunks(60) {
-        pem.push_str(&String::from_utf8_lossy(line));
-        pem.push('\n');
-    }
-    pem.push_str("-----END CERTIFICATE-----\n");
-    pem
+    let config = pem::EncodeConfig::new()
+        .set_line_ending(pem::LineEnding::LF)
+        .set_line_wrap(60);
+    pem::encode_config(&pem::Pem::new("CERTIFICATE", der), config)
 }
 
 /// ztunnel `admin::rfc3339`: `to_rfc3339_opts(SecondsFormat::Secs, true)`,
