@@ -39,6 +39,8 @@ fn mesh(n: usize) -> LocalConfig {
             health_policy: Default::default(),
             routing: Default::default(),
             waypoint: None,
+            canonical: false,
+            visibility: Default::default(),
         })
         .collect();
     let workloads = (0..n)

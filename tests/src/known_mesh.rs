@@ -137,6 +137,8 @@ pub fn resources(client: &crate::topology::Pod) -> Vec<Vec<Resource>> {
             mode: load_balancing::Mode::Failover as i32,
             health_policy: load_balancing::HealthPolicy::AllowAll as i32,
         }),
+        canonical: true,
+        visibility: workload::service::Visibility::Namespace as i32,
         ..Default::default()
     };
     let policy = Authorization {

@@ -51,6 +51,8 @@ pub fn service(name: &str, namespace: &str, vip: IpAddr, ports: &[(u16, u16)]) -
         health_policy: Default::default(),
         routing: Default::default(),
         waypoint: None,
+        canonical: false,
+        visibility: Default::default(),
     }
 }
 

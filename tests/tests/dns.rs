@@ -41,6 +41,15 @@ struct World {
 /// (opted out in its workload), services `echo` (IPv4) and `dual`
 /// (dual-stack), and an agent forwarding to `upstream`.
 fn world(tag: &str, upstream: SocketAddr) -> anyhow::Result<World> {
+    world_with(tag, upstream, Vec::new())
+}
+
+/// [`world`] with `extra` services besides `echo` and `dual`.
+fn world_with(
+    tag: &str,
+    upstream: SocketAddr,
+    extra: Vec<dataplane_user::config::Service>,
+) -> anyhow::Result<World> {
     let mut node = Node::new(tag, 1)?;
     let client = node.add_pod(tag)?;
     let plain = node.add_pod(tag)?;
@@ -57,6 +66,7 @@ fn world(tag: &str, upstream: SocketAddr) -> anyhow::Result<World> {
         service("echo", NAMESPACE, ECHO_VIP.into(), &[(80, 9000)]),
         dual,
     ];
+    config.services.extend(extra);
     let path = write_config(dir.path(), "mesh.yaml", &config)?;
     let upstream = upstream.to_string();
     let agent = Agent::standalone(
@@ -176,6 +186,49 @@ fn a_dual_stack_service_answers_aaaa_and_a_v4_one_nodata() -> anyhow::Result<()>
     assert_eq!(reply.rcode, "No Error", "{reply:?}");
     assert!(reply.answers.is_empty(), "{reply:?}");
     assert_eq!(upstream.queries(), 0);
+    Ok(())
+}
+
+/// One external host defined in several namespaces (a ServiceEntry each):
+/// the pod gets one its namespace may see, its own namespace's first, then
+/// the canonical one (ztunnel `dns/server.rs` `find_server`,
+/// `ServiceMatch::find_best_match`); a name only another namespace may see
+/// is the upstream's.
+#[test]
+fn a_shared_hostname_answers_with_the_service_the_pods_namespace_sees() -> anyhow::Result<()> {
+    use dataplane_user::config::Visibility;
+    let upstream = FakeDns::on_loopback(UPSTREAM_TAG)?;
+    let host = "db.ext.example";
+    let entry = |ns: &str, vip: [u8; 4], canonical, visibility| {
+        let mut s = service("db", ns, IpAddr::from(vip), &[(5432, 5432)]);
+        s.hostname = host.to_owned();
+        s.canonical = canonical;
+        s.visibility = visibility;
+        s
+    };
+    let hidden = {
+        let mut s = entry("other", [10, 96, 0, 34], false, Visibility::Namespace);
+        s.hostname = "hidden.up.test".to_owned();
+        s
+    };
+    let w = world_with(
+        "dnsshare",
+        upstream.addr(),
+        vec![
+            entry("other", [10, 96, 0, 31], false, Visibility::Namespace),
+            entry("canon", [10, 96, 0, 32], true, Visibility::Public),
+            entry("plain", [10, 96, 0, 33], false, Visibility::Public),
+            hidden,
+        ],
+    )?;
+    let server = asked(ASKED_V4);
+    let reply = query(&w.client, "udp", server, &format!("{host}."), "A", None)?;
+    assert_eq!(a(&reply), [IpAddr::from([10, 96, 0, 32])], "{reply:?}");
+    assert_eq!(upstream.queries(), 0);
+    // Another namespace's only: the upstream answers (its tag).
+    let reply = query(&w.client, "udp", server, "hidden.up.test.", "A", None)?;
+    assert_eq!(a(&reply), [IpAddr::from(UPSTREAM_TAG)], "{reply:?}");
+    assert_eq!(upstream.queries(), 1);
     Ok(())
 }
 

@@ -106,8 +106,8 @@ fn expected_services() -> Value {
             "mode": "Failover",
             "healthPolicy": "AllowAll"
         },
-        "canonical": false,
-        "visibility": "Public"
+        "canonical": true,
+        "visibility": "Namespace"
     }])
 }
 

@@ -37,7 +37,6 @@ pub const NOT_CARRIED: &[&str] = &[
      written empty (`/10.0.0.1`)",
     "services[].vips: the VIP's network is not kept, written empty (`/10.96.0.10`)",
     "services[].cidrVips, ipFamilies, weightedWaypoints: not kept, left out",
-    "services[].canonical: not kept, written false; visibility: written `Public`",
     "services[].subjectAltNames: only the SANs that are SPIFFE identities (the rest are dropped \
      on arrival)",
     "services[].loadBalancer: written when any setting differs from the default (ztunnel: \
@@ -425,8 +424,11 @@ fn service(s: &Service, workloads: &[Arc<Workload>]) -> ZtunnelService {
         subject_alt_names: s.subject_alt_names.clone(),
         waypoint: s.waypoint.as_ref().and_then(gateway),
         load_balancer,
-        canonical: false,
-        visibility: "Public",
+        canonical: s.canonical,
+        visibility: match s.visibility {
+            crate::config::Visibility::Public => "Public",
+            crate::config::Visibility::Namespace => "Namespace",
+        },
     }
 }
 

@@ -95,7 +95,9 @@ impl PodResolver {
         metrics.request(qtype, transport.name());
         let state = self.settings.mesh.state();
         let decision = decide(&request, &self.namespace, &self.settings.domain, |host| {
-            let entry = state.services.by_hostname(host)?;
+            // Only the services visible to the pod's namespace, its own
+            // first (ztunnel `dns/server.rs` `find_server`).
+            let entry = state.services.by_hostname_for(host, &self.namespace)?;
             if entry.service.vips.is_empty() {
                 // Headless: the endpoints' own addresses.
                 Some(

@@ -245,7 +245,8 @@ impl FastPath {
         if fronted || !any_here || !self.allows(state, ctx) {
             return;
         }
-        let Some(entry) = state.services.by_vip(vip.ip()) else {
+        // The service the proxy's plan chose for this pod.
+        let Some(entry) = state.services.by_vip_for(vip.ip(), &ctx.spiffe.namespace) else {
             return;
         };
         let source = state.workloads.by_ip(client.ip()).map(Arc::as_ref);

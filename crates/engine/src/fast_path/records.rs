@@ -111,7 +111,11 @@ impl FastPath {
         let duration = Duration::from_nanos(record.duration_ns);
         let service = vip.and_then(|vip| {
             let vip = socket_addr(vip.addr, vip.port);
-            let entry = state.services.by_vip(vip.ip())?;
+            // As the client's plan chose it, when the client is known.
+            let entry = match &source.namespace {
+                Some(ns) => state.services.by_vip_for(vip.ip(), ns)?,
+                None => state.services.by_vip(vip.ip())?,
+            };
             Some(Arc::clone(&entry.label))
         });
         for direction in [Direction::Outbound, Direction::Inbound] {

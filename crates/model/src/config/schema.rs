@@ -45,9 +45,43 @@ pub struct Service {
     /// The waypoint in front of this service, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waypoint: Option<super::Waypoint>,
+    /// Preferred when several services share a hostname or VIP and none
+    /// is in the client's namespace (istiod sets it on Kubernetes'
+    /// own services, over ServiceEntries naming the same host).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub canonical: bool,
+    /// Which clients may resolve and reach it.
+    #[serde(default, skip_serializing_if = "Visibility::is_default")]
+    pub visibility: Visibility,
+}
+
+/// Which clients may resolve and reach a service (istiod derives it from
+/// `exportTo`; ztunnel `src/state/service.rs` `Visibility`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Visibility {
+    /// Every client.
+    #[default]
+    Public,
+    /// Only clients in the service's own namespace: to the others its
+    /// VIP and hostname are not the service's (their connections go to
+    /// the address as dialled, their DNS queries upstream).
+    Namespace,
+}
+
+impl Visibility {
+    fn is_default(&self) -> bool {
+        *self == Self::Public
+    }
 }
 
 impl Service {
+    /// Whether a client in `namespace` may resolve and reach it (ztunnel
+    /// `Service::visible_to`).
+    pub fn visible_to(&self, namespace: &str) -> bool {
+        self.visibility != Visibility::Namespace || self.namespace == namespace
+    }
+
     /// `namespace/hostname`, the key workloads use in their `services` map.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.hostname)

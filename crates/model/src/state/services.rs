@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{EntryKey, MeshWorkload, Multi, PMap, ServiceRef, Values};
+use super::{EntryKey, MeshWorkload, Multi, ServiceRef, Values};
 use crate::{
     config::{HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, WorkloadStatus},
     identity::Identity,
@@ -32,8 +32,6 @@ pub struct ServiceEntry {
     pub label: Arc<ServiceRef>,
     endpoints: Vec<Arc<MeshWorkload>>,
     next: AtomicUsize,
-    /// Where its definition is held.
-    key: EntryKey,
 }
 
 /// One endpoint chosen for one connection.
@@ -174,7 +172,8 @@ pub struct ServiceIndex {
     members: Multi<String, Arc<MeshWorkload>>,
     /// Built entries by service key.
     entries: Multi<String, Arc<ServiceEntry>>,
-    by_vip: PMap<IpAddr, Arc<ServiceEntry>>,
+    /// Built entries by VIP (services of several namespaces may share one).
+    by_vip: Multi<IpAddr, Arc<ServiceEntry>>,
     by_hostname: Multi<String, Arc<ServiceEntry>>,
 }
 
@@ -225,10 +224,7 @@ impl ServiceIndex {
             };
             for (entry, built) in stale.iter() {
                 for vip in &built.service.vips {
-                    let vip = vip.to_canonical();
-                    if self.by_vip.get(&vip).is_some_and(|held| held.key == *entry) {
-                        self.by_vip.remove(&vip);
-                    }
+                    self.by_vip.remove(&vip.to_canonical(), entry);
                 }
                 self.by_hostname
                     .remove(built.service.hostname.as_str(), entry);
@@ -241,9 +237,10 @@ impl ServiceIndex {
             };
             let members = self.members.all(key.as_str()).cloned().unwrap_or_default();
             for (entry, service) in defs.iter() {
-                let built = Arc::new(ServiceEntry::new(entry.clone(), service, &members));
+                let built = Arc::new(ServiceEntry::new(service, &members));
                 for vip in &service.vips {
-                    self.by_vip.insert(vip.to_canonical(), Arc::clone(&built));
+                    self.by_vip
+                        .insert(vip.to_canonical(), entry.clone(), Arc::clone(&built));
                 }
                 self.by_hostname.insert(
                     service.hostname.clone(),
@@ -265,15 +262,37 @@ impl ServiceIndex {
             .flat_map(|entry| entry.service.vips.iter().map(|vip| vip.to_canonical()))
     }
 
-    /// The service behind a VIP.
+    /// The service behind a VIP, for no client in particular (of several,
+    /// see [`best`]).
     pub fn by_vip(&self, ip: IpAddr) -> Option<&Arc<ServiceEntry>> {
-        self.by_vip.get(&ip.to_canonical())
+        best(self.by_vip.all(&ip.to_canonical())?, None)
     }
 
-    /// The service with this hostname (of two with one hostname, the one
-    /// that comes last in the merged configuration).
+    /// The service behind a VIP for a client in `namespace`: one visible
+    /// to it, its own namespace's first (ztunnel
+    /// `ServiceStore::get_best_by_vip`). `None` when none is visible: the
+    /// address is then no service's for this client.
+    pub fn by_vip_for(&self, ip: IpAddr, namespace: &str) -> Option<&Arc<ServiceEntry>> {
+        best(self.by_vip.all(&ip.to_canonical())?, Some(namespace))
+    }
+
+    /// The service with this hostname, for no client in particular (of
+    /// several, see [`best`]).
     pub fn by_hostname(&self, hostname: &str) -> Option<&Arc<ServiceEntry>> {
-        self.by_hostname.last(hostname)
+        best(self.by_hostname.all(hostname)?, None)
+    }
+
+    /// The service with this hostname for a client (or, for an HBONE
+    /// authority, a server) in `namespace`, as [`Self::by_vip_for`]
+    /// chooses (ztunnel `ServiceStore::get_best_by_host`).
+    pub fn by_hostname_for(&self, hostname: &str, namespace: &str) -> Option<&Arc<ServiceEntry>> {
+        best(self.by_hostname.all(hostname)?, Some(namespace))
+    }
+
+    /// The service with the key `namespace/hostname` (ztunnel
+    /// `get_by_namespaced_host`).
+    pub fn by_key(&self, key: &str) -> Option<&Arc<ServiceEntry>> {
+        self.entries.last(key)
     }
 
     /// Number of service definitions.
@@ -302,7 +321,7 @@ impl ServiceEntry {
     /// `service` with its endpoints among `members` (the workloads that
     /// name it, in entry order): healthy ones, unless its health policy
     /// allows all.
-    fn new(key: EntryKey, service: &Service, members: &Values<Arc<MeshWorkload>>) -> Self {
+    fn new(service: &Service, members: &Values<Arc<MeshWorkload>>) -> Self {
         let endpoints = members
             .values()
             .filter(|w| {
@@ -333,9 +352,35 @@ impl ServiceEntry {
             alt_identities,
             endpoints,
             next: AtomicUsize::new(0),
-            key,
         }
     }
+}
+
+/// Of the services sharing a VIP or hostname, the one a client in
+/// `namespace` gets, as ztunnel's `ServiceMatch::find_best_match` ranks
+/// them: only those visible to it; one of its own namespace first, then a
+/// `canonical` one, then any. Without a namespace (no client in
+/// particular) every one counts and the canonical one comes first. Among
+/// equals the one that comes last in the merged configuration wins, as
+/// when the state was a list built in that order.
+fn best<'a>(
+    services: &'a Values<Arc<ServiceEntry>>,
+    namespace: Option<&str>,
+) -> Option<&'a Arc<ServiceEntry>> {
+    let visible = || {
+        services
+            .values()
+            .filter(move |e| namespace.is_none_or(|ns| e.service.visible_to(ns)))
+    };
+    if let Some(ns) = namespace
+        && let Some(own) = visible().filter(|e| e.service.namespace == ns).last()
+    {
+        return Some(own);
+    }
+    visible()
+        .filter(|e| e.service.canonical)
+        .last()
+        .or_else(|| visible().last())
 }
 
 /// Endpoint IPs that recently failed to answer, skipped for

@@ -103,9 +103,14 @@ impl MeshState {
     pub fn resolve_hostname(&self, authority: &str, local: IpAddr) -> Option<SocketAddr> {
         let (host, port) = authority.rsplit_once(':')?;
         let port: u16 = port.parse().ok()?;
-        let entry = self.services.by_hostname(host)?;
         let local = local.to_canonical();
         let me = self.workloads.by_ip(local)?;
+        // Among services sharing the hostname, the local workload's
+        // namespace's first (ztunnel `proxy/inbound.rs` passes the local
+        // workload's namespace to `get_best_by_host`).
+        let entry = self
+            .services
+            .by_hostname_for(host, &me.workload.namespace)?;
         let target = me
             .workload
             .services
@@ -143,9 +148,8 @@ impl MeshState {
                 .services
                 .iter()
                 .filter_map(|(key, ports)| {
-                    let hostname = key.split_once('/').map_or(key.as_str(), |(_, h)| h);
-                    let entry = self.services.by_hostname(hostname)?;
-                    (entry.service.key() == *key).then_some((entry, ports))
+                    let entry = self.services.by_key(key)?;
+                    Some((entry, ports))
                 })
         };
         if let Some(named) = named

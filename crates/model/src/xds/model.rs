@@ -11,7 +11,8 @@
 //! reassigned), are resolved the same way whatever the order the pushes
 //! came in: of the entries claiming an address, workloads before services
 //! and then by resource name, the first keeps it; the others leave it out
-//! until that one goes, and say so.
+//! until that one goes, and say so. Services sharing a VIP are no
+//! conflict: each keeps it, and a lookup picks one per client.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
@@ -330,7 +331,14 @@ impl XdsModel {
         for ip in raw.addresses() {
             let owner = self.claims.get(ip).and_then(|set| set.first());
             match owner {
-                Some(owner) if owner != entry => {
+                // Services in several namespaces may share a VIP; each
+                // client is given the best for it (ztunnel
+                // `ServiceStore::get_best_by_vip`).
+                Some(owner)
+                    if owner != entry
+                        && !(owner.kind == EntryKind::Service
+                            && entry.kind == EntryKind::Service) =>
+                {
                     let owner = self
                         .raw
                         .get(&owner.name)

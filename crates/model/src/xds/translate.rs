@@ -22,6 +22,7 @@ use crate::istio_api::{
     workload::{
         self, GatewayAddress, TunnelProtocol, gateway_address,
         load_balancing::{HealthPolicy as XdsHealthPolicy, Mode, Scope as XdsScope},
+        service::Visibility as XdsVisibility,
     },
 };
 
@@ -186,6 +187,13 @@ pub(super) fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> co
             })
             .unwrap_or_default(),
         waypoint: s.waypoint.as_ref().and_then(waypoint_of),
+        canonical: s.canonical,
+        // An unknown value is PUBLIC, as ztunnel reads it (fail open
+        // rather than drop the service: `src/state/service.rs`).
+        visibility: match XdsVisibility::try_from(s.visibility) {
+            Ok(XdsVisibility::Namespace) => config::Visibility::Namespace,
+            _ => config::Visibility::Public,
+        },
     }
 }
 

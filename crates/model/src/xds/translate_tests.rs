@@ -331,3 +331,85 @@ fn seed_responses(r: &XdsResources) {
         response(AUTHORIZATION_TYPE, &r.authorizations),
     );
 }
+
+/// Services of several namespaces may share a hostname and a VIP (a
+/// ServiceEntry per namespace for one external host): istiod sends each,
+/// and ztunnel keeps them all and gives each client the best for it
+/// (`src/state/service.rs` `get_best_by_vip`, `get_best_by_host`,
+/// `ServiceMatch::find_best_match`, `Service::visible_to`).
+#[test]
+fn services_sharing_a_vip_are_chosen_per_client_namespace() {
+    let vip: IpAddr = "10.96.0.9".parse().unwrap();
+    let host = "db.example.com";
+    let entry =
+        |ns: &str, canonical: bool, visibility: workload::service::Visibility| workload::Service {
+            name: "db".into(),
+            namespace: ns.into(),
+            hostname: host.into(),
+            addresses: vec![NetworkAddress {
+                network: String::new(),
+                address: vec![10, 96, 0, 9],
+            }],
+            canonical,
+            visibility: visibility as i32,
+            ..Default::default()
+        };
+    use workload::service::Visibility::{Namespace, Public};
+    let mut r = XdsResources::default();
+    put_service(&mut r, entry("a", false, Namespace));
+    put_service(&mut r, entry("b", true, Public));
+    put_service(&mut r, entry("c", false, Public));
+    let out = translate(&r, "xds");
+    assert!(out.dropped.is_empty(), "{:?}", out.dropped);
+    let state = MeshState::from_config(&out.config).unwrap();
+    let by_vip = |ns| {
+        state
+            .services
+            .by_vip_for(vip, ns)
+            .map(|e| e.service.namespace.clone())
+    };
+    let by_host = |ns| {
+        state
+            .services
+            .by_hostname_for(host, ns)
+            .map(|e| e.service.namespace.clone())
+    };
+    // The client's own namespace first, even when only it may see it.
+    assert_eq!(by_vip("a").as_deref(), Some("a"));
+    assert_eq!(by_vip("c").as_deref(), Some("c"));
+    assert_eq!(by_host("a").as_deref(), Some("a"));
+    // Else the canonical one; never one its namespace may not see.
+    assert_eq!(by_vip("d").as_deref(), Some("b"));
+    assert_eq!(by_host("d").as_deref(), Some("b"));
+    assert_eq!(
+        state
+            .services
+            .by_vip(vip)
+            .map(|e| e.service.namespace.as_str()),
+        Some("b")
+    );
+    assert_eq!(
+        state
+            .services
+            .by_key("c/db.example.com")
+            .map(|e| e.service.namespace.as_str()),
+        Some("c")
+    );
+
+    // Only the namespace-scoped one left: to any other namespace the VIP
+    // and the name are no service's.
+    let mut r = XdsResources::default();
+    put_service(&mut r, entry("a", false, Namespace));
+    let state = MeshState::from_config(&translate(&r, "xds").config).unwrap();
+    assert!(state.services.by_vip_for(vip, "d").is_none());
+    assert!(state.services.by_hostname_for(host, "d").is_none());
+    assert!(state.services.by_vip_for(vip, "a").is_some());
+
+    // A visibility istiod may add later reads as PUBLIC, as ztunnel's does.
+    let mut unknown = entry("e", false, Public);
+    unknown.visibility = 7;
+    let mut r = XdsResources::default();
+    put_service(&mut r, unknown);
+    let state = MeshState::from_config(&translate(&r, "xds").config).unwrap();
+    assert!(state.services.by_vip_for(vip, "d").is_some());
+}

@@ -178,6 +178,8 @@ pub fn synthetic_mesh(n: usize) -> LocalConfig {
                 health_policy: Default::default(),
                 routing: Default::default(),
                 waypoint: None,
+                canonical: false,
+                visibility: Default::default(),
             }
         })
         .collect();

@@ -150,7 +150,10 @@ pub fn plan(
         };
         return outcome(None, action);
     }
-    if let Some(entry) = state.services.by_vip(dst.ip()) {
+    // The source pod's namespace picks among services sharing the VIP
+    // and hides those not visible to it (ztunnel `find_upstream` passes
+    // the source workload's; a pod's identity names that namespace).
+    if let Some(entry) = state.services.by_vip_for(dst.ip(), &source.namespace) {
         let key = entry.service.key();
         let service = Some(Arc::clone(&entry.label));
         if entry.service.routing.mode == RoutingMode::Passthrough {
