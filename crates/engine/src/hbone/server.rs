@@ -223,8 +223,8 @@ where
     let result = match kill {
         Some(kill) => tokio::select! {
             result = relay => result,
-            // Dropping `open` records the connection as closed by the agent.
-            () = kill.notified() => return,
+            // Policy now denies it: recorded as closed by the agent.
+            () = kill.notified() => return open.revoke(),
         },
         None => relay.await,
     };

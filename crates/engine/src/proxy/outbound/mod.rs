@@ -191,7 +191,7 @@ async fn open_way(
                 Ok(tunnel) => Some(Way::Tunnel(stream, flow, tunnel, early.len() as u64)),
                 Err(err) => {
                     let reason = Chain(&err).to_string();
-                    refuse(stream, &flow, ctx, FailReason::Tunnel, &reason);
+                    refuse(stream, &flow, ctx, tunnel_failure(&err), &reason);
                     None
                 }
             };
@@ -237,7 +237,7 @@ async fn open_way(
             }
             Err(err) => {
                 let reason = Chain(&err).to_string();
-                refuse(stream, &flow, ctx, FailReason::Tunnel, &reason);
+                refuse(stream, &flow, ctx, tunnel_failure(&err), &reason);
                 return None;
             }
         }
@@ -282,6 +282,23 @@ fn client_failed(stream: TcpStream, flow: &Flow, ctx: &PodContext, err: &io::Err
     let detail = format!("the client's connection failed before its tunnel opened: {err}");
     refuse(stream, flow, ctx, FailReason::ClientFailed, &detail);
     None
+}
+
+/// Why a tunnel did not open, as ztunnel tells its failures apart
+/// (`src/proxy/pool.rs` `ConnSpawner::new_pool_conn`: a connect to the
+/// peer that timed out may be a NetworkPolicy; `src/proxy/metrics.rs`
+/// `extract_failure_reason`: HTTP/2 errors are their own flag, the rest
+/// `CONNECT`).
+fn tunnel_failure(err: &PoolError) -> FailReason {
+    match err {
+        PoolError::Dial { source, .. } if source.kind() == io::ErrorKind::TimedOut => {
+            FailReason::TunnelTimeout
+        }
+        PoolError::Http2 { .. } => FailReason::TunnelHttp2,
+        PoolError::Dial { .. } | PoolError::Request { .. } | PoolError::Refused { .. } => {
+            FailReason::Tunnel
+        }
+    }
 }
 
 /// The connection's far end in telemetry: the workload, or nobody known.
