@@ -93,6 +93,10 @@ pub struct ServerContext {
     pub metrics: Arc<Metrics>,
     /// The client (its principal is the verified identity).
     pub source: Arc<Peer>,
+    /// Whether the mesh state knows the client by its address; when it
+    /// does not, each stream's `baggage` names it in telemetry
+    /// ([`wire::Baggage::peer`]).
+    pub source_known: bool,
     /// The workload this server belongs to.
     pub destination: Arc<Peer>,
     /// What the 200 says of `destination` in `baggage`
@@ -316,6 +320,11 @@ async fn accept_stream(
         }
     };
     record_head(&head);
+    if !ctx.source_known
+        && let Some(baggage) = &head.baggage
+    {
+        flow.source = Arc::new(baggage.peer(ctx.source.principal.clone()));
+    }
     flow.dst = Some(dst);
     let named = match &head.authority {
         Authority::Host { name, .. } => Some(name.as_str()),

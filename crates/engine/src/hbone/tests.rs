@@ -85,6 +85,7 @@ async fn hbone_server_with(
                 shutdown,
                 metrics: Arc::new(crate::telemetry::Metrics::new()),
                 source: Arc::default(),
+                source_known: true,
                 destination_baggage: ServerContext::baggage_of(&destination),
                 destination,
                 idle_timeout: std::time::Duration::from_secs(60),
