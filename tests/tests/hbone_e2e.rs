@@ -278,6 +278,40 @@ fn client_of_another_ca_is_rejected() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One connection's two access records, on the client's node and on the
+/// server's, carry the same trace id (the one its `traceparent` carried),
+/// and another connection has another: they can be joined.
+#[test]
+fn both_nodes_records_of_a_connection_share_its_trace_id() -> anyhow::Result<()> {
+    let mesh = TwoNodes::new("hbtrace")?;
+    let config = mesh.config()?;
+    let a1 = mesh.agent("hb", 1, &config, &[])?;
+    let a2 = mesh.agent("hb", 2, &config, &[])?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    for seed in 0..2 {
+        echo(&mesh.client, addr(&mesh.remote, 9000), 100, seed)?;
+    }
+    let ids = |agent: &Agent, direction: &str| -> HashSet<String> {
+        access_records(&agent.log_text(), "connection closed")
+            .iter()
+            .filter(|r| field(r, "direction") == direction && field(r, "protocol") == "HBONE")
+            .map(|r| field(r, "trace_id").to_owned())
+            .collect()
+    };
+    wait_until("both nodes to record both connections", || {
+        Ok(ids(&a1, "outbound").len() == 2 && ids(&a2, "inbound").len() == 2)
+    })?;
+    let (sent, received) = (ids(&a1, "outbound"), ids(&a2, "inbound"));
+    assert_eq!(sent, received, "{}\n{}", a1.log_text(), a2.log_text());
+    for id in &sent {
+        assert!(
+            id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{id}"
+        );
+    }
+    Ok(())
+}
+
 /// A peer whose HBONE port drops what reaches it (as a Kubernetes
 /// NetworkPolicy does) is flagged `NETWORK_POLICY` once the dial times out,
 /// as ztunnel flags a timed-out connect to a peer (`src/proxy/pool.rs`).

@@ -39,7 +39,9 @@ use crate::{
     logging::Chain,
     policy::{self, LiveConnections, LiveGuard},
     relay::{relay_tunnel, tunnel::Relay},
-    telemetry::{Direction, FailReason, Flow, Metrics, OpenFlow, Peer, Protocol, ServiceRef},
+    telemetry::{
+        Direction, FailReason, Flow, Metrics, OpenFlow, Peer, Protocol, ServiceRef, TraceId,
+    },
 };
 
 /// Dials the app for an accepted tunnel.
@@ -304,6 +306,7 @@ async fn accept_stream(
         source: Arc::clone(&ctx.source),
         destination: Arc::clone(&ctx.destination),
         service: None,
+        trace: None,
     };
     let (dst, head) = match check(&request, ctx) {
         Ok(checked) => checked,
@@ -320,6 +323,12 @@ async fn accept_stream(
         }
     };
     record_head(&head);
+    // The client's trace id, or a fresh one when it sent none, as ztunnel
+    // (`src/proxy/inbound.rs` `extract_traceparent`).
+    flow.trace = Some(
+        head.trace
+            .map_or_else(wire::new_trace_id, |t| TraceId::from_u128(t.trace_id)),
+    );
     if !ctx.source_known
         && let Some(baggage) = &head.baggage
     {

@@ -147,8 +147,15 @@ async fn open_with<D: Dialer>(
 ) -> Result<Tunnel, PoolError> {
     let src = SocketAddr::from(([127, 0, 0, 1], 40000));
     let baggage = http::HeaderValue::from_static("k8s.cluster.name=Kubernetes");
-    pool.connect(&key(server), authority, (src, None), &baggage, early)
-        .await
+    let traceparent = wire::new_traceparent();
+    pool.connect(
+        &key(server),
+        authority,
+        (src, None),
+        (&baggage, &traceparent),
+        early,
+    )
+    .await
 }
 
 /// [`open_with`] sending nothing early.

@@ -11,7 +11,7 @@ use http::{
     header::{self, InvalidHeaderValue},
 };
 
-use crate::telemetry::Peer;
+use crate::telemetry::{Peer, TraceId};
 
 /// Per-stream receive window: 4 MiB.
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
@@ -201,11 +201,24 @@ pub fn connect_request(
 /// A fresh W3C `traceparent` (version 00, random trace and span ids,
 /// sampled flag off).
 pub fn new_traceparent() -> String {
-    let [trace_hi, trace_lo, span] = random_words();
+    traceparent(new_trace_id())
+}
+
+/// A fresh random trace id for a connection.
+pub fn new_trace_id() -> TraceId {
+    let [hi, lo, _] = random_words();
+    TraceId::from_u128((u128::from(hi) << 64) | u128::from(lo))
+}
+
+/// The W3C `traceparent` carrying `trace` (version 00, a random span id,
+/// sampled flag off).
+pub fn traceparent(trace: TraceId) -> String {
+    let [span, ..] = random_words();
+    let id = trace.as_u128();
     let mut value = String::with_capacity(55);
     value.push_str("00-");
-    push_hex(&mut value, trace_hi);
-    push_hex(&mut value, trace_lo);
+    push_hex(&mut value, (id >> 64) as u64);
+    push_hex(&mut value, id as u64);
     value.push('-');
     push_hex(&mut value, span);
     value.push_str("-00");

@@ -52,6 +52,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                     }),
                     destination: ctx.own_peer(&state),
                     service: None,
+                    trace: None,
                 };
                 let local = match local {
                     Ok(local) => canonical(local),

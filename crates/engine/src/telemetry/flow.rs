@@ -22,6 +22,7 @@ use super::{
     Meter,
     metrics::{FlowKey, Metrics, TcpCounters, TcpLabels},
     outcome::{FailReason, ResponseFlags},
+    trace::{self, TraceId},
 };
 
 /// Which side of the mesh reports the connection.
@@ -103,6 +104,9 @@ pub struct Flow {
     /// client dialled (outbound), or the one the client named or whose
     /// port it reached (inbound).
     pub service: Option<Arc<ServiceRef>>,
+    /// The W3C trace id its tunnel carries in `traceparent` (sent or
+    /// received), which joins the two nodes' records; `None` off HBONE.
+    pub trace: Option<TraceId>,
 }
 
 fn label(value: Option<&String>) -> String {
@@ -219,6 +223,7 @@ impl Flow {
             service = self.service_field(),
             reason = reason.as_str(),
             response_flags = flags.as_str(),
+            trace_id = %trace::field(self.trace),
             error = detail,
             "connection refused"
         );
@@ -325,6 +330,7 @@ impl OpenFlow {
             bytes_received = received,
             duration_ms,
             response_flags = flags.as_str(),
+            trace_id = %trace::field(flow.trace),
             error = error.unwrap_or("-"),
             "{message}"
         );
@@ -368,6 +374,7 @@ mod tests {
             source,
             destination,
             service: None,
+            trace: None,
         }
     }
 

@@ -15,6 +15,7 @@ mod metrics;
 mod outcome;
 mod process;
 mod state;
+mod trace;
 
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ pub use metrics::{Metrics, TcpLabels};
 pub use outcome::{FailReason, ResponseFlags};
 pub use state::StateCollector;
 use tokio::net::TcpListener;
+pub use trace::TraceId;
 
 use crate::httpd::{self, Handler, Reply};
 
