@@ -238,11 +238,12 @@ fn pool_connect(c: &mut Criterion) {
         let key = key.clone();
         let baggage = baggage.clone();
         async move {
+            let traceparent = wire::new_traceparent();
             pool.connect(
                 &key,
                 "10.2.0.12:9000",
                 (source, None),
-                &baggage,
+                (&baggage, &traceparent),
                 &Bytes::new(),
             )
             .await
@@ -293,6 +294,7 @@ fn flow_open_close(c: &mut Criterion) {
             name: "web".to_owned(),
             namespace: "shop".to_owned(),
         })),
+        trace: None,
     };
     let mut group = c.benchmark_group("hot_paths");
     group.bench_function("flow_open_close", |b| {

@@ -27,8 +27,8 @@ use crate::{
     config::{ConfigError, LocalConfig},
     control,
     enroll::{
-        EngineSettings, EnrollError, Enroller, Enrollments, ExternalEngine, Standalone, StateFile,
-        ZtunnelEvents,
+        EngineSettings, EnrollError, Enroller, Enrollments, ExternalEngine, NodeCollector,
+        Standalone, StateFile, ZtunnelEvents,
     },
     handover,
     identity::{Ca, CertDir, CertSource, CertStore, IstioCa, TrustBundle},
@@ -310,6 +310,10 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
             Box::new(move || view.snapshot().pods.len())
         },
         certs: Arc::clone(&mesh.certs),
+    }));
+    mesh.metrics.register_collector(Box::new(NodeCollector {
+        pods: enroller.view(),
+        zds: matches!(args.engine.engine, EngineMode::Ztunnel).then(|| Arc::clone(&ztunnel_events)),
     }));
     // With --kube, this node's pods that opted in are enrolled (and those
     // gone unenrolled) from the Kubernetes API; configured workloads stay.

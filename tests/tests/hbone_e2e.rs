@@ -15,7 +15,7 @@ use dataplane_tests::{
     Agent,
     capture::PacketCapture,
     mesh::{TwoNodes, addr, write_config},
-    observe::{family, scrape, sum_matching},
+    observe::{access_records, family, field, scrape, sum_matching},
     traffic::{echo, echo_server, holding_server, stream, try_stream, wait_until},
 };
 use dataplane_user::control::Request;
@@ -275,6 +275,87 @@ fn client_of_another_ca_is_rejected() -> anyhow::Result<()> {
         &[("reporter", "source"), ("response_flags", "CONNECT")],
     );
     assert!(flagged >= 1.0, "client counted {flagged} CONNECT failures");
+    Ok(())
+}
+
+/// One connection's two access records, on the client's node and on the
+/// server's, carry the same trace id (the one its `traceparent` carried),
+/// and another connection has another: they can be joined.
+#[test]
+fn both_nodes_records_of_a_connection_share_its_trace_id() -> anyhow::Result<()> {
+    let mesh = TwoNodes::new("hbtrace")?;
+    let config = mesh.config()?;
+    let a1 = mesh.agent("hb", 1, &config, &[])?;
+    let a2 = mesh.agent("hb", 2, &config, &[])?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    for seed in 0..2 {
+        echo(&mesh.client, addr(&mesh.remote, 9000), 100, seed)?;
+    }
+    let ids = |agent: &Agent, direction: &str| -> HashSet<String> {
+        access_records(&agent.log_text(), "connection closed")
+            .iter()
+            .filter(|r| field(r, "direction") == direction && field(r, "protocol") == "HBONE")
+            .map(|r| field(r, "trace_id").to_owned())
+            .collect()
+    };
+    wait_until("both nodes to record both connections", || {
+        Ok(ids(&a1, "outbound").len() == 2 && ids(&a2, "inbound").len() == 2)
+    })?;
+    let (sent, received) = (ids(&a1, "outbound"), ids(&a2, "inbound"));
+    assert_eq!(sent, received, "{}\n{}", a1.log_text(), a2.log_text());
+    for id in &sent {
+        assert!(
+            id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{id}"
+        );
+    }
+    Ok(())
+}
+
+/// A peer whose HBONE port drops what reaches it (as a Kubernetes
+/// NetworkPolicy does) is flagged `NETWORK_POLICY` once the dial times out,
+/// as ztunnel flags a timed-out connect to a peer (`src/proxy/pool.rs`).
+#[test]
+fn a_peer_that_never_answers_is_flagged_network_policy() -> anyhow::Result<()> {
+    let mesh = TwoNodes::new("hbnetpol")?;
+    let config = mesh.config()?;
+    let a1 = mesh.agent("hb", 1, &config, &[])?;
+    let _a2 = mesh.agent("hb", 2, &config, &[])?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    // Gone with the pod's namespace at the end of the test.
+    let drop_hbone = std::process::Command::new("ip")
+        .args(["netns", "exec", mesh.remote.netns.name()])
+        .args([
+            "iptables", "-I", "INPUT", "-p", "tcp", "--dport", "15008", "-j", "DROP",
+        ])
+        .status()?;
+    anyhow::ensure!(drop_hbone.success(), "iptables: {drop_hbone}");
+    let out = try_stream(
+        &mesh.client,
+        &["echo", &addr(&mesh.remote, 9000).to_string(), "100", "1"],
+    )?;
+    assert_ne!(out.code, Some(0), "must not connect: {out:?}");
+    wait_until("the client's agent to flag the refusal", || {
+        let samples = scrape(&a1)?;
+        Ok(sum_matching(
+            &samples,
+            "istio_tcp_connections_failed_total",
+            &[("reporter", "source"), ("response_flags", "NETWORK_POLICY")],
+        ) >= 1.0
+            && sum_matching(
+                &samples,
+                "dataplane_tcp_connections_failed_total",
+                &[("direction", "outbound"), ("reason", "tunnel_timeout")],
+            ) >= 1.0)
+    })?;
+    let log = a1.log_text();
+    let refused = access_records(&log, "connection refused");
+    assert!(
+        refused
+            .iter()
+            .any(|r| field(r, "response_flags") == "NETWORK_POLICY"),
+        "{log}"
+    );
     Ok(())
 }
 

@@ -11,7 +11,7 @@
 use std::net::SocketAddr;
 
 use dataplane_tests::{
-    mesh::{ECHO_VIP, TwoNodes, addr},
+    mesh::{ECHO_VIP, TwoNodes, addr, write_config},
     observe::{family, scrape, sum_matching as matching},
     traffic::{echo, echo_server, wait_until},
 };
@@ -110,5 +110,67 @@ fn service_attribution_and_workload_facts_reach_istios_labels() -> anyhow::Resul
         "{:#?}",
         family(&s1, opened)
     );
+    Ok(())
+}
+
+/// A client the destination's mesh state does not know (as one in another
+/// cluster) is named in Istio's labels by the `baggage` its node sent, as
+/// ztunnel derives a source from baggage (`src/proxy/inbound.rs`); the
+/// principal stays the verified one.
+#[test]
+fn an_unknown_clients_baggage_names_it() -> anyhow::Result<()> {
+    let w = TwoNodes::new("tlbag")?;
+    let mut config = w.echo_config();
+    for workload in &mut config.workloads {
+        let workload = std::sync::Arc::make_mut(workload);
+        if workload.name == "client" {
+            workload.canonical_name = "client-app".into();
+            workload.canonical_revision = "v3".into();
+            workload.cluster_id = "west".into();
+        }
+    }
+    let mut unaware = config.clone();
+    unaware.workloads.retain(|w| w.name != "client");
+    let a1 = w.agent("tb", 1, &w.write(&config)?, &[])?;
+    let a2 = w.agent(
+        "tb",
+        2,
+        &write_config(w.dir.path(), "unaware.yaml", &unaware)?,
+        &[],
+    )?;
+    let _remote = echo_server(&w.remote, 9000)?;
+    echo(&w.client, addr(&w.remote, 9000), 100, 1)?;
+    wait_until("node2 to count the connection", || {
+        Ok(matching(&scrape(&a2)?, "istio_tcp_connections_closed_total", &[]) >= 1.0)
+    })?;
+    let opened = "istio_tcp_connections_opened_total";
+    let s2 = scrape(&a2)?;
+    let from_baggage = [
+        ("reporter", "destination"),
+        ("source_workload_namespace", "test"),
+        ("source_canonical_service", "client-app"),
+        ("source_app", "client-app"),
+        ("source_canonical_revision", "v3"),
+        ("source_version", "v3"),
+        ("source_cluster", "west"),
+        (
+            "source_principal",
+            "spiffe://cluster.local/ns/test/sa/client",
+        ),
+    ];
+    assert_eq!(
+        matching(&s2, opened, &from_baggage),
+        1.0,
+        "{:#?}",
+        family(&s2, opened)
+    );
+    let unknown_workload = [("reporter", "destination"), ("source_workload", "unknown")];
+    assert_eq!(
+        matching(&s2, opened, &unknown_workload),
+        0.0,
+        "{:#?}",
+        family(&s2, opened)
+    );
+    drop(a1);
     Ok(())
 }

@@ -22,6 +22,7 @@ use dataplane_tests::{
     Agent, Cgroup, ChildGuard,
     external_proxy::{APP_PORT, peer_aware_server},
     mesh::TwoNodes,
+    observe::{scrape, value},
     process::target_binary,
     redirector_node::{at, dial, mapped},
     responder::Responder,
@@ -251,12 +252,29 @@ fn a_restarted_node_proxy_gets_the_snapshot_and_serves_again() -> anyhow::Result
     let w = &world.w;
     let (dst, expected) = through_both(&w.remote, &w.local, "local", false);
     assert_eq!(dial_ok(&w.remote, dst)?, expected, "before");
+    // The node agent's gauges (ztunnel's workload-manager names): both
+    // pods served, none pending, one ztunnel connected.
+    let gauges = |agent: &Agent| -> anyhow::Result<[Option<f64>; 3]> {
+        let samples = scrape(agent)?;
+        Ok([
+            "workload_manager_active_proxy_count",
+            "workload_manager_pending_proxy_count",
+            "dataplane_zds_connections",
+        ]
+        .map(|name| value(&samples, name, &[])))
+    };
+    let served = [Some(2.0), Some(0.0), Some(1.0)];
+    assert_eq!(gauges(&world.agents[0])?, served);
 
     // The node proxy dies: its listeners close with it, the agent says so
     // and the pod is refused (fail-closed), not silently passed.
     p1.kill()?;
     let reason = wait_state(&world.agents[0], "local", "unserved", |c, _| !c)?;
     assert!(reason.contains("disconnected"), "{reason}");
+    wait_until(
+        "the gauges to show no ztunnel and both pods pending",
+        || Ok(gauges(&world.agents[0])? == [Some(0.0), Some(2.0), Some(0.0)]),
+    )?;
     assert!(
         dial(&w.remote, &at(dst, APP_PORT), &[])?.is_err(),
         "a pod whose node proxy is gone must not be reached around it"
@@ -266,6 +284,7 @@ fn a_restarted_node_proxy_gets_the_snapshot_and_serves_again() -> anyhow::Result
     let _p1 = world.proxy(1, &[])?;
     wait_served(&world.agents[0], &["client", "local"])?;
     assert_eq!(dial_ok(&w.remote, dst)?, expected, "after the restart");
+    assert_eq!(gauges(&world.agents[0])?, served);
     Ok(())
 }
 

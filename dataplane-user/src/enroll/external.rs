@@ -65,6 +65,8 @@ pub enum ZtunnelEvent {
 #[derive(Debug, Default)]
 pub struct ZtunnelEvents {
     enroller: OnceLock<Enroller>,
+    /// The ZDS server's handle, once it runs (for its status on scrapes).
+    server: OnceLock<ZdsHandle>,
 }
 
 impl ZtunnelEvents {
@@ -72,6 +74,11 @@ impl ZtunnelEvents {
     /// be acknowledged before the server starts).
     pub fn connect(&self, enroller: Enroller) {
         let _ = self.enroller.set(enroller);
+    }
+
+    /// The ZDS server's pods and connections, once it runs.
+    pub fn status(&self) -> Option<crate::zds::ZdsStatus> {
+        self.server.get().map(ZdsHandle::status)
     }
 
     fn forward(&self, event: ZtunnelEvent) {
@@ -337,6 +344,7 @@ impl Enrollments {
                     source,
                 }
             })?;
+        let _ = external.events.server.set(server.handle());
         external.server = Some(server);
         let waiting: Vec<String> = self.pods.keys().cloned().collect();
         for uid in waiting {

@@ -15,6 +15,7 @@
 mod actor;
 mod builtin;
 mod external;
+mod metrics;
 mod netns_checks;
 mod pods;
 mod serving;
@@ -26,6 +27,7 @@ use std::path::PathBuf;
 
 pub use actor::{EnrolledSnapshot, Enroller, PodsView, REAP_INTERVAL};
 pub use external::{ExternalEngine, ZtunnelEvent, ZtunnelEvents};
+pub use metrics::NodeCollector;
 pub use pods::{EngineSettings, Enrollments, HandedPod, OfferedPod};
 pub use spec::{
     BYPASS_INBOUND_CAPTURE_ANNOTATION, DepartedPod, ExternalStatus, FAST_PATH_ANNOTATION, PodSpec,

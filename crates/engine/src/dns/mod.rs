@@ -209,7 +209,7 @@ impl PodDns {
         (name, namespace): (&str, &str),
     ) -> Option<Self> {
         let settings = settings.filter(|s| s.captures(pod_setting))?;
-        match Self::start(netns, namespace, Arc::clone(settings)) {
+        match Self::start(netns, (name, namespace), Arc::clone(settings)) {
             Ok(resolver) => Some(resolver),
             Err(err) => {
                 tracing::warn!(pod = %name, %namespace, error = %crate::logging::Chain(&err), "DNS capture left off for this pod");
@@ -223,10 +223,11 @@ impl PodDns {
     /// Must run within the agent's tokio runtime.
     pub fn start(
         netns: &PodNetns,
-        namespace: &str,
+        (name, namespace): (&str, &str),
         settings: Arc<DnsSettings>,
     ) -> Result<Self, DnsError> {
         let resolver = Arc::new(PodResolver {
+            pod: name.to_owned(),
             namespace: namespace.to_owned(),
             settings,
         });

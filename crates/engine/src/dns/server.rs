@@ -15,7 +15,7 @@ use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream, UdpSocket},
     sync::Semaphore,
-    time::timeout,
+    time::{Instant, timeout},
 };
 use tracing::debug;
 
@@ -42,6 +42,8 @@ pub const TCP_WRITE: Duration = Duration::from_secs(5);
 /// agent-wide settings.
 #[derive(Debug)]
 pub struct PodResolver {
+    /// The pod's name (for the query log).
+    pub pod: String,
     /// The pod's Kubernetes namespace.
     pub namespace: String,
     /// Agent-wide settings.
@@ -68,8 +70,10 @@ impl Transport {
 
 impl PodResolver {
     /// The answer to the query `raw` (the full answer: UDP truncation is
-    /// the caller's), and the parsed query; `None` to send nothing.
+    /// the caller's), and the parsed query; `None` to send nothing. Every
+    /// query answered is counted and logged ([`PodResolver::log_query`]).
     pub async fn answer(&self, raw: &[u8], transport: Transport) -> Option<(Vec<u8>, Message)> {
+        let started = Instant::now();
         let metrics = &self.settings.metrics;
         let request = match Message::from_vec(raw) {
             Ok(request) => request,
@@ -80,6 +84,7 @@ impl PodResolver {
                     return None;
                 }
                 metrics.answer(AnswerKind::Formerr);
+                self.log_query(None, transport, AnswerKind::Formerr, 0, started);
                 let reply = Message::error_msg(id, OpCode::Query, ResponseCode::FormErr);
                 let parsed = reply.clone();
                 return reply.to_vec().ok().map(|r| (r, parsed));
@@ -112,26 +117,25 @@ impl PodResolver {
             }
         });
         drop(state);
-        match decision {
+        let (kind, reply) = match decision {
             Decision::Answer(answer) => {
-                metrics.answer(if answer.has_records {
+                let kind = if answer.has_records {
                     AnswerKind::Mesh
                 } else {
                     AnswerKind::Nodata
-                });
-                let bytes = answer.message.to_vec().ok()?;
-                Some((bytes, request))
+                };
+                (kind, answer.message.to_vec().ok())
             }
             Decision::Forward => match self.settings.forwarder.forward(&request, raw).await {
                 Ok(forwarded) => {
                     let code = forwarded.reply.get(3).map_or(0, |b| b & 0x0f);
-                    metrics.answer(match (forwarded.cached, code) {
+                    let kind = match (forwarded.cached, code) {
                         (_, 3) => AnswerKind::Nxdomain,
                         (_, 2) => AnswerKind::Servfail,
                         (true, _) => AnswerKind::Cached,
                         (false, _) => AnswerKind::Forwarded,
-                    });
-                    Some((forwarded.reply, request))
+                    };
+                    (kind, Some(forwarded.reply))
                 }
                 Err(err) => {
                     let (code, kind) = match err {
@@ -139,12 +143,45 @@ impl PodResolver {
                         _ => (ResponseCode::ServFail, AnswerKind::Servfail),
                     };
                     debug!(error = %err, "DNS query not forwarded");
-                    metrics.answer(kind);
-                    let bytes = reply_to(&request, code).to_vec().ok()?;
-                    Some((bytes, request))
+                    (kind, reply_to(&request, code).to_vec().ok())
                 }
             },
-        }
+        };
+        metrics.answer(kind);
+        let records = reply.as_deref().map_or(0, answer_count);
+        self.log_query(Some(&request), transport, kind, records, started);
+        Some((reply?, request))
+    }
+
+    /// One record per query answered, on the log target `dns` at debug
+    /// level (`RUST_LOG=info,dns=debug` shows them), as ztunnel logs its
+    /// DNS queries (`src/dns/server.rs` `access_log`: target `dns`, debug;
+    /// the client workload and namespace, query type, domain, result and
+    /// how many records). `request` is `None` for a query that did not
+    /// parse (FORMERR).
+    fn log_query(
+        &self,
+        request: Option<&Message>,
+        transport: Transport,
+        kind: AnswerKind,
+        records: u16,
+        started: Instant,
+    ) {
+        let query = request.and_then(|r| r.queries.first());
+        // The name is at most 255 bytes: hickory refuses longer ones.
+        let domain = query.map(|q| q.name().to_ascii());
+        debug!(
+            target: "dns",
+            src_workload = %self.pod,
+            src_namespace = %self.namespace,
+            protocol = transport.name(),
+            query = %query.map_or_else(|| "-".to_owned(), |q| q.query_type().to_string()),
+            domain = domain.as_deref().unwrap_or("-"),
+            result = kind.name(),
+            answers = records,
+            duration_us = started.elapsed().as_micros() as u64,
+            "query answered"
+        );
     }
 
     /// Serves UDP queries on `socket` until the task is aborted.
@@ -271,6 +308,15 @@ impl PodResolver {
                 }
             }
         }
+    }
+}
+
+/// How many answer records a DNS message holds (its header's ANCOUNT);
+/// 0 for one too short to have a header.
+fn answer_count(message: &[u8]) -> u16 {
+    match message.get(6..8) {
+        Some(&[hi, lo]) => u16::from_be_bytes([hi, lo]),
+        _ => 0,
     }
 }
 

@@ -127,6 +127,7 @@ impl FastPath {
                 source: Arc::clone(&source),
                 destination: Arc::clone(&destination),
                 service: service.clone(),
+                trace: None,
             }
             .record_closed(
                 &mesh.metrics,

@@ -251,6 +251,10 @@ pub fn parse_baggage(value: &str) -> Option<Baggage> {
             "k8s.namespace.name" => &mut baggage.namespace,
             "service.name" => &mut baggage.service,
             "service.version" => &mut baggage.version,
+            // OpenTelemetry's cloud attributes, as ztunnel reads them
+            // (`src/baggage.rs` `parse_baggage_header`).
+            "cloud.region" => &mut baggage.region,
+            "cloud.availability_zone" => &mut baggage.zone,
             _ => match key
                 .strip_prefix("k8s.")
                 .and_then(|rest| rest.strip_suffix(".name"))

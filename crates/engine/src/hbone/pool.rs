@@ -258,29 +258,26 @@ impl<D: Dialer> HbonePool<D> {
     /// hostname), if it dialled one, with the client's `early` bytes sent
     /// behind the request (none if empty). Until the tunnel is returned
     /// they are the caller's to count: they are sent again if the stream
-    /// must be retried, and lost with it if it fails.
+    /// must be retried, and lost with it if it fails. `baggage` and
+    /// `traceparent` are the request's headers (one `traceparent` for the
+    /// connection, retried or not, so that its records join).
     pub async fn connect(
         self: &Arc<Self>,
         key: &PoolKey,
         authority: &str,
         (source, service): (SocketAddr, Option<&str>),
-        baggage: &http::HeaderValue,
+        (baggage, traceparent): (&http::HeaderValue, &str),
         early: &Bytes,
     ) -> Result<Tunnel, PoolError> {
         let addr = key.dst_addr;
         let h2_err = |source| PoolError::Http2 { addr, source };
         let request = || {
-            wire::connect_request(
-                authority,
-                source,
-                service,
-                baggage,
-                &wire::new_traceparent(),
+            wire::connect_request(authority, source, service, baggage, traceparent).map_err(
+                |source| PoolError::Request {
+                    authority: authority.to_owned(),
+                    source,
+                },
             )
-            .map_err(|source| PoolError::Request {
-                authority: authority.to_owned(),
-                source,
-            })
         };
         let (conn, slot) = self.checkout(key).await?;
         let (response, send, slot) = match open_stream(&conn, request()?, early).await {

@@ -39,7 +39,9 @@ use crate::{
     logging::Chain,
     policy::{self, LiveConnections, LiveGuard},
     relay::{relay_tunnel, tunnel::Relay},
-    telemetry::{Direction, FailReason, Flow, Metrics, OpenFlow, Peer, Protocol, ServiceRef},
+    telemetry::{
+        Direction, FailReason, Flow, Metrics, OpenFlow, Peer, Protocol, ServiceRef, TraceId,
+    },
 };
 
 /// Dials the app for an accepted tunnel.
@@ -93,6 +95,10 @@ pub struct ServerContext {
     pub metrics: Arc<Metrics>,
     /// The client (its principal is the verified identity).
     pub source: Arc<Peer>,
+    /// Whether the mesh state knows the client by its address; when it
+    /// does not, each stream's `baggage` names it in telemetry
+    /// ([`wire::Baggage::peer`]).
+    pub source_known: bool,
     /// The workload this server belongs to.
     pub destination: Arc<Peer>,
     /// What the 200 says of `destination` in `baggage`
@@ -223,8 +229,8 @@ where
     let result = match kill {
         Some(kill) => tokio::select! {
             result = relay => result,
-            // Dropping `open` records the connection as closed by the agent.
-            () = kill.notified() => return,
+            // Policy now denies it: recorded as closed by the agent.
+            () = kill.notified() => return open.revoke(),
         },
         None => relay.await,
     };
@@ -300,6 +306,7 @@ async fn accept_stream(
         source: Arc::clone(&ctx.source),
         destination: Arc::clone(&ctx.destination),
         service: None,
+        trace: None,
     };
     let (dst, head) = match check(&request, ctx) {
         Ok(checked) => checked,
@@ -316,6 +323,17 @@ async fn accept_stream(
         }
     };
     record_head(&head);
+    // The client's trace id, or a fresh one when it sent none, as ztunnel
+    // (`src/proxy/inbound.rs` `extract_traceparent`).
+    flow.trace = Some(
+        head.trace
+            .map_or_else(wire::new_trace_id, |t| TraceId::from_u128(t.trace_id)),
+    );
+    if !ctx.source_known
+        && let Some(baggage) = &head.baggage
+    {
+        flow.source = Arc::new(baggage.peer(ctx.source.principal.clone()));
+    }
     flow.dst = Some(dst);
     let named = match &head.authority {
         Authority::Host { name, .. } => Some(name.as_str()),

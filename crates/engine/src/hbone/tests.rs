@@ -85,6 +85,7 @@ async fn hbone_server_with(
                 shutdown,
                 metrics: Arc::new(crate::telemetry::Metrics::new()),
                 source: Arc::default(),
+                source_known: true,
                 destination_baggage: ServerContext::baggage_of(&destination),
                 destination,
                 idle_timeout: std::time::Duration::from_secs(60),
@@ -146,8 +147,15 @@ async fn open_with<D: Dialer>(
 ) -> Result<Tunnel, PoolError> {
     let src = SocketAddr::from(([127, 0, 0, 1], 40000));
     let baggage = http::HeaderValue::from_static("k8s.cluster.name=Kubernetes");
-    pool.connect(&key(server), authority, (src, None), &baggage, early)
-        .await
+    let traceparent = wire::new_traceparent();
+    pool.connect(
+        &key(server),
+        authority,
+        (src, None),
+        (&baggage, &traceparent),
+        early,
+    )
+    .await
 }
 
 /// [`open_with`] sending nothing early.

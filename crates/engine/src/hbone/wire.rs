@@ -11,7 +11,7 @@ use http::{
     header::{self, InvalidHeaderValue},
 };
 
-use crate::telemetry::Peer;
+use crate::telemetry::{Peer, TraceId};
 
 /// Per-stream receive window: 4 MiB.
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
@@ -95,6 +95,39 @@ impl Baggage {
     }
 }
 
+/// Longest workload fact taken from a peer's `baggage`: a Kubernetes
+/// name's limit (DNS subdomain, RFC 1123). A longer one is left out.
+pub const MAX_BAGGAGE_FACT: usize = 253;
+
+impl Baggage {
+    /// The client a peer's `baggage` describes, for telemetry when the mesh
+    /// state does not know its address (another cluster, a workload the
+    /// control plane has not sent yet), as ztunnel derives its source from
+    /// baggage (`src/proxy/inbound.rs` `build_inbound_request`,
+    /// `DerivedWorkload`; `src/proxy/metrics.rs` `with_derived_source`).
+    /// `principal` is the verified identity, never the baggage's word.
+    /// Empty facts, facts longer than [`MAX_BAGGAGE_FACT`] and facts with
+    /// control characters are left out (`unknown` in the labels).
+    pub fn peer(&self, principal: Option<String>) -> Peer {
+        let fact = |value: &str| {
+            let fits = !value.is_empty()
+                && value.len() <= MAX_BAGGAGE_FACT
+                && !value.chars().any(char::is_control);
+            fits.then(|| value.to_owned())
+        };
+        Peer {
+            workload: fact(&self.workload.1),
+            namespace: fact(&self.namespace),
+            principal,
+            canonical_service: fact(&self.service),
+            canonical_revision: fact(&self.version),
+            cluster: fact(&self.cluster),
+            region: fact(&self.region),
+            zone: fact(&self.zone),
+        }
+    }
+}
+
 /// A pod's `baggage` value, built once for the mesh's current view of
 /// the pod rather than formatted again for every tunnel it opens.
 ///
@@ -168,11 +201,24 @@ pub fn connect_request(
 /// A fresh W3C `traceparent` (version 00, random trace and span ids,
 /// sampled flag off).
 pub fn new_traceparent() -> String {
-    let [trace_hi, trace_lo, span] = random_words();
+    traceparent(new_trace_id())
+}
+
+/// A fresh random trace id for a connection.
+pub fn new_trace_id() -> TraceId {
+    let [hi, lo, _] = random_words();
+    TraceId::from_u128((u128::from(hi) << 64) | u128::from(lo))
+}
+
+/// The W3C `traceparent` carrying `trace` (version 00, a random span id,
+/// sampled flag off).
+pub fn traceparent(trace: TraceId) -> String {
+    let [span, ..] = random_words();
+    let id = trace.as_u128();
     let mut value = String::with_capacity(55);
     value.push_str("00-");
-    push_hex(&mut value, trace_hi);
-    push_hex(&mut value, trace_lo);
+    push_hex(&mut value, (id >> 64) as u64);
+    push_hex(&mut value, id as u64);
     value.push('-');
     push_hex(&mut value, span);
     value.push_str("-00");
@@ -298,5 +344,39 @@ mod tests {
         assert!(cache.get(&bad, || Baggage::of(&bad, "", "")).is_err());
         assert!(get(&shop).to_str().unwrap().contains("service.name=shop,"));
         assert_eq!(builds.get(), 2);
+    }
+
+    /// What a peer's baggage says becomes the client's facts, bounded:
+    /// empty, oversized and control-character facts are left out, and the
+    /// principal is the verified one.
+    #[test]
+    fn a_peers_baggage_names_the_client_within_bounds() {
+        let parsed = super::super::head::parse_baggage(
+            "k8s.cluster.name=west,k8s.namespace.name=shop,k8s.deployment.name=cart,\
+             service.name=cart-app,service.version=v3,cloud.region=eu,cloud.availability_zone=",
+        )
+        .expect("valid baggage");
+        let peer = parsed.peer(Some("spiffe://cluster.local/ns/shop/sa/cart".into()));
+        assert_eq!(peer.workload.as_deref(), Some("cart"));
+        assert_eq!(peer.namespace.as_deref(), Some("shop"));
+        assert_eq!(peer.canonical_service.as_deref(), Some("cart-app"));
+        assert_eq!(peer.canonical_revision.as_deref(), Some("v3"));
+        assert_eq!(peer.cluster.as_deref(), Some("west"));
+        assert_eq!(peer.region.as_deref(), Some("eu"));
+        assert_eq!(peer.zone, None);
+        assert_eq!(
+            peer.principal.as_deref(),
+            Some("spiffe://cluster.local/ns/shop/sa/cart")
+        );
+        let long = "a".repeat(MAX_BAGGAGE_FACT + 1);
+        let odd = Baggage {
+            namespace: long,
+            service: "tab%09bed".into(),
+            workload: ("pod".into(), "line\nbreak".into()),
+            ..Baggage::default()
+        };
+        let peer = odd.peer(None);
+        assert_eq!((peer.namespace, peer.workload), (None, None));
+        assert_eq!(peer.canonical_service.as_deref(), Some("tab%09bed"));
     }
 }

@@ -4,6 +4,8 @@
 //!
 //! Access records have their own target, `access`: `RUST_LOG=info,access=off`
 //! silences them, `warn,access=info` keeps only them and the warnings.
+//! DNS queries have theirs, `dns`, at debug level (`info,dns=debug` shows
+//! them).
 //! Warnings and errors are also copied to the last-minute ring that
 //! `dataplane status` shows, whatever the level ([`recent`]).
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tracing::{Instrument, info_span};
 
-use super::{PodContext, accept, connect_and_relay, finish, orig_dst::OrigDst, reap, refuse};
+use super::{PodContext, accept, connect_direct, finish, orig_dst::OrigDst, reap, record, refuse};
 use crate::{
     addr::{canonical, is_engine_port},
     policy::Request,
@@ -52,6 +52,7 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                     }),
                     destination: ctx.own_peer(&state),
                     service: None,
+                    trace: None,
                 };
                 let local = match local {
                     Ok(local) => canonical(local),
@@ -83,9 +84,19 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                 }
                 drop(state);
                 let (_live, kill) = ctx.mesh.live.register(None, src, local);
-                tokio::select! {
-                    () = connect_and_relay(stream, flow, (Some(src.ip()), local), &ctx) => {}
-                    () = kill.notified() => {}
+                // One wait for the kill, through the connect and the relay.
+                let killed = kill.notified();
+                tokio::pin!(killed);
+                let connect = connect_direct(stream, flow, (Some(src.ip()), local), &ctx);
+                let opened = tokio::select! {
+                    opened = connect => opened,
+                    () = &mut killed => None,
+                };
+                if let Some((relay, open)) = opened {
+                    tokio::select! {
+                        result = relay => record(result, open),
+                        () = &mut killed => open.revoke(),
+                    }
                 }
             }
             .instrument(span),

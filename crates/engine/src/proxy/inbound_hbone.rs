@@ -117,9 +117,13 @@ async fn serve_connection(
     };
     // Parsed from the certificate once; streams share it.
     let peer_identity = tls::peer_identity(tls.get_ref().1);
+    let known = ctx.mesh.peer_at(canonical(peer).ip());
+    // The mesh's default peer is what it answers for an address it does
+    // not know: the streams' baggage then says who the client is.
+    let source_known = *known != Peer::default();
     let source = Arc::new(Peer {
         principal: peer_identity.as_ref().map(Identity::to_uri),
-        ..(*ctx.mesh.peer_at(canonical(peer).ip())).clone()
+        ..(*known).clone()
     });
     let destination = ctx.own_peer(&ctx.mesh.state());
     let server = ServerContext {
@@ -149,6 +153,7 @@ async fn serve_connection(
         shutdown: ctx.stopping.subscribe(),
         metrics: Arc::clone(&ctx.mesh.metrics),
         source,
+        source_known,
         destination_baggage: ServerContext::baggage_of(&destination),
         destination,
         idle_timeout: ctx.mesh.hbone_idle_timeout,

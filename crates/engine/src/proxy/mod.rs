@@ -365,24 +365,11 @@ async fn accept(
     }
 }
 
-/// Connects to `dst` from inside the pod and relays: outbound direct hops
-/// (`client` is `None`: the pod's own address) and inbound plaintext (from
-/// the client's address when original source is on, see
-/// [`PodContext::connect_app`]).
-async fn connect_and_relay(
-    downstream: TcpStream,
-    flow: Flow,
-    (client, dst): (Option<IpAddr>, SocketAddr),
-    ctx: &PodContext,
-) {
-    if let Some((relay, open)) = connect_direct(downstream, flow, (client, dst), ctx).await {
-        record(relay.await, open);
-    }
-}
-
-/// The connect half of [`connect_and_relay`]: connects to `dst` and
-/// returns the relay to run with the connection's record, or refuses the
-/// connection (`None`).
+/// Connects to `dst` from inside the pod and returns the relay to run
+/// with the connection's record, or refuses the connection (`None`):
+/// outbound direct hops (`client` is `None`: the pod's own address) and
+/// inbound plaintext (from the client's address when original source is
+/// on, see [`PodContext::connect_app`]).
 async fn connect_direct(
     downstream: TcpStream,
     flow: Flow,

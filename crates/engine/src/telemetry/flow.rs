@@ -21,6 +21,8 @@ pub use crate::state::{Peer, ServiceRef};
 use super::{
     Meter,
     metrics::{FlowKey, Metrics, TcpCounters, TcpLabels},
+    outcome::{FailReason, ResponseFlags},
+    trace::{self, TraceId},
 };
 
 /// Which side of the mesh reports the connection.
@@ -82,85 +84,6 @@ impl Protocol {
     }
 }
 
-/// Why a connection could not be set up: the `reason` label of
-/// `dataplane_tcp_connections_failed_total` (the access record has the
-/// details).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailReason {
-    /// No kernel or netfilter record of where an outbound connection went.
-    NoOriginalDestination,
-    /// The destination is one of the engine's own ports (would loop).
-    EnginePort,
-    /// An authorization policy denied it.
-    Denied,
-    /// The destination refused or could not be reached.
-    ConnectFailed,
-    /// The destination did not answer in time.
-    ConnectTimeout,
-    /// A service without (reachable) endpoints.
-    NoEndpoints,
-    /// The HBONE tunnel could not be opened (dial, TLS, CONNECT status).
-    Tunnel,
-    /// An inbound TLS handshake failed.
-    TlsHandshake,
-    /// An inbound HBONE connection did not finish its TLS handshake, HTTP/2
-    /// preface and first SETTINGS in time.
-    HandshakeTimeout,
-    /// A malformed or disallowed CONNECT request.
-    BadRequest,
-    /// The app behind an inbound tunnel could not be reached.
-    AppUnreachable,
-    /// The client's connection failed (was reset) before it was relayed.
-    ClientFailed,
-    /// The pod this agent serves is unknown to the control plane.
-    UnknownWorkload,
-    /// Anything else (a socket could not be created, ...).
-    Internal,
-}
-
-impl FailReason {
-    /// Istio's `response_flags` for it: `DENY` (a policy), `CONNECT` (the
-    /// destination or its node could not be reached), `TLS_FAILURE`,
-    /// `H2_HANDSHAKE_FAILURE`, or `-` where Istio has no flag.
-    pub fn response_flags(self) -> &'static str {
-        match self {
-            Self::Denied => "DENY",
-            Self::ConnectFailed
-            | Self::ConnectTimeout
-            | Self::NoEndpoints
-            | Self::Tunnel
-            | Self::AppUnreachable => "CONNECT",
-            Self::TlsHandshake => "TLS_FAILURE",
-            Self::HandshakeTimeout | Self::BadRequest => "H2_HANDSHAKE_FAILURE",
-            Self::NoOriginalDestination
-            | Self::EnginePort
-            | Self::ClientFailed
-            | Self::UnknownWorkload
-            | Self::Internal => "-",
-        }
-    }
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NoOriginalDestination => "no_original_destination",
-            Self::EnginePort => "engine_port",
-            Self::Denied => "denied",
-            Self::ConnectFailed => "connect_failed",
-            Self::ConnectTimeout => "connect_timeout",
-            Self::NoEndpoints => "no_endpoints",
-            Self::Tunnel => "tunnel_failed",
-            Self::TlsHandshake => "tls_handshake",
-            Self::HandshakeTimeout => "handshake_timeout",
-            Self::BadRequest => "bad_request",
-            Self::AppUnreachable => "app_unreachable",
-            Self::ClientFailed => "client_failed",
-            Self::UnknownWorkload => "unknown_workload",
-            Self::Internal => "internal",
-        }
-    }
-}
-
 /// A connection the engine is handling.
 #[derive(Debug, Clone)]
 pub struct Flow {
@@ -181,6 +104,9 @@ pub struct Flow {
     /// client dialled (outbound), or the one the client named or whose
     /// port it reached (inbound).
     pub service: Option<Arc<ServiceRef>>,
+    /// The W3C trace id its tunnel carries in `traceparent` (sent or
+    /// received), which joins the two nodes' records; `None` off HBONE.
+    pub trace: Option<TraceId>,
 }
 
 fn label(value: Option<&String>) -> String {
@@ -192,7 +118,7 @@ fn field(value: Option<&String>) -> &str {
 }
 
 impl Flow {
-    fn labels(&self, response_flags: &'static str) -> TcpLabels {
+    fn labels(&self, response_flags: ResponseFlags) -> TcpLabels {
         let (src, dst) = (&*self.source, &*self.destination);
         let service = self.service.as_deref();
         let of_service = |f: fn(&ServiceRef) -> &String| label(service.map(f));
@@ -218,7 +144,7 @@ impl Flow {
             destination_version: label(dst.canonical_revision.as_ref()),
             destination_cluster: label(dst.cluster.as_ref()),
             request_protocol: "tcp",
-            response_flags,
+            response_flags: response_flags.as_str(),
             connection_security_policy: self.protocol.security(),
             source_region: label(src.region.as_ref()),
             source_zone: label(src.zone.as_ref()),
@@ -245,7 +171,7 @@ impl Flow {
             destination: Arc::clone(&self.destination),
             service: self.service.clone(),
         };
-        let counters = metrics.opened(self.direction, &key, || self.labels("-"));
+        let counters = metrics.opened(self.direction, &key, || self.labels(ResponseFlags::None));
         OpenFlow {
             flow: self,
             started: Instant::now(),
@@ -270,14 +196,18 @@ impl Flow {
         open.counters.received.inc_by(sent);
         open.counters.sent.inc_by(received);
         open.started = Instant::now().checked_sub(duration).unwrap_or(open.started);
-        open.close(sent, received, None);
+        open.record(sent, received, None, ResponseFlags::None);
     }
 
-    /// The connection was refused or could not be set up: counts it and
-    /// writes its access record.
+    /// The connection was refused or could not be set up: counts it (in
+    /// Istio's family only when it has a response flag, as ztunnel counts
+    /// it) and writes its access record.
     pub fn refuse(&self, metrics: &Metrics, reason: FailReason, detail: &str) {
         metrics.failed(self.direction.as_str(), reason.as_str());
-        metrics.istio_failed(&self.labels(reason.response_flags()));
+        let flags = reason.response_flags();
+        if flags.is_failure() {
+            metrics.istio_failed(&self.labels(flags));
+        }
         warn!(
             target: "access",
             direction = self.direction.as_str(),
@@ -292,6 +222,8 @@ impl Flow {
             dst_identity = field(self.destination.principal.as_ref()),
             service = self.service_field(),
             reason = reason.as_str(),
+            response_flags = flags.as_str(),
+            trace_id = %trace::field(self.trace),
             error = detail,
             "connection refused"
         );
@@ -337,14 +269,42 @@ impl OpenFlow {
     /// server and `received` came back (for the access record; the byte
     /// metrics were counted as they passed); `error` says how it failed,
     /// if it did (counts can then be short: bytes of a failed relay are
-    /// not known).
+    /// not known). A failed connection is flagged `CONNECT`, as ztunnel
+    /// flags an error it has no better flag for
+    /// (`ConnectionResult::extract_failure_reason`).
     pub fn close(mut self, sent: u64, received: u64, error: Option<&str>) {
-        self.record(sent, received, error);
+        let flags = match error {
+            Some(_) => ResponseFlags::Connect,
+            None => ResponseFlags::None,
+        };
+        self.record(sent, received, error, flags);
     }
 
-    fn record(&mut self, sent: u64, received: u64, error: Option<&str>) {
+    /// Policy no longer allows the connection and the agent closed it:
+    /// flagged `DENY`, as ztunnel flags a connection its policy closes
+    /// late (`AuthorizationPolicyLateRejection`).
+    pub fn revoke(mut self) {
+        self.record(
+            0,
+            0,
+            Some("closed by the agent: policy now denies it"),
+            ResponseFlags::Deny,
+        );
+    }
+
+    fn record(&mut self, sent: u64, received: u64, error: Option<&str>, flags: ResponseFlags) {
         self.closed = true;
-        self.counters.closed.inc();
+        if flags.is_failure() {
+            // Istio's closed and failed counts carry the flag (ztunnel
+            // `ConnectionResult::record_internal`); bytes and opens keep
+            // `-`. Built only for failures: the common close reuses the
+            // counters resolved at open.
+            let labels = self.flow.labels(flags);
+            self.metrics.closed_with(&labels);
+            self.metrics.istio_failed(&labels);
+        } else {
+            self.counters.closed.inc();
+        }
         self.metrics.gone(self.flow.direction);
         let flow = &self.flow;
         let duration_ms = self.started.elapsed().as_millis() as u64;
@@ -369,6 +329,8 @@ impl OpenFlow {
             bytes_sent = sent,
             bytes_received = received,
             duration_ms,
+            response_flags = flags.as_str(),
+            trace_id = %trace::field(flow.trace),
             error = error.unwrap_or("-"),
             "{message}"
         );
@@ -380,7 +342,12 @@ impl Drop for OpenFlow {
         if !self.closed {
             // The task was cancelled: a policy change or the drain deadline
             // closed the connection under it.
-            self.record(0, 0, Some("closed by the agent (policy change or drain)"));
+            self.record(
+                0,
+                0,
+                Some("closed by the agent (policy change or drain)"),
+                ResponseFlags::Connect,
+            );
         }
     }
 }
@@ -407,6 +374,7 @@ mod tests {
             source,
             destination,
             service: None,
+            trace: None,
         }
     }
 
@@ -475,6 +443,58 @@ mod tests {
             "{text}"
         );
         drop((other, inbound));
+        assert_eq!(metrics.open_connections(), 0);
+    }
+
+    /// Istio's response flags reach the closed and failed families and the
+    /// access record: `-` for a clean close, `CONNECT` for a failed one or
+    /// one the agent dropped, `DENY` for one policy closed later, and a
+    /// refusal counts in Istio's family only when it has a flag.
+    #[test]
+    fn response_flags_follow_how_a_connection_ended() {
+        let metrics = Arc::new(Metrics::new());
+        let open = || flow(Direction::Inbound, peer("client"), peer("server")).open(&metrics);
+        open().close(1, 2, None);
+        open().close(0, 0, Some("reset"));
+        drop(open());
+        open().revoke();
+        let closed = |flags: &str| {
+            samples(
+                &metrics,
+                "istio_tcp_connections_closed",
+                &format!("response_flags=\"{flags}\""),
+            )
+        };
+        assert_eq!(closed("-").len(), 1);
+        assert_eq!(closed("-")[0].1, "1");
+        assert_eq!(closed("CONNECT")[0].1, "2");
+        assert_eq!(closed("DENY")[0].1, "1");
+        let failed = |flags: &str| {
+            samples(
+                &metrics,
+                "istio_tcp_connections_failed",
+                &format!("response_flags=\"{flags}\""),
+            )
+        };
+        assert_eq!(failed("CONNECT")[0].1, "2");
+        assert_eq!(failed("DENY")[0].1, "1");
+        // Opens and bytes keep `-`, as ztunnel resolves them at open.
+        let opened = samples(&metrics, "istio_tcp_connections_opened", "reporter");
+        assert_eq!(opened.len(), 1, "{opened:?}");
+        assert!(opened[0].0.contains("response_flags=\"-\""), "{opened:?}");
+        // An early denial (ztunnel's `log_early_deny`) is ours alone; a
+        // tunnel that timed out is NETWORK_POLICY.
+        let refused = flow(Direction::Outbound, peer("client"), peer("server"));
+        refused.refuse(&metrics, FailReason::EnginePort, "loop");
+        refused.refuse(&metrics, FailReason::TunnelTimeout, "no answer");
+        assert!(failed("-").is_empty());
+        assert_eq!(failed("NETWORK_POLICY")[0].1, "1");
+        let text = metrics.encode().expect("encodes");
+        assert!(
+            text.contains("reason=\"engine_port\"} 1")
+                && text.contains("reason=\"tunnel_timeout\"} 1"),
+            "{text}"
+        );
         assert_eq!(metrics.open_connections(), 0);
     }
 }

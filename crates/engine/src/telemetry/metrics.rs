@@ -69,8 +69,9 @@ pub struct TcpLabels {
     pub destination_cluster: String,
     /// Always `tcp`: the engine does not parse application protocols.
     pub request_protocol: &'static str,
-    /// `-` for a connection that was set up; Istio's flag (`DENY`,
-    /// `CONNECT`, `TLS_FAILURE`, ...) for one that was not.
+    /// `-` for a connection that was set up and ended cleanly; Istio's flag
+    /// ([`super::ResponseFlags`]: `DENY`, `CONNECT`, `NETWORK_POLICY`, ...)
+    /// for one that was not, or that failed or was closed by the agent.
     pub response_flags: &'static str,
     /// `mutual_tls` for HBONE, `none` for plaintext.
     pub connection_security_policy: &'static str,
@@ -371,6 +372,12 @@ impl Metrics {
     /// Counts a connection that could not be set up, in Istio's family.
     pub(super) fn istio_failed(&self, labels: &TcpLabels) {
         self.istio_failed.get_or_create(labels).inc();
+    }
+
+    /// Counts a connection as closed under `labels` (a failed one, whose
+    /// response flags differ from those it was opened with).
+    pub(super) fn closed_with(&self, labels: &TcpLabels) {
+        self.closed.get_or_create(labels).inc();
     }
 
     /// Counts a failed accept on `listener`; `reason` is `descriptors`,

@@ -12,18 +12,22 @@
 mod flow;
 mod meter;
 mod metrics;
+mod outcome;
 mod process;
 mod state;
+mod trace;
 
 use std::sync::Arc;
 
 use http::{Method, StatusCode};
 
-pub use flow::{Direction, FailReason, Flow, OpenFlow, Peer, Protocol, ServiceRef};
+pub use flow::{Direction, Flow, OpenFlow, Peer, Protocol, ServiceRef};
 pub use meter::Meter;
 pub use metrics::{Metrics, TcpLabels};
+pub use outcome::{FailReason, ResponseFlags};
 pub use state::StateCollector;
 use tokio::net::TcpListener;
+pub use trace::TraceId;
 
 use crate::httpd::{self, Handler, Reply};
 

@@ -22,7 +22,10 @@ pub use plan::{Action, EndpointChoice, Hop, OutboundPlan, TunnelHop, plan};
 
 use super::{PodContext, connect_direct, finish, orig_dst::OrigDst, reap, refuse};
 use crate::{
-    hbone::{PoolError, PoolKey, Tunnel, wire::Baggage},
+    hbone::{
+        PoolError, PoolKey, Tunnel,
+        wire::{self, Baggage},
+    },
     logging::Chain,
     relay::relay_tunnel,
     state::{DeadEndpoints, ServiceEntry},
@@ -121,6 +124,7 @@ async fn decide(
             source: Arc::clone(&ctx.peer),
             destination: Arc::default(),
             service: None,
+            trace: None,
         };
         refuse(stream, &flow, ctx, FailReason::UnknownWorkload, &detail);
         return None;
@@ -136,6 +140,7 @@ async fn decide(
         source: ctx.own_peer(&state),
         destination: Arc::default(),
         service: None,
+        trace: None,
     };
     let (reason, detail) = match dst {
         Ok(Some(dst)) => {
@@ -183,6 +188,7 @@ async fn open_way(
         Action::Hop(Hop::Tunnel(hop)) => {
             flow.destination = Arc::clone(&hop.workload.peer);
             flow.protocol = Protocol::Hbone;
+            flow.trace = Some(wire::new_trace_id());
             let early = match early_bytes(&stream, ctx) {
                 Ok(early) => early,
                 Err(err) => return client_failed(stream, &flow, ctx, &err),
@@ -191,7 +197,7 @@ async fn open_way(
                 Ok(tunnel) => Some(Way::Tunnel(stream, flow, tunnel, early.len() as u64)),
                 Err(err) => {
                     let reason = Chain(&err).to_string();
-                    refuse(stream, &flow, ctx, FailReason::Tunnel, &reason);
+                    refuse(stream, &flow, ctx, tunnel_failure(&err), &reason);
                     None
                 }
             };
@@ -225,6 +231,7 @@ async fn open_way(
         };
         flow.destination = Arc::clone(&hop.workload.peer);
         flow.protocol = Protocol::Hbone;
+        flow.trace = flow.trace.or_else(|| Some(wire::new_trace_id()));
         match open_tunnel(ctx, &hop, &flow, &early).await {
             Ok(tunnel) => return Some(Way::Tunnel(stream, flow, tunnel, early.len() as u64)),
             // The endpoint's node did not answer: skip it for a while and
@@ -237,7 +244,7 @@ async fn open_way(
             }
             Err(err) => {
                 let reason = Chain(&err).to_string();
-                refuse(stream, &flow, ctx, FailReason::Tunnel, &reason);
+                refuse(stream, &flow, ctx, tunnel_failure(&err), &reason);
                 return None;
             }
         }
@@ -284,6 +291,23 @@ fn client_failed(stream: TcpStream, flow: &Flow, ctx: &PodContext, err: &io::Err
     None
 }
 
+/// Why a tunnel did not open, as ztunnel tells its failures apart
+/// (`src/proxy/pool.rs` `ConnSpawner::new_pool_conn`: a connect to the
+/// peer that timed out may be a NetworkPolicy; `src/proxy/metrics.rs`
+/// `extract_failure_reason`: HTTP/2 errors are their own flag, the rest
+/// `CONNECT`).
+fn tunnel_failure(err: &PoolError) -> FailReason {
+    match err {
+        PoolError::Dial { source, .. } if source.kind() == io::ErrorKind::TimedOut => {
+            FailReason::TunnelTimeout
+        }
+        PoolError::Http2 { .. } => FailReason::TunnelHttp2,
+        PoolError::Dial { .. } | PoolError::Request { .. } | PoolError::Refused { .. } => {
+            FailReason::Tunnel
+        }
+    }
+}
+
 /// The connection's far end in telemetry: the workload, or nobody known.
 fn destination(peer: Option<&Arc<Peer>>) -> Arc<Peer> {
     peer.map(Arc::clone).unwrap_or_default()
@@ -321,11 +345,13 @@ async fn open_tunnel(
             authority: authority.clone(),
             source: err.into(),
         })?;
+    // One trace id for the connection, whichever hop carries it.
+    let traceparent = wire::traceparent(flow.trace.unwrap_or_else(wire::new_trace_id));
     // Boxed: the dial and handshake state is large and only lives while
     // the tunnel opens, not for the connection's whole life.
     Box::pin(
         ctx.pool
-            .connect(&key, &authority, forwarded, &baggage, early),
+            .connect(&key, &authority, forwarded, (&baggage, &traceparent), early),
     )
     .await
 }
