@@ -20,10 +20,11 @@ use tokio::{
 };
 use tracing::{info, warn};
 
+pub mod config;
+
 use crate::{
     admin,
-    cli::engine::EngineMode,
-    cli::{AfterHandover, CaptureMode, RunArgs},
+    agent::config::{AfterHandover, AgentConfig, CaConfig, Capture, CertsConfig, EngineConfig},
     config::{ConfigError, LocalConfig},
     control,
     enroll::{
@@ -35,10 +36,7 @@ use crate::{
     inspect::{AgentView, Endpoints, KernelPrograms},
     mesh::MeshContext,
     preflight::{self, PreflightError, PreflightInput},
-    proxy::{
-        handshakes::{HandshakeLimits, PendingHandshakes},
-        keepalive::Keepalive,
-    },
+    proxy::handshakes::{HandshakeLimits, PendingHandshakes},
     readiness::{Readiness, Step},
     redirect::{PinLayout, RedirectError, Redirector, RedirectorOptions},
     reload,
@@ -48,7 +46,6 @@ use crate::{
     tls::{self, ClientConfigCache},
     workers::{Threading, Workers},
     xds::{XdsClient, XdsMetrics},
-    zds::ZdsConfig,
 };
 
 /// How long GOAWAY frames get to leave before connections are closed.
@@ -108,18 +105,12 @@ pub enum AgentError {
     /// The Kubernetes client for --kube could not be set up.
     #[error(transparent)]
     Kube(#[from] crate::kube::KubeError),
-    /// The enrollment rule is invalid.
+    /// istiod's root certificate file is unusable.
     #[error(transparent)]
-    EnrollmentRule(#[from] crate::kube::optin::RuleError),
-    /// The Istio flags do not fit together, or a file they name is unusable.
+    IstiodRoots(#[from] config::RootsError),
+    /// `--original-source on` cannot work on this host.
     #[error(transparent)]
-    Istio(#[from] crate::cli::istio::IstioArgsError),
-    /// The original-source flags do not fit this agent.
-    #[error(transparent)]
-    OriginalSource(#[from] crate::cli::original_source::OriginalSourceArgsError),
-    /// The engine flags do not fit together.
-    #[error(transparent)]
-    Engine(#[from] crate::cli::engine::EngineArgsError),
+    OriginalSource(#[from] config::OriginalSourceError),
     /// The certificate source's roots cannot form a trust bundle.
     #[error("cannot trust the roots of {source_name}: {source}")]
     TrustBundle {
@@ -132,11 +123,17 @@ pub enum AgentError {
     /// The mounted certificate directory has no usable root bundle.
     #[error(transparent)]
     CertDir(#[from] crate::identity::CertDirError),
+    /// `--cert-source istio` in a configuration without istiod (one not
+    /// built by `RunArgs::into_config`).
+    #[error("--cert-source istio needs --istiod-address")]
+    NoIstiod,
 }
 
 /// Runs the agent until SIGINT, SIGTERM or the admin `/quitquitquit`,
 /// then drains.
-pub async fn run(args: RunArgs) -> Result<(), AgentError> {
+pub async fn run(args: AgentConfig) -> Result<(), AgentError> {
+    info!(config = %serde_json::to_string(&args).unwrap_or_default(), "agent configuration");
+    let args = Arc::new(args);
     let started = Instant::now();
     // First: a container runtime starts us with 1,024 descriptors whatever
     // the hard limit, and every connection costs descriptors.
@@ -151,19 +148,17 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         start_endpoint(
             "readiness",
             "GET /healthz/ready",
-            args.readiness_addr,
+            args.endpoints.readiness,
             args.takeover,
             |l| crate::readiness::serve(l, readiness),
         )
         .await
     };
-    args.engine
-        .check(args.capture, args.takeover, args.proxy_mark)?;
-    let xds_config = args.istio.xds_config(args.node.as_deref())?;
+    let xds_config = args.xds_config()?;
     if xds_config.is_none() {
         readiness.done(Step::Xds);
     }
-    let config = match &args.config {
+    let config = match &args.workloads_file {
         Some(path) => LocalConfig::from_file(path)?,
         None => LocalConfig::embedded()?,
     };
@@ -173,7 +168,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
 
     let cgroup = preflight::check(&PreflightInput {
         bpffs: &args.state.bpffs,
-        cgroup: args.cgroup.as_deref(),
+        cgroup: args.redirect.cgroup.as_deref(),
     })?;
     // Before any state is touched (CA, kernel programs, pods, the control
     // socket): a second agent of this instance must change nothing, unless
@@ -194,7 +189,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         start_endpoint(
             "metrics",
             "GET /metrics",
-            args.metrics_addr,
+            args.endpoints.metrics,
             args.takeover,
             |l| telemetry::serve(l, metrics),
         )
@@ -202,23 +197,23 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     };
     let pins = PinLayout::new(&args.state.bpffs, &args.state.instance);
     let mut options = RedirectorOptions::new(cgroup, pins.clone());
-    options.config.proxy_mark = args.proxy_mark;
-    options.config.transparent_mark = args.original_source.kernel_mark(args.proxy_mark)?;
-    options.fail_open = args.fail_open;
-    options.probe_sources = args.probe_sources.clone();
-    options.node_netns = args.node_netns.clone();
+    options.config.proxy_mark = args.redirect.proxy_mark;
+    options.config.transparent_mark = args.original_source.kernel_mark();
+    options.fail_open = args.redirect.fail_open;
+    options.probe_sources = args.redirect.probe_sources.clone();
+    options.node_netns = args.redirect.node_netns.clone();
     // Under iptables capture (the benchmarks' baseline) no kernel program
     // is loaded: rules someone else installed steer traffic to the same
     // listeners.
     let redirector = match args.capture {
-        CaptureMode::Ebpf => Some(Redirector::attach(&options)?),
-        CaptureMode::Iptables => {
+        Capture::Ebpf => Some(Redirector::attach(&options)?),
+        Capture::Iptables => {
             info!("iptables capture: no kernel program loaded or attached");
             None
         }
     };
-    if redirector.is_some() && args.engine.engine == EngineMode::Builtin {
-        start_fast_path(&pins, args.fast_path.is_on(), &mesh);
+    if redirector.is_some() && matches!(args.engine, EngineConfig::Builtin) {
+        start_fast_path(&pins, args.redirect.fast_path, &mesh);
     }
     let kernel = redirector.as_ref().map(|r| {
         let (programs, cgroup) = r.attached();
@@ -237,31 +232,27 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     // DNS is captured by the kernel programs only.
     let dns = match redirector {
         Some(_) => Some(Arc::new(crate::dns::DnsSettings::new(
-            &crate::dns::DnsConfig::from(&args.dns),
+            &args.dns,
             Arc::clone(&mesh),
-            args.proxy_mark,
+            args.redirect.proxy_mark,
         )?)),
         None => None,
     };
     // `--engine ztunnel`: the ZDS server starts once the pods enrolled
     // before are re-adopted, so ztunnel's first snapshot has them all.
     let ztunnel_events = Arc::new(ZtunnelEvents::default());
-    let external = match args.engine.engine {
-        EngineMode::Builtin => None,
-        EngineMode::Ztunnel => Some(ExternalEngine::new(
-            ZdsConfig {
-                socket: args.engine.zds_socket.clone(),
-                request_timeout: args.engine.zds_ack_timeout,
-                ..ZdsConfig::default()
-            },
+    let external = match &args.engine {
+        EngineConfig::Builtin => None,
+        EngineConfig::Ztunnel { zds } => Some(ExternalEngine::new(
+            zds.clone(),
             Arc::clone(&ztunnel_events),
         )),
     };
     // From here on the enrollment actor owns the pods and the kernel
     // programs; everything else sends it commands.
     let instance_dir = args.state.state_dir.join(&args.state.instance);
-    let workers = Arc::new(match Threading::from(args.threading) {
-        Threading::Pinned => Workers::pinned(args.worker_threads.map_or_else(
+    let workers = Arc::new(match args.workers.threading {
+        Threading::Pinned => Workers::pinned(args.workers.threads.map_or_else(
             || std::thread::available_parallelism().map_or(1, usize::from),
             usize::from,
         ))?,
@@ -272,7 +263,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
             redirector,
             pins.clone(),
             EngineSettings {
-                proxy_mark: args.proxy_mark,
+                proxy_mark: args.redirect.proxy_mark,
                 original_source,
                 mesh: Arc::clone(&mesh),
                 dns,
@@ -313,15 +304,15 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     }));
     // With --kube, this node's pods that opted in are enrolled (and those
     // gone unenrolled) from the Kubernetes API; configured workloads stay.
-    let kube_task = if args.kube {
+    let kube_task = if let Some(kube) = &args.kube {
         Some(
             crate::kube::start_for_agent(
                 crate::kube::AgentReconcilerOptions {
-                    node: args.node.clone(),
-                    kubeconfig: args.kubeconfig.clone(),
-                    trust_domain: args.trust_domain.clone(),
+                    node: Some(kube.node.clone()),
+                    kubeconfig: kube.kubeconfig.clone(),
+                    trust_domain: args.mesh.trust_domain.clone(),
                     keep: config.workloads.iter().map(|w| w.uid.clone()).collect(),
-                    rule: enrollment_rule(&args)?,
+                    rule: kube.rule.clone(),
                 },
                 enroller.clone(),
                 &mesh.metrics,
@@ -366,7 +357,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     let admin_listener = bind_endpoint(
         "admin",
         "/config_dump, /logging, /quitquitquit",
-        args.admin_addr,
+        args.endpoints.admin,
         args.takeover,
     )
     .await;
@@ -377,11 +368,9 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     };
     let view = Arc::new(AgentView {
         instance: args.state.instance.clone(),
-        capture: match args.capture {
-            CaptureMode::Ebpf => "ebpf",
-            CaptureMode::Iptables => "iptables",
-        },
-        fail_open: args.fail_open,
+        capture: args.capture.name(),
+        fail_open: args.redirect.fail_open,
+        config: Arc::clone(&args),
         endpoints,
         readiness: Arc::clone(&readiness),
         mesh: Arc::clone(&mesh),
@@ -410,7 +399,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     drop(view);
     // Only a config file can change; the embedded default cannot.
     let reload_task = args
-        .config
+        .workloads_file
         .clone()
         .map(|path| tokio::spawn(reload::watch(path, Arc::clone(&mesh), Arc::clone(&sources))));
     let xds_tasks = xds.map(|(client, snapshots, origin, applied)| {
@@ -425,7 +414,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     });
 
     release_startup_memory();
-    info!(instance = %args.state.instance, control = %socket.display(), on_exit = ?args.on_exit, fail_open = args.fail_open, "agent ready");
+    info!(instance = %args.state.instance, control = %socket.display(), on_exit = ?args.redirect.on_exit, fail_open = args.redirect.fail_open, "agent ready");
     // Whether the stop came from a hand-over rather than a signal or
     // /quitquitquit: only then may the process have to outlive its drain.
     let stopped_by_handover = tokio::select! {
@@ -441,7 +430,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
     // kernel state is the new agent's, whatever --on-exit says.
     let handed_over = giver.settle().await.is_some();
     readiness.start_draining();
-    drain(&mesh, &shutdown_tx, args.drain_timeout).await;
+    drain(&mesh, &shutdown_tx, args.mesh.drain_timeout).await;
     rotation.abort();
     let endpoint_tasks = [readiness_task, metrics_task]
         .into_iter()
@@ -475,7 +464,7 @@ pub async fn run(args: RunArgs) -> Result<(), AgentError> {
         // Kernel state, the state file and the lock are the new agent's.
         enroller.release().await?;
     } else {
-        enroller.shutdown(args.on_exit).await?;
+        enroller.shutdown(args.redirect.on_exit).await?;
     }
     if stopped_by_handover && args.after_handover == AfterHandover::Wait {
         // A pod's container that exits is restarted by the kubelet, and
@@ -628,23 +617,10 @@ fn start_fast_path(pins: &PinLayout, default_on: bool, mesh: &Arc<MeshContext>) 
     let _ = mesh.fast_path.set(fast);
 }
 
-/// Which pods the reconciler enrolls: `--enablement-selectors` (Istio's
-/// by default) and `--exclude-namespace`.
-fn enrollment_rule(args: &RunArgs) -> Result<crate::kube::optin::EnrollmentRule, AgentError> {
-    let selectors = args
-        .enablement_selectors
-        .as_ref()
-        .map_or_else(crate::kube::optin::istio_default_selectors, |s| s.0.clone());
-    Ok(crate::kube::optin::EnrollmentRule::new(
-        &selectors,
-        args.exclude_namespaces.iter().cloned(),
-    )?)
-}
-
 /// The CA, certificate store (with its rotation task), workload index and
 /// drain signal every pod's engine shares.
 fn mesh_context(
-    args: &RunArgs,
+    args: &AgentConfig,
     config: &LocalConfig,
     nofile: crate::nofile::NofileLimit,
 ) -> Result<MeshParts, AgentError> {
@@ -662,7 +638,7 @@ fn mesh_context(
         source,
         Arc::clone(&roots),
         tls::provider(),
-        args.cert_lifetime,
+        args.mesh.cert_lifetime,
     ));
     let rotation = Arc::clone(&certs).spawn_rotation();
     let state = MeshState::from_config(config)?;
@@ -677,23 +653,16 @@ fn mesh_context(
         client_configs: ClientConfigCache::new(Arc::clone(&certs), Arc::clone(&roots), 1024),
         certs,
         roots,
-        trust_domain: args.trust_domain.clone(),
+        trust_domain: args.mesh.trust_domain.clone(),
         shutdown,
-        drain_timeout: args.drain_timeout,
+        drain_timeout: args.mesh.drain_timeout,
         pool_idle_timeout: POOL_IDLE_TIMEOUT,
-        pool_spread: crate::hbone::pool::PoolSpread {
-            busy_streams: args.hbone_pool_busy_streams.into(),
-            max_connections: args.hbone_pool_max_connections.into(),
-        },
-        early_data: args.hbone_early_data.is_on(),
+        pool_spread: args.mesh.pool_spread,
+        early_data: args.mesh.hbone_early_data,
         handshakes: Arc::new(PendingHandshakes::new(handshakes, Arc::clone(&metrics))),
-        hbone_idle_timeout: args.hbone_idle_timeout,
-        require_known_workloads: args.istio.xds,
-        keepalive: args.keepalive.is_on().then_some(Keepalive {
-            time: args.keepalive_time,
-            interval: args.keepalive_interval,
-            retries: args.keepalive_retries,
-        }),
+        hbone_idle_timeout: args.mesh.hbone_idle_timeout,
+        require_known_workloads: args.xds.is_some(),
+        keepalive: args.mesh.keepalive,
         metrics,
         fast_path: Default::default(),
     });
@@ -708,41 +677,28 @@ fn mesh_context(
 /// bundle starts with (the CA's, istiod's root file, or the mounted
 /// `root-cert.pem`).
 fn cert_source(
-    args: &RunArgs,
+    args: &AgentConfig,
 ) -> Result<(CertSource, Vec<rustls::pki_types::CertificateDer<'static>>), AgentError> {
-    use crate::cli::istio::CertSourceKind;
-    match args.istio.cert_source {
-        CertSourceKind::Builtin => {
-            let ca = match (&args.ca_cert, &args.ca_key) {
-                (Some(cert), Some(key)) => Ca::from_files(cert, key)?,
-                _ => {
-                    let dir = args
-                        .ca_dir
-                        .clone()
-                        .unwrap_or_else(|| args.state.state_dir.join("ca"));
-                    Ca::load_or_generate(&dir)?
-                }
+    match (&args.certs, &args.istiod) {
+        (CertsConfig::Builtin { ca }, _) => {
+            let ca = match ca {
+                CaConfig::Files { cert, key } => Ca::from_files(cert, key)?,
+                CaConfig::Dir(dir) => Ca::load_or_generate(dir)?,
             };
             let root = ca.root_der().clone();
             Ok((CertSource::Builtin(Arc::new(ca)), vec![root]))
         }
-        CertSourceKind::Istio => {
-            let roots = crate::cli::istio::read_root_certs(&args.istio.istiod_root_cert)?;
-            let istiod =
-                args.istio
-                    .endpoint()?
-                    .ok_or(crate::cli::istio::IstioArgsError::Missing {
-                        what: "--cert-source istio",
-                        needed: "--istiod-address",
-                    })?;
+        (CertsConfig::Istio, Some(istiod)) => {
+            let roots = config::read_root_certs(&istiod.root_cert)?;
             let ca = IstioCa {
-                istiod,
+                istiod: istiod.endpoint()?,
                 impersonate: true,
             };
             Ok((CertSource::Istio(ca), roots))
         }
-        CertSourceKind::Files => {
-            let dir = CertDir::new(args.istio.cert_dir()?.unwrap_or_default());
+        (CertsConfig::Istio, None) => Err(AgentError::NoIstiod),
+        (CertsConfig::Files { dir }, _) => {
+            let dir = CertDir::new(dir.clone());
             let roots = dir.read_roots()?;
             Ok((CertSource::Files(dir), roots))
         }
@@ -751,22 +707,23 @@ fn cert_source(
 
 /// The bounds on inbound HBONE handshakes: the flags, the node-wide one
 /// derived from the descriptor limit unless set.
-fn handshake_limits(args: &RunArgs, nofile: crate::nofile::NofileLimit) -> HandshakeLimits {
+fn handshake_limits(args: &AgentConfig, nofile: crate::nofile::NofileLimit) -> HandshakeLimits {
     let as_usize = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
     let limits = HandshakeLimits {
         node: args
+            .mesh
             .max_pending_handshakes
             .map_or_else(|| nofile.default_handshake_budget(), as_usize),
-        per_pod: as_usize(args.max_pending_handshakes_per_pod),
-        per_source: as_usize(args.max_pending_handshakes_per_source),
-        timeout: args.hbone_handshake_timeout,
+        per_pod: as_usize(args.mesh.max_pending_handshakes_per_pod),
+        per_source: as_usize(args.mesh.max_pending_handshakes_per_source),
+        timeout: args.mesh.hbone_handshake_timeout,
     };
     info!(
         node = limits.node,
         per_pod = limits.per_pod,
         per_source = limits.per_source,
         timeout_ms = limits.timeout.as_millis() as u64,
-        idle_timeout_ms = args.hbone_idle_timeout.as_millis() as u64,
+        idle_timeout_ms = args.mesh.hbone_idle_timeout.as_millis() as u64,
         fd_limit = nofile.soft,
         "inbound HBONE handshake bounds"
     );

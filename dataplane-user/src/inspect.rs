@@ -37,6 +37,8 @@ pub struct AgentView {
     pub capture: &'static str,
     /// Whether pods' traffic passes uncaptured while no agent serves them.
     pub fail_open: bool,
+    /// The configuration the agent was started with.
+    pub config: Arc<crate::agent::config::AgentConfig>,
     /// Where the HTTP endpoints listen.
     pub endpoints: Endpoints,
     /// Start-up progress and drain state.
@@ -540,6 +542,9 @@ impl AgentView {
             "generatedAt": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             "config": state.provenance.annotate(config.to_json()),
             "configError": config_error,
+            // What the agent runs with (its flags, checked); `config` is
+            // the workloads, services and policies in force.
+            "agentConfig": serde_json::to_value(&*self.config).unwrap_or_default(),
             "xds": self.xds_view(),
             "pods": pods,
             "departedPods": departed,

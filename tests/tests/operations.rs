@@ -512,6 +512,16 @@ fn admin_is_reachable_on_loopback_only() -> anyhow::Result<()> {
         assert!(dump["config"].get(key).is_some(), "config.{key}: {dump:#}");
     }
     assert_eq!(dump["kernel"]["capture"], "ebpf", "{dump:#}");
+    // What the agent runs with: its flags, as one checked configuration.
+    let config = &dump["agentConfig"];
+    assert_eq!(config["state"]["instance"], agent.instance(), "{config:#}");
+    assert_eq!(config["capture"], "ebpf", "{config:#}");
+    assert_eq!(config["redirect"]["onExit"], "detach", "{config:#}");
+    assert_eq!(
+        config["endpoints"]["admin"].as_str(),
+        Some("127.0.0.1:0"),
+        "{config:#}"
+    );
     assert!(
         dump["kernel"]["pinnedLinks"]
             .as_array()
@@ -562,6 +572,43 @@ fn admin_is_reachable_on_loopback_only() -> anyhow::Result<()> {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("loopback"), "{stderr}");
+    Ok(())
+}
+
+/// Flags that do not fit together are refused before anything starts:
+/// exit 2 and a message naming the flag and what to do.
+#[test]
+fn conflicting_flags_exit_2_naming_the_flag() -> anyhow::Result<()> {
+    for (flags, named) in [
+        (
+            &["--engine", "ztunnel", "--capture", "iptables"][..],
+            "--engine ztunnel cannot run with --capture iptables",
+        ),
+        (
+            &["--kube"][..],
+            "--kube needs this node's name: pass --node",
+        ),
+        (
+            &["--cert-source", "files"][..],
+            "--cert-source files needs --cert-dir",
+        ),
+        (
+            &["--proxy-mark", "0x700", "--transparent-mark", "0x700"][..],
+            "--transparent-mark 0x700 must be non-zero and differ from --proxy-mark",
+        ),
+    ] {
+        let out = Command::new(agent_binary()?)
+            .arg("run")
+            .args(flags)
+            .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains(named), "{flags:?}: {stderr}");
+        assert!(
+            !stderr.contains("listening"),
+            "{flags:?}: nothing may start before the flags are checked: {stderr}"
+        );
+    }
     Ok(())
 }
 
