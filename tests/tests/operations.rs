@@ -15,12 +15,12 @@
 
 use std::{
     net::{IpAddr, SocketAddr, TcpListener, TcpStream},
-    process::{Command, Output},
+    process::{Command, Output, Stdio},
     time::Duration,
 };
 
 use dataplane_tests::{
-    Agent, Responder, agent_binary,
+    Agent, ChildGuard, Responder, TempDir, agent_binary,
     mesh::{NAMESPACE, TwoNodes, addr, policy, to_ports},
     observe::{Sample, access_records, family, field, parse_exposition, scrape, sum, value},
     topology::{Node, Pod},
@@ -576,9 +576,13 @@ fn admin_is_reachable_on_loopback_only() -> anyhow::Result<()> {
 }
 
 /// Flags that do not fit together are refused before anything starts:
-/// exit 2 and a message naming the flag and what to do.
+/// exit 2 and a message naming the flag and what to do. Everything else
+/// points at the test's own directories, iptables capture and free ports,
+/// so that an agent that wrongly starts touches nothing of the host's and
+/// fails (an unusable bpffs) instead of running.
 #[test]
 fn conflicting_flags_exit_2_naming_the_flag() -> anyhow::Result<()> {
+    let dir = TempDir::new("opflags")?;
     for (flags, named) in [
         (
             &["--engine", "ztunnel", "--capture", "iptables"][..],
@@ -597,17 +601,28 @@ fn conflicting_flags_exit_2_naming_the_flag() -> anyhow::Result<()> {
             "--transparent-mark 0x700 must be non-zero and differ from --proxy-mark",
         ),
     ] {
-        let out = Command::new(agent_binary()?)
+        let mut command = Command::new(agent_binary()?);
+        command
             .arg("run")
             .args(flags)
-            .output()?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
-        assert!(stderr.contains(named), "{flags:?}: {stderr}");
-        assert!(
-            !stderr.contains("listening"),
-            "{flags:?}: nothing may start before the flags are checked: {stderr}"
-        );
+            .arg("--state-dir")
+            .arg(dir.path())
+            .arg("--bpffs")
+            .arg(dir.path())
+            .arg("--zds-socket")
+            .arg(dir.path().join("zds.sock"))
+            .args(["--instance", "opflags", "--on-exit", "detach"])
+            .args(["--readiness-addr", "127.0.0.1:0"])
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(["--admin-addr", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if !flags.contains(&"--capture") {
+            command.args(["--capture", "iptables"]);
+        }
+        let out = ChildGuard::new(command.spawn()?).wait(Duration::from_secs(30))?;
+        assert_eq!(out.code, Some(2), "{flags:?}: {}", out.stderr);
+        assert!(out.stderr.contains(named), "{flags:?}: {}", out.stderr);
     }
     Ok(())
 }
