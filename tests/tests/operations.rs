@@ -20,7 +20,7 @@ use std::{
 };
 
 use dataplane_tests::{
-    Agent, ChildGuard, Responder, TempDir, agent_binary,
+    Agent, BpffsDir, ChildGuard, Responder, TempDir, agent_binary,
     mesh::{NAMESPACE, TwoNodes, addr, policy, to_ports},
     observe::{Sample, access_records, family, field, parse_exposition, scrape, sum, value},
     topology::{Node, Pod},
@@ -625,6 +625,75 @@ fn conflicting_flags_exit_2_naming_the_flag() -> anyhow::Result<()> {
         assert!(out.stderr.contains(named), "{flags:?}: {}", out.stderr);
     }
     Ok(())
+}
+
+/// An agent started in this process (`agent::start`, no second process)
+/// serves its admin endpoint with the configuration its flags made, stops
+/// on `Bound::stop` as on `/quitquitquit`, and shuts down leaving no
+/// control socket.
+#[test]
+fn an_agent_starts_in_process_and_stops_cleanly() -> anyhow::Result<()> {
+    use dataplane_user::agent::{self, Stop};
+    use dataplane_user::cli::{Cli, Command as CliCommand};
+
+    let node = Node::new("opinproc", 1)?;
+    let bpffs = BpffsDir::new("opinproc")?;
+    let state = TempDir::new("opinproc")?;
+    let (bpffs_path, state_path) = (bpffs.path().display(), state.path().display());
+    let (bpffs_path, state_path) = (bpffs_path.to_string(), state_path.to_string());
+    let cgroup = node.cgroup().path().display().to_string();
+    let argv = [
+        "dataplane",
+        "run",
+        "--instance",
+        "opinproc-agent",
+        "--bpffs",
+        &bpffs_path,
+        "--state-dir",
+        &state_path,
+        "--cgroup",
+        &cgroup,
+        "--on-exit",
+        "detach",
+        "--threading",
+        "shared",
+        "--readiness-addr",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+    ];
+    let CliCommand::Run(args) = <Cli as clap::Parser>::try_parse_from(argv)?.command else {
+        anyhow::bail!("`dataplane run` parsed as another command");
+    };
+    let config = args.into_config_with([])?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let bound = agent::start(config).await?;
+        let socket = bound.control_socket().to_path_buf();
+        assert!(socket.exists(), "{}", socket.display());
+        let admin = bound
+            .endpoints()
+            .admin
+            .ok_or_else(|| anyhow::anyhow!("no admin endpoint: {bound:?}"))?;
+        let (status, body) =
+            tokio::task::spawn_blocking(move || http(admin, "GET", "/config_dump")).await??;
+        assert_eq!(status, 200, "{body}");
+        let dump: Value = serde_json::from_str(&body)?;
+        let config = &dump["agentConfig"];
+        assert_eq!(config["state"]["instance"], "opinproc-agent", "{config:#}");
+        assert_eq!(config["workers"]["threading"], "shared", "{config:#}");
+        bound.stop();
+        let stop = bound.wait(None).await;
+        assert_eq!(stop, Stop::Asked);
+        bound.shut_down(stop, None).await?;
+        assert!(!socket.exists(), "the control socket was left behind");
+        anyhow::Ok(())
+    })
 }
 
 #[test]
