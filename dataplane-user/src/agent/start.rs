@@ -337,9 +337,6 @@ pub async fn start(config: AgentConfig) -> Result<Bound, AgentError> {
         admin: admin_listener.as_ref().map(|(_, addr)| *addr),
     };
     let view = Arc::new(AgentView {
-        instance: args.state.instance.clone(),
-        capture: args.capture.name(),
-        fail_open: args.redirect.fail_open,
         config: Arc::clone(&args),
         endpoints,
         readiness: Arc::clone(&readiness),
