@@ -12,6 +12,7 @@ pub mod engine;
 pub mod install_cni;
 pub mod istio;
 pub mod original_source;
+pub mod run;
 pub mod workers;
 
 /// eBPF-accelerated transparent redirection data plane for a service mesh.

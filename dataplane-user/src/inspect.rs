@@ -31,12 +31,9 @@ const RECENT_SHOWN: usize = 10;
 
 /// Everything the reports read.
 pub struct AgentView {
-    /// The instance name.
-    pub instance: String,
-    /// `ebpf` or `iptables`.
-    pub capture: &'static str,
-    /// Whether pods' traffic passes uncaptured while no agent serves them.
-    pub fail_open: bool,
+    /// The configuration the agent was started with (its instance, capture
+    /// mode, fail-open setting, ...).
+    pub config: Arc<crate::agent::config::AgentConfig>,
     /// Where the HTTP endpoints listen.
     pub endpoints: Endpoints,
     /// Start-up progress and drain state.
@@ -60,7 +57,7 @@ pub struct AgentView {
 impl std::fmt::Debug for AgentView {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentView")
-            .field("instance", &self.instance)
+            .field("instance", &self.config.state.instance)
             .finish()
     }
 }
@@ -383,13 +380,13 @@ impl AgentView {
         let config_error = self.mesh.config_error();
         StatusReport {
             pid: std::process::id(),
-            instance: self.instance.clone(),
+            instance: self.config.state.instance.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             uptime_secs: self.started.elapsed().as_secs(),
             ready: pending.is_empty(),
             pending,
-            capture: self.capture.to_owned(),
-            fail_open: self.fail_open,
+            capture: self.config.capture.name().to_owned(),
+            fail_open: self.config.redirect.fail_open,
             endpoints: self.endpoints,
             cgroup,
             programs,
@@ -535,11 +532,14 @@ impl AgentView {
             &pods,
         );
         let mut dump = json!({
-            "instance": self.instance,
+            "instance": self.config.state.instance,
             "version": env!("CARGO_PKG_VERSION"),
             "generatedAt": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             "config": state.provenance.annotate(config.to_json()),
             "configError": config_error,
+            // What the agent runs with (its flags, checked); `config` is
+            // the workloads, services and policies in force.
+            "agentConfig": serde_json::to_value(&*self.config).unwrap_or_default(),
             "xds": self.xds_view(),
             "pods": pods,
             "departedPods": departed,
@@ -548,8 +548,8 @@ impl AgentView {
             "certificateSource": self.mesh.certs.status(),
             "trustDomain": self.mesh.trust_domain,
             "kernel": {
-                "capture": self.capture,
-                "failOpen": self.fail_open,
+                "capture": self.config.capture.name(),
+                "failOpen": self.config.redirect.fail_open,
                 "cgroup": cgroup,
                 "programs": programs,
                 "pinDir": self.pins.dir().display().to_string(),

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use dataplane_user::{
-    agent::{self, AgentError},
-    cli::{Cli, Command, PodCommand, RedirectCommand, StateArgs},
+    agent::{self, AgentError, config::WorkersConfig},
+    cli::{Cli, Command, PodCommand, RedirectCommand, RunArgs, StateArgs},
     control::{self, ControlError, Request},
     enroll::PodSpec,
     inspect::{CertInfo, StatusReport},
@@ -17,6 +17,8 @@ use dataplane_user::{
 
 /// Exit code of `ready` when the agent is not (or not this container's).
 const EXIT_NOT_READY: u8 = 1;
+/// Exit code when flags do not fit together (clap's for flags it refuses).
+const EXIT_USAGE: u8 = 2;
 /// Exit code when the host lacks something the agent needs.
 const EXIT_ENVIRONMENT: u8 = 3;
 /// Exit code when no agent answers on the control socket.
@@ -30,19 +32,10 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");
-            let environment = err
-                .downcast_ref::<AgentError>()
-                .is_some_and(|e| matches!(e, AgentError::Preflight(_)));
             let unreachable = err
                 .downcast_ref::<ControlError>()
                 .is_some_and(|e| matches!(e, ControlError::Connect { .. }));
-            ExitCode::from(if environment {
-                EXIT_ENVIRONMENT
-            } else if unreachable {
-                EXIT_UNREACHABLE
-            } else {
-                1
-            })
+            ExitCode::from(if unreachable { EXIT_UNREACHABLE } else { 1 })
         }
     }
 }
@@ -55,30 +48,59 @@ fn report(state: &StateArgs, request: &Request) -> anyhow::Result<serde_json::Va
         .ok_or_else(|| anyhow::anyhow!("the agent sent no report (is it an older version?)"))
 }
 
+/// `dataplane run`: the flags into the agent's configuration (exit 2 when
+/// they do not fit together), then the agent until it stops (exit 3 when
+/// the host lacks something it needs, 1 on any other failure).
+fn run_agent(args: RunArgs) -> ExitCode {
+    logging::init(args.log_format);
+    let config = match args.into_config() {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("error: {:#}", anyhow::Error::from(err));
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let environment = |err: &AgentError| matches!(err, AgentError::Preflight(_));
+    let outcome = match runtime(&config.workers) {
+        Ok(runtime) => runtime
+            .block_on(agent::run(config))
+            .map_err(|err| (environment(&err), anyhow::Error::from(err))),
+        Err(err) => Err((false, anyhow::Error::from(err))),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((environment, err)) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(if environment { EXIT_ENVIRONMENT } else { 1 })
+        }
+    }
+}
+
+/// The agent's main runtime, as its worker settings ask.
+fn runtime(workers: &WorkersConfig) -> std::io::Result<tokio::runtime::Runtime> {
+    Ok(match (workers.threading, workers.threads) {
+        // Connections run on workers of their own (started by the
+        // agent); the main runtime only enrolls, watches and
+        // answers. One thread: no work stealing, no cross-thread
+        // wake-ups.
+        (Threading::Pinned, _) | (Threading::Shared, Some(1)) => {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+        }
+        (Threading::Shared, threads) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            if let Some(n) = threads {
+                builder.worker_threads(usize::from(n));
+            }
+            builder.enable_all().build()?
+        }
+    })
+}
+
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run(args) => {
-            logging::init(args.log_format);
-            let runtime = match (Threading::from(args.threading), args.worker_threads) {
-                // Connections run on workers of their own (started by the
-                // agent); the main runtime only enrolls, watches and
-                // answers. One thread: no work stealing, no cross-thread
-                // wake-ups.
-                (Threading::Pinned, _) | (Threading::Shared, Some(1)) => {
-                    tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()?
-                }
-                (Threading::Shared, threads) => {
-                    let mut builder = tokio::runtime::Builder::new_multi_thread();
-                    if let Some(n) = threads {
-                        builder.worker_threads(usize::from(n));
-                    }
-                    builder.enable_all().build()?
-                }
-            };
-            runtime.block_on(agent::run(*args))?;
-        }
+        Command::Run(args) => return Ok(run_agent(*args)),
         Command::Version { json } => {
             let report = version::report()?;
             if json {

@@ -15,12 +15,12 @@
 
 use std::{
     net::{IpAddr, SocketAddr, TcpListener, TcpStream},
-    process::{Command, Output},
+    process::{Command, Output, Stdio},
     time::Duration,
 };
 
 use dataplane_tests::{
-    Agent, Responder, agent_binary,
+    Agent, BpffsDir, ChildGuard, Responder, TempDir, agent_binary,
     mesh::{NAMESPACE, TwoNodes, addr, policy, to_ports},
     observe::{Sample, access_records, family, field, parse_exposition, scrape, sum, value},
     topology::{Node, Pod},
@@ -512,6 +512,16 @@ fn admin_is_reachable_on_loopback_only() -> anyhow::Result<()> {
         assert!(dump["config"].get(key).is_some(), "config.{key}: {dump:#}");
     }
     assert_eq!(dump["kernel"]["capture"], "ebpf", "{dump:#}");
+    // What the agent runs with: its flags, as one checked configuration.
+    let config = &dump["agentConfig"];
+    assert_eq!(config["state"]["instance"], agent.instance(), "{config:#}");
+    assert_eq!(config["capture"], "ebpf", "{config:#}");
+    assert_eq!(config["redirect"]["onExit"], "detach", "{config:#}");
+    assert_eq!(
+        config["endpoints"]["admin"].as_str(),
+        Some("127.0.0.1:0"),
+        "{config:#}"
+    );
     assert!(
         dump["kernel"]["pinnedLinks"]
             .as_array()
@@ -563,6 +573,127 @@ fn admin_is_reachable_on_loopback_only() -> anyhow::Result<()> {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("loopback"), "{stderr}");
     Ok(())
+}
+
+/// Flags that do not fit together are refused before anything starts:
+/// exit 2 and a message naming the flag and what to do. Everything else
+/// points at the test's own directories, iptables capture and free ports,
+/// so that an agent that wrongly starts touches nothing of the host's and
+/// fails (an unusable bpffs) instead of running.
+#[test]
+fn conflicting_flags_exit_2_naming_the_flag() -> anyhow::Result<()> {
+    let dir = TempDir::new("opflags")?;
+    for (flags, named) in [
+        (
+            &["--engine", "ztunnel", "--capture", "iptables"][..],
+            "--engine ztunnel cannot run with --capture iptables",
+        ),
+        (
+            &["--kube"][..],
+            "--kube needs this node's name: pass --node",
+        ),
+        (
+            &["--cert-source", "files"][..],
+            "--cert-source files needs --cert-dir",
+        ),
+        (
+            &["--proxy-mark", "0x700", "--transparent-mark", "0x700"][..],
+            "--transparent-mark 0x700 must be non-zero and differ from --proxy-mark",
+        ),
+    ] {
+        let mut command = Command::new(agent_binary()?);
+        command
+            .arg("run")
+            .args(flags)
+            .arg("--state-dir")
+            .arg(dir.path())
+            .arg("--bpffs")
+            .arg(dir.path())
+            .arg("--zds-socket")
+            .arg(dir.path().join("zds.sock"))
+            .args(["--instance", "opflags", "--on-exit", "detach"])
+            .args(["--readiness-addr", "127.0.0.1:0"])
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(["--admin-addr", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if !flags.contains(&"--capture") {
+            command.args(["--capture", "iptables"]);
+        }
+        let out = ChildGuard::new(command.spawn()?).wait(Duration::from_secs(30))?;
+        assert_eq!(out.code, Some(2), "{flags:?}: {}", out.stderr);
+        assert!(out.stderr.contains(named), "{flags:?}: {}", out.stderr);
+    }
+    Ok(())
+}
+
+/// An agent started in this process (`agent::start`, no second process)
+/// serves its admin endpoint with the configuration its flags made, stops
+/// on `Bound::stop` as on `/quitquitquit`, and shuts down leaving no
+/// control socket.
+#[test]
+fn an_agent_starts_in_process_and_stops_cleanly() -> anyhow::Result<()> {
+    use dataplane_user::agent::{self, Stop};
+    use dataplane_user::cli::{Cli, Command as CliCommand};
+
+    let node = Node::new("opinproc", 1)?;
+    let bpffs = BpffsDir::new("opinproc")?;
+    let state = TempDir::new("opinproc")?;
+    let (bpffs_path, state_path) = (bpffs.path().display(), state.path().display());
+    let (bpffs_path, state_path) = (bpffs_path.to_string(), state_path.to_string());
+    let cgroup = node.cgroup().path().display().to_string();
+    let argv = [
+        "dataplane",
+        "run",
+        "--instance",
+        "opinproc-agent",
+        "--bpffs",
+        &bpffs_path,
+        "--state-dir",
+        &state_path,
+        "--cgroup",
+        &cgroup,
+        "--on-exit",
+        "detach",
+        "--threading",
+        "shared",
+        "--readiness-addr",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
+        "127.0.0.1:0",
+    ];
+    let CliCommand::Run(args) = <Cli as clap::Parser>::try_parse_from(argv)?.command else {
+        anyhow::bail!("`dataplane run` parsed as another command");
+    };
+    let config = args.into_config_with([])?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let bound = agent::start(config).await?;
+        let socket = bound.control_socket().to_path_buf();
+        assert!(socket.exists(), "{}", socket.display());
+        let admin = bound
+            .endpoints()
+            .admin
+            .ok_or_else(|| anyhow::anyhow!("no admin endpoint: {bound:?}"))?;
+        let (status, body) =
+            tokio::task::spawn_blocking(move || http(admin, "GET", "/config_dump")).await??;
+        assert_eq!(status, 200, "{body}");
+        let dump: Value = serde_json::from_str(&body)?;
+        let config = &dump["agentConfig"];
+        assert_eq!(config["state"]["instance"], "opinproc-agent", "{config:#}");
+        assert_eq!(config["workers"]["threading"], "shared", "{config:#}");
+        bound.stop();
+        let stop = bound.wait(None).await;
+        assert_eq!(stop, Stop::Asked);
+        bound.shut_down(stop, None).await?;
+        assert!(!socket.exists(), "the control socket was left behind");
+        anyhow::Ok(())
+    })
 }
 
 #[test]

@@ -45,7 +45,8 @@ pub enum WorkersError {
 
 /// How pods' connections are spread over threads (see the module doc; the
 /// flag `--threading` converts into it in `cli::workers`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Threading {
     /// [`Workers::pinned`]: single-threaded workers, one pod on one.
     Pinned,

@@ -8,6 +8,7 @@ use std::{path::PathBuf, time::Duration};
 use clap::{Args, ValueEnum};
 
 use super::CaptureMode;
+use crate::{agent::config::EngineConfig, zds::ZdsConfig};
 
 /// Where ztunnel looks for its node agent by default.
 pub const DEFAULT_ZDS_SOCKET: &str = "/var/run/ztunnel/ztunnel.sock";
@@ -89,6 +90,20 @@ impl EngineArgs {
             });
         }
         Ok(())
+    }
+
+    /// What serves enrolled pods, as the agent takes it.
+    pub fn to_config(&self) -> EngineConfig {
+        match self.engine {
+            EngineMode::Builtin => EngineConfig::Builtin,
+            EngineMode::Ztunnel => EngineConfig::Ztunnel {
+                zds: ZdsConfig {
+                    socket: self.zds_socket.clone(),
+                    request_timeout: self.zds_ack_timeout,
+                    ..ZdsConfig::default()
+                },
+            },
+        }
     }
 }
 

@@ -8,18 +8,11 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use clap::Args;
-use rustls::RootCertStore;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 
-use crate::istiod::IstiodEndpoint;
-use crate::xds::{NodeIdentity, XdsConfig, node::META_PREFIX};
-
-/// Largest root bundle file read.
-const MAX_ROOT_FILE: usize = 1024 * 1024;
+use crate::agent::config::IstiodConfig;
+use crate::xds::{NodeIdentity, node::META_PREFIX};
 
 /// Where workload certificates come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -89,7 +82,7 @@ pub struct IstioArgs {
     pub cluster_id: String,
 }
 
-/// Flags that do not fit together, or a file they name that is unusable.
+/// Flags that do not fit together.
 #[derive(Debug, thiserror::Error)]
 pub enum IstioArgsError {
     /// A flag another one needs is missing.
@@ -100,16 +93,8 @@ pub enum IstioArgsError {
         /// What to set.
         needed: &'static str,
     },
-    /// The root file cannot be used.
-    #[error("cannot use istiod's root certificate file {path}: {reason}")]
-    Roots {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        reason: String,
-    },
     /// The address has no host.
-    #[error("--istiod-address `{0}` is not host:port")]
+    #[error("--istiod-address `{0}` is not host:port; give e.g. istiod.istio-system.svc:15012")]
     Address(String),
 }
 
@@ -119,8 +104,9 @@ impl IstioArgs {
         self.xds || self.cert_source == CertSourceKind::Istio
     }
 
-    /// istiod's endpoint, when anything asks it; the root file is read now.
-    pub fn endpoint(&self) -> Result<Option<IstiodEndpoint>, IstioArgsError> {
+    /// How to reach istiod, when anything asks it. Its root file is read
+    /// when the agent starts ([`IstiodConfig::endpoint`]).
+    pub fn istiod_config(&self) -> Result<Option<IstiodConfig>, IstioArgsError> {
         if !self.uses_istiod() {
             return Ok(None);
         }
@@ -136,10 +122,10 @@ impl IstioArgs {
         };
         let token_file =
             (self.istiod_token.as_os_str() != "none").then(|| self.istiod_token.clone());
-        Ok(Some(IstiodEndpoint {
+        Ok(Some(IstiodConfig {
             address,
             server_name,
-            roots: Arc::new(read_roots(&self.istiod_root_cert)?),
+            root_cert: self.istiod_root_cert.clone(),
             token_file,
         }))
     }
@@ -156,8 +142,13 @@ impl IstioArgs {
         }
     }
 
-    /// Who the agent is to istiod (`node_name`: this node).
-    pub fn node_identity(&self, node_name: Option<&str>) -> Result<NodeIdentity, IstioArgsError> {
+    /// Who the agent is to istiod (`node_name`: this node); `env` is the
+    /// environment whose `ISTIO_META_*` variables become node metadata.
+    pub fn node_identity(
+        &self,
+        node_name: Option<&str>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<NodeIdentity, IstioArgsError> {
         let missing = |needed| IstioArgsError::Missing {
             what: "--xds",
             needed,
@@ -168,7 +159,8 @@ impl IstioArgs {
             namespace: self.pod_namespace.clone(),
             node_name: node_name.ok_or(missing("--node"))?.to_owned(),
             cluster_id: Some(self.cluster_id.clone()),
-            extra: std::env::vars()
+            extra: env
+                .into_iter()
                 .filter_map(|(key, value)| {
                     key.strip_prefix(META_PREFIX).map(|k| (k.to_owned(), value))
                 })
@@ -176,17 +168,16 @@ impl IstioArgs {
         })
     }
 
-    /// The xDS client's configuration, when `--xds` is on.
-    pub fn xds_config(&self, node_name: Option<&str>) -> Result<Option<XdsConfig>, IstioArgsError> {
+    /// Who the agent is to istiod, when `--xds` is on.
+    pub fn xds_node(
+        &self,
+        node_name: Option<&str>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Option<NodeIdentity>, IstioArgsError> {
         if !self.xds {
             return Ok(None);
         }
-        // Missing flags first: they are cheaper to fix than a file.
-        let node = self.node_identity(node_name)?;
-        let Some(istiod) = self.endpoint()? else {
-            return Ok(None);
-        };
-        Ok(Some(XdsConfig { istiod, node }))
+        self.node_identity(node_name, env).map(Some)
     }
 }
 
@@ -195,44 +186,6 @@ fn host_of(address: &str) -> Option<&str> {
     let (host, _port) = address.rsplit_once(':')?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     (!host.is_empty()).then_some(host)
-}
-
-/// Every certificate of a PEM bundle as a root store; a file with none, or
-/// with one that is not a usable root, is refused.
-pub fn read_roots(path: &std::path::Path) -> Result<RootCertStore, IstioArgsError> {
-    let error = |reason: String| IstioArgsError::Roots {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let mut roots = RootCertStore::empty();
-    for cert in read_root_certs(path)? {
-        roots
-            .add(cert)
-            .map_err(|e| error(format!("a certificate is not a usable root: {e}")))?;
-    }
-    Ok(roots)
-}
-
-/// Every certificate of a PEM bundle, DER; a file with none is refused.
-pub fn read_root_certs(
-    path: &std::path::Path,
-) -> Result<Vec<CertificateDer<'static>>, IstioArgsError> {
-    let error = |reason: String| IstioArgsError::Roots {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let (bytes, more) =
-        dataplane_core::fs::read_at_most(path, MAX_ROOT_FILE).map_err(|e| error(e.to_string()))?;
-    if more {
-        return Err(error(format!("larger than {MAX_ROOT_FILE} bytes")));
-    }
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&bytes)
-        .collect::<Result<_, _>>()
-        .map_err(|e| error(format!("not PEM certificates: {e}")))?;
-    if certs.is_empty() {
-        return Err(error("no certificate in it".into()));
-    }
-    Ok(certs)
 }
 
 #[cfg(test)]
@@ -273,12 +226,12 @@ mod tests {
         assert!(refused.contains("--istiod-address"), "{refused}");
         // ...and the istio source without one is refused when read.
         let istio = parse(&["--cert-source", "istio"]).unwrap().istio;
-        let error = istio.endpoint().unwrap_err().to_string();
+        let error = istio.istiod_config().unwrap_err().to_string();
         assert!(error.contains("needs --istiod-address"), "{error}");
         let bare = parse(&["--xds", "--istiod-address", "istiod:15012"])
             .unwrap()
             .istio;
-        let error = bare.xds_config(Some("node-a")).unwrap_err().to_string();
+        let error = bare.xds_node(Some("node-a"), []).unwrap_err().to_string();
         assert!(error.contains("--xds needs"), "{error}");
         // Who the agent is, once it is all given.
         let full = parse(&[
@@ -294,15 +247,20 @@ mod tests {
         ])
         .unwrap()
         .istio;
-        let error = full.xds_config(Some("node-a")).unwrap_err().to_string();
+        // The root file is read when the agent starts, not when the flags are.
+        let istiod = full.istiod_config().unwrap().unwrap();
+        let error = istiod.endpoint().unwrap_err().to_string();
         assert!(error.contains("/nonexistent/root-cert.pem"), "{error}");
-        let node = full.node_identity(Some("node-a")).unwrap();
+        let node = full
+            .node_identity(Some("node-a"), [("ISTIO_META_A".into(), "b".into())])
+            .unwrap();
+        assert_eq!(node.extra.get("A").map(String::as_str), Some("b"));
         assert_eq!(
             node.id(),
             "ztunnel~10.0.0.7~dataplane-abc.istio-system~istio-system.svc.cluster.local"
         );
         assert!(
-            full.node_identity(None)
+            full.node_identity(None, [])
                 .unwrap_err()
                 .to_string()
                 .contains("--node")
@@ -318,24 +276,5 @@ mod tests {
         assert_eq!(host_of("[fd00::1]:15012"), Some("fd00::1"));
         assert_eq!(host_of(":15012"), None);
         assert_eq!(host_of("istiod"), None);
-    }
-
-    #[test]
-    fn unusable_root_files_are_refused_with_the_reason() {
-        let dir = std::env::temp_dir().join(format!("dp-roots-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("empty.pem"), "").unwrap();
-        std::fs::write(
-            dir.join("junk.pem"),
-            "-----BEGIN CERTIFICATE-----\n!!\n-----END CERTIFICATE-----\n",
-        )
-        .unwrap();
-        let errors: Vec<String> = ["empty.pem", "junk.pem", "missing.pem"]
-            .map(|f| read_roots(&dir.join(f)).unwrap_err().to_string())
-            .to_vec();
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert!(errors[0].contains("no certificate"), "{}", errors[0]);
-        assert!(errors[1].contains("not PEM"), "{}", errors[1]);
-        assert!(errors[2].contains("missing.pem"), "{}", errors[2]);
     }
 }

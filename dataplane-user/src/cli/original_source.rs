@@ -1,13 +1,14 @@
 //! Flags of the original-source feature: the engine connects to apps from
-//! their clients' own addresses (see `proxy::original_source`).
+//! their clients' own addresses (see `proxy::original_source`). They
+//! convert into the plain [`OriginalSourceConfig`], checked.
 
 use clap::{Args, ValueEnum};
 
-use crate::proxy::original_source::{OriginalSource, SourceRouting};
+use crate::agent::config::{OriginalSourceConfig, OriginalSourceMode};
 
-/// When the engine connects to apps from the client's address.
+/// The values of `--original-source` (their docs are the flag's help).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OriginalSourceMode {
+pub enum OriginalSourceFlag {
     /// Wherever the kernel allows (sk_lookup's ingress device, 5.17) and
     /// the pod's routing could be installed; elsewhere the pod's own
     /// address, shown per pod in `status`.
@@ -18,6 +19,16 @@ pub enum OriginalSourceMode {
     /// Never: apps see the pod's own address (environments that forbid
     /// IP_TRANSPARENT or in-pod policy routing).
     Off,
+}
+
+impl From<OriginalSourceFlag> for OriginalSourceMode {
+    fn from(flag: OriginalSourceFlag) -> Self {
+        match flag {
+            OriginalSourceFlag::Auto => Self::Auto,
+            OriginalSourceFlag::On => Self::On,
+            OriginalSourceFlag::Off => Self::Off,
+        }
+    }
 }
 
 /// Original-source settings.
@@ -31,7 +42,7 @@ pub struct OriginalSourceArgs {
         value_enum,
         default_value = "auto"
     )]
-    pub original_source: OriginalSourceMode,
+    pub original_source: OriginalSourceFlag,
     /// Socket mark of the engine's connections to apps from a client's
     /// address; in-pod routing sends replies carrying it back to the
     /// engine. Must differ from the proxy mark and from 0.
@@ -45,9 +56,6 @@ pub struct OriginalSourceArgs {
 
 /// Default in-pod routing table: the default transparent mark's number.
 pub const DEFAULT_TABLE: u32 = dataplane_common::DEFAULT_TRANSPARENT_MARK;
-
-/// Priority of the in-pod rules: before the main table's (32766).
-pub const RULE_PRIORITY: u32 = 32764;
 
 /// Errors of the original-source flags.
 #[derive(Debug, thiserror::Error)]
@@ -63,58 +71,29 @@ pub enum OriginalSourceArgsError {
         /// The proxy mark.
         proxy_mark: u32,
     },
-    /// `--original-source on` where it cannot work.
-    #[error("--original-source on: {reason}; use --original-source auto or off")]
-    Unsupported {
-        /// Why it cannot work here.
-        reason: &'static str,
-    },
 }
 
 impl OriginalSourceArgs {
-    /// The mark the kernel programs exempt: 0 when the feature is off.
-    pub fn kernel_mark(&self, proxy_mark: u32) -> Result<u32, OriginalSourceArgsError> {
-        if self.original_source == OriginalSourceMode::Off {
-            return Ok(0);
-        }
-        if self.transparent_mark == 0 || self.transparent_mark == proxy_mark {
+    /// The feature's configuration; the transparent mark is checked
+    /// against `proxy_mark` unless the feature is off.
+    pub fn to_config(
+        &self,
+        proxy_mark: u32,
+    ) -> Result<OriginalSourceConfig, OriginalSourceArgsError> {
+        let config = OriginalSourceConfig {
+            mode: self.original_source.into(),
+            mark: self.transparent_mark,
+            table: self.original_source_table,
+        };
+        if config.mode != OriginalSourceMode::Off
+            && (self.transparent_mark == 0 || self.transparent_mark == proxy_mark)
+        {
             return Err(OriginalSourceArgsError::Mark {
                 mark: self.transparent_mark,
                 proxy_mark,
             });
         }
-        Ok(self.transparent_mark)
-    }
-
-    /// What the engine does, given whether this agent can do it at all
-    /// (`Err` names why not: iptables capture, an old kernel).
-    pub fn decide(
-        &self,
-        possible: Result<(), &'static str>,
-    ) -> Result<Option<OriginalSource>, OriginalSourceArgsError> {
-        let required = match self.original_source {
-            OriginalSourceMode::Off => return Ok(None),
-            OriginalSourceMode::Auto => false,
-            OriginalSourceMode::On => true,
-        };
-        match possible {
-            Ok(()) => Ok(Some(OriginalSource {
-                routing: SourceRouting {
-                    mark: self.transparent_mark,
-                    table: self.original_source_table,
-                    priority: RULE_PRIORITY,
-                },
-                required,
-            })),
-            Err(reason) if required => Err(OriginalSourceArgsError::Unsupported { reason }),
-            Err(reason) => {
-                tracing::info!(
-                    reason,
-                    "original source off: apps see the pod's own address as their clients'"
-                );
-                Ok(None)
-            }
-        }
+        Ok(config)
     }
 }
 
@@ -122,7 +101,7 @@ impl OriginalSourceArgs {
 mod tests {
     use super::*;
 
-    fn args(mode: OriginalSourceMode, mark: u32) -> OriginalSourceArgs {
+    fn args(mode: OriginalSourceFlag, mark: u32) -> OriginalSourceArgs {
         OriginalSourceArgs {
             original_source: mode,
             transparent_mark: mark,
@@ -134,47 +113,24 @@ mod tests {
     fn the_transparent_mark_must_differ_from_the_proxy_mark() {
         let proxy = dataplane_common::DEFAULT_PROXY_MARK;
         assert!(matches!(
-            args(OriginalSourceMode::Auto, proxy).kernel_mark(proxy),
+            args(OriginalSourceFlag::Auto, proxy).to_config(proxy),
             Err(OriginalSourceArgsError::Mark { .. })
         ));
-        assert!(args(OriginalSourceMode::On, 0).kernel_mark(proxy).is_err());
+        assert!(args(OriginalSourceFlag::On, 0).to_config(proxy).is_err());
         // Off exempts no second mark, whatever the flag says.
         assert_eq!(
-            args(OriginalSourceMode::Off, proxy).kernel_mark(proxy).ok(),
+            args(OriginalSourceFlag::Off, proxy)
+                .to_config(proxy)
+                .ok()
+                .map(|c| c.kernel_mark()),
             Some(0)
         );
         assert_eq!(
-            args(OriginalSourceMode::Auto, 0x53a)
-                .kernel_mark(proxy)
-                .ok(),
+            args(OriginalSourceFlag::Auto, 0x53a)
+                .to_config(proxy)
+                .ok()
+                .map(|c| c.kernel_mark()),
             Some(0x53a)
-        );
-    }
-
-    #[test]
-    fn on_refuses_where_auto_turns_itself_off() {
-        let old_kernel = Err("kernel before 5.17");
-        assert!(matches!(
-            args(OriginalSourceMode::On, 0x53a).decide(old_kernel),
-            Err(OriginalSourceArgsError::Unsupported { .. })
-        ));
-        assert_eq!(
-            args(OriginalSourceMode::Auto, 0x53a)
-                .decide(old_kernel)
-                .ok(),
-            Some(None)
-        );
-        assert_eq!(
-            args(OriginalSourceMode::Off, 0x53a).decide(Ok(())).ok(),
-            Some(None)
-        );
-        let on = args(OriginalSourceMode::On, 0x53a)
-            .decide(Ok(()))
-            .ok()
-            .flatten();
-        assert_eq!(
-            on.map(|o| (o.routing.mark, o.required)),
-            Some((0x53a, true))
         );
     }
 }

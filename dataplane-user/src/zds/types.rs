@@ -7,7 +7,8 @@ use serde::Serialize;
 use super::DEFAULT_SOCKET;
 
 /// Settings of a [`super::ZdsServer`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ZdsConfig {
     /// Where to listen ([`DEFAULT_SOCKET`] by default). A stale socket
     /// file is removed first; the parent directory is created if missing.

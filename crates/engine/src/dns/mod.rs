@@ -48,7 +48,8 @@ pub const NODE_RESOLV_CONF: &str = "/etc/resolv.conf";
 
 /// Agent-wide DNS capture configuration (from `--dns-*`, see
 /// `cli::dns`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct DnsConfig {
     /// Whether pods capture DNS unless their annotation, workload or
     /// enrollment request says otherwise.

@@ -100,7 +100,8 @@ pub struct PoolKey {
 }
 
 /// How a pool spreads the streams to one key over connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PoolSpread {
     /// Open streams at which a connection counts as busy: a new stream
     /// dials another connection when every connection to its key carries

@@ -50,7 +50,8 @@ pub enum LoggingError {
 }
 
 /// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
     Text,

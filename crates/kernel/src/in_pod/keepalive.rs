@@ -22,7 +22,8 @@ use std::{io, time::Duration};
 use socket2::{SockRef, TcpKeepalive};
 
 /// When and how often an idle connection is probed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Keepalive {
     /// Idle time before the first probe (`TCP_KEEPIDLE`).
     pub time: Duration,

@@ -110,7 +110,7 @@ const CGROUP_PROGRAMS: [(&str, &str); 10] = [
 ];
 
 /// What happens to the kernel state when the agent stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ExitMode {
     /// Leave programs attached and maps pinned, so a restarted agent re-adopts

@@ -11,7 +11,8 @@ use crate::istio_api::discovery::Node;
 
 /// The facts the node id and metadata are built from (normally the
 /// agent pod's downward-API environment).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct NodeIdentity {
     /// The agent pod's IP (`INSTANCE_IP`).
     pub ip: IpAddr,

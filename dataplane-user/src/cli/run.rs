@@ -1,0 +1,182 @@
+//! `dataplane run`'s flags into the agent's [`AgentConfig`]: every check of
+//! flags against each other is here, so a bad combination is refused (exit
+//! 2) before anything starts, and parsing is tested from a list of strings
+//! and a map of environment variables, never the process's.
+
+use super::{AfterHandover as AfterHandoverFlag, CaptureMode, RunArgs};
+use crate::{
+    agent::config::{
+        AfterHandover, AgentConfig, CaConfig, Capture, CertsConfig, EndpointsConfig, KubeConfig,
+        MeshConfig, RedirectConfig, StateConfig, WorkersConfig,
+    },
+    cli::{
+        engine::EngineArgsError, istio::CertSourceKind, istio::IstioArgsError,
+        original_source::OriginalSourceArgsError,
+    },
+    dns::DnsConfig,
+    hbone::pool::PoolSpread,
+    kube::optin::{EnrollmentRule, RuleError, istio_default_selectors},
+    proxy::keepalive::Keepalive,
+};
+
+/// Flags that do not fit together: the message names the flag and what to
+/// do.
+#[derive(Debug, thiserror::Error)]
+pub enum FlagError {
+    /// The engine choice conflicts with another flag.
+    #[error(transparent)]
+    Engine(#[from] EngineArgsError),
+    /// An Istio flag needs another one, or is malformed.
+    #[error(transparent)]
+    Istio(#[from] IstioArgsError),
+    /// The original-source marks conflict.
+    #[error(transparent)]
+    OriginalSource(#[from] OriginalSourceArgsError),
+    /// `--kube` without `--node`.
+    #[error(
+        "--kube needs this node's name: pass --node (DaemonSet: DATAPLANE_NODE from spec.nodeName)"
+    )]
+    KubeNeedsNode,
+    /// An enablement selector is not a valid label selector.
+    #[error("--enablement-selectors: {0}; fix it, or leave the flag unset for Istio's selectors")]
+    EnablementSelectors(#[source] RuleError),
+}
+
+impl From<CaptureMode> for Capture {
+    fn from(mode: CaptureMode) -> Self {
+        match mode {
+            CaptureMode::Ebpf => Self::Ebpf,
+            CaptureMode::Iptables => Self::Iptables,
+        }
+    }
+}
+
+impl From<AfterHandoverFlag> for AfterHandover {
+    fn from(flag: AfterHandoverFlag) -> Self {
+        match flag {
+            AfterHandoverFlag::Exit => Self::Exit,
+            AfterHandoverFlag::Wait => Self::Wait,
+        }
+    }
+}
+
+impl RunArgs {
+    /// The agent's configuration, every flag checked against the others;
+    /// `ISTIO_META_*` node metadata comes from the process environment.
+    pub fn into_config(self) -> Result<AgentConfig, FlagError> {
+        self.into_config_with(std::env::vars())
+    }
+
+    /// [`Self::into_config`] with `env` as the environment (`ISTIO_META_*`
+    /// variables become xDS node metadata).
+    pub fn into_config_with(
+        self,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<AgentConfig, FlagError> {
+        self.engine
+            .check(self.capture, self.takeover, self.proxy_mark)?;
+        // Missing flags first: they are cheaper to fix than a file.
+        let xds = self.istio.xds_node(self.node.as_deref(), env)?;
+        let istiod = self.istio.istiod_config()?;
+        let certs = match self.istio.cert_source {
+            CertSourceKind::Builtin => CertsConfig::Builtin {
+                ca: match (&self.ca_cert, &self.ca_key) {
+                    (Some(cert), Some(key)) => CaConfig::Files {
+                        cert: cert.clone(),
+                        key: key.clone(),
+                    },
+                    _ => CaConfig::Dir(
+                        self.ca_dir
+                            .clone()
+                            .unwrap_or_else(|| self.state.state_dir.join("ca")),
+                    ),
+                },
+            },
+            CertSourceKind::Istio => CertsConfig::Istio,
+            CertSourceKind::Files => CertsConfig::Files {
+                dir: self.istio.cert_dir()?.unwrap_or_default(),
+            },
+        };
+        let original_source = self.original_source.to_config(self.proxy_mark)?;
+        let kube = if self.kube {
+            let node = self.node.clone().ok_or(FlagError::KubeNeedsNode)?;
+            let selectors = self.enablement_selectors.map(|s| s.0);
+            let rule = EnrollmentRule::new(
+                selectors.as_deref().unwrap_or(&istio_default_selectors()),
+                self.exclude_namespaces.iter().cloned(),
+            )
+            .map_err(FlagError::EnablementSelectors)?;
+            Some(KubeConfig {
+                node,
+                kubeconfig: self.kubeconfig,
+                enablement_selectors: selectors,
+                exclude_namespaces: self.exclude_namespaces,
+                rule,
+            })
+        } else {
+            None
+        };
+        Ok(AgentConfig {
+            workloads_file: self.config,
+            state: StateConfig {
+                instance: self.state.instance,
+                bpffs: self.state.bpffs,
+                state_dir: self.state.state_dir,
+            },
+            node: self.node,
+            capture: self.capture.into(),
+            redirect: RedirectConfig {
+                cgroup: self.cgroup,
+                on_exit: self.on_exit,
+                fail_open: self.fail_open,
+                probe_sources: self.probe_sources,
+                node_netns: self.node_netns,
+                proxy_mark: self.proxy_mark,
+                fast_path: self.fast_path.is_on(),
+            },
+            original_source,
+            dns: DnsConfig::from(&self.dns),
+            engine: self.engine.to_config(),
+            endpoints: EndpointsConfig {
+                readiness: self.readiness_addr,
+                metrics: self.metrics_addr,
+                admin: self.admin_addr,
+            },
+            mesh: MeshConfig {
+                trust_domain: self.trust_domain,
+                cert_lifetime: self.cert_lifetime,
+                drain_timeout: self.drain_timeout,
+                hbone_early_data: self.hbone_early_data.is_on(),
+                hbone_handshake_timeout: self.hbone_handshake_timeout,
+                hbone_idle_timeout: self.hbone_idle_timeout,
+                keepalive: self.keepalive.is_on().then_some(Keepalive {
+                    time: self.keepalive_time,
+                    interval: self.keepalive_interval,
+                    retries: self.keepalive_retries,
+                }),
+                pool_spread: PoolSpread {
+                    busy_streams: self.hbone_pool_busy_streams.into(),
+                    max_connections: self.hbone_pool_max_connections.into(),
+                },
+                max_pending_handshakes: self.max_pending_handshakes,
+                max_pending_handshakes_per_pod: self.max_pending_handshakes_per_pod,
+                max_pending_handshakes_per_source: self.max_pending_handshakes_per_source,
+            },
+            workers: WorkersConfig {
+                threading: self.threading.into(),
+                threads: self.worker_threads,
+            },
+            log_format: self.log_format,
+            certs,
+            istiod,
+            xds,
+            kube,
+            takeover: self.takeover,
+            after_handover: self.after_handover.into(),
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+mod tests;

@@ -1,0 +1,186 @@
+//! `RunArgs::into_config`: each flag check, from argv and an explicit
+//! environment (never the process's `ISTIO_META_*`).
+
+use std::path::PathBuf;
+
+use clap::Parser as _;
+
+use super::FlagError;
+use crate::agent::config::{AgentConfig, CaConfig, Capture, CertsConfig, EngineConfig};
+use crate::cli::{Cli, Command, RunArgs};
+
+/// `dataplane run <flags>`, parsed.
+fn run_args(flags: &[&str]) -> RunArgs {
+    let argv = [&["dataplane", "run"], flags].concat();
+    match Cli::try_parse_from(&argv) {
+        Ok(Cli {
+            command: Command::Run(args),
+        }) => *args,
+        Ok(_) => panic!("`{}` parsed as another command", argv.join(" ")),
+        Err(e) => panic!("`{}` does not parse: {e}", argv.join(" ")),
+    }
+}
+
+/// The configuration `flags` make, with an empty environment.
+fn config(flags: &[&str]) -> Result<AgentConfig, FlagError> {
+    run_args(flags).into_config_with([])
+}
+
+/// The message of the error `flags` make.
+fn refused(flags: &[&str]) -> String {
+    match config(flags) {
+        Ok(config) => panic!("{flags:?} was accepted: {config:#?}"),
+        Err(err) => err.to_string(),
+    }
+}
+
+#[test]
+fn defaults_make_a_builtin_ebpf_agent_with_its_own_ca() {
+    let config = config(&["--state-dir", "/tmp/dp"]).expect("the defaults are accepted");
+    assert_eq!(config.capture, Capture::Ebpf);
+    assert!(matches!(config.engine, EngineConfig::Builtin));
+    match &config.certs {
+        CertsConfig::Builtin {
+            ca: CaConfig::Dir(dir),
+        } => assert_eq!(dir, &PathBuf::from("/tmp/dp/ca")),
+        other => panic!("expected the built-in CA under the state dir, got {other:?}"),
+    }
+    assert!(config.istiod.is_none() && config.xds.is_none() && config.kube.is_none());
+    assert_eq!(
+        config.original_source.kernel_mark(),
+        dataplane_common::DEFAULT_TRANSPARENT_MARK
+    );
+    assert_eq!(config.mesh.pool_spread.max_connections, 4);
+    assert!(config.mesh.keepalive.is_some());
+}
+
+#[test]
+fn ztunnel_refuses_iptables_takeover_and_a_zero_mark() {
+    for (flags, named) in [
+        (&["--capture", "iptables"][..], "--capture iptables"),
+        (&["--takeover"][..], "--takeover"),
+        (&["--proxy-mark", "0"][..], "--proxy-mark 0"),
+    ] {
+        let message = refused(&[&["--engine", "ztunnel"], flags].concat());
+        assert!(
+            message.contains(named) && message.contains("--engine ztunnel"),
+            "{message}"
+        );
+    }
+    let config = config(&["--engine", "ztunnel", "--zds-socket", "/run/zds.sock"])
+        .expect("ztunnel with its defaults is accepted");
+    match config.engine {
+        EngineConfig::Ztunnel { zds } => {
+            assert_eq!(zds.socket, PathBuf::from("/run/zds.sock"));
+            assert_eq!(zds.request_timeout, std::time::Duration::from_secs(5));
+        }
+        EngineConfig::Builtin => panic!("--engine ztunnel made a builtin engine"),
+    }
+}
+
+#[test]
+fn istio_flags_need_their_companions() {
+    let message = refused(&["--cert-source", "istio"]);
+    assert!(message.contains("needs --istiod-address"), "{message}");
+    let message = refused(&["--cert-source", "istio", "--istiod-address", ":15012"]);
+    assert!(message.contains("--istiod-address `:15012`"), "{message}");
+    let message = refused(&["--cert-source", "files"]);
+    assert!(message.contains("needs --cert-dir"), "{message}");
+    let message = refused(&["--xds", "--istiod-address", "istiod:15012"]);
+    assert!(message.contains("--xds needs --instance-ip"), "{message}");
+    let message = refused(&[
+        "--xds",
+        "--istiod-address",
+        "istiod:15012",
+        "--instance-ip",
+        "10.0.0.7",
+        "--pod-name",
+        "dp-0",
+    ]);
+    assert!(message.contains("--xds needs --node"), "{message}");
+}
+
+#[test]
+fn xds_takes_who_the_agent_is_from_flags_and_the_given_environment() {
+    let flags = [
+        "--xds",
+        "--istiod-address",
+        "istiod.istio-system.svc:15012",
+        "--instance-ip",
+        "10.0.0.7",
+        "--pod-name",
+        "dp-0",
+        "--node",
+        "node-a",
+        "--istiod-token",
+        "none",
+    ];
+    let env = [
+        ("ISTIO_META_CLUSTER".to_owned(), "east".to_owned()),
+        ("PATH".to_owned(), "/bin".to_owned()),
+    ];
+    let config = run_args(&flags)
+        .into_config_with(env)
+        .expect("complete xDS flags are accepted");
+    let node = config.xds.expect("--xds gives a node identity");
+    assert_eq!(node.node_name, "node-a");
+    assert_eq!(
+        node.extra.into_iter().collect::<Vec<_>>(),
+        [("CLUSTER".to_owned(), "east".to_owned())]
+    );
+    let istiod = config.istiod.expect("--xds asks istiod");
+    assert_eq!(istiod.server_name, "istiod.istio-system.svc");
+    assert_eq!(istiod.token_file, None);
+}
+
+#[test]
+fn the_transparent_mark_must_differ_from_the_proxy_mark() {
+    let message = refused(&["--proxy-mark", "0x600", "--transparent-mark", "0x600"]);
+    assert!(
+        message.contains("--transparent-mark 0x600") && message.contains("--proxy-mark 0x600"),
+        "{message}"
+    );
+    let config = config(&["--original-source", "off", "--transparent-mark", "0"])
+        .expect("off ignores the mark");
+    assert_eq!(config.original_source.kernel_mark(), 0);
+}
+
+#[test]
+fn kube_needs_the_node_and_valid_selectors() {
+    let message = refused(&["--kube"]);
+    assert!(
+        message.contains("--kube needs") && message.contains("--node"),
+        "{message}"
+    );
+    let config = config(&["--kube", "--node", "node-a"]).expect("--kube --node is accepted");
+    let kube = config
+        .kube
+        .expect("--kube gives a Kubernetes configuration");
+    assert_eq!(kube.node, "node-a");
+    assert_eq!(kube.exclude_namespaces, ["kube-system"]);
+    // clap checks the selectors it parses; a rule that does not compile is
+    // refused here as well.
+    let mut args = run_args(&["--kube", "--node", "node-a"]);
+    let bad = crate::kube::optin::parse_selectors(
+        r#"[{"podSelector": {"matchExpressions": [{"key": "k", "operator": "Near"}]}}]"#,
+    )
+    .expect("the selector list parses");
+    args.enablement_selectors = Some(crate::kube::optin::EnablementSelectors(bad));
+    let message = match args.into_config_with([]) {
+        Ok(_) => panic!("an invalid selector was accepted"),
+        Err(err) => err.to_string(),
+    };
+    assert!(message.starts_with("--enablement-selectors: "), "{message}");
+}
+
+#[test]
+fn the_config_serializes_for_the_dump() {
+    let config = config(&["--instance", "n1", "--fail-open"]).expect("accepted");
+    let json = serde_json::to_value(&config).expect("the config serializes");
+    assert_eq!(json["state"]["instance"], "n1");
+    assert_eq!(json["redirect"]["failOpen"], true);
+    assert_eq!(json["redirect"]["onExit"], "keep");
+    assert_eq!(json["capture"], "ebpf");
+    assert_eq!(json["engine"]["mode"], "builtin");
+    assert_eq!(json["certs"]["source"], "builtin");
+}
