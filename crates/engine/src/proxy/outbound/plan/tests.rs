@@ -60,6 +60,11 @@ services:
   namespace: shop
   hostname: empty.shop.svc.cluster.local
   vips: ['/10.96.0.11']
+- name: private
+  namespace: shop
+  hostname: private.shop.svc.cluster.local
+  vips: ['/10.96.0.12']
+  visibility: namespace
 "#;
 
 /// A client address the mesh does not know.
@@ -181,6 +186,29 @@ fn outbound_plans() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A service only its namespace may see (`exportTo: ["."]`) is no
+/// service to a pod of another: its VIP is dialled as addressed, as
+/// ztunnel's `find_upstream` finds no visible service there.
+#[test]
+fn a_namespace_scoped_service_is_a_service_only_to_its_namespace() {
+    let state = MeshState::from_config(&LocalConfig::parse(MESH, "plan").unwrap()).unwrap();
+    let choice = Fixed {
+        dead: HashSet::new(),
+        start: 0,
+    };
+    let dst = "10.96.0.12:80".parse().unwrap();
+    let from = |ns| {
+        let source = Identity::new("cluster.local", ns, "web").unwrap();
+        describe(&plan(&state, &source, CLIENT, dst, &choice))
+    };
+    assert_eq!(
+        from("shop"),
+        "[shop/private.shop.svc.cluster.local] refuse no_endpoints: \
+         service shop/private.shop.svc.cluster.local has no endpoints"
+    );
+    assert_eq!(from("front"), "direct 10.96.0.12:80");
 }
 
 #[test]
