@@ -23,8 +23,9 @@ pub const DEAD_ENDPOINT_HOLD: Duration = Duration::from_secs(30);
 /// A service with its endpoints.
 #[derive(Debug)]
 pub struct ServiceEntry {
-    /// The service as configured.
-    pub service: Service,
+    /// The service as configured (shared with the definition it was
+    /// built from and with every rebuild of it for a change of members).
+    pub service: Arc<Service>,
     /// Identities its servers may present besides the endpoint's own
     /// (shared by every connection's pool key).
     pub alt_identities: Arc<[Identity]>,
@@ -217,7 +218,10 @@ impl ServiceIndex {
             }
         }
         // Every stale entry goes before any is built: a definition that
-        // moved from one key to another is under both.
+        // moved from one key to another is under both. Each is kept until
+        // its successor is built, which reuses what the definition
+        // decides when that did not change.
+        let mut previous: HashMap<EntryKey, Arc<ServiceEntry>> = HashMap::new();
         for key in &rebuild {
             let Some(stale) = self.entries.all(key.as_str()).cloned() else {
                 continue;
@@ -229,6 +233,7 @@ impl ServiceIndex {
                 self.by_hostname
                     .remove(built.service.hostname.as_str(), entry);
                 self.entries.remove(key.as_str(), entry);
+                previous.insert(entry.clone(), Arc::clone(built));
             }
         }
         for key in &rebuild {
@@ -237,7 +242,7 @@ impl ServiceIndex {
             };
             let members = self.members.all(key.as_str()).cloned().unwrap_or_default();
             for (entry, service) in defs.iter() {
-                let built = Arc::new(ServiceEntry::new(service, &members));
+                let built = Arc::new(ServiceEntry::new(service, &members, previous.get(entry)));
                 for vip in &service.vips {
                     self.by_vip
                         .insert(vip.to_canonical(), entry.clone(), Arc::clone(&built));
@@ -320,8 +325,15 @@ impl ServiceIndex {
 impl ServiceEntry {
     /// `service` with its endpoints among `members` (the workloads that
     /// name it, in entry order): healthy ones, unless its health policy
-    /// allows all.
-    fn new(service: &Service, members: &Values<Arc<MeshWorkload>>) -> Self {
+    /// allows all. `previous`, the entry this one replaces, lends what
+    /// the definition alone decides (when it is the same definition) and
+    /// its round-robin position, so a change of endpoints does not send
+    /// the next connections back to the first one.
+    fn new(
+        service: &Arc<Service>,
+        members: &Values<Arc<MeshWorkload>>,
+        previous: Option<&Arc<ServiceEntry>>,
+    ) -> Self {
         let endpoints = members
             .values()
             .filter(|w| {
@@ -330,6 +342,16 @@ impl ServiceEntry {
             })
             .map(Arc::clone)
             .collect();
+        let next = AtomicUsize::new(previous.map_or(0, |p| p.next.load(Ordering::Relaxed)));
+        if let Some(previous) = previous.filter(|p| Arc::ptr_eq(&p.service, service)) {
+            return Self {
+                service: Arc::clone(service),
+                alt_identities: Arc::clone(&previous.alt_identities),
+                label: Arc::clone(&previous.label),
+                endpoints,
+                next,
+            };
+        }
         let alt_identities = service
             .subject_alt_names
             .iter()
@@ -348,10 +370,10 @@ impl ServiceEntry {
                 name: service.name.clone(),
                 namespace: service.namespace.clone(),
             }),
-            service: service.clone(),
+            service: Arc::clone(service),
             alt_identities,
             endpoints,
-            next: AtomicUsize::new(0),
+            next,
         }
     }
 }

@@ -246,4 +246,31 @@ services:
             None
         );
     }
+
+    /// A change of endpoints builds the service's entry again: it goes on
+    /// taking turns where it was (else every change sent the next
+    /// connection to the first endpoint) and keeps what only the
+    /// definition decides.
+    #[test]
+    fn a_change_of_endpoints_keeps_the_round_robin_turn_and_the_label() {
+        use crate::config::entries::EntryKey;
+        let config = LocalConfig::parse(MESH, "t").unwrap();
+        let state = MeshState::from_config(&config).unwrap();
+        let vip = "10.96.0.12".parse().unwrap();
+        let before = Arc::clone(state.services.by_vip(vip).unwrap());
+        assert_eq!(before.next_start(), 0);
+        let mut joining = (*config.workloads[1]).clone();
+        joining.uid = "other-2".into();
+        joining.workload_ips = vec!["10.1.0.13".parse().unwrap()];
+        let changes = Changes {
+            workloads: vec![(EntryKey::xds("other-2"), Some(Arc::new(joining)))],
+            ..Changes::default()
+        };
+        let next = state.apply(&changes).unwrap();
+        let after = next.services.by_vip(vip).unwrap();
+        assert_eq!(after.endpoint_count(), 2);
+        assert_eq!(after.next_start(), 1, "the turn went back to the first");
+        assert!(Arc::ptr_eq(&after.label, &before.label));
+        assert!(Arc::ptr_eq(&after.service, &before.service));
+    }
 }
