@@ -445,6 +445,34 @@ policies:
     }
 
     #[test]
+    fn services_of_different_namespaces_may_share_a_vip_and_no_others() {
+        let two = |ns: &str| {
+            format!(
+                "services:\n\
+                 - {{name: db, namespace: a, hostname: db.ext, vips: ['/10.96.0.9']}}\n\
+                 - {{name: db, namespace: {ns}, hostname: db2.ext, vips: ['/10.96.0.9']}}\n"
+            )
+        };
+        let config = LocalConfig::parse(&two("b"), "cfg.yaml").unwrap();
+        let state = crate::state::MeshState::from_config(&config).unwrap();
+        let vip = "10.96.0.9".parse().unwrap();
+        let seen = |ns| {
+            state
+                .services
+                .by_vip_for(vip, ns)
+                .map(|e| e.service.namespace.clone())
+        };
+        assert_eq!(seen("a").as_deref(), Some("a"));
+        assert_eq!(seen("b").as_deref(), Some("b"));
+        let err = LocalConfig::parse(&two("a"), "cfg.yaml").unwrap_err();
+        let err = dataplane_core::error::Chain(&err).to_string();
+        assert!(
+            err.contains("services[1].vips") && err.contains("namespace `a`"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn bad_ip_is_rejected() {
         let err = LocalConfig::parse(
             "workloads:\n- uid: u1\n  name: web\n  namespace: shop\n  workloadIps: [10.0.0.300]\n",

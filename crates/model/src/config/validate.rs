@@ -68,6 +68,9 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
     }
 
     let mut service_keys = HashSet::new();
+    // Services of different namespaces may share a VIP, as istiod's may
+    // (a client gets the one its namespace sees first); one namespace may
+    // not give one VIP two services.
     let mut vips = HashSet::new();
     for (i, s) in config.services.iter().enumerate() {
         if !service_keys.insert(s.key()) {
@@ -79,12 +82,16 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
             ));
         }
         for vip in &s.vips {
-            if !vips.insert(*vip) || ips.contains_key(vip) {
+            if !vips.insert((*vip, s.namespace.as_str())) || ips.contains_key(vip) {
                 return Err(invalid(
                     format!("services[{i}].vips"),
                     &vip.to_string(),
                     2,
-                    format!("VIP {vip} is already used by another service or a workload"),
+                    format!(
+                        "VIP {vip} is already used by a workload or by another service of \
+                         namespace `{}` (only services of different namespaces may share one)",
+                        s.namespace
+                    ),
                 ));
             }
         }
