@@ -236,6 +236,44 @@ fn a_shared_hostname_answers_with_the_service_the_pods_namespace_sees() -> anyho
     Ok(())
 }
 
+/// A ServiceEntry for `*.wild.example` answers for every name under it
+/// (the most specific wildcard first), for the name asked, with no CNAME
+/// (ztunnel `dns/server.rs` `get_wildcards`, `lookup`).
+#[test]
+fn a_wildcard_hostname_answers_for_the_names_under_it() -> anyhow::Result<()> {
+    let upstream = FakeDns::on_loopback(UPSTREAM_TAG)?;
+    let wild = |host: &str, vip: [u8; 4]| {
+        let mut s = service("wild", NAMESPACE, IpAddr::from(vip), &[(443, 443)]);
+        s.name = host.replace('*', "star");
+        s.hostname = host.to_owned();
+        s
+    };
+    let w = world_with(
+        "dnswild",
+        upstream.addr(),
+        vec![
+            wild("*.wild.example", [10, 96, 0, 41]),
+            wild("*.deep.wild.example", [10, 96, 0, 42]),
+        ],
+    )?;
+    let server = asked(ASKED_V4);
+    for (name, vip) in [
+        ("api.wild.example.", [10, 96, 0, 41]),
+        ("a.b.wild.example.", [10, 96, 0, 41]),
+        ("api.deep.wild.example.", [10, 96, 0, 42]),
+    ] {
+        let reply = query(&w.client, "udp", server, name, "A", None)?;
+        assert_eq!(a(&reply), [IpAddr::from(vip)], "{name}: {reply:?}");
+    }
+    assert_eq!(upstream.queries(), 0);
+    // The wildcard's own parent is not under it: the upstream's to answer
+    // (the stand-in knows only `up.test`).
+    let reply = query(&w.client, "udp", server, "wild.example.", "A", None)?;
+    assert_eq!(reply.rcode, "Non-Existent Domain", "{reply:?}");
+    assert_eq!(upstream.queries(), 1);
+    Ok(())
+}
+
 #[test]
 fn other_names_are_forwarded_upstream() -> anyhow::Result<()> {
     let upstream = FakeDns::on_loopback(UPSTREAM_TAG)?;

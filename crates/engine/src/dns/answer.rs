@@ -16,7 +16,7 @@ use hickory_proto::{
     },
 };
 
-use super::names::{candidates, normalize};
+use super::names::{candidates, normalize, wildcards};
 
 /// TTL of mesh answers, in seconds (the mesh state can change at any time).
 pub const MESH_TTL: u32 = 30;
@@ -62,16 +62,26 @@ pub fn decide(
         return Decision::Forward;
     }
     let asked = normalize(&query.name().to_ascii());
-    let Some((candidate, addrs)) = candidates(&asked, namespace, domain)
+    // Each candidate as it is, then under the wildcards above it (a
+    // ServiceEntry for `*.example.com`), as ztunnel's `find_server`.
+    let Some((candidate, wildcard, addrs)) = candidates(&asked, namespace, domain)
         .into_iter()
-        .find_map(|c| addresses(&c.hostname).map(|a| (c, a)))
+        .find_map(|c| {
+            let found = wildcards(&c.hostname)
+                .enumerate()
+                .find_map(|(i, name)| addresses(&name).map(|a| (i > 0, a)));
+            found.map(|(wildcard, a)| (c, wildcard, a))
+        })
     else {
         return Decision::Forward;
     };
     let mut message = reply_to(request, ResponseCode::NoError);
     message.metadata.authoritative = true;
     let mut owner = query.name().clone();
+    // A wildcard answers for the name asked, without a CNAME (ztunnel
+    // `lookup`: no CNAME when the match is a wildcard).
     if let Some(stripped) = candidate.stripped.as_deref()
+        && !wildcard
         && let Ok(target) = Name::from_ascii(format!("{stripped}."))
     {
         message.answers.push(Record::from_rdata(

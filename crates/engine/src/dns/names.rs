@@ -71,6 +71,19 @@ fn kube_fqdns(name: &str, namespace: &str, domain: &str) -> Vec<String> {
     }
 }
 
+/// The names a service may be defined under to answer for `hostname`:
+/// itself, then the wildcards above it, most specific first.
+pub fn wildcards(hostname: &str) -> impl Iterator<Item = String> + '_ {
+    // Each suffix of two labels or more, its first label a wildcard:
+    // `www.example.com` -> `*.example.com`, `*.com` (ztunnel
+    // `dns/server.rs` `get_wildcards`).
+    std::iter::once(hostname.to_owned()).chain(
+        hostname
+            .match_indices('.')
+            .map(move |(dot, _)| format!("*{}", &hostname[dot..])),
+    )
+}
+
 /// A query name in the form hostnames are indexed by: lower case, without
 /// the trailing dot.
 pub fn normalize(name: &str) -> String {
@@ -86,6 +99,13 @@ mod tests {
             .into_iter()
             .map(|c| (c.hostname, c.stripped))
             .collect()
+    }
+
+    #[test]
+    fn a_name_matches_itself_then_each_wildcard_above_it() {
+        let all: Vec<String> = wildcards("www.example.com").collect();
+        assert_eq!(all, ["www.example.com", "*.example.com", "*.com"]);
+        assert_eq!(wildcards("localhost").collect::<Vec<_>>(), ["localhost"]);
     }
 
     #[test]
