@@ -36,9 +36,12 @@ impl MeshState {
         if let Some(ip) = waypoint.address {
             return self.services.by_vip(ip);
         }
-        let (namespace, hostname) = waypoint.hostname.as_deref()?.split_once('/')?;
-        let entry = self.services.by_hostname(hostname)?;
-        (entry.service.namespace == namespace).then_some(entry)
+        // `namespace/hostname`: the service of that key, whoever else
+        // shares the hostname (ztunnel `find_hostname` ->
+        // `get_by_namespaced_host`).
+        let key = waypoint.hostname.as_deref()?;
+        key.split_once('/')?;
+        self.services.by_key(key)
     }
 
     /// The instances of `waypoint`, rotated to begin at `start` (the

@@ -395,6 +395,18 @@ fn services_sharing_a_vip_are_chosen_per_client_namespace() {
             .map(|e| e.service.namespace.as_str()),
         Some("c")
     );
+    // A waypoint named `namespace/hostname` is that namespace's service.
+    let waypoint = crate::config::Waypoint {
+        address: None,
+        hostname: Some("c/db.example.com".into()),
+        hbone_port: 15008,
+    };
+    assert_eq!(
+        state
+            .waypoint_service(&waypoint)
+            .map(|e| e.service.namespace.as_str()),
+        Some("c")
+    );
 
     // Only the namespace-scoped one left: to any other namespace the VIP
     // and the name are no service's.
