@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::{
     dns::DnsConfig,
-    hbone::pool::PoolSpread,
+    hbone::{pool::PoolSpread, wire::H2Settings},
     istiod::IstiodEndpoint,
     kube::optin::{EnablementSelector, EnrollmentRule},
     logging::LogFormat,
@@ -255,6 +255,10 @@ pub struct MeshConfig {
     pub keepalive: Option<Keepalive>,
     /// How the HBONE pool spreads streams over connections.
     pub pool_spread: PoolSpread,
+    /// How long an HBONE pool connection without a stream is kept.
+    pub pool_idle_timeout: Duration,
+    /// The HTTP/2 windows and frame size of HBONE connections.
+    pub h2: H2Settings,
     /// Node-wide pending handshakes; `None`: derived from the descriptor
     /// limit.
     pub max_pending_handshakes: Option<u32>,

@@ -14,7 +14,7 @@ use crate::{
         original_source::OriginalSourceArgsError,
     },
     dns::DnsConfig,
-    hbone::pool::PoolSpread,
+    hbone::{pool::PoolSpread, wire::H2Settings},
     kube::optin::{EnrollmentRule, RuleError, istio_default_selectors},
     proxy::keepalive::Keepalive,
 };
@@ -37,6 +37,18 @@ pub enum FlagError {
         "--kube needs this node's name: pass --node (DaemonSet: DATAPLANE_NODE from spec.nodeName)"
     )]
     KubeNeedsNode,
+    /// The HTTP/2 connection window is smaller than the stream window.
+    #[error(
+        "--http2-connection-window-size {connection} is below --http2-stream-window-size {stream}: \
+         one stream could take the whole connection's window and stall the others; \
+         raise the connection window (ztunnel's default is 4 times the stream window)"
+    )]
+    Http2Windows {
+        /// `--http2-connection-window-size`.
+        connection: u32,
+        /// `--http2-stream-window-size`.
+        stream: u32,
+    },
     /// An enablement selector is not a valid label selector.
     #[error("--enablement-selectors: {0}; fix it, or leave the flag unset for Istio's selectors")]
     EnablementSelectors(#[source] RuleError),
@@ -97,6 +109,15 @@ impl RunArgs {
                 dir: self.istio.cert_dir()?.unwrap_or_default(),
             },
         };
+        // ztunnel (`src/config.rs` `construct_config`) warns in a comment
+        // that a connection window no larger than a stream's can deadlock;
+        // below it is refused.
+        if self.http2_connection_window_size < self.http2_stream_window_size {
+            return Err(FlagError::Http2Windows {
+                connection: self.http2_connection_window_size,
+                stream: self.http2_stream_window_size,
+            });
+        }
         let original_source = self.original_source.to_config(self.proxy_mark)?;
         let kube = if self.kube {
             let node = self.node.clone().ok_or(FlagError::KubeNeedsNode)?;
@@ -157,6 +178,13 @@ impl RunArgs {
                 pool_spread: PoolSpread {
                     busy_streams: self.hbone_pool_busy_streams.into(),
                     max_connections: self.hbone_pool_max_connections.into(),
+                    max_streams: self.hbone_pool_max_streams_per_connection.into(),
+                },
+                pool_idle_timeout: self.hbone_pool_idle_timeout,
+                h2: H2Settings {
+                    stream_window: self.http2_stream_window_size,
+                    connection_window: self.http2_connection_window_size,
+                    max_frame: self.http2_frame_size,
                 },
                 max_pending_handshakes: self.max_pending_handshakes,
                 max_pending_handshakes_per_pod: self.max_pending_handshakes_per_pod,

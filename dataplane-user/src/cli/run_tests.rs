@@ -184,3 +184,78 @@ fn the_config_serializes_for_the_dump() {
     assert_eq!(json["engine"]["mode"], "builtin");
     assert_eq!(json["certs"]["source"], "builtin");
 }
+
+#[test]
+fn http2_and_pool_knobs_default_to_ztunnels_and_are_checked() {
+    use crate::hbone::wire::H2Settings;
+    let defaults = config(&[]).expect("the defaults are accepted");
+    assert_eq!(defaults.mesh.h2, H2Settings::default());
+    assert_eq!(defaults.mesh.h2.stream_window, 4 * 1024 * 1024);
+    assert_eq!(defaults.mesh.h2.connection_window, 16 * 1024 * 1024);
+    assert_eq!(defaults.mesh.h2.max_frame, 1024 * 1024);
+    assert_eq!(defaults.mesh.pool_spread.max_streams, 100);
+    assert_eq!(
+        defaults.mesh.pool_idle_timeout,
+        std::time::Duration::from_secs(60)
+    );
+    let tuned = config(&[
+        "--http2-stream-window-size",
+        "1048576",
+        "--http2-connection-window-size",
+        "2097152",
+        "--http2-frame-size",
+        "16384",
+        "--hbone-pool-max-streams-per-connection",
+        "7",
+        "--hbone-pool-idle-timeout",
+        "5m",
+    ])
+    .expect("tuned values are accepted");
+    assert_eq!(
+        tuned.mesh.h2,
+        H2Settings {
+            stream_window: 1 << 20,
+            connection_window: 2 << 20,
+            max_frame: 16384,
+        }
+    );
+    assert_eq!(tuned.mesh.pool_spread.max_streams, 7);
+    assert_eq!(
+        tuned.mesh.pool_idle_timeout,
+        std::time::Duration::from_secs(300)
+    );
+    // The dump carries them.
+    let dump = serde_json::to_value(&tuned.mesh).expect("the mesh config serializes");
+    assert_eq!(dump["h2"]["maxFrame"], 16384);
+    assert_eq!(dump["poolSpread"]["maxStreams"], 7);
+    // A connection window below the stream window is refused by name.
+    let message = refused(&[
+        "--http2-stream-window-size",
+        "1048576",
+        "--http2-connection-window-size",
+        "65535",
+    ]);
+    assert!(
+        message.contains("--http2-connection-window-size")
+            && message.contains("--http2-stream-window-size"),
+        "{message}"
+    );
+    // Values HTTP/2 does not allow never reach the config (clap, exit 2).
+    for (flag, value) in [
+        ("--http2-frame-size", "16383"),
+        ("--http2-frame-size", "16777216"),
+        ("--http2-stream-window-size", "2147483648"),
+        ("--http2-connection-window-size", "0"),
+        ("--hbone-pool-max-streams-per-connection", "0"),
+        ("--hbone-pool-idle-timeout", "0s"),
+    ] {
+        let parsed = Cli::try_parse_from(["dataplane", "run", flag, value]);
+        match parsed {
+            Ok(_) => panic!("{flag} {value} was accepted"),
+            Err(e) => {
+                assert_eq!(e.exit_code(), 2, "{flag} {value}");
+                assert!(e.to_string().contains(flag), "{flag} {value}: {e}");
+            }
+        }
+    }
+}
