@@ -72,7 +72,8 @@ pub struct AgentConfig {
     pub log_format: LogFormat,
     /// Where workload certificates come from.
     pub certs: CertsConfig,
-    /// istiod, when anything asks it (xDS or its CA).
+    /// istiod, when anything asks it (xDS, or its CA unless
+    /// [`CertsConfig::Istio`] names another server).
     pub istiod: Option<IstiodConfig>,
     /// Who the agent is to istiod, with `--xds` (workloads from istiod).
     pub xds: Option<NodeIdentity>,
@@ -302,8 +303,15 @@ pub enum CertsConfig {
         /// Its root.
         ca: CaConfig,
     },
-    /// Istio's CA, on [`AgentConfig::istiod`].
-    Istio,
+    /// Istio's CA (istiod's, or another server speaking its API, e.g.
+    /// istio-csr).
+    Istio {
+        /// Where the CA is and how its certificate is checked.
+        ca: IstiodConfig,
+        /// The mesh's roots, which the trust bundle starts with
+        /// (`--istiod-root-cert`).
+        mesh_roots: PathBuf,
+    },
     /// Certificates mounted as files.
     Files {
         /// Their directory.

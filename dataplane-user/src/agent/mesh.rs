@@ -93,8 +93,8 @@ pub(super) fn mesh_context(
 fn cert_source(
     args: &AgentConfig,
 ) -> Result<(CertSource, Vec<rustls::pki_types::CertificateDer<'static>>), AgentError> {
-    match (&args.certs, &args.istiod) {
-        (CertsConfig::Builtin { ca }, _) => {
+    match &args.certs {
+        CertsConfig::Builtin { ca } => {
             let ca = match ca {
                 CaConfig::Files { cert, key } => Ca::from_files(cert, key)?,
                 CaConfig::Dir(dir) => Ca::load_or_generate(dir)?,
@@ -102,16 +102,15 @@ fn cert_source(
             let root = ca.root_der().clone();
             Ok((CertSource::Builtin(Arc::new(ca)), vec![root]))
         }
-        (CertsConfig::Istio, Some(istiod)) => {
-            let roots = config::read_root_certs(&istiod.root_cert)?;
+        CertsConfig::Istio { ca, mesh_roots } => {
+            let roots = config::read_root_certs(mesh_roots)?;
             let ca = IstioCa {
-                istiod: istiod.endpoint()?,
+                istiod: ca.endpoint()?,
                 impersonate: true,
             };
             Ok((CertSource::Istio(ca), roots))
         }
-        (CertsConfig::Istio, None) => Err(AgentError::NoIstiod),
-        (CertsConfig::Files { dir }, _) => {
+        CertsConfig::Files { dir } => {
             let dir = CertDir::new(dir.clone());
             let roots = dir.read_roots()?;
             Ok((CertSource::Files(dir), roots))

@@ -90,6 +90,7 @@ impl RunArgs {
         // Missing flags first: they are cheaper to fix than a file.
         let xds = self.istio.xds_node(self.node.as_deref(), env)?;
         let istiod = self.istio.istiod_config()?;
+        let ca_server = self.istio.ca_server_config()?;
         let certs = match self.istio.cert_source {
             CertSourceKind::Builtin => CertsConfig::Builtin {
                 ca: match (&self.ca_cert, &self.ca_key) {
@@ -104,7 +105,13 @@ impl RunArgs {
                     ),
                 },
             },
-            CertSourceKind::Istio => CertsConfig::Istio,
+            CertSourceKind::Istio => CertsConfig::Istio {
+                ca: ca_server.ok_or(IstioArgsError::Missing {
+                    what: "--cert-source istio",
+                    needed: "--istiod-address or --ca-address",
+                })?,
+                mesh_roots: self.istio.istiod_root_cert.clone(),
+            },
             CertSourceKind::Files => CertsConfig::Files {
                 dir: self.istio.cert_dir()?.unwrap_or_default(),
             },

@@ -259,3 +259,73 @@ fn http2_and_pool_knobs_default_to_ztunnels_and_are_checked() {
         }
     }
 }
+
+#[test]
+fn the_ca_may_be_another_server_than_istiod() {
+    let ca_of = |flags: &[&str]| match config(flags) {
+        Ok(AgentConfig {
+            certs: CertsConfig::Istio { ca, mesh_roots },
+            istiod,
+            ..
+        }) => (ca, mesh_roots, istiod),
+        other => panic!("{flags:?}: expected Istio's CA, got {other:?}"),
+    };
+    let istiod = "istiod.istio-system.svc:15012";
+    let mesh_root = PathBuf::from("/var/run/secrets/istio/root-cert.pem");
+    // By default the CA is istiod, as ztunnel's CA_ADDRESS defaults.
+    let (ca, roots, xds) = ca_of(&["--cert-source", "istio", "--istiod-address", istiod]);
+    assert_eq!(ca.address, istiod);
+    assert_eq!(ca.server_name, "istiod.istio-system.svc");
+    assert_eq!((&ca.root_cert, &roots), (&mesh_root, &mesh_root));
+    assert!(xds.is_some());
+    // istio-csr alone: no istiod address is needed.
+    let csr = "cert-manager-istio-csr.cert-manager.svc:443";
+    let (ca, roots, xds) = ca_of(&["--cert-source", "istio", "--ca-address", csr]);
+    assert_eq!(ca.address, csr);
+    assert_eq!(ca.server_name, "cert-manager-istio-csr.cert-manager.svc");
+    assert_eq!(roots, mesh_root);
+    assert!(xds.is_none(), "nothing asks istiod");
+    // xDS from istiod, certificates from the CA, each with its own name
+    // and root; the mesh's roots stay istiod's file.
+    let (ca, roots, xds) = ca_of(&[
+        "--xds",
+        "--pod-name",
+        "dataplane-abc",
+        "--instance-ip",
+        "10.0.0.7",
+        "--node",
+        "node-a",
+        "--cert-source",
+        "istio",
+        "--istiod-address",
+        istiod,
+        "--ca-address",
+        csr,
+        "--ca-server-name",
+        "istio-csr.example",
+        "--ca-server-root-cert",
+        "/etc/csr/ca.pem",
+    ]);
+    assert_eq!(ca.address, csr);
+    assert_eq!(ca.server_name, "istio-csr.example");
+    assert_eq!(ca.root_cert, PathBuf::from("/etc/csr/ca.pem"));
+    assert_eq!(roots, mesh_root);
+    assert_eq!(xds.map(|x| x.address).as_deref(), Some(istiod));
+    // Refusals name the flag.
+    for (flags, named) in [
+        (&["--ca-address", csr][..], "--ca-address"),
+        (&["--ca-server-name", "x"][..], "--ca-server-name"),
+        (
+            &["--ca-server-root-cert", "/x.pem"][..],
+            "--ca-server-root-cert",
+        ),
+        (
+            &["--cert-source", "istio", "--ca-address", "csr"][..],
+            "--ca-address `csr`",
+        ),
+        (&["--cert-source", "istio"][..], "--ca-address"),
+    ] {
+        let message = refused(flags);
+        assert!(message.contains(named), "{flags:?}: {message}");
+    }
+}
