@@ -331,6 +331,18 @@ pub struct IstiodConfig {
     pub root_cert: PathBuf,
     /// The projected service-account token sent to istiod; `None`: none.
     pub token_file: Option<PathBuf>,
+    /// Extra gRPC metadata sent with every request, checked by the flags
+    /// (the dump shows the names only: a value may be a credential).
+    #[serde(serialize_with = "header_names")]
+    pub headers: Vec<(String, String)>,
+}
+
+/// Serializes headers as their names.
+fn header_names<S: serde::Serializer>(
+    headers: &[(String, String)],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(headers.iter().map(|(name, _)| name))
 }
 
 /// A root certificate file that cannot be used.
@@ -351,6 +363,13 @@ impl IstiodConfig {
             server_name: self.server_name.clone(),
             roots: Arc::new(read_roots(&self.root_cert)?),
             token_file: self.token_file.clone(),
+            // Checked by the flags (`cli::istio::grpc_headers`): none is
+            // dropped here.
+            headers: self
+                .headers
+                .iter()
+                .filter_map(|(key, value)| Some((key.parse().ok()?, value.parse().ok()?)))
+                .collect(),
         })
     }
 }

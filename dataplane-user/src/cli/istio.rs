@@ -118,6 +118,17 @@ pub enum IstioArgsError {
         "--ca-address `{0}` is not host:port; give e.g. cert-manager-istio-csr.cert-manager.svc:443"
     )]
     CaAddress(String),
+    /// An `XDS_HEADER_*` or `CA_HEADER_*` variable that is no gRPC
+    /// metadata.
+    #[error(
+        "environment variable {variable}: {reason}; the name after the prefix must be a lowercase-able ASCII header name (not ending in -bin) and the value printable ASCII"
+    )]
+    Header {
+        /// The variable.
+        variable: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A CA flag without `--cert-source istio`, which alone uses it.
     #[error("{0} applies only to --cert-source istio; set that, or drop {0}")]
     CaFlagUnused(&'static str),
@@ -151,6 +162,7 @@ impl IstioArgs {
             server_name,
             root_cert: self.istiod_root_cert.clone(),
             token_file: self.token_file(),
+            headers: Vec::new(),
         }))
     }
 
@@ -180,6 +192,7 @@ impl IstioArgs {
                     server_name: host.to_owned(),
                     root_cert: self.istiod_root_cert.clone(),
                     token_file: self.token_file(),
+                    headers: Vec::new(),
                 }
             }
             None => match self.istiod_config()? {
@@ -255,6 +268,38 @@ impl IstioArgs {
         }
         self.node_identity(node_name, env).map(Some)
     }
+}
+
+/// Environment prefix of extra gRPC metadata for xDS requests (ztunnel's
+/// `ISTIO_XDS_HEADER_PREFIX`, `src/config.rs`).
+pub const XDS_HEADER_PREFIX: &str = "XDS_HEADER_";
+/// Environment prefix of extra gRPC metadata for CA requests (ztunnel's
+/// `ISTIO_CA_HEADER_PREFIX`).
+pub const CA_HEADER_PREFIX: &str = "CA_HEADER_";
+
+/// The gRPC metadata `env` names under `prefix`: `XDS_HEADER_X_TENANT=a`
+/// sends `x_tenant: a`, as ztunnel's `parse_headers` (`src/config.rs`)
+/// does; sorted by name so the order does not follow the environment's.
+pub fn grpc_headers(
+    env: &[(String, String)],
+    prefix: &str,
+) -> Result<Vec<(String, String)>, IstioArgsError> {
+    use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
+    let mut headers = Vec::new();
+    for (variable, value) in env {
+        let Some(name) = variable.strip_prefix(prefix) else {
+            continue;
+        };
+        let bad = |reason| IstioArgsError::Header {
+            variable: variable.clone(),
+            reason,
+        };
+        let key: AsciiMetadataKey = name.parse().map_err(|_| bad("not a header name"))?;
+        let _: AsciiMetadataValue = value.parse().map_err(|_| bad("not a header value"))?;
+        headers.push((key.as_str().to_owned(), value.clone()));
+    }
+    headers.sort();
+    Ok(headers)
 }
 
 /// The host of `host:port` or `[v6]:port`.

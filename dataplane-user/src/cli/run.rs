@@ -6,11 +6,14 @@
 use super::{AfterHandover as AfterHandoverFlag, CaptureMode, RunArgs};
 use crate::{
     agent::config::{
-        AfterHandover, AgentConfig, CaConfig, Capture, CertsConfig, EndpointsConfig, KubeConfig,
-        MeshConfig, RedirectConfig, StateConfig, WorkersConfig,
+        AfterHandover, AgentConfig, CaConfig, Capture, CertsConfig, EndpointsConfig, IstiodConfig,
+        KubeConfig, MeshConfig, RedirectConfig, StateConfig, WorkersConfig,
     },
     cli::{
-        engine::EngineArgsError, istio::CertSourceKind, istio::IstioArgsError,
+        engine::EngineArgsError,
+        istio::{
+            CA_HEADER_PREFIX, CertSourceKind, IstioArgsError, XDS_HEADER_PREFIX, grpc_headers,
+        },
         original_source::OriginalSourceArgsError,
     },
     dns::DnsConfig,
@@ -80,17 +83,29 @@ impl RunArgs {
     }
 
     /// [`Self::into_config`] with `env` as the environment (`ISTIO_META_*`
-    /// variables become xDS node metadata).
+    /// variables become xDS node metadata, `XDS_HEADER_*` and
+    /// `CA_HEADER_*` extra metadata of xDS and CA requests).
     pub fn into_config_with(
         self,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<AgentConfig, FlagError> {
         self.engine
             .check(self.capture, self.takeover, self.proxy_mark)?;
+        let env: Vec<(String, String)> = env.into_iter().collect();
         // Missing flags first: they are cheaper to fix than a file.
-        let xds = self.istio.xds_node(self.node.as_deref(), env)?;
-        let istiod = self.istio.istiod_config()?;
-        let ca_server = self.istio.ca_server_config()?;
+        let xds = self
+            .istio
+            .xds_node(self.node.as_deref(), env.iter().cloned())?;
+        let xds_headers = grpc_headers(&env, XDS_HEADER_PREFIX)?;
+        let ca_headers = grpc_headers(&env, CA_HEADER_PREFIX)?;
+        let istiod = self.istio.istiod_config()?.map(|istiod| IstiodConfig {
+            headers: xds_headers,
+            ..istiod
+        });
+        let ca_server = self.istio.ca_server_config()?.map(|ca| IstiodConfig {
+            headers: ca_headers,
+            ..ca
+        });
         let certs = match self.istio.cert_source {
             CertSourceKind::Builtin => CertsConfig::Builtin {
                 ca: match (&self.ca_cert, &self.ca_key) {

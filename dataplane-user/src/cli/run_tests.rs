@@ -329,3 +329,67 @@ fn the_ca_may_be_another_server_than_istiod() {
         assert!(message.contains(named), "{flags:?}: {message}");
     }
 }
+
+#[test]
+fn xds_and_ca_headers_come_from_ztunnels_environment_names() {
+    let flags = [
+        "dataplane",
+        "run",
+        "--xds",
+        "--istiod-address",
+        "istiod.istio-system.svc:15012",
+        "--pod-name",
+        "dataplane-abc",
+        "--instance-ip",
+        "10.0.0.7",
+        "--node",
+        "node-a",
+        "--cert-source",
+        "istio",
+        "--ca-address",
+        "istio-csr.cert-manager.svc:443",
+    ];
+    let parse = |env: &[(&str, &str)]| {
+        let args = match Cli::try_parse_from(flags) {
+            Ok(Cli {
+                command: Command::Run(args),
+            }) => *args,
+            other => panic!("{other:?}"),
+        };
+        args.into_config_with(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
+    };
+    let config = parse(&[
+        ("XDS_HEADER_X_TENANT", "blue"),
+        ("CA_HEADER_X-Route", "csr"),
+        ("CA_HEADER_A", "first"),
+        ("PATH", "/bin"),
+    ])
+    .expect("valid headers are accepted");
+    let istiod = config.istiod.expect("--xds asks istiod");
+    assert_eq!(istiod.headers, [("x_tenant".to_owned(), "blue".to_owned())]);
+    let CertsConfig::Istio { ca, .. } = config.certs else {
+        panic!("expected Istio's CA");
+    };
+    assert_eq!(
+        ca.headers,
+        [
+            ("a".to_owned(), "first".to_owned()),
+            ("x-route".to_owned(), "csr".to_owned()),
+        ]
+    );
+    // The dump names them and hides the values.
+    let dump = serde_json::to_value(&ca).expect("serializes");
+    assert_eq!(dump["headers"], serde_json::json!(["a", "x-route"]));
+    // A name or value gRPC cannot carry is refused, naming the variable.
+    for (variable, value) in [
+        ("XDS_HEADER_bad name", "x"),
+        ("CA_HEADER_x-bin", "x"),
+        ("CA_HEADER_X", "new\nline"),
+    ] {
+        let message = match parse(&[(variable, value)]) {
+            Ok(_) => panic!("{variable}={value:?} was accepted"),
+            Err(err) => err.to_string(),
+        };
+        assert!(message.contains(variable), "{message}");
+    }
+}
