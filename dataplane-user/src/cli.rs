@@ -375,6 +375,33 @@ pub struct RunArgs {
     /// whenever a tunnel still closing overlaps the next one.
     #[arg(long, env = "DATAPLANE_HBONE_POOL_BUSY_STREAMS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=100))]
     pub hbone_pool_busy_streams: u16,
+    /// Streams one pooled HBONE connection carries at most; a stream
+    /// finding every connection to its destination this full dials
+    /// another, past `--hbone-pool-max-connections` (ztunnel's
+    /// `POOL_MAX_STREAMS_PER_CONNECTION`). Our HBONE server accepts 100
+    /// concurrent streams: above that, extra streams wait on the peer.
+    #[arg(long, env = "DATAPLANE_HBONE_POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
+    pub hbone_pool_max_streams_per_connection: u16,
+    /// How long a pooled HBONE connection without an open stream is kept
+    /// before it is closed (ztunnel's `POOL_UNUSED_RELEASE_TIMEOUT`, whose
+    /// default is 5 min; ours stays below our servers' 3 min
+    /// `--hbone-idle-timeout`, so that the client, not the server, closes
+    /// an idle connection and no stream races the server's GOAWAY).
+    #[arg(long, env = "DATAPLANE_HBONE_POOL_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_positive_duration)]
+    pub hbone_pool_idle_timeout: std::time::Duration,
+    /// HTTP/2 receive window of one HBONE stream, in bytes, announced by
+    /// both ends (ztunnel's `HTTP2_STREAM_WINDOW_SIZE`).
+    #[arg(long, env = "DATAPLANE_HTTP2_STREAM_WINDOW_SIZE", default_value_t = crate::hbone::wire::STREAM_WINDOW, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::hbone::wire::MAX_WINDOW_LIMIT)))]
+    pub http2_stream_window_size: u32,
+    /// HTTP/2 receive window of one HBONE connection (all its streams), in
+    /// bytes; at least the stream window (ztunnel's
+    /// `HTTP2_CONNECTION_WINDOW_SIZE`).
+    #[arg(long, env = "DATAPLANE_HTTP2_CONNECTION_WINDOW_SIZE", default_value_t = crate::hbone::wire::CONNECTION_WINDOW, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::hbone::wire::MAX_WINDOW_LIMIT)))]
+    pub http2_connection_window_size: u32,
+    /// Largest HTTP/2 frame an HBONE end accepts, in bytes, 16384 to
+    /// 16777215 (ztunnel's `HTTP2_FRAME_SIZE`).
+    #[arg(long, env = "DATAPLANE_HTTP2_FRAME_SIZE", default_value_t = crate::hbone::wire::MAX_FRAME, value_parser = clap::value_parser!(u32).range(i64::from(crate::hbone::wire::MIN_FRAME_LIMIT)..=i64::from(crate::hbone::wire::MAX_FRAME_LIMIT)))]
+    pub http2_frame_size: u32,
     /// Inbound HBONE connections that may be in their handshake at once on
     /// the whole node; over it the oldest handshake of the busiest source is
     /// reset [default: a quarter of the file descriptor limit, between 16

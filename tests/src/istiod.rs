@@ -152,11 +152,39 @@ pub struct SeenRequest {
     pub stream: usize,
     /// The `authorization` metadata of the stream, if any.
     pub authorization: Option<String>,
+    /// The stream's other ASCII metadata, the client's own (not gRPC's,
+    /// nor `authorization`), sorted by name.
+    pub metadata: Vec<(String, String)>,
     /// The request.
     pub request: DeltaDiscoveryRequest,
 }
 
 type Push = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
+
+/// The metadata a client added itself: not gRPC's, HTTP's or the
+/// `authorization` header.
+pub(crate) fn custom_metadata(metadata: &tonic::metadata::MetadataMap) -> Vec<(String, String)> {
+    const STANDARD: &[&str] = &[
+        "authorization",
+        "content-type",
+        "te",
+        "user-agent",
+        "grpc-accept-encoding",
+        "grpc-encoding",
+        "grpc-timeout",
+    ];
+    let mut out: Vec<(String, String)> = metadata
+        .clone()
+        .into_headers()
+        .iter()
+        .filter(|(name, _)| !STANDARD.contains(&name.as_str()))
+        .filter_map(|(name, value)| {
+            Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+        })
+        .collect();
+    out.sort();
+    out
+}
 
 #[derive(Default)]
 struct Shared {
@@ -229,6 +257,7 @@ impl AggregatedDiscoveryService for Service {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let metadata = custom_metadata(request.metadata());
         let (push, responses) = mpsc::channel(64);
         // Weak: stopping the test istiod drops the strong senders, which
         // ends the response stream (and with it the agent's stream).
@@ -260,6 +289,7 @@ impl AggregatedDiscoveryService for Service {
                 let _ = seen.send(SeenRequest {
                     stream,
                     authorization: authorization.clone(),
+                    metadata: metadata.clone(),
                     request,
                 });
             }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, ensure};
 use dataplane_tests::{
     Agent,
-    istiod::{CaMode, TestIstiod, TestPki, istiod_flags},
+    istiod::{CaMode, SERVER_NAME, TestIstiod, TestPki, istiod_flags},
     mesh::{NAMESPACE, TwoNodes, addr},
     observe::{scrape, value},
     stranger::StrangerTls,
@@ -37,6 +37,8 @@ fn spiffe(sa: &str) -> String {
 /// The test control plane and the files an agent needs to use its CA.
 struct IstioCaWorld {
     istiod: TestIstiod,
+    /// The mesh root and istiod's serving certificate.
+    pki: TestPki,
     root_file: PathBuf,
     token_file: PathBuf,
     /// Owns the control plane's tasks; dropped last.
@@ -57,6 +59,7 @@ impl IstioCaWorld {
         std::fs::write(&token_file, format!("{TOKEN}\n"))?;
         Ok(Self {
             istiod,
+            pki,
             root_file,
             token_file,
             runtime,
@@ -173,6 +176,51 @@ fn istio_ca_certificates_carry_hbone_between_two_nodes() -> Result<()> {
         );
         ensure!(csr.validity_seconds == 3600, "{csr:?}");
     }
+    Ok(())
+}
+
+#[test]
+fn certificates_come_from_the_ca_address_when_it_is_not_istiod() -> Result<()> {
+    let mesh = TwoNodes::new("csaddr")?;
+    let world = IstioCaWorld::start(mesh.dir.path())?;
+    // A second server of Istio's CA API (istio-csr's part), its serving
+    // certificate from the same mesh root.
+    let ca = world
+        .runtime
+        .block_on(TestIstiod::start(&world.pki, "127.0.0.1:0".parse()?))?;
+    let mut flags = world.flags("1h");
+    flags.extend(
+        [
+            "--ca-address",
+            &ca.addr.to_string(),
+            "--ca-server-name",
+            SERVER_NAME,
+        ]
+        .map(str::to_owned),
+    );
+    let config = mesh.config()?;
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let (a1, a2) = (
+        mesh.agent("csa", 1, &config, &flags)?,
+        mesh.agent("csa", 2, &config, &flags)?,
+    );
+    wait_ready(&a1)?;
+    wait_ready(&a2)?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    echo(&mesh.client, addr(&mesh.remote, 9000), 64 * 1024, 1)?;
+    let asked = |server: &TestIstiod| {
+        server
+            .csrs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    };
+    ensure!(asked(&ca) >= 3, "the CA signed {} requests", asked(&ca));
+    ensure!(
+        asked(&world.istiod) == 0,
+        "istiod was asked for certificates: {}",
+        asked(&world.istiod)
+    );
     Ok(())
 }
 

@@ -116,3 +116,48 @@ fn connections_to_one_destination_stay_within_the_bound() -> anyhow::Result<()> 
     assert_eq!(established_on(&mesh.remote, 15008)?, 3);
     Ok(())
 }
+
+#[test]
+fn the_agents_pool_caps_streams_per_connection_and_releases_idle_ones() -> anyhow::Result<()> {
+    let mesh = TwoNodes::new("hbknobs")?;
+    let config = mesh.config()?;
+    // One connection to spread over and no busy threshold below the cap:
+    // only `--hbone-pool-max-streams-per-connection` can add connections.
+    let _a1 = mesh.agent(
+        "hb",
+        1,
+        &config,
+        &[
+            "--hbone-pool-max-connections",
+            "1",
+            "--hbone-pool-busy-streams",
+            "100",
+            "--hbone-pool-max-streams-per-connection",
+            "2",
+            "--hbone-pool-idle-timeout",
+            "1s",
+        ],
+    )?;
+    let _a2 = mesh.agent("hb", 2, &config, &[])?;
+    let _app = echo_server(&mesh.remote, APP_PORT)?;
+    let mut held = Vec::new();
+
+    hold_more(&mesh, &mut held, 5)?;
+    assert_eq!(
+        established_on(&mesh.remote, 15008)?,
+        3,
+        "five streams, two per connection, take three connections"
+    );
+    // Every stream ends: the client's pool closes its connections once
+    // they were idle for a second (the server's own idle timeout is 3 min).
+    let released = std::time::Instant::now();
+    held.clear();
+    wait_until("the idle pooled connections to close", || {
+        Ok(established_on(&mesh.remote, 15008)? == 0)
+    })?;
+    assert!(
+        released.elapsed() >= std::time::Duration::from_secs(1),
+        "closed before the idle timeout"
+    );
+    Ok(())
+}

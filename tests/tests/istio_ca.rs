@@ -21,6 +21,7 @@ fn client(pki: &TestPki, istiod: &TestIstiod, dir: &TempDir) -> Result<IstioCa> 
             server_name: SERVER_NAME.into(),
             roots: Arc::new(pki.root_store()?),
             token_file: Some(token),
+            headers: vec![("x-tenant".parse()?, "blue".parse()?)],
         },
         impersonate: true,
     })
@@ -68,6 +69,11 @@ async fn asks_for_a_pods_certificate_as_a_node_proxy_does() -> Result<()> {
     assert_eq!(
         seen[0].authorization.as_deref(),
         Some("Bearer ca-token-123")
+    );
+    // The extra headers (ztunnel's CA_HEADER_*) reach the CA.
+    assert_eq!(
+        seen[0].metadata,
+        [("x-tenant".to_owned(), "blue".to_owned())]
     );
     assert_eq!(
         seen[0].impersonated.as_deref(),

@@ -77,6 +77,7 @@ fn fixture(pki: &TestPki, addr: SocketAddr) -> Result<Fixture> {
             server_name: SERVER_NAME.into(),
             roots: Arc::new(pki.root_store()?),
             token_file: Some(token),
+            headers: vec![("x-tenant".parse()?, "blue".parse()?)],
         },
         node: NodeIdentity {
             ip: IpAddr::from([10, 0, 0, 7]),
@@ -163,6 +164,11 @@ async fn subscribes_acks_nacks_and_resumes_after_an_istiod_restart() -> Result<(
     assert_eq!(
         initial[0].authorization.as_deref(),
         Some("Bearer test-token-abc")
+    );
+    // The extra headers (ztunnel's XDS_HEADER_*) reach istiod.
+    assert_eq!(
+        initial[0].metadata,
+        [("x-tenant".to_owned(), "blue".to_owned())]
     );
     assert!(initial[0].request.initial_resource_versions.is_empty());
 

@@ -51,6 +51,8 @@ pub struct MeshContext {
     pub pool_idle_timeout: Duration,
     /// How pools spread streams over connections to one destination.
     pub pool_spread: crate::hbone::pool::PoolSpread,
+    /// The HTTP/2 windows and frame size both HBONE ends announce.
+    pub h2: crate::hbone::wire::H2Settings,
     /// Whether a client's first bytes go with its tunnel's CONNECT request
     /// (`--hbone-early-data`).
     pub early_data: bool,

@@ -13,7 +13,9 @@ use rustls::RootCertStore;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
-use tonic::metadata::{AsciiMetadataValue, errors::InvalidMetadataValue};
+use tonic::metadata::{
+    AsciiMetadataKey, AsciiMetadataValue, MetadataMap, errors::InvalidMetadataValue,
+};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// How long TCP + TLS to istiod may take.
@@ -37,6 +39,11 @@ pub struct IstiodEndpoint {
     /// The agent's projected service-account token (audience `istio-ca`),
     /// re-read for every connection or request because kubelet rotates it.
     pub token_file: Option<PathBuf>,
+    /// Extra gRPC metadata sent with every request (ztunnel's
+    /// `XDS_HEADER_*` and `CA_HEADER_*`, `src/config.rs` `parse_headers`),
+    /// e.g. for a gateway in front of istiod that routes or authenticates
+    /// by header.
+    pub headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
 }
 
 /// Why istiod could not be reached or authenticated to.
@@ -95,6 +102,18 @@ impl IstiodEndpoint {
             .parse()
             .map(Some)
             .map_err(|err: InvalidMetadataValue| token_error(err.to_string()))
+    }
+
+    /// Adds the request metadata: `authorization` from the token file, if
+    /// one is configured, and the extra headers.
+    pub fn add_metadata(&self, metadata: &mut MetadataMap) -> Result<(), IstiodError> {
+        if let Some(token) = self.bearer_token()? {
+            metadata.insert("authorization", token);
+        }
+        for (key, value) in &self.headers {
+            metadata.append(key.clone(), value.clone());
+        }
+        Ok(())
     }
 
     /// Opens a channel (one HTTP/2 connection, TLS-verified).
@@ -173,6 +192,7 @@ mod tests {
             server_name: "istiod.istio-system.svc".into(),
             roots: Arc::new(RootCertStore::empty()),
             token_file: Some(dir.join(file)),
+            headers: Vec::new(),
         };
         std::fs::write(dir.join("good"), "abc.def\n").unwrap();
         std::fs::write(dir.join("empty"), " \n").unwrap();

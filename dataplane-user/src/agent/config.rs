@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::{
     dns::DnsConfig,
-    hbone::pool::PoolSpread,
+    hbone::{pool::PoolSpread, wire::H2Settings},
     istiod::IstiodEndpoint,
     kube::optin::{EnablementSelector, EnrollmentRule},
     logging::LogFormat,
@@ -72,7 +72,8 @@ pub struct AgentConfig {
     pub log_format: LogFormat,
     /// Where workload certificates come from.
     pub certs: CertsConfig,
-    /// istiod, when anything asks it (xDS or its CA).
+    /// istiod, when anything asks it (xDS, or its CA unless
+    /// [`CertsConfig::Istio`] names another server).
     pub istiod: Option<IstiodConfig>,
     /// Who the agent is to istiod, with `--xds` (workloads from istiod).
     pub xds: Option<NodeIdentity>,
@@ -255,6 +256,10 @@ pub struct MeshConfig {
     pub keepalive: Option<Keepalive>,
     /// How the HBONE pool spreads streams over connections.
     pub pool_spread: PoolSpread,
+    /// How long an HBONE pool connection without a stream is kept.
+    pub pool_idle_timeout: Duration,
+    /// The HTTP/2 windows and frame size of HBONE connections.
+    pub h2: H2Settings,
     /// Node-wide pending handshakes; `None`: derived from the descriptor
     /// limit.
     pub max_pending_handshakes: Option<u32>,
@@ -298,8 +303,15 @@ pub enum CertsConfig {
         /// Its root.
         ca: CaConfig,
     },
-    /// Istio's CA, on [`AgentConfig::istiod`].
-    Istio,
+    /// Istio's CA (istiod's, or another server speaking its API, e.g.
+    /// istio-csr).
+    Istio {
+        /// Where the CA is and how its certificate is checked.
+        ca: IstiodConfig,
+        /// The mesh's roots, which the trust bundle starts with
+        /// (`--istiod-root-cert`).
+        mesh_roots: PathBuf,
+    },
     /// Certificates mounted as files.
     Files {
         /// Their directory.
@@ -319,6 +331,18 @@ pub struct IstiodConfig {
     pub root_cert: PathBuf,
     /// The projected service-account token sent to istiod; `None`: none.
     pub token_file: Option<PathBuf>,
+    /// Extra gRPC metadata sent with every request, checked by the flags
+    /// (the dump shows the names only: a value may be a credential).
+    #[serde(serialize_with = "header_names")]
+    pub headers: Vec<(String, String)>,
+}
+
+/// Serializes headers as their names.
+fn header_names<S: serde::Serializer>(
+    headers: &[(String, String)],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_seq(headers.iter().map(|(name, _)| name))
 }
 
 /// A root certificate file that cannot be used.
@@ -339,6 +363,13 @@ impl IstiodConfig {
             server_name: self.server_name.clone(),
             roots: Arc::new(read_roots(&self.root_cert)?),
             token_file: self.token_file.clone(),
+            // Checked by the flags (`cli::istio::grpc_headers`): none is
+            // dropped here.
+            headers: self
+                .headers
+                .iter()
+                .filter_map(|(key, value)| Some((key.parse().ok()?, value.parse().ok()?)))
+                .collect(),
         })
     }
 }

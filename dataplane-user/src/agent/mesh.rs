@@ -2,7 +2,7 @@
 //! the certificate source and store, the workload index, the handshake
 //! bounds and the drain signal.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -20,9 +20,6 @@ use crate::{
     telemetry::Metrics,
     tls::{self, ClientConfigCache},
 };
-
-/// Pooled HBONE connections unused this long are closed.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What [`mesh_context`] sets up.
 pub(super) struct MeshParts {
@@ -72,8 +69,9 @@ pub(super) fn mesh_context(
         trust_domain: args.mesh.trust_domain.clone(),
         shutdown,
         drain_timeout: args.mesh.drain_timeout,
-        pool_idle_timeout: POOL_IDLE_TIMEOUT,
+        pool_idle_timeout: args.mesh.pool_idle_timeout,
         pool_spread: args.mesh.pool_spread,
+        h2: args.mesh.h2,
         early_data: args.mesh.hbone_early_data,
         handshakes: Arc::new(PendingHandshakes::new(handshakes, Arc::clone(&metrics))),
         hbone_idle_timeout: args.mesh.hbone_idle_timeout,
@@ -95,8 +93,8 @@ pub(super) fn mesh_context(
 fn cert_source(
     args: &AgentConfig,
 ) -> Result<(CertSource, Vec<rustls::pki_types::CertificateDer<'static>>), AgentError> {
-    match (&args.certs, &args.istiod) {
-        (CertsConfig::Builtin { ca }, _) => {
+    match &args.certs {
+        CertsConfig::Builtin { ca } => {
             let ca = match ca {
                 CaConfig::Files { cert, key } => Ca::from_files(cert, key)?,
                 CaConfig::Dir(dir) => Ca::load_or_generate(dir)?,
@@ -104,16 +102,15 @@ fn cert_source(
             let root = ca.root_der().clone();
             Ok((CertSource::Builtin(Arc::new(ca)), vec![root]))
         }
-        (CertsConfig::Istio, Some(istiod)) => {
-            let roots = config::read_root_certs(&istiod.root_cert)?;
+        CertsConfig::Istio { ca, mesh_roots } => {
+            let roots = config::read_root_certs(mesh_roots)?;
             let ca = IstioCa {
-                istiod: istiod.endpoint()?,
+                istiod: ca.endpoint()?,
                 impersonate: true,
             };
             Ok((CertSource::Istio(ca), roots))
         }
-        (CertsConfig::Istio, None) => Err(AgentError::NoIstiod),
-        (CertsConfig::Files { dir }, _) => {
+        CertsConfig::Files { dir } => {
             let dir = CertDir::new(dir.clone());
             let roots = dir.read_roots()?;
             Ok((CertSource::Files(dir), roots))

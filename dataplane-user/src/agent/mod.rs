@@ -91,10 +91,6 @@ pub enum AgentError {
     /// The mounted certificate directory has no usable root bundle.
     #[error(transparent)]
     CertDir(#[from] crate::identity::CertDirError),
-    /// `--cert-source istio` in a configuration without istiod (one not
-    /// built by `RunArgs::into_config`).
-    #[error("--cert-source istio needs --istiod-address")]
-    NoIstiod,
 }
 
 /// Runs the agent until SIGINT, SIGTERM, the admin `/quitquitquit` or a

@@ -65,6 +65,23 @@ pub struct IstioArgs {
         default_value = "builtin"
     )]
     pub cert_source: CertSourceKind,
+    /// With `--cert-source istio`: the CA's address (`host:port`) when it
+    /// is not istiod, e.g. cert-manager's istio-csr
+    /// (`cert-manager-istio-csr.cert-manager.svc:443`) [default:
+    /// --istiod-address]. ztunnel's `CA_ADDRESS` (`src/config.rs`
+    /// `construct_config`, default the xDS address).
+    #[arg(long, env = "DATAPLANE_CA_ADDRESS")]
+    pub ca_address: Option<String>,
+    /// The name the CA's certificate must carry [default: the host of
+    /// --ca-address, or istiod's name when the CA is istiod]. ztunnel's
+    /// `ALT_CA_HOSTNAME`.
+    #[arg(long, env = "DATAPLANE_CA_SERVER_NAME")]
+    pub ca_server_name: Option<String>,
+    /// The root(s) the CA's serving certificate chains to (PEM) [default:
+    /// --istiod-root-cert]. Only the CA's TLS uses it: the mesh's roots
+    /// stay --istiod-root-cert. ztunnel's `CA_ROOT_CA`.
+    #[arg(long, env = "DATAPLANE_CA_SERVER_ROOT_CERT")]
+    pub ca_server_root_cert: Option<PathBuf>,
     /// With `--cert-source files`: the directory of mounted certificates.
     #[arg(long, env = "DATAPLANE_CERT_DIR")]
     pub cert_dir: Option<PathBuf>,
@@ -96,12 +113,32 @@ pub enum IstioArgsError {
     /// The address has no host.
     #[error("--istiod-address `{0}` is not host:port; give e.g. istiod.istio-system.svc:15012")]
     Address(String),
+    /// The CA's address has no host.
+    #[error(
+        "--ca-address `{0}` is not host:port; give e.g. cert-manager-istio-csr.cert-manager.svc:443"
+    )]
+    CaAddress(String),
+    /// An `XDS_HEADER_*` or `CA_HEADER_*` variable that is no gRPC
+    /// metadata.
+    #[error(
+        "environment variable {variable}: {reason}; the name after the prefix must be a lowercase-able ASCII header name (not ending in -bin) and the value printable ASCII"
+    )]
+    Header {
+        /// The variable.
+        variable: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A CA flag without `--cert-source istio`, which alone uses it.
+    #[error("{0} applies only to --cert-source istio; set that, or drop {0}")]
+    CaFlagUnused(&'static str),
 }
 
 impl IstioArgs {
-    /// Whether anything asks istiod.
+    /// Whether anything asks istiod: xDS, or Istio's CA unless
+    /// `--ca-address` names another server.
     pub fn uses_istiod(&self) -> bool {
-        self.xds || self.cert_source == CertSourceKind::Istio
+        self.xds || (self.cert_source == CertSourceKind::Istio && self.ca_address.is_none())
     }
 
     /// How to reach istiod, when anything asks it. Its root file is read
@@ -112,7 +149,7 @@ impl IstioArgs {
         }
         let address = self.istiod_address.clone().ok_or(IstioArgsError::Missing {
             what: "--xds or --cert-source istio",
-            needed: "--istiod-address",
+            needed: "--istiod-address (or, for the CA alone, --ca-address)",
         })?;
         let server_name = match &self.istiod_server_name {
             Some(name) => name.clone(),
@@ -120,14 +157,66 @@ impl IstioArgs {
                 .ok_or_else(|| IstioArgsError::Address(address.clone()))?
                 .to_owned(),
         };
-        let token_file =
-            (self.istiod_token.as_os_str() != "none").then(|| self.istiod_token.clone());
         Ok(Some(IstiodConfig {
             address,
             server_name,
             root_cert: self.istiod_root_cert.clone(),
-            token_file,
+            token_file: self.token_file(),
+            headers: Vec::new(),
         }))
+    }
+
+    /// Where Istio's CA is, with `--cert-source istio`: `--ca-address`
+    /// and its name and root when given, istiod's otherwise (as ztunnel's
+    /// `CA_ADDRESS`, `ALT_CA_HOSTNAME` and `CA_ROOT_CA` default to the
+    /// xDS server's). The token is istiod's.
+    pub fn ca_server_config(&self) -> Result<Option<IstiodConfig>, IstioArgsError> {
+        if self.cert_source != CertSourceKind::Istio {
+            for (flag, set) in [
+                ("--ca-address", self.ca_address.is_some()),
+                ("--ca-server-name", self.ca_server_name.is_some()),
+                ("--ca-server-root-cert", self.ca_server_root_cert.is_some()),
+            ] {
+                if set {
+                    return Err(IstioArgsError::CaFlagUnused(flag));
+                }
+            }
+            return Ok(None);
+        }
+        let mut server = match &self.ca_address {
+            Some(address) => {
+                let host =
+                    host_of(address).ok_or_else(|| IstioArgsError::CaAddress(address.clone()))?;
+                IstiodConfig {
+                    address: address.clone(),
+                    server_name: host.to_owned(),
+                    root_cert: self.istiod_root_cert.clone(),
+                    token_file: self.token_file(),
+                    headers: Vec::new(),
+                }
+            }
+            None => match self.istiod_config()? {
+                Some(istiod) => istiod,
+                None => {
+                    return Err(IstioArgsError::Missing {
+                        what: "--cert-source istio",
+                        needed: "--istiod-address or --ca-address",
+                    });
+                }
+            },
+        };
+        if let Some(name) = &self.ca_server_name {
+            server.server_name = name.clone();
+        }
+        if let Some(root) = &self.ca_server_root_cert {
+            server.root_cert = root.clone();
+        }
+        Ok(Some(server))
+    }
+
+    /// The bearer token file; `None` with `--istiod-token none`.
+    fn token_file(&self) -> Option<PathBuf> {
+        (self.istiod_token.as_os_str() != "none").then(|| self.istiod_token.clone())
     }
 
     /// The directory of mounted certificates, with `--cert-source files`.
@@ -179,6 +268,38 @@ impl IstioArgs {
         }
         self.node_identity(node_name, env).map(Some)
     }
+}
+
+/// Environment prefix of extra gRPC metadata for xDS requests (ztunnel's
+/// `ISTIO_XDS_HEADER_PREFIX`, `src/config.rs`).
+pub const XDS_HEADER_PREFIX: &str = "XDS_HEADER_";
+/// Environment prefix of extra gRPC metadata for CA requests (ztunnel's
+/// `ISTIO_CA_HEADER_PREFIX`).
+pub const CA_HEADER_PREFIX: &str = "CA_HEADER_";
+
+/// The gRPC metadata `env` names under `prefix`: `XDS_HEADER_X_TENANT=a`
+/// sends `x_tenant: a`, as ztunnel's `parse_headers` (`src/config.rs`)
+/// does; sorted by name so the order does not follow the environment's.
+pub fn grpc_headers(
+    env: &[(String, String)],
+    prefix: &str,
+) -> Result<Vec<(String, String)>, IstioArgsError> {
+    use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
+    let mut headers = Vec::new();
+    for (variable, value) in env {
+        let Some(name) = variable.strip_prefix(prefix) else {
+            continue;
+        };
+        let bad = |reason| IstioArgsError::Header {
+            variable: variable.clone(),
+            reason,
+        };
+        let key: AsciiMetadataKey = name.parse().map_err(|_| bad("not a header name"))?;
+        let _: AsciiMetadataValue = value.parse().map_err(|_| bad("not a header value"))?;
+        headers.push((key.as_str().to_owned(), value.clone()));
+    }
+    headers.sort();
+    Ok(headers)
 }
 
 /// The host of `host:port` or `[v6]:port`.

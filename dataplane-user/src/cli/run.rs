@@ -6,15 +6,18 @@
 use super::{AfterHandover as AfterHandoverFlag, CaptureMode, RunArgs};
 use crate::{
     agent::config::{
-        AfterHandover, AgentConfig, CaConfig, Capture, CertsConfig, EndpointsConfig, KubeConfig,
-        MeshConfig, RedirectConfig, StateConfig, WorkersConfig,
+        AfterHandover, AgentConfig, CaConfig, Capture, CertsConfig, EndpointsConfig, IstiodConfig,
+        KubeConfig, MeshConfig, RedirectConfig, StateConfig, WorkersConfig,
     },
     cli::{
-        engine::EngineArgsError, istio::CertSourceKind, istio::IstioArgsError,
+        engine::EngineArgsError,
+        istio::{
+            CA_HEADER_PREFIX, CertSourceKind, IstioArgsError, XDS_HEADER_PREFIX, grpc_headers,
+        },
         original_source::OriginalSourceArgsError,
     },
     dns::DnsConfig,
-    hbone::pool::PoolSpread,
+    hbone::{pool::PoolSpread, wire::H2Settings},
     kube::optin::{EnrollmentRule, RuleError, istio_default_selectors},
     proxy::keepalive::Keepalive,
 };
@@ -37,6 +40,18 @@ pub enum FlagError {
         "--kube needs this node's name: pass --node (DaemonSet: DATAPLANE_NODE from spec.nodeName)"
     )]
     KubeNeedsNode,
+    /// The HTTP/2 connection window is smaller than the stream window.
+    #[error(
+        "--http2-connection-window-size {connection} is below --http2-stream-window-size {stream}: \
+         one stream could take the whole connection's window and stall the others; \
+         raise the connection window (ztunnel's default is 4 times the stream window)"
+    )]
+    Http2Windows {
+        /// `--http2-connection-window-size`.
+        connection: u32,
+        /// `--http2-stream-window-size`.
+        stream: u32,
+    },
     /// An enablement selector is not a valid label selector.
     #[error("--enablement-selectors: {0}; fix it, or leave the flag unset for Istio's selectors")]
     EnablementSelectors(#[source] RuleError),
@@ -68,16 +83,29 @@ impl RunArgs {
     }
 
     /// [`Self::into_config`] with `env` as the environment (`ISTIO_META_*`
-    /// variables become xDS node metadata).
+    /// variables become xDS node metadata, `XDS_HEADER_*` and
+    /// `CA_HEADER_*` extra metadata of xDS and CA requests).
     pub fn into_config_with(
         self,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<AgentConfig, FlagError> {
         self.engine
             .check(self.capture, self.takeover, self.proxy_mark)?;
+        let env: Vec<(String, String)> = env.into_iter().collect();
         // Missing flags first: they are cheaper to fix than a file.
-        let xds = self.istio.xds_node(self.node.as_deref(), env)?;
-        let istiod = self.istio.istiod_config()?;
+        let xds = self
+            .istio
+            .xds_node(self.node.as_deref(), env.iter().cloned())?;
+        let xds_headers = grpc_headers(&env, XDS_HEADER_PREFIX)?;
+        let ca_headers = grpc_headers(&env, CA_HEADER_PREFIX)?;
+        let istiod = self.istio.istiod_config()?.map(|istiod| IstiodConfig {
+            headers: xds_headers,
+            ..istiod
+        });
+        let ca_server = self.istio.ca_server_config()?.map(|ca| IstiodConfig {
+            headers: ca_headers,
+            ..ca
+        });
         let certs = match self.istio.cert_source {
             CertSourceKind::Builtin => CertsConfig::Builtin {
                 ca: match (&self.ca_cert, &self.ca_key) {
@@ -92,11 +120,26 @@ impl RunArgs {
                     ),
                 },
             },
-            CertSourceKind::Istio => CertsConfig::Istio,
+            CertSourceKind::Istio => CertsConfig::Istio {
+                ca: ca_server.ok_or(IstioArgsError::Missing {
+                    what: "--cert-source istio",
+                    needed: "--istiod-address or --ca-address",
+                })?,
+                mesh_roots: self.istio.istiod_root_cert.clone(),
+            },
             CertSourceKind::Files => CertsConfig::Files {
                 dir: self.istio.cert_dir()?.unwrap_or_default(),
             },
         };
+        // ztunnel (`src/config.rs` `construct_config`) warns in a comment
+        // that a connection window no larger than a stream's can deadlock;
+        // below it is refused.
+        if self.http2_connection_window_size < self.http2_stream_window_size {
+            return Err(FlagError::Http2Windows {
+                connection: self.http2_connection_window_size,
+                stream: self.http2_stream_window_size,
+            });
+        }
         let original_source = self.original_source.to_config(self.proxy_mark)?;
         let kube = if self.kube {
             let node = self.node.clone().ok_or(FlagError::KubeNeedsNode)?;
@@ -157,6 +200,13 @@ impl RunArgs {
                 pool_spread: PoolSpread {
                     busy_streams: self.hbone_pool_busy_streams.into(),
                     max_connections: self.hbone_pool_max_connections.into(),
+                    max_streams: self.hbone_pool_max_streams_per_connection.into(),
+                },
+                pool_idle_timeout: self.hbone_pool_idle_timeout,
+                h2: H2Settings {
+                    stream_window: self.http2_stream_window_size,
+                    connection_window: self.http2_connection_window_size,
+                    max_frame: self.http2_frame_size,
                 },
                 max_pending_handshakes: self.max_pending_handshakes,
                 max_pending_handshakes_per_pod: self.max_pending_handshakes_per_pod,

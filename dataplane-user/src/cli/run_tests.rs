@@ -184,3 +184,212 @@ fn the_config_serializes_for_the_dump() {
     assert_eq!(json["engine"]["mode"], "builtin");
     assert_eq!(json["certs"]["source"], "builtin");
 }
+
+#[test]
+fn http2_and_pool_knobs_default_to_ztunnels_and_are_checked() {
+    use crate::hbone::wire::H2Settings;
+    let defaults = config(&[]).expect("the defaults are accepted");
+    assert_eq!(defaults.mesh.h2, H2Settings::default());
+    assert_eq!(defaults.mesh.h2.stream_window, 4 * 1024 * 1024);
+    assert_eq!(defaults.mesh.h2.connection_window, 16 * 1024 * 1024);
+    assert_eq!(defaults.mesh.h2.max_frame, 1024 * 1024);
+    assert_eq!(defaults.mesh.pool_spread.max_streams, 100);
+    assert_eq!(
+        defaults.mesh.pool_idle_timeout,
+        std::time::Duration::from_secs(60)
+    );
+    let tuned = config(&[
+        "--http2-stream-window-size",
+        "1048576",
+        "--http2-connection-window-size",
+        "2097152",
+        "--http2-frame-size",
+        "16384",
+        "--hbone-pool-max-streams-per-connection",
+        "7",
+        "--hbone-pool-idle-timeout",
+        "5m",
+    ])
+    .expect("tuned values are accepted");
+    assert_eq!(
+        tuned.mesh.h2,
+        H2Settings {
+            stream_window: 1 << 20,
+            connection_window: 2 << 20,
+            max_frame: 16384,
+        }
+    );
+    assert_eq!(tuned.mesh.pool_spread.max_streams, 7);
+    assert_eq!(
+        tuned.mesh.pool_idle_timeout,
+        std::time::Duration::from_secs(300)
+    );
+    // The dump carries them.
+    let dump = serde_json::to_value(&tuned.mesh).expect("the mesh config serializes");
+    assert_eq!(dump["h2"]["maxFrame"], 16384);
+    assert_eq!(dump["poolSpread"]["maxStreams"], 7);
+    // A connection window below the stream window is refused by name.
+    let message = refused(&[
+        "--http2-stream-window-size",
+        "1048576",
+        "--http2-connection-window-size",
+        "65535",
+    ]);
+    assert!(
+        message.contains("--http2-connection-window-size")
+            && message.contains("--http2-stream-window-size"),
+        "{message}"
+    );
+    // Values HTTP/2 does not allow never reach the config (clap, exit 2).
+    for (flag, value) in [
+        ("--http2-frame-size", "16383"),
+        ("--http2-frame-size", "16777216"),
+        ("--http2-stream-window-size", "2147483648"),
+        ("--http2-connection-window-size", "0"),
+        ("--hbone-pool-max-streams-per-connection", "0"),
+        ("--hbone-pool-idle-timeout", "0s"),
+    ] {
+        let parsed = Cli::try_parse_from(["dataplane", "run", flag, value]);
+        match parsed {
+            Ok(_) => panic!("{flag} {value} was accepted"),
+            Err(e) => {
+                assert_eq!(e.exit_code(), 2, "{flag} {value}");
+                assert!(e.to_string().contains(flag), "{flag} {value}: {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_ca_may_be_another_server_than_istiod() {
+    let ca_of = |flags: &[&str]| match config(flags) {
+        Ok(AgentConfig {
+            certs: CertsConfig::Istio { ca, mesh_roots },
+            istiod,
+            ..
+        }) => (ca, mesh_roots, istiod),
+        other => panic!("{flags:?}: expected Istio's CA, got {other:?}"),
+    };
+    let istiod = "istiod.istio-system.svc:15012";
+    let mesh_root = PathBuf::from("/var/run/secrets/istio/root-cert.pem");
+    // By default the CA is istiod, as ztunnel's CA_ADDRESS defaults.
+    let (ca, roots, xds) = ca_of(&["--cert-source", "istio", "--istiod-address", istiod]);
+    assert_eq!(ca.address, istiod);
+    assert_eq!(ca.server_name, "istiod.istio-system.svc");
+    assert_eq!((&ca.root_cert, &roots), (&mesh_root, &mesh_root));
+    assert!(xds.is_some());
+    // istio-csr alone: no istiod address is needed.
+    let csr = "cert-manager-istio-csr.cert-manager.svc:443";
+    let (ca, roots, xds) = ca_of(&["--cert-source", "istio", "--ca-address", csr]);
+    assert_eq!(ca.address, csr);
+    assert_eq!(ca.server_name, "cert-manager-istio-csr.cert-manager.svc");
+    assert_eq!(roots, mesh_root);
+    assert!(xds.is_none(), "nothing asks istiod");
+    // xDS from istiod, certificates from the CA, each with its own name
+    // and root; the mesh's roots stay istiod's file.
+    let (ca, roots, xds) = ca_of(&[
+        "--xds",
+        "--pod-name",
+        "dataplane-abc",
+        "--instance-ip",
+        "10.0.0.7",
+        "--node",
+        "node-a",
+        "--cert-source",
+        "istio",
+        "--istiod-address",
+        istiod,
+        "--ca-address",
+        csr,
+        "--ca-server-name",
+        "istio-csr.example",
+        "--ca-server-root-cert",
+        "/etc/csr/ca.pem",
+    ]);
+    assert_eq!(ca.address, csr);
+    assert_eq!(ca.server_name, "istio-csr.example");
+    assert_eq!(ca.root_cert, PathBuf::from("/etc/csr/ca.pem"));
+    assert_eq!(roots, mesh_root);
+    assert_eq!(xds.map(|x| x.address).as_deref(), Some(istiod));
+    // Refusals name the flag.
+    for (flags, named) in [
+        (&["--ca-address", csr][..], "--ca-address"),
+        (&["--ca-server-name", "x"][..], "--ca-server-name"),
+        (
+            &["--ca-server-root-cert", "/x.pem"][..],
+            "--ca-server-root-cert",
+        ),
+        (
+            &["--cert-source", "istio", "--ca-address", "csr"][..],
+            "--ca-address `csr`",
+        ),
+        (&["--cert-source", "istio"][..], "--ca-address"),
+    ] {
+        let message = refused(flags);
+        assert!(message.contains(named), "{flags:?}: {message}");
+    }
+}
+
+#[test]
+fn xds_and_ca_headers_come_from_ztunnels_environment_names() {
+    let flags = [
+        "dataplane",
+        "run",
+        "--xds",
+        "--istiod-address",
+        "istiod.istio-system.svc:15012",
+        "--pod-name",
+        "dataplane-abc",
+        "--instance-ip",
+        "10.0.0.7",
+        "--node",
+        "node-a",
+        "--cert-source",
+        "istio",
+        "--ca-address",
+        "istio-csr.cert-manager.svc:443",
+    ];
+    let parse = |env: &[(&str, &str)]| {
+        let args = match Cli::try_parse_from(flags) {
+            Ok(Cli {
+                command: Command::Run(args),
+            }) => *args,
+            other => panic!("{other:?}"),
+        };
+        args.into_config_with(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())))
+    };
+    let config = parse(&[
+        ("XDS_HEADER_X_TENANT", "blue"),
+        ("CA_HEADER_X-Route", "csr"),
+        ("CA_HEADER_A", "first"),
+        ("PATH", "/bin"),
+    ])
+    .expect("valid headers are accepted");
+    let istiod = config.istiod.expect("--xds asks istiod");
+    assert_eq!(istiod.headers, [("x_tenant".to_owned(), "blue".to_owned())]);
+    let CertsConfig::Istio { ca, .. } = config.certs else {
+        panic!("expected Istio's CA");
+    };
+    assert_eq!(
+        ca.headers,
+        [
+            ("a".to_owned(), "first".to_owned()),
+            ("x-route".to_owned(), "csr".to_owned()),
+        ]
+    );
+    // The dump names them and hides the values.
+    let dump = serde_json::to_value(&ca).expect("serializes");
+    assert_eq!(dump["headers"], serde_json::json!(["a", "x-route"]));
+    // A name or value gRPC cannot carry is refused, naming the variable.
+    for (variable, value) in [
+        ("XDS_HEADER_bad name", "x"),
+        ("CA_HEADER_x-bin", "x"),
+        ("CA_HEADER_X", "new\nline"),
+    ] {
+        let message = match parse(&[(variable, value)]) {
+            Ok(_) => panic!("{variable}={value:?} was accepted"),
+            Err(err) => err.to_string(),
+        };
+        assert!(message.contains(variable), "{message}");
+    }
+}

@@ -57,7 +57,7 @@ impl Enrollments {
                 uid: spec.uid.clone(),
                 source,
             })?;
-        let pool = HbonePool::with_spread(
+        let pool = HbonePool::with_settings(
             PodTlsDialer {
                 netns: netns.clone(),
                 mark: self.settings.proxy_mark,
@@ -65,6 +65,7 @@ impl Enrollments {
             },
             mesh.pool_idle_timeout,
             mesh.pool_spread,
+            mesh.h2,
         );
         let ctx = Arc::new(PodContext {
             identity: PodIdentity {

@@ -29,6 +29,8 @@ pub enum CaMode {
 pub struct SeenCsr {
     /// The `authorization` metadata, if any.
     pub authorization: Option<String>,
+    /// The other metadata the client added ([`super::custom_metadata`]).
+    pub metadata: Vec<(String, String)>,
     /// `ImpersonatedIdentity` from the request's metadata, if any.
     pub impersonated: Option<String>,
     /// The validity asked for, in seconds.
@@ -84,6 +86,7 @@ impl IstioCertificateService for CaService {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let metadata = super::custom_metadata(request.metadata());
         let request = request.into_inner();
         let impersonated = impersonated_of(&request);
         self.seen
@@ -91,6 +94,7 @@ impl IstioCertificateService for CaService {
             .unwrap_or_else(PoisonError::into_inner)
             .push(SeenCsr {
                 authorization,
+                metadata,
                 impersonated,
                 validity_seconds: request.validity_duration,
             });

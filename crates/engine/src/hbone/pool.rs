@@ -1,6 +1,6 @@
 //! The HBONE client: a pool of HTTP/2 connections keyed by (source
 //! identity, destination identity, destination address), carrying up to
-//! [`wire::MAX_STREAMS`] tunnels each.
+//! [`PoolSpread::max_streams`] tunnels each.
 //!
 //! One connection carries every stream it has room for only while it is
 //! not busy: its bytes are encrypted and framed by one task on one core, so
@@ -114,14 +114,22 @@ pub struct PoolSpread {
     /// least 1). More than the agent's cores gains nothing; each costs a
     /// handshake and its buffers on both ends while it lives.
     pub max_connections: usize,
+    /// Streams one connection carries at most (at least 1): a stream
+    /// finding every connection to its key this full dials another,
+    /// whatever `max_connections` says. ztunnel's
+    /// `POOL_MAX_STREAMS_PER_CONNECTION` (`src/config.rs`, default 100,
+    /// checked by `src/proxy/pool.rs` when a connection is handed out).
+    pub max_streams: usize,
 }
 
 impl Default for PoolSpread {
-    /// Two streams make a connection busy; up to four connections per key.
+    /// Two streams make a connection busy; up to four connections per
+    /// key; 100 streams per connection.
     fn default() -> Self {
         Self {
             busy_streams: 2,
             max_connections: 4,
+            max_streams: wire::MAX_STREAMS as usize,
         }
     }
 }
@@ -184,6 +192,7 @@ pub struct HbonePool<D: Dialer> {
     dial_locks: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
     idle_timeout: Duration,
     spread: PoolSpread,
+    h2: wire::H2Settings,
     dials: AtomicU64,
     /// Set by [`HbonePool::close`]: streams failing from then on were
     /// closed by the agent, not lost.
@@ -235,6 +244,17 @@ impl<D: Dialer> HbonePool<D> {
 
     /// [`HbonePool::new`] spreading streams as `spread` says.
     pub fn with_spread(dialer: D, idle_timeout: Duration, spread: PoolSpread) -> Arc<Self> {
+        Self::with_settings(dialer, idle_timeout, spread, wire::H2Settings::default())
+    }
+
+    /// [`HbonePool::with_spread`] announcing `h2` in each connection's
+    /// SETTINGS (clamped to what HTTP/2 allows).
+    pub fn with_settings(
+        dialer: D,
+        idle_timeout: Duration,
+        spread: PoolSpread,
+        h2: wire::H2Settings,
+    ) -> Arc<Self> {
         Arc::new(Self {
             dialer,
             conns: Mutex::new(HashMap::new()),
@@ -243,7 +263,9 @@ impl<D: Dialer> HbonePool<D> {
             spread: PoolSpread {
                 busy_streams: spread.busy_streams.max(1),
                 max_connections: spread.max_connections.max(1),
+                max_streams: spread.max_streams.max(1),
             },
+            h2: h2.clamped(),
             dials: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         })
@@ -363,7 +385,7 @@ impl<D: Dialer> HbonePool<D> {
         let mut conns = lock(&self.conns);
         let list = conns.get_mut(key)?;
         list.retain(|c| c.alive.load(Ordering::Acquire));
-        let limit = wire::MAX_STREAMS as usize;
+        let limit = self.spread.max_streams;
         // Slots are only claimed under the `conns` lock (released ones
         // only make room), so the count read here holds until the claim.
         let (least, load) = list
@@ -390,9 +412,9 @@ impl<D: Dialer> HbonePool<D> {
             .await
             .map_err(|source| PoolError::Dial { addr, source })?;
         let (send, mut connection) = h2::client::Builder::new()
-            .initial_window_size(wire::STREAM_WINDOW)
-            .initial_connection_window_size(wire::CONNECTION_WINDOW)
-            .max_frame_size(wire::MAX_FRAME)
+            .initial_window_size(self.h2.stream_window)
+            .initial_connection_window_size(self.h2.connection_window)
+            .max_frame_size(self.h2.max_frame)
             .max_header_list_size(wire::MAX_HEADER_LIST)
             .max_concurrent_streams(wire::MAX_STREAMS)
             .handshake::<_, Bytes>(io)

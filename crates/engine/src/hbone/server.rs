@@ -107,6 +107,8 @@ pub struct ServerContext {
     pub destination_baggage: Option<HeaderValue>,
     /// A connection without an open stream for this long is closed.
     pub idle_timeout: Duration,
+    /// The receive windows and frame size announced to the client.
+    pub h2: wire::H2Settings,
 }
 
 impl std::fmt::Debug for ServerContext {
@@ -126,10 +128,11 @@ pub async fn serve_connection<IO>(io: IO, ctx: ServerContext) -> Result<(), h2::
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let h2 = ctx.h2.clamped();
     let mut conn = h2::server::Builder::new()
-        .initial_window_size(wire::STREAM_WINDOW)
-        .initial_connection_window_size(wire::CONNECTION_WINDOW)
-        .max_frame_size(wire::MAX_FRAME)
+        .initial_window_size(h2.stream_window)
+        .initial_connection_window_size(h2.connection_window)
+        .max_frame_size(h2.max_frame)
         .max_concurrent_streams(wire::MAX_STREAMS)
         .max_header_list_size(wire::MAX_HEADER_LIST)
         .handshake::<_, Bytes>(io)

@@ -15,6 +15,7 @@ use super::{pool::PoolSpread, *};
 use crate::relay::{TunnelRelayError, relay_tunnel as relay};
 
 mod early;
+mod knobs;
 mod slow_readers;
 mod spread;
 
@@ -43,6 +44,14 @@ async fn hbone_server() -> std::io::Result<(SocketAddr, watch::Sender<bool>)> {
 /// `shutdown_of(n)` says so: two agents serving one listening socket.
 async fn hbone_server_with(
     shutdown_of: impl Fn(usize) -> watch::Receiver<bool> + Send + 'static,
+) -> std::io::Result<SocketAddr> {
+    hbone_server_announcing(shutdown_of, wire::H2Settings::default()).await
+}
+
+/// [`hbone_server_with`] announcing `h2` to its clients.
+async fn hbone_server_announcing(
+    shutdown_of: impl Fn(usize) -> watch::Receiver<bool> + Send + 'static,
+    h2: wire::H2Settings,
 ) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -89,6 +98,7 @@ async fn hbone_server_with(
                 destination_baggage: ServerContext::baggage_of(&destination),
                 destination,
                 idle_timeout: std::time::Duration::from_secs(60),
+                h2,
             };
             tokio::spawn(async move {
                 let _ = serve_connection(stream, ctx).await;

@@ -13,16 +13,70 @@ use http::{
 
 use crate::telemetry::{Peer, TraceId};
 
-/// Per-stream receive window: 4 MiB.
+/// Per-stream receive window: 4 MiB (ztunnel's `HTTP2_STREAM_WINDOW_SIZE`
+/// default, `src/config.rs` `construct_config`).
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
-/// Per-connection receive window: 16 MiB.
+/// Per-connection receive window: 16 MiB (ztunnel's
+/// `HTTP2_CONNECTION_WINDOW_SIZE` default).
 pub const CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
-/// Largest frame accepted: 1 MiB.
+/// Largest frame accepted: 1 MiB (ztunnel's `HTTP2_FRAME_SIZE` default).
 pub const MAX_FRAME: u32 = 1024 * 1024;
+/// The smallest frame size HTTP/2 allows a peer to announce (RFC 9113
+/// section 6.5.2, `SETTINGS_MAX_FRAME_SIZE`).
+pub const MIN_FRAME_LIMIT: u32 = 16 * 1024;
+/// The largest frame size HTTP/2 allows a peer to announce.
+pub const MAX_FRAME_LIMIT: u32 = (1 << 24) - 1;
+/// The largest flow-control window HTTP/2 allows (RFC 9113 section 6.9.1).
+pub const MAX_WINDOW_LIMIT: u32 = (1 << 31) - 1;
 /// Streams per pooled connection.
 pub const MAX_STREAMS: u32 = 100;
 /// Largest header block accepted (guards against oversized headers).
 pub const MAX_HEADER_LIST: u32 = 64 * 1024;
+
+/// The HTTP/2 receive settings both ends of an HBONE connection announce
+/// in their SETTINGS frame, as ztunnel's `HTTP2_STREAM_WINDOW_SIZE`,
+/// `HTTP2_CONNECTION_WINDOW_SIZE` and `HTTP2_FRAME_SIZE` (its
+/// `src/proxy/h2/client.rs` `spawn_connection` and
+/// `src/proxy/h2/server.rs` `serve_connection` use the same three).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct H2Settings {
+    /// Bytes one stream may have in flight toward this end before it
+    /// grants more (`SETTINGS_INITIAL_WINDOW_SIZE`).
+    pub stream_window: u32,
+    /// Bytes all of a connection's streams together may have in flight
+    /// toward this end (its connection-level `WINDOW_UPDATE`). Keep it
+    /// above the stream window: equal, one stream that stops reading
+    /// starves the others (ztunnel's comment in `construct_config`).
+    pub connection_window: u32,
+    /// The largest frame this end accepts (`SETTINGS_MAX_FRAME_SIZE`),
+    /// between [`MIN_FRAME_LIMIT`] and [`MAX_FRAME_LIMIT`].
+    pub max_frame: u32,
+}
+
+impl Default for H2Settings {
+    /// ztunnel's defaults: 4 MiB per stream, 16 MiB per connection, 1 MiB
+    /// frames.
+    fn default() -> Self {
+        Self {
+            stream_window: STREAM_WINDOW,
+            connection_window: CONNECTION_WINDOW,
+            max_frame: MAX_FRAME,
+        }
+    }
+}
+
+impl H2Settings {
+    /// The settings clamped to what HTTP/2 allows, so that a bad value
+    /// cannot panic the h2 builder (the agent's flags refuse them before).
+    pub fn clamped(self) -> Self {
+        Self {
+            stream_window: self.stream_window.min(MAX_WINDOW_LIMIT),
+            connection_window: self.connection_window.min(MAX_WINDOW_LIMIT),
+            max_frame: self.max_frame.clamp(MIN_FRAME_LIMIT, MAX_FRAME_LIMIT),
+        }
+    }
+}
 
 /// Workload facts the client puts in `baggage`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -157,6 +157,7 @@ async fn serve_connection(
         destination_baggage: ServerContext::baggage_of(&destination),
         destination,
         idle_timeout: ctx.mesh.hbone_idle_timeout,
+        h2: ctx.mesh.h2,
     };
     // The handshake is complete once the client's preface and SETTINGS are
     // in: from then on the connection ends as HTTP/2 ends it (GOAWAY, a

@@ -133,9 +133,7 @@ impl IstioCa {
             validity_duration: i64::try_from(validity.as_secs()).unwrap_or(i64::MAX),
             metadata,
         });
-        if let Some(token) = self.istiod.bearer_token()? {
-            request.metadata_mut().insert("authorization", token);
-        }
+        self.istiod.add_metadata(request.metadata_mut())?;
         let channel = self.istiod.connect().await?;
         let response = IstioCertificateServiceClient::new(channel)
             .max_decoding_message_size(MAX_RESPONSE)

@@ -244,10 +244,7 @@ impl XdsClient {
                 .map_err(|_| XdsError::Protocol("request queue full at start".into()))?;
         }
         let mut request = tonic::Request::new(ReceiverStream::new(outbound));
-        let token = self.config.istiod.bearer_token()?;
-        if let Some(token) = token {
-            request.metadata_mut().insert("authorization", token);
-        }
+        self.config.istiod.add_metadata(request.metadata_mut())?;
         let mut responses = client
             .delta_aggregated_resources(request)
             .await

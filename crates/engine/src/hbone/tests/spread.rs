@@ -9,6 +9,7 @@ fn spread(max_connections: usize) -> PoolSpread {
     PoolSpread {
         busy_streams: 2,
         max_connections,
+        ..PoolSpread::default()
     }
 }
 
