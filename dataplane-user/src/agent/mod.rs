@@ -91,6 +91,10 @@ pub enum AgentError {
     /// The mounted certificate directory has no usable root bundle.
     #[error(transparent)]
     CertDir(#[from] crate::identity::CertDirError),
+    /// The TLS policy differs from the one this process already uses (a
+    /// second in-process agent with other TLS flags).
+    #[error(transparent)]
+    TlsPolicy(#[from] crate::tls::PolicyError),
     /// `--cert-source istio` in a configuration without istiod (one not
     /// built by `RunArgs::into_config`).
     #[error("--cert-source istio needs --istiod-address")]

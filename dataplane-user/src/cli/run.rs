@@ -11,7 +11,7 @@ use crate::{
     },
     cli::{
         engine::EngineArgsError, istio::CertSourceKind, istio::IstioArgsError,
-        original_source::OriginalSourceArgsError,
+        original_source::OriginalSourceArgsError, tls::TlsArgsError,
     },
     dns::DnsConfig,
     hbone::pool::PoolSpread,
@@ -32,6 +32,9 @@ pub enum FlagError {
     /// The original-source marks conflict.
     #[error(transparent)]
     OriginalSource(#[from] OriginalSourceArgsError),
+    /// A TLS compliance flag is not one this build can honour.
+    #[error(transparent)]
+    Tls(#[from] TlsArgsError),
     /// `--kube` without `--node`.
     #[error(
         "--kube needs this node's name: pass --node (DaemonSet: DATAPLANE_NODE from spec.nodeName)"
@@ -98,6 +101,7 @@ impl RunArgs {
             },
         };
         let original_source = self.original_source.to_config(self.proxy_mark)?;
+        let tls = self.tls.to_policy()?;
         let kube = if self.kube {
             let node = self.node.clone().ok_or(FlagError::KubeNeedsNode)?;
             let selectors = self.enablement_selectors.map(|s| s.0);
@@ -161,6 +165,7 @@ impl RunArgs {
                 max_pending_handshakes: self.max_pending_handshakes,
                 max_pending_handshakes_per_pod: self.max_pending_handshakes_per_pod,
                 max_pending_handshakes_per_source: self.max_pending_handshakes_per_source,
+                tls,
             },
             workers: WorkersConfig {
                 threading: self.threading.into(),

@@ -184,3 +184,24 @@ fn the_config_serializes_for_the_dump() {
     assert_eq!(json["engine"]["mode"], "builtin");
     assert_eq!(json["certs"]["source"], "builtin");
 }
+
+#[test]
+fn tls_compliance_flags_make_the_policy_and_unknown_policies_are_refused() {
+    let default = config(&[]).expect("the defaults are accepted");
+    assert_eq!(default.mesh.tls, crate::tls::TlsPolicy::default());
+    let set = config(&["--compliance-policy", "pqc", "--tls12"]).expect("pqc and TLS 1.2");
+    assert!(set.mesh.tls.post_quantum_only && set.mesh.tls.tls12);
+    let empty = config(&["--compliance-policy", ""]).expect("an empty policy is the default");
+    assert_eq!(empty.mesh.tls, crate::tls::TlsPolicy::default());
+    for (value, why) in [
+        ("fips-140-2", "no FIPS-validated crypto provider"),
+        ("fips-140-3", "no FIPS-validated crypto provider"),
+        ("quantum", "unknown policy"),
+    ] {
+        let err = refused(&["--compliance-policy", value]);
+        assert!(
+            err.contains("--compliance-policy (COMPLIANCE_POLICY)") && err.contains(why),
+            "{err}"
+        );
+    }
+}
