@@ -265,6 +265,9 @@ pub struct MeshConfig {
     /// What TLS may negotiate (post-quantum key exchange only, TLS 1.2),
     /// process-wide: HBONE both ways and the channel to istiod.
     pub tls: crate::tls::TlsPolicy,
+    /// Certificate revocation lists HBONE peers are checked against, re-read
+    /// when they change; `None`: no revocation checks.
+    pub crl_path: Option<PathBuf>,
 }
 
 /// The connection worker threads.

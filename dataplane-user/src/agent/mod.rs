@@ -95,6 +95,9 @@ pub enum AgentError {
     /// second in-process agent with other TLS flags).
     #[error(transparent)]
     TlsPolicy(#[from] crate::tls::PolicyError),
+    /// The revocation list file exists but is unusable.
+    #[error(transparent)]
+    Crl(#[from] crate::identity::CrlError),
     /// `--cert-source istio` in a configuration without istiod (one not
     /// built by `RunArgs::into_config`).
     #[error("--cert-source istio needs --istiod-address")]

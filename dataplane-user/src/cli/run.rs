@@ -102,6 +102,7 @@ impl RunArgs {
         };
         let original_source = self.original_source.to_config(self.proxy_mark)?;
         let tls = self.tls.to_policy()?;
+        let crl_path = self.tls.crl_path.clone();
         let kube = if self.kube {
             let node = self.node.clone().ok_or(FlagError::KubeNeedsNode)?;
             let selectors = self.enablement_selectors.map(|s| s.0);
@@ -166,6 +167,7 @@ impl RunArgs {
                 max_pending_handshakes_per_pod: self.max_pending_handshakes_per_pod,
                 max_pending_handshakes_per_source: self.max_pending_handshakes_per_source,
                 tls,
+                crl_path,
             },
             workers: WorkersConfig {
                 threading: self.threading.into(),

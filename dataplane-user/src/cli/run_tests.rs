@@ -189,8 +189,17 @@ fn the_config_serializes_for_the_dump() {
 fn tls_compliance_flags_make_the_policy_and_unknown_policies_are_refused() {
     let default = config(&[]).expect("the defaults are accepted");
     assert_eq!(default.mesh.tls, crate::tls::TlsPolicy::default());
-    let set = config(&["--compliance-policy", "pqc", "--tls12"]).expect("pqc and TLS 1.2");
+    assert_eq!(default.mesh.crl_path, None);
+    let set = config(&[
+        "--compliance-policy",
+        "pqc",
+        "--tls12",
+        "--crl-path",
+        "/etc/crl.pem",
+    ])
+    .expect("pqc, TLS 1.2 and a CRL");
     assert!(set.mesh.tls.post_quantum_only && set.mesh.tls.tls12);
+    assert_eq!(set.mesh.crl_path, Some(PathBuf::from("/etc/crl.pem")));
     let empty = config(&["--compliance-policy", ""]).expect("an empty policy is the default");
     assert_eq!(empty.mesh.tls, crate::tls::TlsPolicy::default());
     for (value, why) in [

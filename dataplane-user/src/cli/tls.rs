@@ -1,5 +1,6 @@
 //! TLS compliance flags, named as ztunnel names its environment variables:
-//! `COMPLIANCE_POLICY` and `TLS12_ENABLED` (ztunnel `src/lib.rs`; the
+//! `COMPLIANCE_POLICY`, `TLS12_ENABLED` and `CRL_PATH` (ztunnel `src/lib.rs`,
+//! `src/config.rs`; the
 //! policy names are istio `pkg/features/security.go`'s). They convert into
 //! the identity crate's [`TlsPolicy`], checked.
 
@@ -23,6 +24,13 @@ pub struct TlsArgs {
     /// Default: TLS 1.3 only.
     #[arg(long, env = "TLS12_ENABLED")]
     pub tls12: bool,
+    /// Certificate revocation lists (PEM `X509 CRL` blocks, or one DER
+    /// CRL), as ztunnel's `CRL_PATH`: HBONE peers, clients and servers,
+    /// whose chain a CRL revokes are refused at the handshake. Re-read
+    /// every 2 s; a file not there yet revokes nothing until it appears.
+    /// Default: no revocation checks.
+    #[arg(long, env = "CRL_PATH")]
+    pub crl_path: Option<std::path::PathBuf>,
 }
 
 /// Errors of the TLS compliance flags.

@@ -24,6 +24,7 @@ const TD: &str = "cluster.local";
 
 /// One CA and the certificates it issues.
 struct Mesh {
+    ca: Arc<Ca>,
     roots: Arc<TrustBundle>,
     store: Arc<CertStore>,
 }
@@ -32,12 +33,12 @@ fn mesh(validity: Duration) -> Mesh {
     let ca = Arc::new(Ca::generate().unwrap());
     let roots = Arc::new(TrustBundle::new(vec![ca.root_der().clone()]).unwrap());
     let store = Arc::new(CertStore::new(
-        CertSource::Builtin(ca),
+        CertSource::Builtin(ca.clone()),
         roots.clone(),
         provider(),
         validity,
     ));
-    Mesh { roots, store }
+    Mesh { ca, roots, store }
 }
 
 fn id(td: &str, sa: &str) -> Identity {
@@ -529,4 +530,102 @@ async fn tls12_client_is_refused_by_default_and_accepted_with_the_opt_in() {
     let outcomes = accepted.await.unwrap();
     assert_eq!(outcomes[0].as_ref().unwrap().peer, Some(client.clone()));
     assert_eq!(outcomes[1].as_ref().unwrap().peer, Some(client));
+}
+
+/// A revocation list file in a fresh directory, listing nothing yet,
+/// checked by every verifier of `mesh`.
+fn revocations(
+    mesh: &Mesh,
+    name: &str,
+) -> (std::path::PathBuf, Arc<crate::identity::RevocationList>) {
+    let dir = std::env::temp_dir().join(format!("dp-crl-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ca-crl.pem");
+    std::fs::write(&path, mesh.ca.revocation_list(&[], 1).unwrap()).unwrap();
+    let list = Arc::new(crate::identity::RevocationList::load(path.clone()).unwrap());
+    mesh.roots.set_revocations(Some(list.clone()));
+    (path, list)
+}
+
+#[tokio::test]
+async fn a_revoked_client_is_refused_once_the_changed_file_is_read() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client, other) = (id(TD, "server"), id(TD, "client"), id(TD, "other"));
+    let (path, list) = revocations(&mesh, "client");
+    let watch = crate::identity::RevocationList::watch(&list);
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 3).await;
+
+    // Listed nowhere yet: let in.
+    connect_and_ping(client_cfg(&mesh, &client, &server), addr)
+        .await
+        .unwrap();
+
+    let serial = mesh.store.get_or_issue(&client).unwrap().raw_serial();
+    let before = list.generation();
+    std::fs::write(&path, mesh.ca.revocation_list(&[serial], 2).unwrap()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while list.generation() == before {
+        assert!(Instant::now() < deadline, "the changed file was never read");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    assert!(
+        connect_and_ping(client_cfg(&mesh, &client, &server), addr)
+            .await
+            .is_err()
+    );
+    // Another workload's certificate is not revoked.
+    connect_and_ping(client_cfg(&mesh, &other, &server), addr)
+        .await
+        .unwrap();
+    let outcomes = accepted.await.unwrap();
+    assert_eq!(outcomes[0].as_ref().unwrap().peer, Some(client));
+    let err = outcomes[1].as_ref().unwrap_err().to_string();
+    assert!(err.contains("Revoked"), "{err}");
+    assert_eq!(outcomes[2].as_ref().unwrap().peer, Some(other));
+    watch.abort();
+}
+
+#[tokio::test]
+async fn a_client_refuses_a_revoked_server() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+    let (path, list) = revocations(&mesh, "server");
+    let serial = mesh.store.get_or_issue(&server).unwrap().raw_serial();
+    std::fs::write(&path, mesh.ca.revocation_list(&[serial], 2).unwrap()).unwrap();
+    assert!(list.reload().unwrap());
+    assert_eq!(list.len(), 1);
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 1).await;
+
+    let err = connect(client_cfg(&mesh, &client, &server), addr)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Revoked"), "{err}");
+    assert!(accepted.await.unwrap()[0].is_err());
+}
+
+#[test]
+fn revocation_list_files_missing_empty_or_malformed() {
+    let dir = std::env::temp_dir().join(format!("dp-crl-{}-files", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("crl.pem");
+    let _ = std::fs::remove_file(&path);
+    // Missing: nothing revoked until it appears.
+    let list = crate::identity::RevocationList::load(path.clone()).unwrap();
+    assert!(list.is_empty());
+    std::fs::write(&path, "").unwrap();
+    assert!(list.reload().unwrap());
+    assert!(list.is_empty());
+    std::fs::write(
+        &path,
+        "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
+    )
+    .unwrap();
+    let err = list.reload().unwrap_err().to_string();
+    assert!(err.contains("CRL 1"), "{err}");
+    let err = crate::identity::RevocationList::load(path.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("crl.pem"), "{err}");
 }
