@@ -72,6 +72,23 @@ pub struct RevocationList {
     path: PathBuf,
     current: RwLock<Loaded>,
     generation: AtomicU64,
+    /// The generation, for [`Self::revoked`]'s waiters.
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+/// What an established connection's peer presented, kept to check it again
+/// when the lists change ([`RevocationList::revoked`]).
+#[derive(Debug, Clone)]
+pub struct PeerChain {
+    /// The peer's certificate, then the intermediates it sent.
+    pub certificates: Vec<CertificateDer<'static>>,
+    /// The roots it was verified against at the handshake.
+    pub roots: Arc<RootCertStore>,
+    /// When the handshake verified it: checked again as of then, so that
+    /// only a revocation (not expiry) ends the connection.
+    pub verified_at: UnixTime,
+    /// Which end the peer is.
+    pub role: PeerRole,
 }
 
 struct Loaded {
@@ -101,6 +118,7 @@ impl RevocationList {
                 crls: Arc::new(Vec::new()),
             }),
             generation: AtomicU64::new(0),
+            changed: tokio::sync::watch::Sender::new(0),
         };
         match list.reload() {
             Ok(_) => Ok(list),
@@ -165,7 +183,8 @@ impl RevocationList {
             bytes,
             crls: Arc::new(crls),
         };
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        self.changed.send_replace(generation);
         info!(path = %self.path.display(), crls = count, "revocation list loaded");
         Ok(true)
     }
@@ -233,6 +252,42 @@ impl RevocationList {
         )
         .map(|_| ())
         .map_err(to_rustls)
+    }
+}
+
+impl RevocationList {
+    /// Resolves once lists loaded after now revoke `peer`'s chain (never
+    /// if they do not): an established connection selects on it and is
+    /// reset (ztunnel `src/tls/revocation.rs` `wait_for_revocation`). Any
+    /// other failure of the re-check (a root since removed) does not end it.
+    pub async fn revoked(
+        &self,
+        peer: &PeerChain,
+        algorithms: &[&dyn SignatureVerificationAlgorithm],
+    ) {
+        let mut changed = self.changed.subscribe();
+        let Some((end_entity, intermediates)) = peer.certificates.split_first() else {
+            return std::future::pending().await;
+        };
+        loop {
+            if changed.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            let verdict = self.check(
+                end_entity,
+                intermediates,
+                &peer.roots,
+                peer.verified_at,
+                peer.role,
+                algorithms,
+            );
+            if matches!(
+                verdict,
+                Err(rustls::Error::InvalidCertificate(CertificateError::Revoked))
+            ) {
+                return;
+            }
+        }
     }
 }
 

@@ -629,3 +629,88 @@ fn revocation_list_files_missing_empty_or_malformed() {
         .to_string();
     assert!(err.contains("crl.pem"), "{err}");
 }
+
+/// Accepts `count` connections and answers pings on each until the peer's
+/// chain is revoked: then the connection is reset (linger 0, dropped).
+async fn serve_until_revoked(
+    config: Arc<ServerConfig>,
+    list: Arc<crate::identity::RevocationList>,
+    roots: Arc<TrustBundle>,
+    count: usize,
+) -> SocketAddr {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        for _ in 0..count {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut tls = acceptor.accept(tcp).await.unwrap();
+            let peer = crate::identity::PeerChain {
+                certificates: tls.get_ref().1.peer_certificates().unwrap().to_vec(),
+                roots: roots.store(),
+                verified_at: rustls::pki_types::UnixTime::now(),
+                role: crate::identity::PeerRole::Client,
+            };
+            let list = list.clone();
+            tokio::spawn(async move {
+                let algorithms = provider().signature_verification_algorithms.all;
+                let revoked = list.revoked(&peer, algorithms);
+                tokio::pin!(revoked);
+                let mut buf = [0_u8; 4];
+                loop {
+                    tokio::select! {
+                        read = tls.read_exact(&mut buf) => {
+                            if read.is_err() || tls.write_all(b"pong").await.is_err() {
+                                return;
+                            }
+                        }
+                        () = &mut revoked => {
+                            socket2::SockRef::from(tls.get_ref().0).set_linger(Some(Duration::ZERO)).unwrap();
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_established_connection_is_reset_when_its_peer_is_revoked() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client, other) = (id(TD, "server"), id(TD, "client"), id(TD, "other"));
+    let (path, list) = revocations(&mesh, "established");
+    let addr = serve_until_revoked(
+        server_cfg(&mesh, &server),
+        list.clone(),
+        mesh.roots.clone(),
+        2,
+    )
+    .await;
+    let mut revoked = connect(client_cfg(&mesh, &client, &server), addr)
+        .await
+        .unwrap();
+    ping(&mut revoked).await.unwrap();
+    let mut kept = connect(client_cfg(&mesh, &other, &server), addr)
+        .await
+        .unwrap();
+    ping(&mut kept).await.unwrap();
+
+    // A reload that revokes nothing new ends nothing.
+    std::fs::write(&path, mesh.ca.revocation_list(&[], 2).unwrap()).unwrap();
+    assert!(list.reload().unwrap());
+    ping(&mut revoked).await.unwrap();
+
+    let serial = mesh.store.get_or_issue(&client).unwrap().raw_serial();
+    std::fs::write(&path, mesh.ca.revocation_list(&[serial], 3).unwrap()).unwrap();
+    assert!(list.reload().unwrap());
+    // The server acts on the change by itself, not on the next ping.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let err = tokio::time::timeout(Duration::from_secs(5), ping(&mut revoked))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}");
+    ping(&mut kept).await.unwrap();
+}
