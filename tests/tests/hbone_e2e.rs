@@ -480,3 +480,67 @@ fn the_first_bytes_go_with_the_request_unless_turned_off() -> anyhow::Result<()>
     }
     Ok(())
 }
+
+/// With `--crl-path` (ztunnel's `CRL_PATH`) on the server's node: once the
+/// file revokes the client's certificate, the client's open tunnel is reset
+/// and its new connections are refused in the handshake; before, both work.
+#[test]
+fn a_revoked_client_is_reset_and_then_refused() -> anyhow::Result<()> {
+    let mesh = TwoNodes::new("hbcrl")?;
+    let config = mesh.config()?;
+    let crl = mesh.dir.path().join("ca-crl.pem");
+    let a1 = mesh.agent("hb", 1, &config, &[])?;
+    // The CA the first agent created signs the lists.
+    let ca = dataplane_user::identity::Ca::load_or_generate(&mesh.shared_ca())?;
+    std::fs::write(&crl, ca.revocation_list(&[], 1)?)?;
+    let crl_flag = crl.to_string_lossy().into_owned();
+    let a2 = mesh.agent("hb", 2, &config, &["--crl-path", &crl_flag])?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    let _held = holding_server(&mesh.remote, 9100)?;
+    echo(&mesh.client, addr(&mesh.remote, 9000), 1024, 1)?;
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let hold = scope.spawn(|| {
+            try_stream(
+                &mesh.client,
+                &["hold-end", &addr(&mesh.remote, 9100).to_string(), "25"],
+            )
+        });
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let serials: Vec<Vec<u8>> = a1
+            .certs()?
+            .into_iter()
+            .filter(|c| c.identity.ends_with("/sa/client"))
+            .map(|c| {
+                c.serial
+                    .split(':')
+                    .map(|b| u8::from_str_radix(b, 16))
+                    .collect::<Result<Vec<u8>, _>>()
+            })
+            .collect::<Result<_, _>>()?;
+        anyhow::ensure!(
+            !serials.is_empty(),
+            "the client agent lists no client certificate"
+        );
+        let revoked_at = std::time::Instant::now();
+        std::fs::write(&crl, ca.revocation_list(&serials, 2)?)?;
+        let held = hold
+            .join()
+            .map_err(|_| anyhow::anyhow!("hold thread panicked"))??;
+        anyhow::ensure!(
+            held.stdout != "open" && revoked_at.elapsed() < std::time::Duration::from_secs(15),
+            "the revoked client's open connection was not ended: {held:?}"
+        );
+        Ok(())
+    })?;
+    let out = try_stream(
+        &mesh.client,
+        &["echo", &addr(&mesh.remote, 9000).to_string(), "100", "2"],
+    )?;
+    anyhow::ensure!(out.code != Some(0), "a revoked client connected: {out:?}");
+    let log = a2.log_text();
+    anyhow::ensure!(
+        log.contains("the peer's certificate was revoked") && log.contains("Revoked"),
+        "the server logs the reset and the refusal:\n{log}"
+    );
+    Ok(())
+}
