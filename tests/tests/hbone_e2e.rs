@@ -544,3 +544,40 @@ fn a_revoked_client_is_reset_and_then_refused() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// `--compliance-policy pqc` (Istio's `COMPLIANCE_POLICY=pqc`) on the
+/// server's node: the agents still tunnel to each other (both offer
+/// X25519MLKEM768), a client offering only X25519 is refused at the hello,
+/// one offering only X25519MLKEM768 is let in.
+#[test]
+fn a_post_quantum_only_agent_refuses_a_classical_client() -> anyhow::Result<()> {
+    use dataplane_tests::stranger::StrangerTls;
+    let mesh = TwoNodes::new("hbpqc")?;
+    let config = mesh.config()?;
+    let _a1 = mesh.agent("hb", 1, &config, &[])?;
+    let _a2 = mesh.agent("hb", 2, &config, &["--compliance-policy", "pqc"])?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    echo(&mesh.client, addr(&mesh.remote, 9000), 1024, 1)?;
+    let offering = |group| {
+        let mut provider = dataplane_user::tls::provider_for(Default::default());
+        provider.kx_groups.retain(|g| g.name() == group);
+        StrangerTls::with_provider(
+            &mesh.shared_ca(),
+            "stranger",
+            "spiffe://cluster.local/ns/test/sa/remote",
+            std::sync::Arc::new(provider),
+        )
+    };
+    let target = addr(&mesh.remote, 15008);
+    let classical = offering(rustls::NamedGroup::X25519)?;
+    let refused = classical.connect(&mesh.plain, target, &[]);
+    anyhow::ensure!(refused.is_err(), "an X25519-only client was let in");
+    let hybrid = offering(rustls::NamedGroup::X25519MLKEM768)?;
+    let tls = hybrid.connect(&mesh.plain, target, &[])?;
+    anyhow::ensure!(
+        tls.conn.negotiated_key_exchange_group().map(|g| g.name())
+            == Some(rustls::NamedGroup::X25519MLKEM768),
+        "not X25519MLKEM768"
+    );
+    Ok(())
+}
