@@ -481,23 +481,36 @@ fn the_first_bytes_go_with_the_request_unless_turned_off() -> anyhow::Result<()>
     Ok(())
 }
 
-/// With `--crl-path` (ztunnel's `CRL_PATH`) on the server's node: once the
-/// file revokes the client's certificate, the client's open tunnel is reset
-/// and its new connections are refused in the handshake; before, both work.
-#[test]
-fn a_revoked_client_is_reset_and_then_refused() -> anyhow::Result<()> {
-    let mesh = TwoNodes::new("hbcrl")?;
+/// With `--crl-path` (ztunnel's `CRL_PATH`): once the file revokes the
+/// certificate of `revoked` (`client` or `remote`), the open tunnel is reset
+/// by the agent holding the file (`on`: the server's node, 2, or the
+/// client's, 1) and new connections are refused in the handshake.
+fn revocation_resets_and_refuses(tag: &str, on: u8, revoked: &str) -> anyhow::Result<()> {
+    let mesh = TwoNodes::new(tag)?;
     let config = mesh.config()?;
     let crl = mesh.dir.path().join("ca-crl.pem");
-    let a1 = mesh.agent("hb", 1, &config, &[])?;
-    // The CA the first agent created signs the lists.
+    let crl_flag = crl.to_string_lossy().into_owned();
+    let flags = |n: u8| -> Vec<&str> {
+        if n == on {
+            vec!["--crl-path", &crl_flag]
+        } else {
+            Vec::new()
+        }
+    };
+    // The file is written once the first agent has created the CA; until
+    // it exists, nothing is revoked.
+    let a1 = mesh.agent("hb", 1, &config, &flags(1))?;
     let ca = dataplane_user::identity::Ca::load_or_generate(&mesh.shared_ca())?;
     std::fs::write(&crl, ca.revocation_list(&[], 1)?)?;
-    let crl_flag = crl.to_string_lossy().into_owned();
-    let a2 = mesh.agent("hb", 2, &config, &["--crl-path", &crl_flag])?;
+    let a2 = mesh.agent("hb", 2, &config, &flags(2))?;
     let _remote = echo_server(&mesh.remote, 9000)?;
     let _held = holding_server(&mesh.remote, 9100)?;
     echo(&mesh.client, addr(&mesh.remote, 9000), 1024, 1)?;
+    let (owner, holder) = if revoked == "client" {
+        (&a1, &a2)
+    } else {
+        (&a2, &a1)
+    };
     std::thread::scope(|scope| -> anyhow::Result<()> {
         let hold = scope.spawn(|| {
             try_stream(
@@ -506,10 +519,11 @@ fn a_revoked_client_is_reset_and_then_refused() -> anyhow::Result<()> {
             )
         });
         std::thread::sleep(std::time::Duration::from_secs(2));
-        let serials: Vec<Vec<u8>> = a1
+        let suffix = format!("/sa/{revoked}");
+        let serials: Vec<Vec<u8>> = owner
             .certs()?
             .into_iter()
-            .filter(|c| c.identity.ends_with("/sa/client"))
+            .filter(|c| c.identity.ends_with(&suffix))
             .map(|c| {
                 c.serial
                     .split(':')
@@ -517,10 +531,7 @@ fn a_revoked_client_is_reset_and_then_refused() -> anyhow::Result<()> {
                     .collect::<Result<Vec<u8>, _>>()
             })
             .collect::<Result<_, _>>()?;
-        anyhow::ensure!(
-            !serials.is_empty(),
-            "the client agent lists no client certificate"
-        );
+        anyhow::ensure!(!serials.is_empty(), "no certificate of {revoked} listed");
         let revoked_at = std::time::Instant::now();
         std::fs::write(&crl, ca.revocation_list(&serials, 2)?)?;
         let held = hold
@@ -528,7 +539,7 @@ fn a_revoked_client_is_reset_and_then_refused() -> anyhow::Result<()> {
             .map_err(|_| anyhow::anyhow!("hold thread panicked"))??;
         anyhow::ensure!(
             held.stdout != "open" && revoked_at.elapsed() < std::time::Duration::from_secs(15),
-            "the revoked client's open connection was not ended: {held:?}"
+            "the open connection was not ended: {held:?}"
         );
         Ok(())
     })?;
@@ -536,13 +547,26 @@ fn a_revoked_client_is_reset_and_then_refused() -> anyhow::Result<()> {
         &mesh.client,
         &["echo", &addr(&mesh.remote, 9000).to_string(), "100", "2"],
     )?;
-    anyhow::ensure!(out.code != Some(0), "a revoked client connected: {out:?}");
-    let log = a2.log_text();
+    anyhow::ensure!(
+        out.code != Some(0),
+        "connected despite the revocation: {out:?}"
+    );
+    let log = holder.log_text();
     anyhow::ensure!(
         log.contains("the peer's certificate was revoked") && log.contains("Revoked"),
-        "the server logs the reset and the refusal:\n{log}"
+        "the agent with the file logs the reset and the refusal:\n{log}"
     );
     Ok(())
+}
+
+#[test]
+fn a_revoked_client_is_reset_and_then_refused() -> anyhow::Result<()> {
+    revocation_resets_and_refuses("hbcrl", 2, "client")
+}
+
+#[test]
+fn a_revoked_server_is_reset_and_then_refused() -> anyhow::Result<()> {
+    revocation_resets_and_refuses("hbcrs", 1, "remote")
 }
 
 /// `--compliance-policy pqc` (Istio's `COMPLIANCE_POLICY=pqc`) on the
