@@ -714,3 +714,23 @@ async fn an_established_connection_is_reset_when_its_peer_is_revoked() {
     assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}");
     ping(&mut kept).await.unwrap();
 }
+
+#[tokio::test]
+async fn post_quantum_only_with_tls12_still_refuses_a_tls12_client() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+    let (addr, accepted) = serve(server_cfg_with(policy(true, true), &mesh, &server), 2).await;
+    // TLS 1.2 has no post-quantum group: nothing to agree on.
+    assert!(
+        connect(tls12_only_client(&mesh, &client, &server), addr)
+            .await
+            .is_err()
+    );
+    let mut tls = connect(client_cfg(&mesh, &client, &server), addr)
+        .await
+        .unwrap();
+    ping(&mut tls).await.unwrap();
+    let outcomes = accepted.await.unwrap();
+    assert!(outcomes[0].is_err());
+    assert_eq!(outcomes[1].as_ref().unwrap().peer, Some(client));
+}
