@@ -13,6 +13,7 @@ pub mod install_cni;
 pub mod istio;
 pub mod original_source;
 pub mod run;
+pub mod tls;
 pub mod workers;
 
 /// eBPF-accelerated transparent redirection data plane for a service mesh.
@@ -499,6 +500,9 @@ pub struct RunArgs {
     /// What serves enrolled pods: this agent or a stock ztunnel.
     #[command(flatten)]
     pub engine: engine::EngineArgs,
+    /// TLS compliance: post-quantum key exchange only, TLS 1.2.
+    #[command(flatten)]
+    pub tls: tls::TlsArgs,
 }
 
 /// How pod traffic is steered into the engine.

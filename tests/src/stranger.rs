@@ -301,6 +301,21 @@ impl StrangerTls {
         Ok(Self { config })
     }
 
+    /// As [`StrangerTls::new`], offering only what `provider` has (e.g.
+    /// one key exchange group).
+    pub fn with_provider(
+        ca_dir: &std::path::Path,
+        account: &str,
+        server: &str,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+    ) -> anyhow::Result<Self> {
+        let me = MeshCredentials::issue(ca_dir, crate::mesh::NAMESPACE, account)?;
+        let server = Identity::parse(server)?;
+        let config =
+            tls::client_config_with(provider, me.resolver(), Arc::clone(&me.roots), vec![server])?;
+        Ok(Self { config })
+    }
+
     /// Connects from inside `pod` to `addr` and finishes the TLS handshake;
     /// then sends `first` (nothing, the HTTP/2 preface, ...).
     pub fn connect(

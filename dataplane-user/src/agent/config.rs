@@ -267,6 +267,12 @@ pub struct MeshConfig {
     pub max_pending_handshakes_per_pod: u32,
     /// Pending handshakes from one source address.
     pub max_pending_handshakes_per_source: u32,
+    /// What TLS may negotiate (post-quantum key exchange only, TLS 1.2),
+    /// process-wide: HBONE both ways and the channel to istiod.
+    pub tls: crate::tls::TlsPolicy,
+    /// Certificate revocation lists HBONE peers are checked against, re-read
+    /// when they change; `None`: no revocation checks.
+    pub crl_path: Option<PathBuf>,
 }
 
 /// The connection worker threads.

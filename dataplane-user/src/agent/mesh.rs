@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     config::LocalConfig,
-    identity::{Ca, CertDir, CertSource, CertStore, IstioCa, TrustBundle},
+    identity::{Ca, CertDir, CertSource, CertStore, IstioCa, RevocationList, TrustBundle},
     mesh::MeshContext,
     proxy::handshakes::{HandshakeLimits, PendingHandshakes},
     state::MeshState,
@@ -47,6 +47,14 @@ pub(super) fn mesh_context(
             })?,
         );
     info!(source = source.kind(), from = %source.describe(), roots = roots.roots().len(), "workload certificate source");
+    if let Some(path) = &args.mesh.crl_path {
+        let list = Arc::new(RevocationList::load(path.clone())?);
+        info!(path = %path.display(), crls = list.len(), "HBONE peers are checked against revocation lists");
+        // The watch ends when the bundle, the list's only other holder,
+        // is dropped with the mesh.
+        drop(RevocationList::watch(&list));
+        roots.set_revocations(Some(list));
+    }
     let certs = Arc::new(CertStore::new(
         source,
         Arc::clone(&roots),

@@ -91,6 +91,13 @@ pub enum AgentError {
     /// The mounted certificate directory has no usable root bundle.
     #[error(transparent)]
     CertDir(#[from] crate::identity::CertDirError),
+    /// The TLS policy differs from the one this process already uses (a
+    /// second in-process agent with other TLS flags).
+    #[error(transparent)]
+    TlsPolicy(#[from] crate::tls::PolicyError),
+    /// The revocation list file exists but is unusable.
+    #[error(transparent)]
+    Crl(#[from] crate::identity::CrlError),
 }
 
 /// Runs the agent until SIGINT, SIGTERM, the admin `/quitquitquit` or a

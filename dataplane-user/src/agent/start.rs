@@ -110,6 +110,12 @@ pub async fn start(config: AgentConfig) -> Result<Bound, AgentError> {
     info!(config = %serde_json::to_string(&config).unwrap_or_default(), "agent configuration");
     let args = Arc::new(config);
     let started = Instant::now();
+    // Before any TLS configuration (istiod, HBONE) is built: the policy is
+    // process-wide, as ztunnel's.
+    crate::tls::set_policy(args.mesh.tls)?;
+    if args.mesh.tls != crate::tls::TlsPolicy::default() {
+        info!(policy = ?args.mesh.tls, "TLS policy");
+    }
     // First: a container runtime starts us with 1,024 descriptors whatever
     // the hard limit, and every connection costs descriptors.
     let nofile = crate::nofile::raise_to_hard();

@@ -15,6 +15,7 @@ use crate::{
             CA_HEADER_PREFIX, CertSourceKind, IstioArgsError, XDS_HEADER_PREFIX, grpc_headers,
         },
         original_source::OriginalSourceArgsError,
+        tls::TlsArgsError,
     },
     dns::DnsConfig,
     hbone::{pool::PoolSpread, wire::H2Settings},
@@ -35,6 +36,9 @@ pub enum FlagError {
     /// The original-source marks conflict.
     #[error(transparent)]
     OriginalSource(#[from] OriginalSourceArgsError),
+    /// A TLS compliance flag is not one this build can honour.
+    #[error(transparent)]
+    Tls(#[from] TlsArgsError),
     /// `--kube` without `--node`.
     #[error(
         "--kube needs this node's name: pass --node (DaemonSet: DATAPLANE_NODE from spec.nodeName)"
@@ -141,6 +145,8 @@ impl RunArgs {
             });
         }
         let original_source = self.original_source.to_config(self.proxy_mark)?;
+        let tls = self.tls.to_policy()?;
+        let crl_path = self.tls.crl_path.clone();
         let kube = if self.kube {
             let node = self.node.clone().ok_or(FlagError::KubeNeedsNode)?;
             let selectors = self.enablement_selectors.map(|s| s.0);
@@ -211,6 +217,8 @@ impl RunArgs {
                 max_pending_handshakes: self.max_pending_handshakes,
                 max_pending_handshakes_per_pod: self.max_pending_handshakes_per_pod,
                 max_pending_handshakes_per_source: self.max_pending_handshakes_per_source,
+                tls,
+                crl_path,
             },
             workers: WorkersConfig {
                 threading: self.threading.into(),

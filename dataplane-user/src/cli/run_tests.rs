@@ -393,3 +393,33 @@ fn xds_and_ca_headers_come_from_ztunnels_environment_names() {
         assert!(message.contains(variable), "{message}");
     }
 }
+
+#[test]
+fn tls_compliance_flags_make_the_policy_and_unknown_policies_are_refused() {
+    let default = config(&[]).expect("the defaults are accepted");
+    assert_eq!(default.mesh.tls, crate::tls::TlsPolicy::default());
+    assert_eq!(default.mesh.crl_path, None);
+    let set = config(&[
+        "--compliance-policy",
+        "pqc",
+        "--tls12",
+        "--crl-path",
+        "/etc/crl.pem",
+    ])
+    .expect("pqc, TLS 1.2 and a CRL");
+    assert!(set.mesh.tls.post_quantum_only && set.mesh.tls.tls12);
+    assert_eq!(set.mesh.crl_path, Some(PathBuf::from("/etc/crl.pem")));
+    let empty = config(&["--compliance-policy", ""]).expect("an empty policy is the default");
+    assert_eq!(empty.mesh.tls, crate::tls::TlsPolicy::default());
+    for (value, why) in [
+        ("fips-140-2", "no FIPS-validated crypto provider"),
+        ("fips-140-3", "no FIPS-validated crypto provider"),
+        ("quantum", "unknown policy"),
+    ] {
+        let err = refused(&["--compliance-policy", value]);
+        assert!(
+            err.contains("--compliance-policy (COMPLIANCE_POLICY)") && err.contains(why),
+            "{err}"
+        );
+    }
+}

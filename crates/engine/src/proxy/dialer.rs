@@ -6,8 +6,7 @@
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use rustls::pki_types::ServerName;
-use tokio::net::TcpStream;
-use tokio_rustls::{TlsConnector, client::TlsStream};
+use tokio_rustls::TlsConnector;
 
 use super::PodNetns;
 use crate::{
@@ -31,7 +30,7 @@ pub struct PodTlsDialer {
 }
 
 impl Dialer for PodTlsDialer {
-    type Io = TlsStream<TcpStream>;
+    type Io = super::revocation::RevocableClient;
 
     fn dial(
         &self,
@@ -49,6 +48,7 @@ impl Dialer for PodTlsDialer {
             .get(&key.src_identity, &expected)
             .map_err(|e| std::io::Error::other(crate::logging::Chain(&e).to_string()));
         let addr = key.dst_addr;
+        let roots = Arc::clone(&self.mesh.roots);
         Box::pin(async move {
             let socket = socket?;
             let config = config?;
@@ -59,14 +59,16 @@ impl Dialer for PodTlsDialer {
                     .connect(ServerName::IpAddress(addr.ip().into()), tcp)
                     .await
             };
-            tokio::time::timeout(DIAL_TIMEOUT, dial)
+            let tls = tokio::time::timeout(DIAL_TIMEOUT, dial)
                 .await
                 .map_err(|_| {
                     std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         format!("dialing {addr} timed out"),
                     )
-                })?
+                })??;
+            // With revocation lists, a server revoked later is reset.
+            Ok(super::revocation::RevocableClient::server_of(&roots, tls))
         })
     }
 }

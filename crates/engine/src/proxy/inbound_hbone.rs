@@ -18,13 +18,14 @@ use tokio::{
     task::JoinSet,
     time::Instant,
 };
-use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tokio_rustls::TlsAcceptor;
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::{
     PodContext, accept, finish,
     handshakes::{HandshakeSlot, ShedSignal},
     reap,
+    revocation::ResetOnDrop,
 };
 use crate::{
     addr::canonical,
@@ -115,6 +116,9 @@ async fn serve_connection(
         },
         Some(reason) = shed.recv() => return debug!(reason = reason.as_str(), "handshake shed (TLS)"),
     };
+    // With revocation lists, the client's chain is checked again whenever
+    // they change; a revoked client's connection is reset.
+    let watched = super::revocation::Watched::client_of(&ctx.mesh.roots, &tls);
     // Parsed from the certificate once; streams share it.
     let peer_identity = tls::peer_identity(tls.get_ref().1);
     let known = ctx.mesh.peer_at(canonical(peer).ip());
@@ -164,19 +168,32 @@ async fn serve_connection(
     // clean close), and its place among pending handshakes is free.
     // When HTTP/2 closes the connection, the peer's last frames are read
     // before the socket goes, so the close reaches it as a FIN.
+    let (tls, reset) = ResetOnDrop::new(tls);
     let io = PrefaceWatch::new(
         LingerOnClose::new(tls),
-        move |tls: &LingerOnClose<TlsStream<TcpStream>>| {
-            let _ = SockRef::from(tls.get_ref().get_ref().0).set_linger(None);
+        move |tls: &LingerOnClose<ResetOnDrop>| {
+            let _ = SockRef::from(tls.get_ref().get_ref().get_ref().0).set_linger(None);
             drop(slot);
         },
     );
+    let revoked = async {
+        match &watched {
+            Some(watched) => watched.revoked().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(revoked);
     let serve = hbone::serve_connection(io, server);
     tokio::pin!(serve);
     let mut handshaking = true;
     let result = loop {
         tokio::select! {
             result = &mut serve => break result,
+            () = &mut revoked => {
+                // Dropping the connection (and its streams) with linger 0.
+                reset.switch();
+                return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), "connection reset: the peer's certificate was revoked");
+            }
             shed_now = shed.recv(), if handshaking => match shed_now {
                 Some(reason) => return debug!(reason = reason.as_str(), "handshake shed (HTTP/2 preface)"),
                 None => handshaking = false,

@@ -28,6 +28,7 @@ pub mod inbound_hbone;
 mod netfilter;
 pub mod orig_dst;
 pub mod outbound;
+mod revocation;
 
 use std::{
     io,

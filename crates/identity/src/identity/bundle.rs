@@ -97,6 +97,8 @@ pub struct TrustBundle {
     /// root is pruned): certificates issued under an older generation are
     /// re-issued.
     generation: std::sync::atomic::AtomicU64,
+    /// The CRLs every HBONE verifier also checks peers against, if any.
+    revocations: RwLock<Option<Arc<super::RevocationList>>>,
 }
 
 impl std::fmt::Debug for TrustBundle {
@@ -118,7 +120,25 @@ impl TrustBundle {
         Ok(Self {
             current: RwLock::new(Arc::new(build(entries)?)),
             generation: std::sync::atomic::AtomicU64::new(0),
+            revocations: RwLock::new(None),
         })
+    }
+
+    /// Makes every HBONE verifier that trusts this bundle also refuse peers
+    /// `list` revokes (`None`: no revocation checks, the default).
+    pub fn set_revocations(&self, list: Option<Arc<super::RevocationList>>) {
+        *self
+            .revocations
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = list;
+    }
+
+    /// The revocation lists peers are checked against, if any.
+    pub fn revocations(&self) -> Option<Arc<super::RevocationList>> {
+        self.revocations
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The roots trusted now (current and retiring), for verifying a

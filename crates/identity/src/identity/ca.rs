@@ -154,6 +154,14 @@ impl IssuedCert {
         self.chain.first()
     }
 
+    /// The leaf's serial number as its DER bytes (what a CRL lists).
+    pub fn raw_serial(&self) -> Vec<u8> {
+        self.leaf()
+            .and_then(|leaf| X509Certificate::from_der(leaf).ok())
+            .map(|(_, cert)| cert.raw_serial().to_vec())
+            .unwrap_or_default()
+    }
+
     /// The leaf's serial number as colon-separated hex, for logs and tests.
     pub fn serial(&self) -> String {
         self.leaf()
@@ -347,6 +355,40 @@ impl Ca {
             root_not_after: to_system_time(params.not_after),
             issuer: Issuer::new(params, key),
             root_der,
+        })
+    }
+
+    /// A CRL signed by this root revoking the certificates of `serials`
+    /// (DER serial bytes, [`IssuedCert::raw_serial`]), numbered `number`,
+    /// valid from now for a day, as PEM: what `CRL_PATH` reads. For tests,
+    /// and for operators of the built-in CA.
+    pub fn revocation_list(&self, serials: &[Vec<u8>], number: u64) -> Result<String, CaError> {
+        let now = time::OffsetDateTime::now_utc();
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: now,
+            next_update: now + time::Duration::days(1),
+            crl_number: rcgen::SerialNumber::from(number.to_be_bytes().to_vec()),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|serial| rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from(serial.clone()),
+                    revocation_time: now,
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        let crl = params
+            .signed_by(&self.issuer)
+            .map_err(|source| CaError::Generate {
+                action: "sign a revocation list".to_owned(),
+                source,
+            })?;
+        crl.pem().map_err(|source| CaError::Generate {
+            action: "encode a revocation list".to_owned(),
+            source,
         })
     }
 

@@ -15,6 +15,7 @@ mod bundle;
 mod ca;
 mod ca_files;
 mod cert_dir;
+mod crl;
 mod istio_ca;
 mod resolver;
 mod source;
@@ -27,6 +28,7 @@ pub use cert_dir::{
     CHAIN_FILE, CertDir, CertDirError, FileCert, KEY_FILE, ROOT_BUNDLE_FILE, RawFiles, check_files,
     parse_certs,
 };
+pub use crl::{CRL_POLL, CrlError, PeerChain, PeerRole, RevocationList};
 pub use istio_ca::{IstioCa, IstioCaError, IstioIssued, checked_chain};
 pub use resolver::IdentityCertResolver;
 pub use source::{CertSource, CertSourceError, CertSourceStatus, Fetched};

@@ -1,5 +1,6 @@
-//! HBONE TLS configurations: TLS 1.3 only, AES-GCM suites, ALPN `h2`,
-//! mutual authentication by SPIFFE identity.
+//! HBONE TLS configurations: TLS 1.3 only (TLS 1.2 too when the provider
+//! has a TLS 1.2 suite, i.e. under [`crate::crypto::TlsPolicy::tls12`]),
+//! AES-GCM suites, ALPN `h2`, mutual authentication by SPIFFE identity.
 //!
 //! Session resumption is off on both sides. HBONE connections are pooled
 //! and long-lived (one carries up to 100 tunnels), so full handshakes are
@@ -20,6 +21,19 @@ use super::{ALPN_H2, TlsError, provider};
 use crate::identity::{CertStore, Identity, TrustBundle};
 
 static TLS13_ONLY: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+static TLS13_AND_12: &[&rustls::SupportedProtocolVersion] =
+    &[&rustls::version::TLS13, &rustls::version::TLS12];
+
+/// The protocol versions `provider` allows: TLS 1.2 as well only when it has
+/// a TLS 1.2 suite (ztunnel `src/tls/lib.rs` `tls_versions()`, under the same
+/// switch as the suites).
+fn versions(provider: &CryptoProvider) -> &'static [&'static rustls::SupportedProtocolVersion] {
+    let tls12 = provider
+        .cipher_suites
+        .iter()
+        .any(|cs| cs.version() == &rustls::version::TLS12);
+    if tls12 { TLS13_AND_12 } else { TLS13_ONLY }
+}
 
 /// The HBONE server configuration, with the crate's [`provider`].
 ///
@@ -52,8 +66,9 @@ pub fn server_config_with(
         trust_domain,
         provider.signature_verification_algorithms,
     ));
+    let versions = versions(&provider);
     let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(TLS13_ONLY)
+        .with_protocol_versions(versions)
         .map_err(|source| TlsError::Provider { source })?
         .with_client_cert_verifier(verifier)
         .with_cert_resolver(resolver);
@@ -97,8 +112,9 @@ pub fn client_config_with(
         expected,
         provider.signature_verification_algorithms,
     ));
+    let versions = versions(&provider);
     let mut config = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(TLS13_ONLY)
+        .with_protocol_versions(versions)
         .map_err(|source| TlsError::Provider { source })?
         .dangerous()
         .with_custom_certificate_verifier(verifier)

@@ -12,7 +12,8 @@
 //! with [`peer_identity`].
 //!
 //! The crypto provider, aws-lc-rs restricted to the HBONE suites and groups,
-//! is [`crate::crypto`]'s, re-exported here.
+//! is [`crate::crypto`]'s, re-exported here, with the process's
+//! [`TlsPolicy`] (post-quantum key exchange only; TLS 1.2 allowed).
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -51,7 +52,10 @@ pub use verify::{PeerIdentityError, peer_identity};
 // The provider lives below `crate::identity` (which signs with it and
 // verifies chains with it) and this module (which builds on identity); it is
 // re-exported here, where HBONE's callers have always found it.
-pub use crate::crypto::{install_provider, provider, restrict_to_hbone};
+pub use crate::crypto::{
+    PolicyError, TlsPolicy, install_provider, policy, provider, provider_for, restrict_to_hbone,
+    set_policy,
+};
 
 /// The one application protocol HBONE speaks.
 pub const ALPN_H2: &[u8] = b"h2";

@@ -24,6 +24,7 @@ const TD: &str = "cluster.local";
 
 /// One CA and the certificates it issues.
 struct Mesh {
+    ca: Arc<Ca>,
     roots: Arc<TrustBundle>,
     store: Arc<CertStore>,
 }
@@ -32,12 +33,12 @@ fn mesh(validity: Duration) -> Mesh {
     let ca = Arc::new(Ca::generate().unwrap());
     let roots = Arc::new(TrustBundle::new(vec![ca.root_der().clone()]).unwrap());
     let store = Arc::new(CertStore::new(
-        CertSource::Builtin(ca),
+        CertSource::Builtin(ca.clone()),
         roots.clone(),
         provider(),
         validity,
     ));
-    Mesh { roots, store }
+    Mesh { ca, roots, store }
 }
 
 fn id(td: &str, sa: &str) -> Identity {
@@ -371,4 +372,365 @@ fn client_config_cache_reuses_configurations() {
         cache.get(&client, &[]),
         Err(TlsError::NoExpectedIdentity)
     ));
+}
+
+fn policy(post_quantum_only: bool, tls12: bool) -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(crate::crypto::provider_for(crate::crypto::TlsPolicy {
+        post_quantum_only,
+        tls12,
+    }))
+}
+
+/// The default HBONE provider offering only the key exchange group `group`.
+fn offering_only(group: rustls::NamedGroup) -> Arc<rustls::crypto::CryptoProvider> {
+    let mut p = crate::crypto::provider_for(crate::crypto::TlsPolicy::default());
+    p.kx_groups.retain(|g| g.name() == group);
+    assert_eq!(p.kx_groups.len(), 1);
+    Arc::new(p)
+}
+
+fn server_cfg_with(
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    mesh: &Mesh,
+    server: &Identity,
+) -> Arc<ServerConfig> {
+    server_config_with(
+        provider,
+        mesh.store.resolver(server.clone()),
+        mesh.roots.clone(),
+        TD,
+    )
+    .unwrap()
+}
+
+fn client_cfg_with(
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    mesh: &Mesh,
+    client: &Identity,
+    expected: &Identity,
+) -> Arc<ClientConfig> {
+    client_config_with(
+        provider,
+        mesh.store.resolver(client.clone()),
+        mesh.roots.clone(),
+        vec![expected.clone()],
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn post_quantum_only_server_refuses_x25519_and_accepts_x25519mlkem768() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+    let (addr, accepted) = serve(server_cfg_with(policy(true, false), &mesh, &server), 3).await;
+
+    // A client offering only classical X25519 is refused at the hello.
+    let classical = client_cfg_with(
+        offering_only(rustls::NamedGroup::X25519),
+        &mesh,
+        &client,
+        &server,
+    );
+    let err = connect(classical, addr).await.unwrap_err().to_string();
+    assert!(err.contains("alert"), "{err}");
+
+    // One offering only X25519MLKEM768 gets in, and so does a default
+    // client (it offers X25519 first; the server asks for the hybrid).
+    for provider in [
+        offering_only(rustls::NamedGroup::X25519MLKEM768),
+        policy(false, false),
+    ] {
+        let mut tls = connect(client_cfg_with(provider, &mesh, &client, &server), addr)
+            .await
+            .unwrap();
+        ping(&mut tls).await.unwrap();
+        assert_eq!(
+            tls.get_ref()
+                .1
+                .negotiated_key_exchange_group()
+                .map(|g| g.name()),
+            Some(rustls::NamedGroup::X25519MLKEM768)
+        );
+    }
+    let outcomes = accepted.await.unwrap();
+    let err = outcomes[0].as_ref().unwrap_err().to_string();
+    assert!(err.contains("NoKxGroupsInCommon"), "{err}");
+    assert_eq!(outcomes[1].as_ref().unwrap().peer, Some(client.clone()));
+    assert_eq!(outcomes[2].as_ref().unwrap().peer, Some(client));
+}
+
+#[tokio::test]
+async fn post_quantum_only_client_refuses_a_classical_server() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+    let (addr, accepted) = serve(
+        server_cfg_with(offering_only(rustls::NamedGroup::X25519), &mesh, &server),
+        1,
+    )
+    .await;
+    let pqc = client_cfg_with(policy(true, false), &mesh, &client, &server);
+    assert!(connect(pqc, addr).await.is_err());
+    assert!(accepted.await.unwrap()[0].is_err());
+}
+
+/// A client that speaks TLS 1.2 only, with the HBONE identity checks and
+/// the TLS 1.2 suites the opt-in allows.
+fn tls12_only_client(mesh: &Mesh, client: &Identity, expected: &Identity) -> Arc<ClientConfig> {
+    let provider = policy(false, true);
+    let verifier = Arc::new(ServerIdentityVerifier::new(
+        mesh.roots.clone(),
+        vec![expected.clone()],
+        provider.signature_verification_algorithms,
+    ));
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_client_cert_resolver(mesh.store.resolver(client.clone()));
+    config.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Arc::new(config)
+}
+
+#[tokio::test]
+async fn tls12_client_is_refused_by_default_and_accepted_with_the_opt_in() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 1).await;
+    assert!(
+        connect(tls12_only_client(&mesh, &client, &server), addr)
+            .await
+            .is_err()
+    );
+    let err = server_error(accepted.await.unwrap());
+    assert!(err.contains("incompatible"), "{err}");
+
+    let (addr, accepted) = serve(server_cfg_with(policy(false, true), &mesh, &server), 2).await;
+    let mut tls = connect(tls12_only_client(&mesh, &client, &server), addr)
+        .await
+        .unwrap();
+    ping(&mut tls).await.unwrap();
+    let (_, conn) = tls.get_ref();
+    assert_eq!(
+        conn.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+    assert_eq!(peer_identity(conn), Some(server.clone()));
+    assert_eq!(conn.alpn_protocol(), Some(ALPN_H2));
+    // A TLS 1.3 client still gets TLS 1.3 from the opted-in server.
+    let mut tls = connect(client_cfg(&mesh, &client, &server), addr)
+        .await
+        .unwrap();
+    ping(&mut tls).await.unwrap();
+    assert_eq!(
+        tls.get_ref().1.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_3)
+    );
+    let outcomes = accepted.await.unwrap();
+    assert_eq!(outcomes[0].as_ref().unwrap().peer, Some(client.clone()));
+    assert_eq!(outcomes[1].as_ref().unwrap().peer, Some(client));
+}
+
+/// A revocation list file in a fresh directory, listing nothing yet,
+/// checked by every verifier of `mesh`.
+fn revocations(
+    mesh: &Mesh,
+    name: &str,
+) -> (std::path::PathBuf, Arc<crate::identity::RevocationList>) {
+    let dir = std::env::temp_dir().join(format!("dp-crl-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ca-crl.pem");
+    std::fs::write(&path, mesh.ca.revocation_list(&[], 1).unwrap()).unwrap();
+    let list = Arc::new(crate::identity::RevocationList::load(path.clone()).unwrap());
+    mesh.roots.set_revocations(Some(list.clone()));
+    (path, list)
+}
+
+#[tokio::test]
+async fn a_revoked_client_is_refused_once_the_changed_file_is_read() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client, other) = (id(TD, "server"), id(TD, "client"), id(TD, "other"));
+    let (path, list) = revocations(&mesh, "client");
+    let watch = crate::identity::RevocationList::watch(&list);
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 3).await;
+
+    // Listed nowhere yet: let in.
+    connect_and_ping(client_cfg(&mesh, &client, &server), addr)
+        .await
+        .unwrap();
+
+    let serial = mesh.store.get_or_issue(&client).unwrap().raw_serial();
+    let before = list.generation();
+    std::fs::write(&path, mesh.ca.revocation_list(&[serial], 2).unwrap()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while list.generation() == before {
+        assert!(Instant::now() < deadline, "the changed file was never read");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    assert!(
+        connect_and_ping(client_cfg(&mesh, &client, &server), addr)
+            .await
+            .is_err()
+    );
+    // Another workload's certificate is not revoked.
+    connect_and_ping(client_cfg(&mesh, &other, &server), addr)
+        .await
+        .unwrap();
+    let outcomes = accepted.await.unwrap();
+    assert_eq!(outcomes[0].as_ref().unwrap().peer, Some(client));
+    let err = outcomes[1].as_ref().unwrap_err().to_string();
+    assert!(err.contains("Revoked"), "{err}");
+    assert_eq!(outcomes[2].as_ref().unwrap().peer, Some(other));
+    watch.abort();
+}
+
+#[tokio::test]
+async fn a_client_refuses_a_revoked_server() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+    let (path, list) = revocations(&mesh, "server");
+    let serial = mesh.store.get_or_issue(&server).unwrap().raw_serial();
+    std::fs::write(&path, mesh.ca.revocation_list(&[serial], 2).unwrap()).unwrap();
+    assert!(list.reload().unwrap());
+    assert_eq!(list.len(), 1);
+    let (addr, accepted) = serve(server_cfg(&mesh, &server), 1).await;
+
+    let err = connect(client_cfg(&mesh, &client, &server), addr)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Revoked"), "{err}");
+    assert!(accepted.await.unwrap()[0].is_err());
+}
+
+#[test]
+fn revocation_list_files_missing_empty_or_malformed() {
+    let dir = std::env::temp_dir().join(format!("dp-crl-{}-files", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("crl.pem");
+    let _ = std::fs::remove_file(&path);
+    // Missing: nothing revoked until it appears.
+    let list = crate::identity::RevocationList::load(path.clone()).unwrap();
+    assert!(list.is_empty());
+    std::fs::write(&path, "").unwrap();
+    assert!(list.reload().unwrap());
+    assert!(list.is_empty());
+    std::fs::write(
+        &path,
+        "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
+    )
+    .unwrap();
+    let err = list.reload().unwrap_err().to_string();
+    assert!(err.contains("CRL 1"), "{err}");
+    let err = crate::identity::RevocationList::load(path.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("crl.pem"), "{err}");
+}
+
+/// Accepts `count` connections and answers pings on each until the peer's
+/// chain is revoked: then the connection is reset (linger 0, dropped).
+async fn serve_until_revoked(
+    config: Arc<ServerConfig>,
+    list: Arc<crate::identity::RevocationList>,
+    roots: Arc<TrustBundle>,
+    count: usize,
+) -> SocketAddr {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        for _ in 0..count {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut tls = acceptor.accept(tcp).await.unwrap();
+            let peer = crate::identity::PeerChain {
+                certificates: tls.get_ref().1.peer_certificates().unwrap().to_vec(),
+                roots: roots.store(),
+                verified_at: rustls::pki_types::UnixTime::now(),
+                role: crate::identity::PeerRole::Client,
+            };
+            let list = list.clone();
+            tokio::spawn(async move {
+                let algorithms = provider().signature_verification_algorithms.all;
+                let revoked = list.revoked(&peer, algorithms);
+                tokio::pin!(revoked);
+                let mut buf = [0_u8; 4];
+                loop {
+                    tokio::select! {
+                        read = tls.read_exact(&mut buf) => {
+                            if read.is_err() || tls.write_all(b"pong").await.is_err() {
+                                return;
+                            }
+                        }
+                        () = &mut revoked => {
+                            socket2::SockRef::from(tls.get_ref().0).set_linger(Some(Duration::ZERO)).unwrap();
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_established_connection_is_reset_when_its_peer_is_revoked() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client, other) = (id(TD, "server"), id(TD, "client"), id(TD, "other"));
+    let (path, list) = revocations(&mesh, "established");
+    let addr = serve_until_revoked(
+        server_cfg(&mesh, &server),
+        list.clone(),
+        mesh.roots.clone(),
+        2,
+    )
+    .await;
+    let mut revoked = connect(client_cfg(&mesh, &client, &server), addr)
+        .await
+        .unwrap();
+    ping(&mut revoked).await.unwrap();
+    let mut kept = connect(client_cfg(&mesh, &other, &server), addr)
+        .await
+        .unwrap();
+    ping(&mut kept).await.unwrap();
+
+    // A reload that revokes nothing new ends nothing.
+    std::fs::write(&path, mesh.ca.revocation_list(&[], 2).unwrap()).unwrap();
+    assert!(list.reload().unwrap());
+    ping(&mut revoked).await.unwrap();
+
+    let serial = mesh.store.get_or_issue(&client).unwrap().raw_serial();
+    std::fs::write(&path, mesh.ca.revocation_list(&[serial], 3).unwrap()).unwrap();
+    assert!(list.reload().unwrap());
+    // The server acts on the change by itself, not on the next ping.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let err = tokio::time::timeout(Duration::from_secs(5), ping(&mut revoked))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}");
+    ping(&mut kept).await.unwrap();
+}
+
+#[tokio::test]
+async fn post_quantum_only_with_tls12_still_refuses_a_tls12_client() {
+    let mesh = mesh(Duration::from_secs(3600));
+    let (server, client) = (id(TD, "server"), id(TD, "client"));
+    let (addr, accepted) = serve(server_cfg_with(policy(true, true), &mesh, &server), 2).await;
+    // TLS 1.2 has no post-quantum group: nothing to agree on.
+    assert!(
+        connect(tls12_only_client(&mesh, &client, &server), addr)
+            .await
+            .is_err()
+    );
+    let mut tls = connect(client_cfg(&mesh, &client, &server), addr)
+        .await
+        .unwrap();
+    ping(&mut tls).await.unwrap();
+    let outcomes = accepted.await.unwrap();
+    assert!(outcomes[0].is_err());
+    assert_eq!(outcomes[1].as_ref().unwrap().peer, Some(client));
 }

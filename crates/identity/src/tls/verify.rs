@@ -6,7 +6,9 @@
 //! stock one does, then requires the server's SPIFFE ID to be one of the
 //! identities the caller expects. On the server side rustls' stock client
 //! verifier checks the chain and [`TrustDomainClientVerifier`] adds that the
-//! client's SPIFFE ID is in the server's trust domain.
+//! client's SPIFFE ID is in the server's trust domain. Both then refuse a
+//! peer whose chain a CRL of the bundle's
+//! [`crate::identity::RevocationList`] revokes.
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,7 +24,7 @@ use rustls::{
     SignatureScheme,
 };
 
-use crate::identity::{Identity, IdentityError, TrustBundle};
+use crate::identity::{Identity, IdentityError, PeerRole, TrustBundle};
 
 /// Why a peer's certificate was refused after its chain verified.
 ///
@@ -138,6 +140,16 @@ impl ServerCertVerifier for ServerIdentityVerifier {
             now,
             self.algorithms.all,
         )?;
+        if let Some(crl) = self.roots.revocations() {
+            crl.check(
+                end_entity,
+                intermediates,
+                &self.roots.store(),
+                now,
+                PeerRole::Server,
+                self.algorithms.all,
+            )?;
+        }
         let presented = Identity::from_certificate(end_entity).map_err(|source| {
             PeerIdentityError::NoIdentity {
                 side: "server",
@@ -227,6 +239,16 @@ impl ClientCertVerifier for TrustDomainClientVerifier {
         self.roots
             .client_verifier()
             .verify_client_cert(end_entity, intermediates, now)?;
+        if let Some(crl) = self.roots.revocations() {
+            crl.check(
+                end_entity,
+                intermediates,
+                &self.roots.store(),
+                now,
+                PeerRole::Client,
+                self.algorithms.all,
+            )?;
+        }
         let presented = Identity::from_certificate(end_entity).map_err(|source| {
             PeerIdentityError::NoIdentity {
                 side: "client",
