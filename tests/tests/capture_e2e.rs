@@ -407,7 +407,11 @@ fn kubelet_probes_from_the_nodes_namespace_reach_the_app_and_nothing_else_does()
     assert_eq!(counters()?.1, before, "the open probe was captured");
     let out = held.wait(std::time::Duration::from_secs(60))?;
     assert_eq!(out.code, Some(0), "{}", out.stderr);
-    assert_eq!(out.stdout.trim(), "open", "the probe's connection ended early");
+    assert_eq!(
+        out.stdout.trim(),
+        "open",
+        "the probe's connection ended early"
+    );
     wait_until("the open probe's notes to go", || Ok(notes()? == (0, 0)))?;
     let (exempt, captured) = counters()?;
     assert_eq!(captured, before, "the open probe was captured");
