@@ -53,6 +53,9 @@ pub fn workload_resource(w: &Workload, version: &str) -> Resource {
             name: w.name.clone(),
             namespace: w.namespace.to_string(),
             addresses: w.workload_ips.iter().map(ip_bytes).collect(),
+            // A ServiceEntry endpoint with `resolution: DNS` (istio
+            // `serviceEntryWorkloadBuilder`): a name and no address.
+            hostname: w.hostname.to_string(),
             trust_domain: w.trust_domain.to_string(),
             service_account: w.service_account.to_string(),
             tunnel_protocol: match w.protocol {

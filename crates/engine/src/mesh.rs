@@ -73,6 +73,10 @@ pub struct MeshContext {
     /// The same-node fast path, once the kernel programs are loaded (never
     /// under iptables capture or an external engine).
     pub fast_path: std::sync::OnceLock<Arc<crate::fast_path::FastPath>>,
+    /// What resolves the DNS names of endpoints known by name only: the
+    /// pods' upstream DNS forwarder, once DNS settings are made (never
+    /// under iptables capture, where such endpoints are refused).
+    pub resolver: std::sync::OnceLock<Arc<crate::dns::Forwarder>>,
 }
 
 impl std::fmt::Debug for MeshContext {

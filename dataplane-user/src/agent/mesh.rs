@@ -87,6 +87,7 @@ pub(super) fn mesh_context(
         keepalive: args.mesh.keepalive,
         metrics,
         fast_path: Default::default(),
+        resolver: Default::default(),
     });
     Ok(MeshParts {
         mesh,

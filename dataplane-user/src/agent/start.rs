@@ -215,6 +215,11 @@ pub async fn start(config: AgentConfig) -> Result<Bound, AgentError> {
         )?)),
         None => None,
     };
+    if let Some(dns) = &dns {
+        // Endpoints known by DNS name are resolved through the same
+        // upstream servers and cache as the pods' forwarded queries.
+        let _ = mesh.resolver.set(Arc::clone(&dns.forwarder));
+    }
     // `--engine ztunnel`: the ZDS server starts once the pods enrolled
     // before are re-adopted, so ztunnel's first snapshot has them all.
     let ztunnel_events = Arc::new(ZtunnelEvents::default());

@@ -96,6 +96,8 @@ pub struct ZtunnelWorkload {
     #[serde(skip_serializing_if = "str::is_empty")]
     canonical_revision: String,
     #[serde(skip_serializing_if = "str::is_empty")]
+    hostname: String,
+    #[serde(skip_serializing_if = "str::is_empty")]
     node: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     authorization_policies: Vec<String>,
@@ -357,6 +359,7 @@ fn workload(w: &Workload) -> ZtunnelWorkload {
         workload_name: w.workload_name.to_string(),
         canonical_name: w.canonical_name.to_string(),
         canonical_revision: w.canonical_revision.to_string(),
+        hostname: w.hostname.to_string(),
         node: w.node.to_string(),
         authorization_policies: w.authorization_policies.clone(),
         status: w.status,

@@ -7,6 +7,8 @@
 //! Modules by concern: `names` (which service a queried name means: search
 //! domains and Kubernetes short forms), `answer` (mesh answers, NODATA,
 //! what is forwarded), `upstream` (forwarding, TCP fallback, the cache),
+//! `resolve` (names the proxy resolves for itself: endpoints known by DNS
+//! name),
 //! `server` (the in-pod UDP and TCP listeners and their bounds), `metrics`.
 //!
 //! Opt-in and opt-out follow Istio ambient: a mesh-wide default
@@ -18,6 +20,7 @@
 mod answer;
 mod metrics;
 mod names;
+mod resolve;
 mod server;
 mod upstream;
 
@@ -34,6 +37,7 @@ use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 pub use metrics::{AnswerKind, DnsMetrics};
+pub use resolve::{choose, lookup_ip};
 pub use server::{PodResolver, Transport};
 pub use upstream::Forwarder;
 
@@ -117,6 +121,37 @@ pub enum DnsError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A name to resolve is not a DNS name.
+    #[error("`{name}` is not a DNS name: {reason}")]
+    BadName {
+        /// The name.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The upstream servers answered a name with an error.
+    #[error("DNS lookup of `{name}` failed: the upstream server answered {code}")]
+    BadAnswer {
+        /// The name.
+        name: String,
+        /// The response code (or what was wrong with the reply).
+        code: String,
+    },
+    /// Nothing resolves names for the proxy.
+    #[error(
+        "no DNS resolver for `{name}`: endpoints known by DNS name are resolved through the \
+         upstream servers of DNS capture, which runs with the agent's kernel programs only"
+    )]
+    NoResolver {
+        /// The name.
+        name: String,
+    },
+    /// A name resolved to no address.
+    #[error("`{name}` has no A or AAAA record")]
+    NoAddresses {
+        /// The name.
+        name: String,
+    },
     /// The resolver's sockets could not be made in the pod.
     #[error("cannot bind the DNS resolver on {addr} in the pod's network namespace")]
     Bind {
@@ -135,8 +170,9 @@ pub struct DnsSettings {
     pub default_capture: bool,
     /// The cluster domain.
     pub domain: String,
-    /// The upstream forwarder (and its cache), shared by all pods.
-    pub forwarder: Forwarder,
+    /// The upstream forwarder (and its cache), shared by all pods and by
+    /// the proxy's own lookups ([`lookup_ip`]).
+    pub forwarder: Arc<Forwarder>,
     /// Mesh state (service hostnames and VIPs).
     pub mesh: Arc<MeshContext>,
     /// Metrics.
@@ -179,7 +215,11 @@ impl DnsSettings {
         Ok(Self {
             default_capture: config.default_capture,
             domain: config.domain.trim_end_matches('.').to_ascii_lowercase(),
-            forwarder: Forwarder::new(servers, proxy_mark, Arc::new(metrics.clone())),
+            forwarder: Arc::new(Forwarder::new(
+                servers,
+                proxy_mark,
+                Arc::new(metrics.clone()),
+            )),
             mesh,
             metrics,
         })

@@ -58,7 +58,7 @@ use crate::{
         outbound::{Action, Hop, OutboundPlan, TunnelHop},
     },
     redirect::{FastPathTable, PinLayout, RedirectError},
-    state::{Affected, MeshState},
+    state::{Affected, EndpointAddr, MeshState},
 };
 
 pub use dataplane_kernel::sock_diag::DestroyError;
@@ -241,7 +241,9 @@ impl FastPath {
         let fronted = hops
             .iter()
             .any(|hop| matches!(hop, Hop::Tunnel(t) if t.via.ip() != t.dst.ip()));
-        let any_here = hops.iter().any(|hop| self.pod_at(hop.dst().ip()).is_some());
+        let any_here = hops
+            .iter()
+            .any(|hop| hop.dst().is_some_and(|dst| self.pod_at(dst.ip()).is_some()));
         if fronted || !any_here || !self.allows(state, ctx) {
             return;
         }
@@ -261,6 +263,10 @@ impl FastPath {
         let mut here = Vec::new();
         let mut taken = Vec::new();
         for endpoint in &endpoints {
+            // (`even_candidates` has no endpoint known by name only.)
+            let EndpointAddr::Ip(target) = endpoint.addr else {
+                continue;
+            };
             if here.len() == FAST_SERVICE_MAX_ENDPOINTS || !endpoint.workload.speaks_hbone() {
                 continue;
             }
@@ -277,12 +283,12 @@ impl FastPath {
             else {
                 continue;
             };
-            let addr = SocketAddr::new(ip, endpoint.addr.port());
+            let addr = SocketAddr::new(ip, target.port());
             let identity = &endpoint.workload.identity;
             // An endpoint that fails a check stays the proxy's to reach.
             if let Some(server) = self.peer_pod(ctx, state, client, addr, identity) {
                 here.push((addr, server.netns_cookie));
-                taken.push(endpoint.addr.ip());
+                taken.push(target.ip());
             }
         }
         if here.is_empty() {

@@ -109,7 +109,8 @@ pub struct Flow {
     pub trace: Option<TraceId>,
 }
 
-fn label(value: Option<&String>) -> String {
+/// A label's value: `unknown` when not known, as Istio writes it.
+pub(super) fn label(value: Option<&String>) -> String {
     value.cloned().unwrap_or_else(|| "unknown".to_owned())
 }
 

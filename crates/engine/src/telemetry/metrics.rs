@@ -85,6 +85,22 @@ pub struct TcpLabels {
     pub destination_zone: String,
 }
 
+/// The labels of `istio_on_demand_dns_total` (ztunnel
+/// `src/proxy/metrics.rs` `OnDemandDnsLabels`): the client, and the name
+/// resolved for it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OnDemandDnsLabels {
+    source_workload: String,
+    source_canonical_service: String,
+    source_canonical_revision: String,
+    source_workload_namespace: String,
+    source_principal: String,
+    source_app: String,
+    source_version: String,
+    source_cluster: String,
+    hostname: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FailedLabels {
     direction: &'static str,
@@ -180,6 +196,7 @@ pub struct Metrics {
     accept_failures: Family<AcceptLabels, Counter>,
     handshakes_pending: Gauge,
     early_data: Counter,
+    on_demand_dns: Family<OnDemandDnsLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -276,6 +293,12 @@ impl Metrics {
              (sent before the response, saving a round trip)",
             early_data.clone(),
         );
+        let on_demand_dns = Family::<OnDemandDnsLabels, Counter>::default();
+        registry.register(
+            "istio_on_demand_dns",
+            "Connections to an endpoint known by DNS name, whose name the agent resolved",
+            on_demand_dns.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
@@ -309,6 +332,7 @@ impl Metrics {
             accept_failures,
             handshakes_pending,
             early_data,
+            on_demand_dns,
         }
     }
 
@@ -398,6 +422,26 @@ impl Metrics {
     /// Counts a tunnel whose request carried the client's first bytes.
     pub fn early_data_sent(&self) {
         self.early_data.inc();
+    }
+
+    /// Counts a connection from `source` whose endpoint's DNS name
+    /// `hostname` is resolved for it (ztunnel counts before the lookup,
+    /// whatever its outcome: `src/state.rs` `resolve_workload_address`).
+    pub fn on_demand_dns(&self, source: &Peer, hostname: &str) {
+        let label = |value: &Option<String>| super::flow::label(value.as_ref());
+        self.on_demand_dns
+            .get_or_create(&OnDemandDnsLabels {
+                source_workload: label(&source.workload),
+                source_canonical_service: label(&source.canonical_service),
+                source_canonical_revision: label(&source.canonical_revision),
+                source_workload_namespace: label(&source.namespace),
+                source_principal: label(&source.principal),
+                source_app: label(&source.canonical_service),
+                source_version: label(&source.canonical_revision),
+                source_cluster: label(&source.cluster),
+                hostname: hostname.to_owned(),
+            })
+            .inc();
     }
 
     /// Records how many inbound handshakes are pending.

@@ -78,6 +78,9 @@ pub enum FailReason {
     ConnectTimeout,
     /// A service without (reachable) endpoints.
     NoEndpoints,
+    /// The DNS name of the endpoints reached by name did not resolve
+    /// (ztunnel `NoResolvedAddresses`, `EmptyResolvedAddresses`).
+    DnsFailed,
     /// The HBONE tunnel could not be opened (TLS, a refused CONNECT, a
     /// refused or reset TCP connection to the peer).
     Tunnel,
@@ -117,6 +120,7 @@ impl FailReason {
             Self::ConnectFailed
             | Self::ConnectTimeout
             | Self::NoEndpoints
+            | Self::DnsFailed
             | Self::Tunnel
             | Self::AppUnreachable
             | Self::ClientFailed
@@ -141,6 +145,7 @@ impl FailReason {
             Self::ConnectFailed => "connect_failed",
             Self::ConnectTimeout => "connect_timeout",
             Self::NoEndpoints => "no_endpoints",
+            Self::DnsFailed => "dns_failed",
             Self::Tunnel => "tunnel_failed",
             Self::TunnelTimeout => "tunnel_timeout",
             Self::TunnelHttp2 => "tunnel_http2",

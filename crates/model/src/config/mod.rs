@@ -482,4 +482,25 @@ policies:
         let err = dataplane_core::error::Chain(&err).to_string();
         assert!(err.contains("invalid"), "{err}");
     }
+
+    #[test]
+    fn a_workload_hostname_must_be_a_dns_name() {
+        let with = |host: &str| {
+            let text = format!(
+                "workloads:\n- uid: u1\n  name: api\n  namespace: shop\n  hostname: '{host}'\n"
+            );
+            LocalConfig::parse(&text, "cfg.yaml")
+                .map(|c| c.workloads[0].hostname.to_string())
+                .map_err(|e| dataplane_core::error::Chain(&e).to_string())
+        };
+        assert_eq!(with("api.example.com").unwrap(), "api.example.com");
+        assert_eq!(with("api.example.com.").unwrap(), "api.example.com.");
+        assert_eq!(with("_svc.db-1.example").unwrap(), "_svc.db-1.example");
+        let long = format!("{}.com", "a".repeat(64));
+        let longer = vec!["abcdefghi"; 26].join(".");
+        for bad in ["api..example.com", "api example.com", &long, &longer, "."] {
+            let err = with(bad).unwrap_err();
+            assert!(err.contains("workloads[0].hostname"), "{bad}: {err}");
+        }
+    }
 }

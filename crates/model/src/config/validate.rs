@@ -52,6 +52,14 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
                 reason,
             ));
         }
+        if let Some(reason) = dns_name_problem(&w.hostname) {
+            return Err(invalid(
+                format!("workloads[{i}].hostname"),
+                &w.hostname,
+                1,
+                reason,
+            ));
+        }
         for ip in &w.workload_ips {
             if let Some(first) = ips.insert(*ip, &w.uid) {
                 return Err(invalid(
@@ -172,6 +180,36 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
         }
     }
     Ok(())
+}
+
+/// Why `name` (empty: none) cannot be a workload's DNS name: at most 253
+/// characters, dot-separated labels of 1 to 63 letters, digits, `-` or
+/// `_` (RFC 1035 section 2.3.4, with the underscore resolvers accept), an
+/// optional final dot.
+fn dns_name_problem(name: &str) -> Option<String> {
+    let bare = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() {
+        return None;
+    }
+    if bare.len() > 253 {
+        return Some(format!(
+            "hostname of {} characters is longer than DNS allows (253)",
+            bare.len()
+        ));
+    }
+    let bad = bare.split('.').find(|label| {
+        label.is_empty()
+            || label.len() > 63
+            || !label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    });
+    bad.map(|label| {
+        format!(
+            "hostname label `{label}` is not a DNS label (1 to 63 letters, digits, `-` or `_`); \
+             write a name such as `api.example.com`"
+        )
+    })
 }
 
 /// Why a waypoint cannot be reached, if it cannot.

@@ -96,6 +96,14 @@ pub struct Workload {
     /// Pod IPs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub workload_ips: Vec<IpAddr>,
+    /// A DNS name the workload is reached at when it has no IPs (a
+    /// ServiceEntry endpoint with `resolution: DNS`, as istiod sends it:
+    /// `serviceEntryWorkloadBuilder` in istio
+    /// `pilot/pkg/serviceregistry/ambient/workloads.go`), resolved when a
+    /// connection picks it (ztunnel `src/state.rs`
+    /// `resolve_on_demand_dns`).
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub hostname: Arc<str>,
     /// Protocol the workload accepts.
     #[serde(default)]
     pub protocol: Protocol,

@@ -25,7 +25,10 @@ pub use crate::config::{
 pub use affected::Affected;
 pub use peer::{Peer, ServiceRef};
 pub use provenance::Provenance;
-pub use services::{DEAD_ENDPOINT_HOLD, DeadEndpoints, Endpoint, ServiceEntry, ServiceIndex};
+pub use services::{
+    DEAD_ENDPOINT_HOLD, DeadEndpoints, Endpoint, EndpointAddr, ServiceEntry, ServiceIndex,
+    random_index,
+};
 pub use snapshot::MeshState;
 pub use waypoints::WaypointTarget;
 

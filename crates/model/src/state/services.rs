@@ -40,8 +40,37 @@ pub struct ServiceEntry {
 pub struct Endpoint {
     /// The workload.
     pub workload: Arc<MeshWorkload>,
-    /// Its address for this connection (endpoint IP, target port).
-    pub addr: SocketAddr,
+    /// Its address for this connection.
+    pub addr: EndpointAddr,
+}
+
+/// Where an endpoint is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndpointAddr {
+    /// The workload's IP and the target port.
+    Ip(SocketAddr),
+    /// A workload without IPs but with a DNS name (a ServiceEntry endpoint
+    /// with `resolution: DNS`), resolved when the connection is made, and
+    /// the target port.
+    Hostname(Arc<str>, u16),
+}
+
+impl EndpointAddr {
+    /// The IP, when the endpoint has one (no DNS name to resolve).
+    pub fn ip(&self) -> Option<IpAddr> {
+        match self {
+            Self::Ip(addr) => Some(addr.ip()),
+            Self::Hostname(..) => None,
+        }
+    }
+}
+
+impl Endpoint {
+    /// Whether the endpoint's node is marked dead (an endpoint reached by
+    /// DNS name has no node to mark).
+    fn dead(&self, is_dead: &impl Fn(IpAddr) -> bool) -> bool {
+        self.addr.ip().is_some_and(is_dead)
+    }
 }
 
 impl ServiceEntry {
@@ -73,7 +102,7 @@ impl ServiceEntry {
         let mut ordered = self.ranked(port, start, source);
         // Stable: live ones first, then the best locality, keeping the
         // rotation order among equals.
-        ordered.sort_by_key(|(rank, e)| (is_dead(e.addr.ip()), std::cmp::Reverse(*rank)));
+        ordered.sort_by_key(|(rank, e)| (e.dead(&is_dead), std::cmp::Reverse(*rank)));
         ordered.into_iter().map(|(_, e)| e).collect()
     }
 
@@ -81,7 +110,8 @@ impl ServiceEntry {
     /// engine's choice among them is even: every one equally close to the
     /// client and none dead, so any of them is as likely to be first as
     /// another. `None` when locality or a dead endpoint would order them,
-    /// or there is none.
+    /// or there is none, or one is reached by DNS name (only the proxy
+    /// resolves names).
     pub fn even_candidates(
         &self,
         port: u16,
@@ -92,7 +122,9 @@ impl ServiceEntry {
         let first = ranked.first()?.0;
         ranked
             .into_iter()
-            .map(|(rank, e)| (rank == first && !is_dead(e.addr.ip())).then_some(e))
+            .map(|(rank, e)| {
+                (rank == first && !e.dead(&is_dead) && e.addr.ip().is_some()).then_some(e)
+            })
             .collect()
     }
 
@@ -134,10 +166,18 @@ impl ServiceEntry {
                     .and_then(|ports| ports.target(port))
                     .or_else(|| self.service.ports.get(&port).copied().filter(|p| *p != 0))
                     .unwrap_or(port);
-                let ip = *workload.workload.workload_ips.first()?;
+                // ztunnel `load_balance`: an endpoint needs an IP or a
+                // hostname.
+                let addr = match workload.workload.workload_ips.first() {
+                    Some(ip) => EndpointAddr::Ip(SocketAddr::new(*ip, target)),
+                    None if !workload.workload.hostname.is_empty() => {
+                        EndpointAddr::Hostname(Arc::clone(&workload.workload.hostname), target)
+                    }
+                    None => return None,
+                };
                 let endpoint = Endpoint {
                     workload: Arc::clone(workload),
-                    addr: SocketAddr::new(ip, target),
+                    addr,
                 };
                 Some((rank, endpoint))
             })
@@ -467,9 +507,10 @@ fn locality_rank(
     (matched, rank)
 }
 
-/// A cheap random index (no `rand` dependency): the std hasher's random
-/// keys over a counter.
-fn random_index(n: usize) -> usize {
+/// A cheap random index below `n` (at least 1; no `rand` dependency):
+/// the std hasher's random keys over a counter.
+pub fn random_index(n: usize) -> usize {
+    let n = n.max(1);
     use std::hash::{BuildHasher, Hasher};
     static COUNTER: AtomicUsize = AtomicUsize::new(0);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

@@ -65,6 +65,7 @@ pub(super) fn workload_of(
             .filter_map(|a| ip_from_bytes(a).ok())
             .map(|ip| ip.to_canonical())
             .collect(),
+        hostname: or(&w.hostname, ""),
         protocol: match TunnelProtocol::try_from(w.tunnel_protocol) {
             Ok(TunnelProtocol::Hbone) => Protocol::Hbone,
             _ => Protocol::Tcp,

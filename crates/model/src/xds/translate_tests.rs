@@ -92,6 +92,17 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     plain.tunnel_protocol = TunnelProtocol::None as i32;
     plain.service_account = String::new();
     put_workload(&mut r, plain);
+    // A ServiceEntry endpoint with `resolution: DNS`, as istio's
+    // `serviceEntryWorkloadBuilder` sends it: a hostname, no address.
+    let mut dns = workload(
+        "Kubernetes/networking.istio.io/ServiceEntry/shop/api/api.example.com",
+        [0, 0, 0, 0],
+    );
+    dns.addresses.clear();
+    dns.name = "api".into();
+    dns.hostname = "api.example.com".into();
+    dns.tunnel_protocol = TunnelProtocol::None as i32;
+    put_workload(&mut r, dns);
     put_service(
         &mut r,
         workload::Service {
@@ -166,6 +177,11 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     let legacy = c.workloads.iter().find(|w| w.uid == "legacy").unwrap();
     assert_eq!(legacy.protocol, Protocol::Tcp);
     assert_eq!(&*legacy.service_account, "default");
+    let dns = c.workloads.iter().find(|w| w.name == "api").unwrap();
+    assert_eq!(
+        (&*dns.hostname, dns.workload_ips.len()),
+        ("api.example.com", 0)
+    );
     let svc = &c.services[0];
     assert_eq!(svc.vips, ["10.96.0.10".parse::<IpAddr>().unwrap()]);
     assert_eq!(svc.health_policy, HealthPolicy::AllowAll);
@@ -197,7 +213,7 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     // The translation is a state the agent can run: it indexes, and it
     // reads back as a local file would.
     let state = MeshState::from_config(c).unwrap();
-    assert_eq!(state.workloads.len(), 2);
+    assert_eq!(state.workloads.len(), 3);
     let text = c.to_yaml().unwrap();
     let reread = LocalConfig::parse(&text, "reread").unwrap();
     assert_eq!(reread.workloads, c.workloads, "{text}");

@@ -18,17 +18,18 @@ use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{Instrument, info_span, warn};
 
-pub use plan::{Action, EndpointChoice, Hop, OutboundPlan, TunnelHop, plan};
+pub use plan::{Action, EndpointChoice, Hop, OutboundPlan, ResolveHop, TunnelHop, plan};
 
 use super::{PodContext, connect_direct, finish, orig_dst::OrigDst, reap, refuse};
 use crate::{
+    dns::DnsError,
     hbone::{
         PoolError, PoolKey, Tunnel,
         wire::{self, Baggage},
     },
     logging::Chain,
     relay::relay_tunnel,
-    state::{DeadEndpoints, ServiceEntry},
+    state::{DeadEndpoints, ServiceEntry, random_index},
     telemetry::{Direction, FailReason, Flow, Peer, Protocol},
 };
 use connection::{Connection, Relaying};
@@ -202,6 +203,8 @@ async fn open_way(
                 }
             };
         }
+        // A name to resolve first: the walk below does it.
+        Action::Hop(hop @ Hop::Resolve(_)) => vec![hop],
         Action::Failover(hops) => hops,
     };
     let service = plan
@@ -212,7 +215,7 @@ async fn open_way(
     // Bytes read here could not go to a direct hop, which has its own
     // relay from the start: only a walk through tunnels alone sends them
     // early.
-    let early = if hops.iter().all(|hop| matches!(hop, Hop::Tunnel(_))) {
+    let early = if hops.iter().all(Hop::is_tunnel) {
         match early_bytes(&stream, ctx) {
             Ok(early) => early,
             Err(err) => return client_failed(stream, &flow, ctx, &err),
@@ -220,14 +223,30 @@ async fn open_way(
     } else {
         Bytes::new()
     };
+    // Why the last endpoint known by name could not be tried.
+    let mut unresolved = None;
     for hop in hops {
-        flow.dst = Some(hop.dst());
+        let hop = match hop {
+            Hop::Resolve(resolve) => match resolved(ctx, &flow, &resolve, plan.dst).await {
+                Ok(hop) => hop,
+                Err(err) => {
+                    let err = Chain(&err).to_string();
+                    warn!(%service, hostname = %resolve.hostname, error = %err,
+                        "endpoint's DNS name did not resolve; trying the next one");
+                    unresolved = Some(err);
+                    continue;
+                }
+            },
+            hop => hop,
+        };
+        flow.dst = hop.dst();
         let hop = match hop {
             Hop::Direct { dst, workload } => {
                 flow.destination = destination(workload.as_deref().map(|w| &w.peer));
                 return Some(Way::Direct(stream, flow, dst));
             }
             Hop::Tunnel(hop) => hop,
+            Hop::Resolve(_) => continue,
         };
         flow.destination = Arc::clone(&hop.workload.peer);
         flow.protocol = Protocol::Hbone;
@@ -250,9 +269,45 @@ async fn open_way(
         }
     }
     flow.dst = Some(plan.dst);
-    let reason = format!("no endpoint of service {service} is reachable");
-    refuse(stream, &flow, ctx, FailReason::NoEndpoints, &reason);
+    let (reason, detail) = match unresolved {
+        Some(err) => (
+            FailReason::DnsFailed,
+            format!("no endpoint of service {service} is reachable; the last name failed: {err}"),
+        ),
+        None => (
+            FailReason::NoEndpoints,
+            format!("no endpoint of service {service} is reachable"),
+        ),
+    };
+    refuse(stream, &flow, ctx, reason, &detail);
     None
+}
+
+/// The hop to the workload of `hop` at an address its DNS name resolves
+/// to now, chosen for a client that dialled `original` (ztunnel
+/// `src/state.rs` `pick_workload_destination_or_resolve`), counted in
+/// `istio_on_demand_dns_total` whatever the outcome, as ztunnel counts it.
+async fn resolved(
+    ctx: &PodContext,
+    flow: &Flow,
+    hop: &ResolveHop,
+    original: SocketAddr,
+) -> Result<Hop, DnsError> {
+    ctx.mesh.metrics.on_demand_dns(&flow.source, &hop.hostname);
+    let forwarder = ctx
+        .mesh
+        .resolver
+        .get()
+        .ok_or_else(|| DnsError::NoResolver {
+            name: hop.hostname.to_string(),
+        })?;
+    let addrs = crate::dns::lookup_ip(forwarder, &hop.hostname).await?;
+    let ip = crate::dns::choose(&addrs, original.ip(), random_index).ok_or_else(|| {
+        DnsError::NoAddresses {
+            name: hop.hostname.to_string(),
+        }
+    })?;
+    Ok(hop.to(ip))
 }
 
 /// The most of a client's first bytes that go with its tunnel's request:

@@ -11,7 +11,9 @@
 //! - a service VIP: its endpoints in the order to try (the load-balancing
 //!   choice first, endpoints recently found dead last), each a tunnel or a
 //!   direct hop, with the service's subjectAltNames accepted besides each
-//!   endpoint's identity; when the kernel's fast path takes some endpoints
+//!   endpoint's identity (an endpoint known by DNS name only, a
+//!   ServiceEntry's with `resolution: DNS`, is a hop to resolve when it is
+//!   tried); when the kernel's fast path takes some endpoints
 //!   of it for this client, the connection is one it left to the proxy,
 //!   which then takes turns among the others;
 //! - refused: a capture port of the engine (dialling it would loop), a
@@ -32,7 +34,7 @@ use crate::{
     addr::{canonical, is_capture_port},
     config::{RoutingMode, Waypoint},
     identity::Identity,
-    state::{Endpoint, MeshState, MeshWorkload, ServiceEntry},
+    state::{Endpoint, EndpointAddr, MeshState, MeshWorkload, ServiceEntry},
     telemetry::{FailReason, ServiceRef},
 };
 
@@ -95,6 +97,38 @@ pub enum Hop {
     },
     /// An HBONE tunnel.
     Tunnel(TunnelHop),
+    /// A workload known by DNS name only: the name is resolved when the
+    /// hop is tried, then it is a [`Hop::Direct`] or a [`Hop::Tunnel`] to
+    /// the address found ([`ResolveHop::to`]).
+    Resolve(ResolveHop),
+}
+
+/// A workload to reach at the address its DNS name resolves to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolveHop {
+    /// The name to resolve.
+    pub hostname: Arc<str>,
+    /// The target port.
+    pub port: u16,
+    /// The identity this pod presents (if the workload speaks HBONE).
+    pub src_identity: Identity,
+    /// The service's subjectAltNames (if the workload speaks HBONE).
+    pub alt_identities: Arc<[Identity]>,
+    /// The workload.
+    pub workload: Arc<MeshWorkload>,
+}
+
+impl ResolveHop {
+    /// The hop to the workload at `ip`, one of the addresses its name
+    /// resolved to.
+    pub fn to(&self, ip: IpAddr) -> Hop {
+        hop(
+            &self.src_identity,
+            &self.workload,
+            SocketAddr::new(ip, self.port),
+            &self.alt_identities,
+        )
+    }
 }
 
 /// A tunnel to a workload speaking HBONE.
@@ -115,11 +149,22 @@ pub struct TunnelHop {
 }
 
 impl Hop {
-    /// Where this hop connects the client to.
-    pub fn dst(&self) -> SocketAddr {
+    /// Where this hop connects the client to (`None`: a name not yet
+    /// resolved).
+    pub fn dst(&self) -> Option<SocketAddr> {
         match self {
-            Hop::Direct { dst, .. } => *dst,
-            Hop::Tunnel(tunnel) => tunnel.dst,
+            Hop::Direct { dst, .. } => Some(*dst),
+            Hop::Tunnel(tunnel) => Some(tunnel.dst),
+            Hop::Resolve(_) => None,
+        }
+    }
+
+    /// Whether the hop is (or, once resolved, will be) an HBONE tunnel.
+    pub fn is_tunnel(&self) -> bool {
+        match self {
+            Hop::Direct { .. } => false,
+            Hop::Tunnel(_) => true,
+            Hop::Resolve(resolve) => resolve.workload.speaks_hbone(),
         }
     }
 }
@@ -189,7 +234,16 @@ pub fn plan(
         }
         let hops = endpoints
             .into_iter()
-            .map(|e| hop(source, &e.workload, e.addr, &entry.alt_identities))
+            .map(|e| match e.addr {
+                EndpointAddr::Ip(addr) => hop(source, &e.workload, addr, &entry.alt_identities),
+                EndpointAddr::Hostname(hostname, port) => Hop::Resolve(ResolveHop {
+                    hostname,
+                    port,
+                    src_identity: source.clone(),
+                    alt_identities: Arc::clone(&entry.alt_identities),
+                    workload: e.workload,
+                }),
+            })
             .collect();
         return outcome(service, Action::Failover(hops));
     }
@@ -227,10 +281,10 @@ fn others_first(
     let (mut others, kernels): (Vec<_>, Vec<_>) = entry
         .candidates(port, 0, client, |ip| choice.is_dead(ip))
         .into_iter()
-        .partition(|e| !taken.contains(&e.addr.ip()));
+        .partition(|e| !e.addr.ip().is_some_and(|ip| taken.contains(&ip)));
     let live = others
         .iter()
-        .take_while(|e| !choice.is_dead(e.addr.ip()))
+        .take_while(|e| !e.addr.ip().is_some_and(|ip| choice.is_dead(ip)))
         .count();
     if live > 0 {
         others[..live].rotate_left(start % live);

@@ -16,8 +16,9 @@ use super::*;
 use crate::config::LocalConfig;
 
 /// Three HBONE workloads behind one VIP (two on one node, one on
-/// another), a plain-TCP workload, a dual-stack workload, and a service
-/// without endpoints.
+/// another), a plain-TCP workload, a dual-stack workload, a service
+/// without endpoints, and a ServiceEntry's whose endpoint has a DNS name
+/// and no IP.
 const MESH: &str = r#"
 workloads:
 - uid: a
@@ -49,6 +50,16 @@ workloads:
   namespace: shop
   serviceAccount: dual
   workloadIps: [10.1.0.30, 'fd00:1::30']
+- uid: Kubernetes/networking.istio.io/ServiceEntry/shop/api/api.example.com
+  name: api
+  namespace: shop
+  protocol: TCP
+  hostname: api.example.com
+  services: {'shop/api.example.com': {443: 8443}}
+- uid: no-address
+  name: no-address
+  namespace: shop
+  services: {'shop/api.example.com': {443: 8443}}
 services:
 - name: echo
   namespace: shop
@@ -65,6 +76,11 @@ services:
   hostname: private.shop.svc.cluster.local
   vips: ['/10.96.0.12']
   visibility: namespace
+- name: api
+  namespace: shop
+  hostname: api.example.com
+  vips: ['/240.240.0.1']
+  ports: {443: 443}
 "#;
 
 /// A client address the mesh does not know.
@@ -105,6 +121,17 @@ fn describe(plan: &OutboundPlan) -> String {
                 expected.join("|")
             )
         }
+        Hop::Resolve(r) => format!(
+            "resolve {}:{} to {}{}",
+            r.hostname,
+            r.port,
+            r.workload.workload.name,
+            if r.workload.speaks_hbone() {
+                " (tunnel)"
+            } else {
+                ""
+            }
+        ),
     };
     let action = match &plan.action {
         Action::Hop(h) => hop(h),
@@ -149,6 +176,9 @@ fn outbound_plans() {
             format!("{echo} tunnel 10.1.0.11:9000 via 10.1.0.11:15008 expecting {ID}echo|{canary} \
                      then tunnel 10.1.0.12:9000 via 10.1.0.12:15008 expecting {ID}echo|{canary} \
                      then tunnel 10.2.0.11:9001 via 10.2.0.11:15008 expecting {ID}echo-v2|{canary}")),
+        ("service endpoint known by DNS name only: resolved when tried; one with neither name nor IP skipped",
+            "240.240.0.1:443", &[], 0,
+            "[shop/api.example.com] resolve api.example.com:8443 to api".into()),
         ("service without endpoints", "10.96.0.11:80", &[], 0,
             "[shop/empty.shop.svc.cluster.local] refuse no_endpoints: service shop/empty.shop.svc.cluster.local has no endpoints".into()),
         ("workload over IPv6", "[fd00:1::30]:8080", &[], 0,
@@ -271,8 +301,14 @@ fn locality_routing_and_health_policy_choose_endpoints() {
             &choice,
         );
         match plan.action {
-            Action::Failover(hops) => hops.iter().map(|h| h.dst().ip().to_string()).collect(),
-            Action::Hop(h) => vec![format!("direct {}", h.dst())],
+            Action::Failover(hops) => hops
+                .iter()
+                .map(|h| h.dst().map_or_else(String::new, |d| d.ip().to_string()))
+                .collect(),
+            Action::Hop(h) => vec![format!(
+                "direct {}",
+                h.dst().map_or_else(String::new, |d| d.to_string())
+            )],
             Action::Refuse { detail, .. } => vec![detail],
         }
     };
@@ -310,7 +346,7 @@ fn the_choice_is_even_only_among_equally_close_live_endpoints() {
             .map(|endpoints| {
                 endpoints
                     .iter()
-                    .map(|e| e.addr.ip().to_string())
+                    .map(|e| e.addr.ip().map_or_else(String::new, |ip| ip.to_string()))
                     .collect::<Vec<_>>()
             })
     };
@@ -325,6 +361,15 @@ fn the_choice_is_even_only_among_equally_close_live_endpoints() {
     assert_eq!(even("10.96.1.1", &[]).unwrap(), ["10.1.0.2", "10.1.0.3"]);
     // Failover orders them by closeness: no even choice.
     assert_eq!(even("10.96.1.2", &[]), None);
+    // An endpoint known by DNS name only is the proxy's to resolve: the
+    // kernel gets no choice.
+    let mesh = MeshState::from_config(&LocalConfig::parse(MESH, "plan").unwrap()).unwrap();
+    let api = mesh
+        .services
+        .by_vip("240.240.0.1".parse().unwrap())
+        .unwrap();
+    assert!(api.even_candidates(443, None, |_| false).is_none());
+    assert_eq!(api.candidates(443, 0, None, |_| false).len(), 1);
 }
 
 /// A choice whose fast path takes some endpoints of every service.
@@ -362,7 +407,10 @@ fn the_proxy_takes_turns_among_the_endpoints_the_fast_path_leaves_it() {
         };
         let dst = "10.96.1.3:80".parse().unwrap();
         match plan(&state, &source, ip("10.1.0.1"), dst, &choice).action {
-            Action::Failover(hops) => hops.iter().map(|h| h.dst().ip().to_string()).collect(),
+            Action::Failover(hops) => hops
+                .iter()
+                .map(|h| h.dst().map_or_else(String::new, |d| d.ip().to_string()))
+                .collect(),
             other => vec![format!("{other:?}")],
         }
     };
