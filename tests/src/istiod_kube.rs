@@ -72,7 +72,7 @@ impl Default for Cluster {
 
 /// A JSON object of strings (labels, annotations) as a map; anything else
 /// is empty.
-fn strings(value: &Value) -> BTreeMap<&str, &str> {
+pub(crate) fn strings(value: &Value) -> BTreeMap<&str, &str> {
     value
         .as_object()
         .map(|m| {
@@ -169,7 +169,7 @@ fn pod_addresses(status: &Value) -> Option<Vec<Vec<u8>>> {
 
 /// `setTunnelProtocol` (workloads.go), with `EnableMtlsTransportProtocol`
 /// off as in istiod's ambient index.
-fn set_tunnel_protocol(
+pub(crate) fn set_tunnel_protocol(
     labels: &BTreeMap<&str, &str>,
     annotations: &BTreeMap<&str, &str>,
     w: &mut workload::Workload,
@@ -241,7 +241,10 @@ fn workload_name(pod: &Value, labels: &BTreeMap<&str, &str>) -> String {
 /// `kubelabels.CanonicalService` (pkg/kube/labels/labels.go): the first
 /// of its name labels, else the workload name; the first of its revision
 /// labels, else `latest`.
-fn canonical_service(labels: &BTreeMap<&str, &str>, workload_name: &str) -> (String, String) {
+pub(crate) fn canonical_service(
+    labels: &BTreeMap<&str, &str>,
+    workload_name: &str,
+) -> (String, String) {
     let first = |keys: &[&str]| {
         keys.iter()
             .find_map(|k| labels.get(k).map(|v| (*v).to_owned()))

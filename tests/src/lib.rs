@@ -23,6 +23,7 @@ pub mod external_proxy;
 pub mod istio_resources;
 pub mod istiod;
 pub mod istiod_kube;
+pub mod istiod_serviceentry;
 pub mod known_mesh;
 pub mod kube_rbac;
 pub mod mesh;

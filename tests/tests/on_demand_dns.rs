@@ -16,12 +16,17 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use dataplane_tests::{
     Agent, TempDir,
     dns::FakeDns,
+    istio_resources::workload_resource,
+    istiod::{TestIstiod, TestPki, xds_flags},
+    istiod_kube::Cluster,
+    istiod_serviceentry::service_entry_resources,
     mesh::{NAMESPACE, config_of, endpoint_of, hbone_workload, service, write_config},
     observe::{scrape, sum_matching, value},
     topology::{Node, Pod},
     traffic::{echo, echo_server, try_stream},
 };
 use dataplane_user::config::{Protocol, Workload};
+use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 
 const EXT_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 40);
 const MISSING_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 41);
@@ -198,5 +203,88 @@ fn a_name_that_does_not_resolve_resets_the_client() -> anyhow::Result<()> {
         &[("hostname", "missing.up.test")],
     );
     assert_eq!(counted, 1.0, "{samples:?}");
+    Ok(())
+}
+
+/// The same through istiod: a ServiceEntry `ext` (`resolution: DNS`, no
+/// endpoints, host `ext.up.test`, port 80 to 9000, the address istiod
+/// auto-allocated for it in its status) as the test istiod derives it, and
+/// the client pod's workload; the agent takes its mesh from istiod only.
+#[test]
+fn a_service_entry_from_istiod_is_reached_at_the_address_its_host_resolves_to() -> anyhow::Result<()>
+{
+    let tag = "odnsi";
+    let mut node = Node::new(tag, 1)?;
+    let client = node.add_pod(tag)?;
+    let outside = node.add_pod(tag)?;
+    let upstream = FakeDns::on_loopback(outside.ip4)?;
+    let server = echo_server(&outside, 9000)?;
+    let dir = TempDir::new(tag)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let pki = TestPki::generate()?;
+    let istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
+    let root = dir.path().join("root-cert.pem");
+    std::fs::write(&root, &pki.root_pem)?;
+    let token = dir.path().join("istio-token");
+    std::fs::write(&token, "odns-token\n")?;
+    let empty = write_config(dir.path(), "empty.yaml", &config_of(Vec::new()))?;
+    let entry = serde_json::json!({
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "ServiceEntry",
+        "metadata": {"name": "ext", "namespace": NAMESPACE},
+        "spec": {
+            "hosts": ["ext.up.test"],
+            "ports": [{"number": 80, "name": "tcp", "protocol": "TCP", "targetPort": 9000}],
+            "resolution": "DNS",
+            "location": "MESH_EXTERNAL",
+        },
+        "status": {"addresses": [{"host": "ext.up.test", "value": "240.240.0.7"}]},
+    });
+    let mut resources = service_entry_resources(&entry, &Cluster::default(), "v1");
+    let mut client_workload = hbone_workload(&client, "client", "node1");
+    client_workload.netns = None;
+    resources.push(workload_resource(&client_workload, "v1"));
+    rt.block_on(istiod.publish(ADDRESS_TYPE, resources, &[]))?;
+    rt.block_on(istiod.publish(AUTHORIZATION_TYPE, Vec::new(), &[]))?;
+    let mut flags = xds_flags(istiod.addr, &root, &token, "dataplane-node1");
+    flags.extend(["--dns-upstream".to_owned(), upstream.addr().to_string()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let agent = Agent::standalone(tag, &node, "node1", &empty, &dir.path().join("ca"), &flags)?;
+    let mut spec = Agent::spec_for(&client, "client");
+    spec.service_account = "client".to_owned();
+    let response = agent.enroll(spec)?;
+    anyhow::ensure!(response.ok, "enrolling the client: {:?}", response.error);
+
+    echo(&client, "240.240.0.7:80".parse()?, 2048, 3)?;
+    let request = server
+        .next_request(std::time::Duration::from_secs(10))
+        .ok_or_else(|| anyhow::anyhow!("the outside server saw no connection"))?;
+    assert_eq!(request.peer.ip().to_canonical(), IpAddr::from(client.ip4));
+    let samples = scrape(&agent)?;
+    let counted = sum_matching(
+        &samples,
+        "istio_on_demand_dns_total",
+        &[("hostname", "ext.up.test"), ("source_workload", "client")],
+    );
+    assert_eq!(counted, 1.0, "{samples:?}");
+    // Named as istiod names the entry's endpoint.
+    let opened = sum_matching(
+        &samples,
+        "istio_tcp_connections_opened_total",
+        &[
+            ("destination_service", "ext.up.test"),
+            ("destination_workload", "ext"),
+            (
+                "destination_principal",
+                "spiffe://cluster.local/ns/test/sa/default",
+            ),
+        ],
+    );
+    assert_eq!(opened, 1.0, "{samples:?}");
+    drop(agent);
+    rt.block_on(istiod.stop());
     Ok(())
 }
