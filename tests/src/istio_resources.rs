@@ -56,6 +56,11 @@ pub fn workload_resource(w: &Workload, version: &str) -> Resource {
             // A ServiceEntry endpoint with `resolution: DNS` (istio
             // `serviceEntryWorkloadBuilder`): a name and no address.
             hostname: w.hostname.to_string(),
+            network_mode: if w.host_network {
+                workload::NetworkMode::HostNetwork
+            } else {
+                workload::NetworkMode::Standard
+            } as i32,
             trust_domain: w.trust_domain.to_string(),
             service_account: w.service_account.to_string(),
             tunnel_protocol: match w.protocol {

@@ -348,8 +348,12 @@ fn workload(w: &Workload) -> ZtunnelWorkload {
         workload_ips: w.workload_ips.clone(),
         waypoint: w.waypoint.as_deref().and_then(gateway),
         protocol: w.protocol,
-        // `NetworkMode::Standard`, the default; host-network is not kept.
-        network_mode: "Standard",
+        // ztunnel's `NetworkMode` variant names.
+        network_mode: if w.host_network {
+            "HostNetwork"
+        } else {
+            "Standard"
+        },
         uid: w.uid.clone(),
         name: w.name.clone(),
         namespace: w.namespace.to_string(),

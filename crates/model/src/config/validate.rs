@@ -60,7 +60,7 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
                 reason,
             ));
         }
-        for ip in &w.workload_ips {
+        for ip in w.own_ips() {
             if let Some(first) = ips.insert(*ip, &w.uid) {
                 return Err(invalid(
                     format!("workloads[{i}].workloadIps"),

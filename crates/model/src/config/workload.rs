@@ -104,6 +104,12 @@ pub struct Workload {
     /// `resolve_on_demand_dns`).
     #[serde(default, skip_serializing_if = "str::is_empty")]
     pub hostname: Arc<str>,
+    /// The pod shares its node's network namespace (`hostNetwork`): its IPs
+    /// are the node's, shared with every other such pod, so they name no
+    /// workload (ztunnel `WorkloadStore::insert` indexes such workloads by
+    /// uid only; istiod sends `network_mode: HOST_NETWORK`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_network: bool,
     /// Protocol the workload accepts.
     #[serde(default)]
     pub protocol: Protocol,
@@ -158,6 +164,18 @@ pub struct Workload {
     /// must allow it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fast_path: Option<bool>,
+}
+
+impl Workload {
+    /// The IPs that name this workload (where a connection to them is a
+    /// connection to it): its own, none for a host-network pod.
+    pub fn own_ips(&self) -> &[IpAddr] {
+        if self.host_network {
+            &[]
+        } else {
+            &self.workload_ips
+        }
+    }
 }
 
 /// The services a workload is an endpoint of and, for each, its service

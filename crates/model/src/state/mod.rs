@@ -141,7 +141,7 @@ impl WorkloadIndex {
             let Some(old) = self.by_key.remove(key) else {
                 continue;
             };
-            for ip in &old.workload.workload_ips {
+            for ip in old.workload.own_ips() {
                 let ip = ip.to_canonical();
                 if self.by_ip.get(&ip).is_some_and(|held| held.key == *key) {
                     self.by_ip.remove(&ip);
@@ -164,7 +164,7 @@ impl WorkloadIndex {
                 Some(old) => Arc::clone(old),
                 None => Arc::new(self.entry(key.clone(), workload)?),
             };
-            for ip in &workload.workload_ips {
+            for ip in workload.own_ips() {
                 // Keyed as looked up: an IPv4-mapped address is its IPv4.
                 let ip = ip.to_canonical();
                 if let Some(first) = self.by_ip.get(&ip)

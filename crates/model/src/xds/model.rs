@@ -180,7 +180,8 @@ impl Raw {
 
     fn addresses(&self) -> &[IpAddr] {
         match self {
-            Self::Workload(Some(w)) => &w.workload_ips,
+            // A host-network pod claims none: its IPs are its node's.
+            Self::Workload(Some(w)) => w.own_ips(),
             Self::Service(s) => &s.vips,
             Self::Workload(None) | Self::Neither => &[],
         }

@@ -66,6 +66,7 @@ pub(super) fn workload_of(
             .map(|ip| ip.to_canonical())
             .collect(),
         hostname: or(&w.hostname, ""),
+        host_network: w.network_mode == workload::NetworkMode::HostNetwork as i32,
         protocol: match TunnelProtocol::try_from(w.tunnel_protocol) {
             Ok(TunnelProtocol::Hbone) => Protocol::Hbone,
             _ => Protocol::Tcp,

@@ -220,6 +220,40 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     assert_eq!(reread.services, c.services, "{text}");
 }
 
+/// Host-network pods share their node's address: istiod sends each with
+/// it and `network_mode: HOST_NETWORK`, and ztunnel indexes them by uid
+/// only (`WorkloadStore::insert`), so the address names no workload and is
+/// no conflict.
+#[test]
+fn host_network_pods_share_their_nodes_address_without_owning_it() {
+    let mut r = XdsResources::default();
+    for uid in ["exporter-1", "agent-1"] {
+        let mut w = workload(uid, [192, 168, 0, 7]);
+        w.network_mode = workload::NetworkMode::HostNetwork as i32;
+        w.tunnel_protocol = TunnelProtocol::None as i32;
+        put_workload(&mut r, w);
+    }
+    put_workload(&mut r, workload("pod-1", [10, 0, 0, 9]));
+    seed_responses(&r);
+    let out = translate(&r, "xds://istiod");
+    assert!(out.dropped.is_empty(), "{:?}", out.dropped);
+    let c = &out.config;
+    assert_eq!(c.workloads.len(), 3);
+    assert!(c.workloads.iter().filter(|w| w.uid != "pod-1").all(|w| w.host_network
+        && w.workload_ips == ["192.168.0.7".parse::<IpAddr>().unwrap()]));
+    let state = MeshState::from_config(c).unwrap();
+    assert!(
+        state
+            .workloads
+            .by_ip("192.168.0.7".parse().unwrap())
+            .is_none()
+    );
+    assert!(state.workloads.by_ip("10.0.0.9".parse().unwrap()).is_some());
+    // The file form keeps it, and accepts the shared address.
+    let reread = LocalConfig::parse(&c.to_yaml().unwrap(), "reread").unwrap();
+    assert_eq!(reread.workloads, c.workloads);
+}
+
 #[test]
 fn address_conflicts_resolve_the_same_way_every_time() {
     let mut r = XdsResources::default();
