@@ -32,6 +32,14 @@ use webpki::{
 /// file events by 2 s).
 pub const CRL_POLL: Duration = Duration::from_secs(2);
 
+/// Largest revocation list file read: 8 MiB. The file is re-read every
+/// [`CRL_POLL`] and held twice while in force (its bytes, to see whether it
+/// changed, and the parsed lists), so whatever lands at `CRL_PATH` must not
+/// decide the agent's memory. A revoked certificate takes about 40 bytes of
+/// DER (some 55 in PEM), so this holds well over 100,000 revocations: far
+/// more than a mesh CA, whose workload certificates live for a day, lists.
+pub const MAX_CRL_FILE: usize = 8 * 1024 * 1024;
+
 /// Why a revocation list file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum CrlError {
@@ -43,6 +51,14 @@ pub enum CrlError {
         /// The OS error.
         #[source]
         source: std::io::Error,
+    },
+    /// The file is larger than [`MAX_CRL_FILE`]; it is not read further.
+    #[error(
+        "cannot read the revocation list {path}: it is larger than {MAX_CRL_FILE} bytes; give a smaller file at CRL_PATH (--crl-path), dropping entries for certificates that have expired"
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
     },
     /// A block of the file is not a CRL webpki can use.
     #[error(
@@ -163,10 +179,18 @@ impl RevocationList {
     /// Re-reads the file; `true` if its content changed (and the new lists
     /// are in force). On error the lists in force stay.
     pub fn reload(&self) -> Result<bool, CrlError> {
-        let bytes = std::fs::read(&self.path).map_err(|source| CrlError::Read {
-            path: self.path.clone(),
-            source,
-        })?;
+        let (bytes, more) =
+            dataplane_core::fs::read_at_most(&self.path, MAX_CRL_FILE).map_err(|source| {
+                CrlError::Read {
+                    path: self.path.clone(),
+                    source,
+                }
+            })?;
+        if more {
+            return Err(CrlError::TooLarge {
+                path: self.path.clone(),
+            });
+        }
         if bytes
             == self
                 .current
@@ -326,4 +350,50 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Vec<CertRevocationList<'static>>, 
                 .map_err(|e| bad(i + 1, e.to_string()))
         })
         .collect()
+}
+
+#[cfg(test)]
+#[expect(
+    clippy::unwrap_used,
+    reason = "a bad fixture should fail the test loudly"
+)]
+mod tests {
+    use super::*;
+
+    /// A file past [`MAX_CRL_FILE`] is refused unread, with an error that
+    /// names it, and the lists loaded before stay in force; a file of
+    /// exactly the cap is read.
+    #[test]
+    fn an_oversized_file_is_refused_and_the_loaded_lists_stay() {
+        let dir = std::env::temp_dir().join(format!("dp-crl-{}-oversized", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("crl.pem");
+        let ca = crate::identity::Ca::generate().unwrap();
+        std::fs::write(&path, ca.revocation_list(&[vec![1, 2, 3]], 1).unwrap()).unwrap();
+        let list = RevocationList::load(path.clone()).unwrap();
+        assert_eq!((list.len(), list.generation()), (1, 1));
+
+        // Zeros past the CRL (a sparse file: no disk is written).
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(MAX_CRL_FILE as u64 + 1).unwrap();
+        let err = list.reload().unwrap_err();
+        assert!(matches!(err, CrlError::TooLarge { .. }), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.contains(&path.display().to_string())
+                && message.contains(&format!("larger than {MAX_CRL_FILE} bytes")),
+            "{message}"
+        );
+        assert_eq!((list.len(), list.generation()), (1, 1));
+        assert!(matches!(
+            RevocationList::load(path.clone()),
+            Err(CrlError::TooLarge { .. })
+        ));
+
+        // At the cap it is read (the PEM parser skips the zeros).
+        file.set_len(MAX_CRL_FILE as u64).unwrap();
+        assert!(list.reload().unwrap());
+        assert_eq!((list.len(), list.generation()), (1, 2));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
