@@ -348,6 +348,8 @@ fn a_peer_that_never_answers_is_flagged_network_policy() -> anyhow::Result<()> {
                 &[("direction", "outbound"), ("reason", "tunnel_timeout")],
             ) >= 1.0)
     })?;
+    // The flag in the access record is a feature of its own (the one test
+    // of it: others take the outcome from the counters above).
     let log = a1.log_text();
     let refused = access_records(&log, "connection refused");
     assert!(

@@ -23,6 +23,7 @@
 
 pub mod dns;
 pub mod fast_path;
+mod forward_io;
 #[cfg(test)]
 mod fuzz_seeds;
 pub mod hbone;

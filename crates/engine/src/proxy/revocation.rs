@@ -11,14 +11,15 @@ use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
+use std::task::Context;
 
 use rustls::pki_types::UnixTime;
 use socket2::SockRef;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
+use crate::forward_io::{forward_async_read, forward_async_write};
 use crate::identity::{PeerChain, PeerRole, RevocationList, TrustBundle};
 
 /// What an inbound connection's peer presented, to be watched.
@@ -99,43 +100,11 @@ impl Drop for ResetOnDrop {
 }
 
 impl AsyncRead for ResetOnDrop {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
+    forward_async_read!(inner);
 }
 
 impl AsyncWrite for ResetOnDrop {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
+    forward_async_write!(inner);
 }
 
 /// An outbound HBONE connection's TLS stream that fails with a reset
@@ -182,22 +151,23 @@ impl RevocableClient {
         }
     }
 
-    /// Whether the server has been revoked (the socket then lingers 0).
-    fn is_revoked(&mut self, cx: &mut Context<'_>) -> bool {
+    /// Fails with `ConnectionReset` once the server has been revoked (the
+    /// socket then lingers 0): checked before every read and write.
+    fn fail_if_revoked(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         if self.reset {
-            return true;
+            return Err(revoked_error());
         }
         let Some(revoked) = self.revoked.as_mut() else {
-            return false;
+            return Ok(());
         };
         if revoked.as_mut().poll(cx).is_pending() {
-            return false;
+            return Ok(());
         }
         self.reset = true;
         self.revoked = None;
         let _ = SockRef::from(self.inner.get_ref().0).set_linger(Some(std::time::Duration::ZERO));
         tracing::warn!(target: "access", direction = "outbound", protocol = "HBONE", dst = ?self.inner.get_ref().0.peer_addr().ok(), "connection reset: the peer's certificate was revoked");
-        true
+        Err(revoked_error())
     }
 }
 
@@ -209,56 +179,9 @@ fn revoked_error() -> io::Error {
 }
 
 impl AsyncRead for RevocableClient {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.is_revoked(cx) {
-            return Poll::Ready(Err(revoked_error()));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
+    forward_async_read!(inner, check = fail_if_revoked);
 }
 
 impl AsyncWrite for RevocableClient {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        if self.is_revoked(cx) {
-            return Poll::Ready(Err(revoked_error()));
-        }
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.is_revoked(cx) {
-            return Poll::Ready(Err(revoked_error()));
-        }
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.is_revoked(cx) {
-            return Poll::Ready(Err(revoked_error()));
-        }
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        if self.is_revoked(cx) {
-            return Poll::Ready(Err(revoked_error()));
-        }
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
+    forward_async_write!(inner, check = fail_if_revoked);
 }

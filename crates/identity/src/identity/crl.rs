@@ -32,6 +32,14 @@ use webpki::{
 /// file events by 2 s).
 pub const CRL_POLL: Duration = Duration::from_secs(2);
 
+/// Largest revocation list file read: 8 MiB. The file is re-read every
+/// [`CRL_POLL`] and held twice while in force (its bytes, to see whether it
+/// changed, and the parsed lists), so whatever lands at `CRL_PATH` must not
+/// decide the agent's memory. A revoked certificate takes about 40 bytes of
+/// DER (some 55 in PEM), so this holds well over 100,000 revocations: far
+/// more than a mesh CA, whose workload certificates live for a day, lists.
+pub const MAX_CRL_FILE: usize = 8 * 1024 * 1024;
+
 /// Why a revocation list file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum CrlError {
@@ -43,6 +51,14 @@ pub enum CrlError {
         /// The OS error.
         #[source]
         source: std::io::Error,
+    },
+    /// The file is larger than [`MAX_CRL_FILE`]; it is not read further.
+    #[error(
+        "cannot read the revocation list {path}: it is larger than {MAX_CRL_FILE} bytes; give a smaller file at CRL_PATH (--crl-path), dropping entries for certificates that have expired"
+    )]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
     },
     /// A block of the file is not a CRL webpki can use.
     #[error(
@@ -163,10 +179,18 @@ impl RevocationList {
     /// Re-reads the file; `true` if its content changed (and the new lists
     /// are in force). On error the lists in force stay.
     pub fn reload(&self) -> Result<bool, CrlError> {
-        let bytes = std::fs::read(&self.path).map_err(|source| CrlError::Read {
-            path: self.path.clone(),
-            source,
-        })?;
+        let (bytes, more) =
+            dataplane_core::fs::read_at_most(&self.path, MAX_CRL_FILE).map_err(|source| {
+                CrlError::Read {
+                    path: self.path.clone(),
+                    source,
+                }
+            })?;
+        if more {
+            return Err(CrlError::TooLarge {
+                path: self.path.clone(),
+            });
+        }
         if bytes
             == self
                 .current

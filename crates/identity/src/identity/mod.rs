@@ -28,7 +28,7 @@ pub use cert_dir::{
     CHAIN_FILE, CertDir, CertDirError, FileCert, KEY_FILE, ROOT_BUNDLE_FILE, RawFiles, check_files,
     parse_certs,
 };
-pub use crl::{CRL_POLL, CrlError, PeerChain, PeerRole, RevocationList};
+pub use crl::{CRL_POLL, CrlError, MAX_CRL_FILE, PeerChain, PeerRole, RevocationList};
 pub use istio_ca::{IstioCa, IstioCaError, IstioIssued, checked_chain};
 pub use resolver::IdentityCertResolver;
 pub use source::{CertSource, CertSourceError, CertSourceStatus, Fetched};

@@ -630,6 +630,45 @@ fn revocation_list_files_missing_empty_or_malformed() {
     assert!(err.contains("crl.pem"), "{err}");
 }
 
+/// A revocation list file past [`crate::identity::MAX_CRL_FILE`] is
+/// refused unread, with an error that names it, and the lists loaded
+/// before stay in force; a file of exactly the cap is read.
+#[test]
+fn an_oversized_revocation_list_file_is_refused_and_the_loaded_lists_stay() {
+    use crate::identity::{Ca, CrlError, MAX_CRL_FILE, RevocationList};
+
+    let dir = std::env::temp_dir().join(format!("dp-crl-{}-oversized", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("crl.pem");
+    let ca = Ca::generate().unwrap();
+    std::fs::write(&path, ca.revocation_list(&[vec![1, 2, 3]], 1).unwrap()).unwrap();
+    let list = RevocationList::load(path.clone()).unwrap();
+    assert_eq!((list.len(), list.generation()), (1, 1));
+
+    // Zeros past the CRL (a sparse file: no disk is written).
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(MAX_CRL_FILE as u64 + 1).unwrap();
+    let err = list.reload().unwrap_err();
+    assert!(matches!(err, CrlError::TooLarge { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&path.display().to_string())
+            && message.contains(&format!("larger than {MAX_CRL_FILE} bytes")),
+        "{message}"
+    );
+    assert_eq!((list.len(), list.generation()), (1, 1));
+    assert!(matches!(
+        RevocationList::load(path.clone()),
+        Err(CrlError::TooLarge { .. })
+    ));
+
+    // At the cap it is read (the PEM parser skips the zeros).
+    file.set_len(MAX_CRL_FILE as u64).unwrap();
+    assert!(list.reload().unwrap());
+    assert_eq!((list.len(), list.generation()), (1, 2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Accepts `count` connections and answers pings on each until the peer's
 /// chain is revoked: then the connection is reset (linger 0, dropped).
 async fn serve_until_revoked(

@@ -97,6 +97,34 @@ pub fn peer_identity(conn: &CommonState) -> Option<Identity> {
     Identity::from_certificate(leaf).ok()
 }
 
+/// The SPIFFE identity of a peer whose chain verified, once no revocation
+/// list of `roots` revokes that chain: how both verifiers end.
+fn unrevoked_identity(
+    roots: &TrustBundle,
+    end_entity: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+    now: UnixTime,
+    role: PeerRole,
+    algorithms: &WebPkiSupportedAlgorithms,
+) -> Result<Identity, rustls::Error> {
+    if let Some(crl) = roots.revocations() {
+        crl.check(
+            end_entity,
+            intermediates,
+            &roots.store(),
+            now,
+            role,
+            algorithms.all,
+        )?;
+    }
+    let side = match role {
+        PeerRole::Server => "server",
+        PeerRole::Client => "client",
+    };
+    Identity::from_certificate(end_entity)
+        .map_err(|source| PeerIdentityError::NoIdentity { side, source }.into())
+}
+
 /// Client side: the server's chain must lead to one of the bundle's roots
 /// (as they are at the handshake) and its SPIFFE ID must be one of
 /// `expected`. The `ServerName` is ignored.
@@ -140,22 +168,14 @@ impl ServerCertVerifier for ServerIdentityVerifier {
             now,
             self.algorithms.all,
         )?;
-        if let Some(crl) = self.roots.revocations() {
-            crl.check(
-                end_entity,
-                intermediates,
-                &self.roots.store(),
-                now,
-                PeerRole::Server,
-                self.algorithms.all,
-            )?;
-        }
-        let presented = Identity::from_certificate(end_entity).map_err(|source| {
-            PeerIdentityError::NoIdentity {
-                side: "server",
-                source,
-            }
-        })?;
+        let presented = unrevoked_identity(
+            &self.roots,
+            end_entity,
+            intermediates,
+            now,
+            PeerRole::Server,
+            &self.algorithms,
+        )?;
         if self.expected.contains(&presented) {
             Ok(ServerCertVerified::assertion())
         } else {
@@ -239,22 +259,14 @@ impl ClientCertVerifier for TrustDomainClientVerifier {
         self.roots
             .client_verifier()
             .verify_client_cert(end_entity, intermediates, now)?;
-        if let Some(crl) = self.roots.revocations() {
-            crl.check(
-                end_entity,
-                intermediates,
-                &self.roots.store(),
-                now,
-                PeerRole::Client,
-                self.algorithms.all,
-            )?;
-        }
-        let presented = Identity::from_certificate(end_entity).map_err(|source| {
-            PeerIdentityError::NoIdentity {
-                side: "client",
-                source,
-            }
-        })?;
+        let presented = unrevoked_identity(
+            &self.roots,
+            end_entity,
+            intermediates,
+            now,
+            PeerRole::Client,
+            &self.algorithms,
+        )?;
         if presented.trust_domain == self.trust_domain {
             Ok(ClientCertVerified::assertion())
         } else {
