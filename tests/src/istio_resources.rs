@@ -56,6 +56,7 @@ pub fn workload_resource(w: &Workload, version: &str) -> Resource {
             // A ServiceEntry endpoint with `resolution: DNS` (istio
             // `serviceEntryWorkloadBuilder`): a name and no address.
             hostname: w.hostname.to_string(),
+            capacity: w.capacity,
             network_mode: if w.host_network {
                 workload::NetworkMode::HostNetwork
             } else {

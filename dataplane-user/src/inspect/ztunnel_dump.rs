@@ -374,7 +374,7 @@ fn workload(w: &Workload) -> ZtunnelWorkload {
         locality,
         services,
         // `capacity: resource.capacity.unwrap_or(1)`.
-        capacity: 1,
+        capacity: w.weight(),
     }
 }
 

@@ -110,6 +110,11 @@ pub struct Workload {
     /// uid only; istiod sends `network_mode: HOST_NETWORK`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub host_network: bool,
+    /// Its share of its services' new connections relative to the other
+    /// endpoints' (unset: 1; a WorkloadEntry's `weight`, istiod's
+    /// `capacity`; ztunnel `src/state.rs` `load_balance` chooses by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u32>,
     /// Protocol the workload accepts.
     #[serde(default)]
     pub protocol: Protocol,
@@ -167,6 +172,12 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// Its weight in its services' endpoint choice (ztunnel:
+    /// `capacity.unwrap_or(1)`).
+    pub fn weight(&self) -> u32 {
+        self.capacity.unwrap_or(1)
+    }
+
     /// The IPs that name this workload (where a connection to them is a
     /// connection to it): its own, none for a host-network pod.
     pub fn own_ips(&self) -> &[IpAddr] {

@@ -32,6 +32,10 @@ pub struct ServiceEntry {
     /// It in telemetry (shared by every connection attributed to it).
     pub label: Arc<ServiceRef>,
     endpoints: Vec<Arc<MeshWorkload>>,
+    /// The endpoints' running sum of weights (capacities), when they
+    /// differ; `None` when every endpoint weighs the same (the usual case,
+    /// which then costs nothing).
+    weights: Option<Box<[u64]>>,
     next: AtomicUsize,
 }
 
@@ -76,13 +80,27 @@ impl Endpoint {
 impl ServiceEntry {
     /// Where load balancing starts for the next connection: the
     /// round-robin counter's next value (which this advances), or a random
-    /// endpoint.
+    /// endpoint; each endpoint's share in proportion to its weight (its
+    /// workload's capacity, as ztunnel's `load_balance` draws with
+    /// `choose_weighted`: round robin then takes `weight` turns of each in
+    /// every round).
     pub fn next_start(&self) -> usize {
         let n = self.endpoints.len().max(1);
-        match self.service.load_balancing {
-            LoadBalancing::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
-            LoadBalancing::Random => random_index(n),
-        }
+        let Some(sums) = &self.weights else {
+            return match self.service.load_balancing {
+                LoadBalancing::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
+                LoadBalancing::Random => random_index(n),
+            };
+        };
+        let total = sums.last().copied().unwrap_or(1).max(1);
+        let draw = match self.service.load_balancing {
+            LoadBalancing::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) as u64 % total,
+            LoadBalancing::Random => {
+                random_index(usize::try_from(total).unwrap_or(usize::MAX)) as u64
+            }
+        };
+        // The first endpoint whose running sum passes the draw.
+        sums.partition_point(|sum| *sum <= draw).min(n - 1)
     }
 
     /// Endpoint candidates for a connection from `source` (the client's
@@ -111,13 +129,16 @@ impl ServiceEntry {
     /// client and none dead, so any of them is as likely to be first as
     /// another. `None` when locality or a dead endpoint would order them,
     /// or there is none, or one is reached by DNS name (only the proxy
-    /// resolves names).
+    /// resolves names), or their weights differ.
     pub fn even_candidates(
         &self,
         port: u16,
         source: Option<&MeshWorkload>,
         is_dead: impl Fn(IpAddr) -> bool,
     ) -> Option<Vec<Endpoint>> {
+        if self.weights.is_some() {
+            return None;
+        }
         let ranked = self.ranked(port, 0, source);
         let first = ranked.first()?.0;
         ranked
@@ -374,7 +395,7 @@ impl ServiceEntry {
         members: &Values<Arc<MeshWorkload>>,
         previous: Option<&Arc<ServiceEntry>>,
     ) -> Self {
-        let endpoints = members
+        let endpoints: Vec<Arc<MeshWorkload>> = members
             .values()
             .filter(|w| {
                 service.health_policy == HealthPolicy::AllowAll
@@ -382,6 +403,7 @@ impl ServiceEntry {
             })
             .map(Arc::clone)
             .collect();
+        let weights = weights(&endpoints);
         let next = AtomicUsize::new(previous.map_or(0, |p| p.next.load(Ordering::Relaxed)));
         if let Some(previous) = previous.filter(|p| Arc::ptr_eq(&p.service, service)) {
             return Self {
@@ -389,6 +411,7 @@ impl ServiceEntry {
                 alt_identities: Arc::clone(&previous.alt_identities),
                 label: Arc::clone(&previous.label),
                 endpoints,
+                weights,
                 next,
             };
         }
@@ -413,9 +436,31 @@ impl ServiceEntry {
             service: Arc::clone(service),
             alt_identities,
             endpoints,
+            weights,
             next,
         }
     }
+}
+
+/// The running sum of `endpoints`' weights, unless they all weigh the
+/// same (then the choice is even). All of weight 0 is taken as all equal
+/// (ztunnel's draw would find no endpoint; istiod never sends 0: an unset
+/// WorkloadEntry weight is no capacity).
+fn weights(endpoints: &[Arc<MeshWorkload>]) -> Option<Box<[u64]>> {
+    let first = endpoints.first()?.workload.weight();
+    if endpoints.iter().all(|w| w.workload.weight() == first) {
+        return None;
+    }
+    let mut sum = 0u64;
+    Some(
+        endpoints
+            .iter()
+            .map(|w| {
+                sum += u64::from(w.workload.weight());
+                sum
+            })
+            .collect(),
+    )
 }
 
 /// Of the services sharing a VIP or hostname, the one a client in

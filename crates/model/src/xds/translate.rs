@@ -67,6 +67,7 @@ pub(super) fn workload_of(
             .collect(),
         hostname: or(&w.hostname, ""),
         host_network: w.network_mode == workload::NetworkMode::HostNetwork as i32,
+        capacity: w.capacity,
         protocol: match TunnelProtocol::try_from(w.tunnel_protocol) {
             Ok(TunnelProtocol::Hbone) => Protocol::Hbone,
             _ => Protocol::Tcp,

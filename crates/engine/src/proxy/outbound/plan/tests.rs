@@ -523,3 +523,60 @@ fn waypoints_are_gone_through_and_never_bypassed() {
     assert_eq!(decide(Some(&client)), Ok(()));
     assert_eq!(decide(None), Ok(()));
 }
+
+/// Endpoints weighted by their workloads' capacity (a WorkloadEntry's
+/// `weight`; ztunnel `load_balance` draws with `choose_weighted`): round
+/// robin gives each its weight's turns per round, a random draw its share;
+/// weight 0 is never chosen first; unequal weights leave the kernel no
+/// even choice.
+#[test]
+fn endpoints_are_chosen_in_proportion_to_their_capacity() {
+    const WEIGHTED: &str = r#"
+workloads:
+- {uid: big, name: big, namespace: shop, workloadIps: [10.1.0.2], capacity: 3,
+   services: {'shop/w.shop.svc.cluster.local': {80: 80}}}
+- {uid: none, name: none, namespace: shop, workloadIps: [10.1.0.3], capacity: 0,
+   services: {'shop/w.shop.svc.cluster.local': {80: 80}}}
+- {uid: small, name: small, namespace: shop, workloadIps: [10.1.0.4],
+   services: {'shop/w.shop.svc.cluster.local': {80: 80}}}
+services:
+- {name: w, namespace: shop, hostname: w.shop.svc.cluster.local, vips: ['/10.96.2.1'],
+   ports: {80: 80}}
+- {name: r, namespace: shop, hostname: r.shop.svc.cluster.local, vips: ['/10.96.2.2'],
+   ports: {80: 80}, loadBalancing: random}
+"#;
+    let mut text = WEIGHTED.to_owned();
+    // The same endpoints in the random service too.
+    text = text.replace(
+        "{'shop/w.shop.svc.cluster.local': {80: 80}}",
+        "{'shop/w.shop.svc.cluster.local': {80: 80}, 'shop/r.shop.svc.cluster.local': {80: 80}}",
+    );
+    let state = MeshState::from_config(&LocalConfig::parse(&text, "weighted").unwrap()).unwrap();
+    let first = |entry: &ServiceEntry| {
+        let start = entry.next_start();
+        let candidates = entry.candidates(80, start, None, |_| false);
+        candidates[0].workload.workload.name.clone()
+    };
+    let count = |vip: &str, n: usize| {
+        let entry = state.services.by_vip(vip.parse().unwrap()).unwrap();
+        let mut counts = std::collections::BTreeMap::new();
+        for _ in 0..n {
+            *counts.entry(first(entry)).or_insert(0usize) += 1;
+        }
+        counts
+    };
+    let rr = count("10.96.2.1", 400);
+    assert_eq!(rr.get("big"), Some(&300), "{rr:?}");
+    assert_eq!(rr.get("small"), Some(&100), "{rr:?}");
+    assert_eq!(rr.get("none"), None, "{rr:?}");
+    // 4,000 draws of p = 3/4: 3,000 expected, sd 27; the bounds are 20 sd
+    // away.
+    let random = count("10.96.2.2", 4000);
+    let big = random.get("big").copied().unwrap_or(0);
+    assert!((2450..=3550).contains(&big), "{random:?}");
+    assert_eq!(random.get("none"), None, "{random:?}");
+    let entry = state.services.by_vip("10.96.2.1".parse().unwrap()).unwrap();
+    assert!(entry.even_candidates(80, None, |_| false).is_none());
+    // Every endpoint stays a candidate for failover, in rotation order.
+    assert_eq!(entry.candidates(80, 0, None, |_| false).len(), 3);
+}
