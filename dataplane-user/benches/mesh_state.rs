@@ -41,6 +41,7 @@ fn mesh(n: usize) -> LocalConfig {
             waypoint: None,
             canonical: false,
             visibility: Default::default(),
+            cidr_vips: Vec::new(),
         })
         .collect();
     let workloads = (0..n)

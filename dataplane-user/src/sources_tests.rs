@@ -198,6 +198,7 @@ mod random_pushes {
                     addresses: vec![NetworkAddress {
                         network: String::new(),
                         address: vip,
+                        length: None,
                     }],
                     ports: vec![Port {
                         service_port: 80,

@@ -105,6 +105,7 @@ pub fn service_resource(s: &Service, version: &str) -> Resource {
                 .map(|vip| NetworkAddress {
                     network: String::new(),
                     address: ip_bytes(vip),
+                    length: None,
                 })
                 .collect(),
             ports: ports(s.ports.iter().map(|(p, t)| (*p, *t))),

@@ -46,6 +46,7 @@ fn network_address(ip: IpAddr) -> NetworkAddress {
     NetworkAddress {
         network: String::new(),
         address: ip_bytes(ip),
+        length: None,
     }
 }
 

@@ -95,6 +95,7 @@ pub fn resources(client: &crate::topology::Pod) -> Vec<Vec<Resource>> {
             destination: Some(gateway_address::Destination::Address(NetworkAddress {
                 network: String::new(),
                 address: vec![10, 9, 0, 1],
+                length: None,
             })),
         }),
         locality: Some(Locality {
@@ -117,6 +118,7 @@ pub fn resources(client: &crate::topology::Pod) -> Vec<Vec<Resource>> {
         addresses: vec![NetworkAddress {
             network: String::new(),
             address: vec![10, 96, 0, 10],
+            length: None,
         }],
         ports: vec![Port {
             service_port: 80,

@@ -45,6 +45,7 @@ pub fn service(name: &str, namespace: &str, vip: IpAddr, ports: &[(u16, u16)]) -
         namespace: namespace.to_owned(),
         hostname: format!("{name}.{namespace}.svc.cluster.local"),
         vips: vec![vip],
+        cidr_vips: Vec::new(),
         ports: ports.iter().copied().collect(),
         subject_alt_names: Vec::new(),
         load_balancing: LoadBalancing::default(),

@@ -101,6 +101,7 @@ pub fn held(n: usize, services: usize, policies: usize) -> XdsResources {
                 addresses: vec![NetworkAddress {
                     network: String::new(),
                     address: vec![172, 16, (s >> 8) as u8, s as u8],
+                    length: None,
                 }],
                 ports: vec![Port {
                     service_port: 80,

@@ -141,6 +141,9 @@ pub struct ZtunnelService {
     hostname: String,
     /// `NetworkAddress`es, `network/ip`.
     vips: Vec<String>,
+    /// `NetworkCidr`s: `{network, cidr}`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    cidr_vips: Vec<NetworkCidr>,
     /// `HashMap<u16, u16>`: service port -> target port, keys as strings.
     ports: BTreeMap<u16, u16>,
     /// `EndpointSet`: a map keyed by workload uid.
@@ -153,6 +156,13 @@ pub struct ZtunnelService {
     canonical: bool,
     /// Always written, `Public` by default (`Visibility`).
     visibility: &'static str,
+}
+
+/// ztunnel's `NetworkCidr` (`src/state/workload.rs`: derived, no rename).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NetworkCidr {
+    network: String,
+    cidr: String,
 }
 
 /// ztunnel's `Endpoint` (`src/state/service.rs`).
@@ -426,6 +436,14 @@ fn service(s: &Service, workloads: &[Arc<Workload>]) -> ZtunnelService {
         namespace: s.namespace.clone(),
         hostname: s.hostname.clone(),
         vips: s.vips.iter().map(|ip| format!("/{ip}")).collect(),
+        cidr_vips: s
+            .cidr_vips
+            .iter()
+            .map(|net| NetworkCidr {
+                network: String::new(),
+                cidr: net.to_string(),
+            })
+            .collect(),
         ports: s.ports.clone(),
         endpoints,
         subject_alt_names: s.subject_alt_names.clone(),

@@ -251,6 +251,16 @@ impl FastPath {
         let Some(entry) = state.services.by_vip_for(vip.ip(), &ctx.spiffe.namespace) else {
             return;
         };
+        // The kernel knows services by their VIPs only, not by a range.
+        let dialled = vip.ip().to_canonical();
+        if !entry
+            .service
+            .vips
+            .iter()
+            .any(|v| v.to_canonical() == dialled)
+        {
+            return;
+        }
         let source = state.workloads.by_ip(client.ip()).map(Arc::as_ref);
         let Some(endpoints) =
             entry.even_candidates(vip.port(), source, |ip| ctx.mesh.dead.is_dead(ip))

@@ -152,6 +152,16 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Multi<K, V> {
         self.map.get(key)
     }
 
+    /// Every key with its values, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &Values<V>)> {
+        self.map.iter()
+    }
+
+    /// Whether no key has a value.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
     /// The value of the last entry under `key`.
     pub fn last<Q>(&self, key: &Q) -> Option<&V>
     where

@@ -25,6 +25,11 @@ pub struct Service {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub vips: Vec<IpAddr>,
+    /// Address ranges that are the service's too (a ServiceEntry's
+    /// `addresses` given as CIDRs): a destination in one, and at no VIP,
+    /// is this service's (ztunnel `ServiceStore::get_best_by_cidr_vip`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cidr_vips: Vec<IpNet>,
     /// Service port -> target port (0: the endpoint's own mapping decides).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ports: BTreeMap<u16, u16>,

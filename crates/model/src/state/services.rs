@@ -11,6 +11,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use ipnet::IpNet;
+
 use super::{EntryKey, MeshWorkload, Multi, ServiceRef, Values};
 use crate::{
     config::{HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, WorkloadStatus},
@@ -236,6 +238,9 @@ pub struct ServiceIndex {
     entries: Multi<String, Arc<ServiceEntry>>,
     /// Built entries by VIP (services of several namespaces may share one).
     by_vip: Multi<IpAddr, Arc<ServiceEntry>>,
+    /// Built entries by VIP range (few services have one: looked up by a
+    /// scan, as ztunnel's `by_cidr_vip`).
+    by_cidr: Multi<IpNet, Arc<ServiceEntry>>,
     by_hostname: Multi<String, Arc<ServiceEntry>>,
 }
 
@@ -291,6 +296,9 @@ impl ServiceIndex {
                 for vip in &built.service.vips {
                     self.by_vip.remove(&vip.to_canonical(), entry);
                 }
+                for range in &built.service.cidr_vips {
+                    self.by_cidr.remove(range, entry);
+                }
                 self.by_hostname
                     .remove(built.service.hostname.as_str(), entry);
                 self.entries.remove(key.as_str(), entry);
@@ -307,6 +315,10 @@ impl ServiceIndex {
                 for vip in &service.vips {
                     self.by_vip
                         .insert(vip.to_canonical(), entry.clone(), Arc::clone(&built));
+                }
+                for range in &service.cidr_vips {
+                    self.by_cidr
+                        .insert(*range, entry.clone(), Arc::clone(&built));
                 }
                 self.by_hostname.insert(
                     service.hostname.clone(),
@@ -331,7 +343,7 @@ impl ServiceIndex {
     /// The service behind a VIP, for no client in particular (of several,
     /// see [`best`]).
     pub fn by_vip(&self, ip: IpAddr) -> Option<&Arc<ServiceEntry>> {
-        best(self.by_vip.all(&ip.to_canonical())?, None)
+        self.lookup_vip(ip, None)
     }
 
     /// The service behind a VIP for a client in `namespace`: one visible
@@ -339,7 +351,36 @@ impl ServiceIndex {
     /// `ServiceStore::get_best_by_vip`). `None` when none is visible: the
     /// address is then no service's for this client.
     pub fn by_vip_for(&self, ip: IpAddr, namespace: &str) -> Option<&Arc<ServiceEntry>> {
-        best(self.by_vip.all(&ip.to_canonical())?, Some(namespace))
+        self.lookup_vip(ip, Some(namespace))
+    }
+
+    /// A VIP's service for a client in `namespace` (any client: `None`):
+    /// the best visible one at the address, else the best visible one
+    /// whose VIP range holds it, ranked by the client's namespace, then
+    /// the longest prefix, then `canonical` (ztunnel
+    /// `ServiceStore::get_best_by_vip`, `get_best_by_cidr_vip`); among
+    /// equals the last in entry order, as [`best`].
+    fn lookup_vip(&self, ip: IpAddr, namespace: Option<&str>) -> Option<&Arc<ServiceEntry>> {
+        let ip = ip.to_canonical();
+        if let Some(found) = self.by_vip.all(&ip).and_then(|all| best(all, namespace)) {
+            return Some(found);
+        }
+        if self.by_cidr.is_empty() {
+            return None;
+        }
+        self.by_cidr
+            .iter()
+            .filter(|(range, _)| range.contains(&ip))
+            .flat_map(|(range, all)| all.values().map(move |e| (range.prefix_len(), e)))
+            .filter(|(_, e)| namespace.is_none_or(|ns| e.service.visible_to(ns)))
+            .max_by_key(|(prefix, e)| {
+                (
+                    namespace.is_some_and(|ns| e.service.namespace == ns),
+                    *prefix,
+                    e.service.canonical,
+                )
+            })
+            .map(|(_, e)| e)
     }
 
     /// The service with this hostname, for no client in particular (of

@@ -282,7 +282,13 @@ fn check_service(service: &Service) -> Result<(), String> {
         return Err("service without hostname or namespace".to_owned());
     }
     for vip in &service.addresses {
-        ip_from_bytes(&vip.address)?;
+        let ip = ip_from_bytes(&vip.address)?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        if let Some(length) = vip.length.filter(|l| *l > max) {
+            return Err(format!(
+                "address {ip}/{length}: prefix longer than the address"
+            ));
+        }
     }
     for p in &service.ports {
         port(p.service_port, "service port")?;

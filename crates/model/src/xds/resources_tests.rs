@@ -34,6 +34,7 @@ fn service(hostname: &str, vip: Vec<u8>) -> Address {
             addresses: vec![NetworkAddress {
                 network: String::new(),
                 address: vip,
+                length: None,
             }],
             ..Default::default()
         })),
@@ -256,4 +257,20 @@ fn nack_messages_are_bounded() {
     assert!(reason.len() <= MAX_NACK_MESSAGE + 32, "{}", reason.len());
     assert!(reason.contains("more"), "{reason}");
     let _ = ip_from_bytes(&[0; 16]).unwrap();
+}
+
+/// A VIP range whose prefix is longer than its address is refused (ztunnel:
+/// `IpNet::new` fails, and with it the service).
+#[test]
+fn a_vip_prefix_longer_than_its_address_is_refused() {
+    let mut bad = service("bad.example.com", vec![192, 0, 2, 9]);
+    if let Some(address::Type::Service(s)) = &mut bad.r#type {
+        s.addresses[0].length = Some(33);
+    }
+    let err = check_address(&bad).unwrap_err();
+    assert!(err.contains("prefix longer"), "{err}");
+    if let Some(address::Type::Service(s)) = &mut bad.r#type {
+        s.addresses[0].length = Some(24);
+    }
+    assert!(check_address(&bad).is_ok());
 }

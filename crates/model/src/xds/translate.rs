@@ -123,6 +123,18 @@ pub(super) fn workload_of(
     Some(workload)
 }
 
+/// The range a service address covers when it is a CIDR (a prefix length
+/// shorter than the whole address), as ztunnel reads it
+/// (`src/state/service.rs`, `Service::try_from`); host bits are cleared.
+fn cidr_of(address: &workload::NetworkAddress) -> Option<IpNet> {
+    let ip = ip_from_bytes(&address.address).ok()?.to_canonical();
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let length = address.length.filter(|l| *l != max)?;
+    IpNet::new(ip, u8::try_from(length).ok()?)
+        .ok()
+        .map(|net| net.trunc())
+}
+
 pub(super) fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> config::Service {
     let subject_alt_names = s
         .subject_alt_names
@@ -152,9 +164,11 @@ pub(super) fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> co
         vips: s
             .addresses
             .iter()
+            .filter(|a| cidr_of(a).is_none())
             .filter_map(|a| ip_from_bytes(&a.address).ok())
             .map(|ip| ip.to_canonical())
             .collect(),
+        cidr_vips: s.addresses.iter().filter_map(cidr_of).collect(),
         ports: s
             .ports
             .iter()

@@ -112,6 +112,7 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
             addresses: vec![NetworkAddress {
                 network: String::new(),
                 address: vec![10, 96, 0, 10],
+                length: None,
             }],
             ports: vec![Port {
                 service_port: 80,
@@ -220,6 +221,51 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     assert_eq!(reread.services, c.services, "{text}");
 }
 
+/// A ServiceEntry's CIDR `addresses` arrive with a prefix length
+/// (`NetworkAddress.length`, istio `toNetworkAddressFromCidr`): a range of
+/// the service, host bits cleared; a full-length one is a plain VIP; a
+/// prefix longer than the address is refused on arrival
+/// (`xds::resources::tests`).
+#[test]
+fn cidr_addresses_are_vip_ranges() {
+    let address = |ip: [u8; 4], length| NetworkAddress {
+        network: String::new(),
+        address: ip.to_vec(),
+        length,
+    };
+    let mut r = XdsResources::default();
+    put_service(
+        &mut r,
+        workload::Service {
+            name: "egress".into(),
+            namespace: "shop".into(),
+            hostname: "egress.example.com".into(),
+            addresses: vec![
+                address([192, 0, 2, 9], Some(24)),
+                address([198, 51, 100, 1], Some(32)),
+                address([198, 51, 100, 2], None),
+            ],
+            ..Default::default()
+        },
+    );
+    seed_responses(&r);
+    let out = translate(&r, "xds://istiod");
+    let svc = &out.config.services[0];
+    assert_eq!(svc.cidr_vips, ["192.0.2.0/24".parse::<IpNet>().unwrap()]);
+    assert_eq!(
+        svc.vips,
+        [
+            "198.51.100.1".parse::<IpAddr>().unwrap(),
+            "198.51.100.2".parse().unwrap()
+        ]
+    );
+    let state = MeshState::from_config(&out.config).unwrap();
+    let found = state.services.by_vip("192.0.2.77".parse().unwrap());
+    assert_eq!(found.map(|e| e.service.name.as_str()), Some("egress"));
+    let reread = LocalConfig::parse(&out.config.to_yaml().unwrap(), "reread").unwrap();
+    assert_eq!(reread.services, out.config.services);
+}
+
 /// Host-network pods share their node's address: istiod sends each with
 /// it and `network_mode: HOST_NETWORK`, and ztunnel indexes them by uid
 /// only (`WorkloadStore::insert`), so the address names no workload and is
@@ -272,6 +318,7 @@ fn address_conflicts_resolve_the_same_way_every_time() {
             addresses: vec![NetworkAddress {
                 network: String::new(),
                 address: vec![10, 0, 0, 5],
+                length: None,
             }],
             ..Default::default()
         },
@@ -399,6 +446,7 @@ fn services_sharing_a_vip_are_chosen_per_client_namespace() {
             addresses: vec![NetworkAddress {
                 network: String::new(),
                 address: vec![10, 96, 0, 9],
+                length: None,
             }],
             canonical,
             visibility: visibility as i32,

@@ -180,6 +180,7 @@ pub fn synthetic_mesh(n: usize) -> LocalConfig {
                 waypoint: None,
                 canonical: false,
                 visibility: Default::default(),
+                cidr_vips: Vec::new(),
             }
         })
         .collect();

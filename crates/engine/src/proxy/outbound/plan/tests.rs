@@ -580,3 +580,67 @@ services:
     // Every endpoint stays a candidate for failover, in rotation order.
     assert_eq!(entry.candidates(80, 0, None, |_| false).len(), 3);
 }
+
+/// A ServiceEntry whose `addresses` are CIDRs: a destination in a range,
+/// and at no VIP, is that service's; the longest prefix wins, a client's
+/// own namespace's service first, one it may not see never (ztunnel
+/// `get_best_by_cidr_vip`). Resolution NONE dials the address asked.
+#[test]
+fn a_destination_in_a_services_vip_range_is_that_services() {
+    const RANGES: &str = r#"
+workloads:
+- {uid: db, name: db, namespace: data, workloadIps: [10.1.0.9], protocol: TCP,
+   services: {'data/db.example.com': {5432: 5432}}}
+services:
+- {name: wide, namespace: egress, hostname: wide.example.com, cidrVips: ['192.0.2.0/24'],
+   routing: {mode: passthrough}}
+- {name: narrow, namespace: other, hostname: narrow.example.com, cidrVips: ['192.0.2.128/25'],
+   routing: {mode: passthrough}}
+- {name: db, namespace: data, hostname: db.example.com, cidrVips: ['198.51.100.0/24'],
+   ports: {5432: 5432}}
+- {name: hidden, namespace: data, hostname: hidden.example.com, cidrVips: ['203.0.113.0/24'],
+   visibility: namespace, routing: {mode: passthrough}}
+"#;
+    let state = MeshState::from_config(&LocalConfig::parse(RANGES, "ranges").unwrap()).unwrap();
+    let choice = Fixed {
+        dead: HashSet::new(),
+        start: 0,
+    };
+    let from = |ns: &str, dst: &str| {
+        let source = Identity::new("cluster.local", ns, "web").unwrap();
+        describe(&plan(
+            &state,
+            &source,
+            CLIENT,
+            dst.parse().unwrap(),
+            &choice,
+        ))
+    };
+    // The longest prefix, whatever the namespaces.
+    assert_eq!(
+        from("front", "192.0.2.200:443"),
+        "[other/narrow.example.com] direct 192.0.2.200:443"
+    );
+    assert_eq!(
+        from("front", "192.0.2.7:443"),
+        "[egress/wide.example.com] direct 192.0.2.7:443"
+    );
+    // The client's own namespace before a longer prefix.
+    assert_eq!(
+        from("egress", "192.0.2.200:443"),
+        "[egress/wide.example.com] direct 192.0.2.200:443"
+    );
+    // A range with endpoints balances like any VIP.
+    assert_eq!(
+        from("front", "198.51.100.3:5432"),
+        "[data/db.example.com] direct 10.1.0.9:5432 to db"
+    );
+    // Namespace-scoped: a service to its own namespace only.
+    assert_eq!(
+        from("data", "203.0.113.1:80"),
+        "[data/hidden.example.com] direct 203.0.113.1:80"
+    );
+    assert_eq!(from("front", "203.0.113.1:80"), "direct 203.0.113.1:80");
+    // Outside every range: no service.
+    assert_eq!(from("front", "192.0.3.1:443"), "direct 192.0.3.1:443");
+}
