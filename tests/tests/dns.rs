@@ -16,7 +16,7 @@ use std::{
 use dataplane_tests::{
     Agent, TempDir,
     dns::{BIG_RECORDS, DnsReply, FakeDns, getent, query},
-    mesh::{NAMESPACE, config_of, hbone_workload, service, write_config},
+    mesh::{NAMESPACE, config_of, endpoint_of, hbone_workload, service, write_config},
     observe::{field, parse_fields, scrape, sum, value},
     topology::{Node, Pod},
     traffic::{http, wait_until},
@@ -60,6 +60,11 @@ fn world_with(
     let dir = TempDir::new(tag)?;
     let mut plain_workload = hbone_workload(&plain, "plain", "node1");
     plain_workload.dns_capture = Some(false);
+    // `plain` is an endpoint of every extra service (a headless one
+    // answers with it).
+    for extra in &extra {
+        endpoint_of(&mut plain_workload, extra);
+    }
     let mut config = config_of(vec![
         hbone_workload(&client, "client", "node1"),
         plain_workload,
@@ -270,6 +275,42 @@ fn a_wildcard_hostname_answers_for_the_names_under_it() -> anyhow::Result<()> {
     // (the stand-in knows only `up.test`).
     let reply = query(&w.client, "udp", server, "wild.example.", "A", None)?;
     assert_eq!(reply.rcode, "Non-Existent Domain", "{reply:?}");
+    assert_eq!(upstream.queries(), 1);
+    Ok(())
+}
+
+/// A service without a VIP is answered only when it is a Kubernetes
+/// headless service (`*.svc.<domain>`: its endpoints' addresses); any
+/// other (a ServiceEntry without addresses, resolution DNS) is asked
+/// upstream, where the name is real, as ztunnel's `find_server` does.
+#[test]
+fn a_service_without_a_vip_is_answered_only_when_headless() -> anyhow::Result<()> {
+    let upstream = FakeDns::on_loopback(UPSTREAM_TAG)?;
+    let vipless = |name: &str, hostname: &str| {
+        let mut s = service(
+            name,
+            NAMESPACE,
+            Ipv4Addr::UNSPECIFIED.into(),
+            &[(5432, 5432)],
+        );
+        s.vips.clear();
+        s.hostname = hostname.to_owned();
+        s
+    };
+    let w = world_with(
+        "dnsnovip",
+        upstream.addr(),
+        vec![
+            vipless("db", &format!("db.{NAMESPACE}.svc.cluster.local")),
+            vipless("ext", "vipless.up.test"),
+        ],
+    )?;
+    let server = asked(ASKED_V4);
+    let reply = query(&w.client, "udp", server, "db.", "A", None)?;
+    assert_eq!(a(&reply), [IpAddr::from(w.plain.ip4)], "{reply:?}");
+    assert_eq!(upstream.queries(), 0);
+    let reply = query(&w.client, "udp", server, "vipless.up.test.", "A", None)?;
+    assert_eq!(a(&reply), [IpAddr::from(UPSTREAM_TAG)], "{reply:?}");
     assert_eq!(upstream.queries(), 1);
     Ok(())
 }

@@ -59,14 +59,24 @@ pub fn candidates(name: &str, namespace: &str, domain: &str) -> Vec<Candidate> {
     out
 }
 
-/// The Kubernetes service names `name` can stand for, given how many
-/// labels it has.
+/// The Kubernetes names `name` can stand for, given how many labels it
+/// has: a service's (`<svc>.<ns>.svc.<domain>`) and a pod's under its
+/// subdomain (`<pod>.<subdomain>.<ns>.svc.<domain>`, a StatefulSet's), in
+/// ztunnel's order (`dns/server.rs` `to_kube_fqdns`).
 fn kube_fqdns(name: &str, namespace: &str, domain: &str) -> Vec<String> {
     let labels: Vec<&str> = name.split('.').collect();
     match labels.as_slice() {
         [_] => vec![format!("{name}.{namespace}.svc.{domain}")],
-        [_, _] => vec![format!("{name}.svc.{domain}")],
-        [_, _, "svc"] => vec![format!("{name}.{domain}")],
+        // `<svc>.<ns>`, or `<pod>.<subdomain>` in the pod's namespace.
+        [_, _] => vec![
+            format!("{name}.svc.{domain}"),
+            format!("{name}.{namespace}.svc.{domain}"),
+        ],
+        // `<svc>.<ns>.svc`, or `<pod>.<subdomain>.<ns>`.
+        [_, _, "svc"] => vec![format!("{name}.{domain}"), format!("{name}.svc.{domain}")],
+        [_, _, _] => vec![format!("{name}.svc.{domain}")],
+        // `<pod>.<subdomain>.<ns>.svc`.
+        [_, _, _, "svc"] => vec![format!("{name}.{domain}")],
         _ => Vec::new(),
     }
 }
@@ -123,8 +133,47 @@ mod tests {
     fn name_dot_namespace_and_name_namespace_svc_expand() {
         assert!(hosts("web.other").contains(&("web.other.svc.cluster.local".into(), None)));
         assert!(hosts("web.other.svc").contains(&("web.other.svc.cluster.local".into(), None)));
-        // Four labels or more are taken as they are.
+        // Four labels or more are taken as they are, but a pod's
+        // `<pod>.<subdomain>.<ns>.svc`.
         assert_eq!(hosts("a.b.c.d"), [("a.b.c.d".into(), None)]);
+        assert_eq!(hosts("a.b.c.d.e"), [("a.b.c.d.e".into(), None)]);
+    }
+
+    /// A StatefulSet pod's name under its headless service's subdomain
+    /// (ztunnel `to_kube_fqdns`), after the service forms.
+    #[test]
+    fn a_pods_name_under_its_subdomain_expands() {
+        assert_eq!(
+            hosts("db-0.db"),
+            [
+                ("db-0.db".into(), None),
+                ("db-0.db.svc.cluster.local".into(), None),
+                ("db-0.db.shop.svc.cluster.local".into(), None),
+            ]
+        );
+        assert_eq!(
+            hosts("db-0.db.data"),
+            [
+                ("db-0.db.data".into(), None),
+                ("db-0.db.data.svc.cluster.local".into(), None),
+            ]
+        );
+        assert_eq!(
+            hosts("db-0.db.data.svc"),
+            [
+                ("db-0.db.data.svc".into(), None),
+                ("db-0.db.data.svc.cluster.local".into(), None),
+            ]
+        );
+        // `<svc>.<ns>.svc` is a service first, then a pod of namespace
+        // `svc`.
+        assert_eq!(
+            hosts("web.other.svc")[1..],
+            [
+                ("web.other.svc.cluster.local".into(), None),
+                ("web.other.svc.svc.cluster.local".into(), None),
+            ]
+        );
     }
 
     #[test]

@@ -104,6 +104,13 @@ impl PodResolver {
             // first (ztunnel `dns/server.rs` `find_server`).
             let entry = state.services.by_hostname_for(host, &self.namespace)?;
             if entry.service.vips.is_empty() {
+                // Without a VIP only a Kubernetes headless service is
+                // answered; any other (a ServiceEntry without addresses)
+                // is asked upstream, where its name is real (ztunnel
+                // `find_server`, by the same domain test).
+                if !is_cluster_service(&entry.service.hostname, &self.settings.domain) {
+                    return None;
+                }
                 // Headless: the endpoints' own addresses.
                 Some(
                     entry
@@ -325,4 +332,12 @@ fn answer_count(message: &[u8]) -> u16 {
 fn reset(stream: TcpStream) {
     // Failing to set linger leaves a clean close, the best left to do.
     let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+}
+
+/// Whether `hostname` is a Kubernetes Service's (`*.svc.<domain>`), as
+/// ztunnel tells them from ServiceEntries (`dns/server.rs` `find_server`).
+fn is_cluster_service(hostname: &str, domain: &str) -> bool {
+    hostname
+        .strip_suffix(domain)
+        .is_some_and(|rest| rest.ends_with(".svc."))
 }
