@@ -4,7 +4,10 @@
 //! names and value syntax, read into the [`Exclusions`] the kernel maps
 //! hold (istio/istio#49829 asks for the latter in ambient).
 //!
-//! The syntax is Istio's own (istio/istio `cni/pkg/plugin/sidecar_redirect.go`:
+//! The names and meanings are istio/api's (`annotation/annotations.yaml`:
+//! `*` on an include list redirects everything, an empty include list
+//! disables that direction's redirection, the exclude lists apply under
+//! `*`). The syntax is Istio's own (istio/istio `cni/pkg/plugin/sidecar_redirect.go`:
 //! `getAnnotationOrDefault`, `validatePortListWithWildcard`,
 //! `validateCIDRList`, `validateCIDRListWithWildcard`, `parsePorts`;
 //! the injector's `pkg/kube/inject/validate.go` checks the same lists):

@@ -235,7 +235,7 @@ impl Enrollments {
     /// changed spec under the same uid re-enrolls it make-before-break (the
     /// new certificate, listeners and engine are ready before the old
     /// engine stops), except a change of exclusions alone, applied to the
-    /// kernel in place ([`super::exclusions`]). A failure is remembered
+    /// kernel in place (`enroll/exclusions.rs`). A failure is remembered
     /// for `status`.
     pub fn add(&mut self, spec: PodSpec) -> Result<PodStatus, EnrollError> {
         let who = (spec.uid.clone(), spec.name.clone(), spec.namespace.clone());
