@@ -94,4 +94,9 @@ impl AnnotationReports {
     pub(super) fn forget(&mut self, uid: &str) {
         self.reported.remove(uid);
     }
+
+    /// Forgets the pods a relist no longer has.
+    pub(super) fn keep_only(&mut self, known: impl Fn(&str) -> bool) {
+        self.reported.retain(|uid, _| known(uid));
+    }
 }

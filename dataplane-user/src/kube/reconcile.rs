@@ -207,6 +207,7 @@ impl Reconciler {
     /// A complete list of this node's pods (initial list or relist).
     pub fn pods_listed(&mut self, pods: Vec<PodView>) -> Changes {
         self.pods = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
+        self.reports.keep_only(|uid| self.pods.contains_key(uid));
         self.pods_synced = true;
         self.reconcile_all()
     }

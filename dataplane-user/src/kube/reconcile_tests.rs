@@ -228,3 +228,24 @@ fn terminating_pods_keep_their_capture_and_finished_ones_lose_it() {
         "a deleting pod is left alone"
     );
 }
+
+#[test]
+fn ignored_annotations_are_reported_again_once_the_pod_was_gone() {
+    use crate::enroll::annotations::EXCLUDE_INBOUND_PORTS;
+    let fake = Arc::new(Fake::default());
+    let mut r = reconciler(&fake, Duration::ZERO);
+    let mut bad = pod("a", "mesh");
+    bad.annotations
+        .insert(EXCLUDE_INBOUND_PORTS.to_owned(), "*".to_owned());
+    let ignored = |r: &Reconciler| r.settings.ignored_annotations.get(EXCLUDE_INBOUND_PORTS);
+    r.namespaces_listed(vec![("mesh".into(), ambient())]);
+    assert_eq!(r.pods_listed(vec![bad.clone()]).enrolled, ["a"]);
+    assert_eq!(ignored(&r), 1);
+    r.pods_listed(vec![bad.clone()]);
+    assert_eq!(ignored(&r), 1, "once per value");
+    // Gone from a relist (unenrolled, forgotten), then back: reported
+    // again.
+    r.pods_listed(vec![]);
+    r.pods_listed(vec![bad]);
+    assert_eq!(ignored(&r), 2);
+}
