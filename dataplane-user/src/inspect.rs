@@ -261,6 +261,11 @@ pub struct PodCaptureState {
     /// The connection worker thread serving it (`--threading pinned`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<usize>,
+    /// What it leaves uncaptured, as `dataplane pod list` words it
+    /// (`in:*`, `in:PORT`, `out:PORT`, `out:CIDR`): `None` for nothing or
+    /// a pod no longer enrolled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_captured: Option<String>,
     /// With a control plane (`--xds`): it lists no workload for this pod,
     /// so its connections are refused.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -358,6 +363,8 @@ impl AgentView {
                     fast_path: fast_path
                         .map(|fast| fast.allows_pod(&state, pod.spec.fast_path, &pod.spec.ips)),
                     worker: pod.worker,
+                    not_captured: (pod.spec.exclusions != Default::default())
+                        .then(|| crate::enroll::exclusions_summary(&pod.spec.exclusions)),
                     unknown_to_control_plane: self.mesh.require_known_workloads
                         && !listed(&state, &pod.spec),
                 }
@@ -374,6 +381,7 @@ impl AgentView {
             original_source_error: None,
             fast_path: None,
             worker: None,
+            not_captured: None,
             unknown_to_control_plane: false,
         }));
         let errors = recent::global().last_minute();

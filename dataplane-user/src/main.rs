@@ -236,17 +236,18 @@ fn pod_command(command: PodCommand) -> anyhow::Result<()> {
                 println!("no pods enrolled");
             } else {
                 println!(
-                    "{:40} {:30} {:20} IPS",
-                    "UID", "NAMESPACE/NAME", "NETNS COOKIE"
+                    "{:40} {:30} {:20} {:40} NOT CAPTURED",
+                    "UID", "NAMESPACE/NAME", "NETNS COOKIE", "IPS"
                 );
                 for p in response.pods {
                     let ips: Vec<String> = p.spec.ips.iter().map(ToString::to_string).collect();
                     println!(
-                        "{:40} {:30} {:<20} {}",
+                        "{:40} {:30} {:<20} {:40} {}",
                         p.spec.uid,
                         format!("{}/{}", p.spec.namespace, p.spec.name),
                         p.netns_cookie,
-                        ips.join(",")
+                        ips.join(","),
+                        dataplane_user::enroll::exclusions_summary(&p.spec.exclusions)
                     );
                 }
             }

@@ -148,6 +148,9 @@ fn status_at(report: &StatusReport, colour: bool, now: u64) -> String {
         if let Some(worker) = pod.worker {
             let _ = writeln!(out, "    worker: {worker}");
         }
+        if let Some(words) = &pod.not_captured {
+            let _ = writeln!(out, "    not captured: {words}");
+        }
     }
     let _ = writeln!(out, "conns     {} open", report.connections_open);
     match &report.config_error {
@@ -309,6 +312,7 @@ mod tests {
                 original_source_error: None,
                 fast_path: None,
                 worker: None,
+                not_captured: None,
                 unknown_to_control_plane: false,
             }],
             connections_open: 3,

@@ -402,10 +402,14 @@ fn with_a_kubeconfig_only_opted_in_pods_are_enrolled() -> anyhow::Result<()> {
         ("NS_UID_SHOP", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c01"),
         ("NS_UID_LEGACY", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c02"),
     ];
-    api.set_object(
-        "/api/v1/namespaces/shop/pods/web-7d9c8b6f5-x2x4q",
-        fixture("pod_web.json", &vars)?,
-    );
+    // Istio's sidecar-mode exclusions, one of them invalid (Istio's CIDR
+    // lists take no spaces): that one is ignored, the other applies.
+    let mut web_pod = fixture("pod_web.json", &vars)?;
+    web_pod["metadata"]["annotations"] = json!({
+        "traffic.sidecar.istio.io/excludeOutboundPorts": "5432, 6379",
+        "traffic.sidecar.istio.io/excludeOutboundIPRanges": "10.0.0.0/8, 192.168.0.0/16",
+    });
+    api.set_object("/api/v1/namespaces/shop/pods/web-7d9c8b6f5-x2x4q", web_pod);
     api.set_object(
         "/api/v1/namespaces/shop",
         fixture("namespace_shop.json", &vars)?,
@@ -437,6 +441,8 @@ fn with_a_kubeconfig_only_opted_in_pods_are_enrolled() -> anyhow::Result<()> {
     assert_eq!(listed[0].spec.uid, web_uid);
     assert_eq!(listed[0].spec.service_account, "web");
     assert_eq!(listed[0].spec.trust_domain, "example.org");
+    assert_eq!(listed[0].spec.exclusions.outbound_ports, [5432, 6379]);
+    assert!(listed[0].spec.exclusions.outbound_cidrs.is_empty());
 
     // Not opted in: passed through, not enrolled.
     let plain_ns = Netns::new("cnikubeplain")?;

@@ -91,6 +91,10 @@ impl PodEnroller for Recorder {
         }
         Ok(())
     }
+
+    fn enrolled_spec(&self, uid: &str) -> Option<PodSpec> {
+        self.spec(uid)
+    }
 }
 
 /// Every pod "runs" in /var/run/netns/fake-<uid>.
@@ -197,6 +201,7 @@ fn list_watch_drop_resume_and_gone_relist_reconcile_the_node() -> anyhow::Result
             keep: HashSet::from(["configured-uid".to_owned()]),
             unknown_grace: Duration::from_millis(600),
             rule: Default::default(),
+            ignored_annotations: Default::default(),
         },
     );
     let runtime = tokio::runtime::Runtime::new()?;
@@ -341,6 +346,7 @@ fn service_account_and_dual_stack_addresses_come_from_the_pod() -> anyhow::Resul
             keep: HashSet::new(),
             unknown_grace: Duration::from_secs(30),
             rule: Default::default(),
+            ignored_annotations: Default::default(),
         },
     );
     let runtime = tokio::runtime::Runtime::new()?;

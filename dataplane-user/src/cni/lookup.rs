@@ -31,6 +31,8 @@ pub struct PodFacts {
     pub fast_path: Option<bool>,
     /// What the pod's annotations leave uncaptured.
     pub exclusions: crate::redirect::Exclusions,
+    /// Exclusion annotations ignored, and why (for the plugin's log).
+    pub ignored: Vec<String>,
 }
 
 /// Looks the pod and its namespace up through `kubeconfig`, within
@@ -88,6 +90,9 @@ async fn lookup_async(
         host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
         namespace_labels: namespace.metadata.labels.as_ref().unwrap_or(&empty),
     });
+    let parsed = annotations
+        .map(crate::enroll::parse_exclusions)
+        .unwrap_or_default();
     Ok(PodFacts {
         uid: pod
             .metadata
@@ -102,8 +107,7 @@ async fn lookup_async(
         dns_capture: annotations.and_then(crate::dns::annotation_setting),
         fast_path: annotations
             .and_then(|a| crate::enroll::annotation_flag(a, crate::enroll::FAST_PATH_ANNOTATION)),
-        exclusions: annotations
-            .map(crate::enroll::annotation_exclusions)
-            .unwrap_or_default(),
+        exclusions: parsed.exclusions,
+        ignored: parsed.ignored.iter().map(ToString::to_string).collect(),
     })
 }

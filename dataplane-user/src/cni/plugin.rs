@@ -220,6 +220,12 @@ fn add(env: &CniEnv, conf: &PluginConf) -> Result<String, CniError> {
         .as_ref()
         .map(|f| f.exclusions.clone())
         .unwrap_or_default();
+    for ignored in facts.iter().flat_map(|f| &f.ignored) {
+        log(&format!(
+            "{}/{}: {ignored}; the pod is captured as if it were not set",
+            pod.namespace, pod.name
+        ));
+    }
     let spec = PodSpec {
         uid,
         name: pod.name.clone(),

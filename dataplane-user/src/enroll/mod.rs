@@ -13,7 +13,9 @@
 //! the pod list without waiting.
 
 mod actor;
+pub mod annotations;
 mod builtin;
+mod exclusions;
 mod external;
 mod metrics;
 mod netns_checks;
@@ -26,12 +28,13 @@ mod state;
 use std::path::PathBuf;
 
 pub use actor::{EnrolledSnapshot, Enroller, PodsView, REAP_INTERVAL};
+pub use annotations::{annotation_exclusions, parse_exclusions};
 pub use external::{ExternalEngine, ZtunnelEvent, ZtunnelEvents};
 pub use metrics::NodeCollector;
 pub use pods::{EngineSettings, Enrollments, HandedPod, OfferedPod};
 pub use spec::{
     BYPASS_INBOUND_CAPTURE_ANNOTATION, DepartedPod, ExternalStatus, FAST_PATH_ANNOTATION, PodSpec,
-    PodStatus, annotation_exclusions, annotation_flag,
+    PodStatus, annotation_flag, exclusions_summary,
 };
 pub use standalone::Standalone;
 pub use state::{StateFile, StateFileError};

@@ -234,7 +234,9 @@ impl Enrollments {
     /// Enrolls `spec`. Enrolling the same pod again is a no-op; enrolling a
     /// changed spec under the same uid re-enrolls it make-before-break (the
     /// new certificate, listeners and engine are ready before the old
-    /// engine stops). A failure is remembered for `status`.
+    /// engine stops), except a change of exclusions alone, applied to the
+    /// kernel in place (`enroll/exclusions.rs`). A failure is remembered
+    /// for `status`.
     pub fn add(&mut self, spec: PodSpec) -> Result<PodStatus, EnrollError> {
         let who = (spec.uid.clone(), spec.name.clone(), spec.namespace.clone());
         let result = self.add_inner(spec);
@@ -273,12 +275,15 @@ impl Enrollments {
 
     fn add_inner(&mut self, spec: PodSpec) -> Result<PodStatus, EnrollError> {
         validate(&spec)?;
-        let previous = self.pods.get(&spec.uid);
-        if let Some(existing) = previous
+        if let Some(existing) = self.pods.get(&spec.uid)
             && existing.spec == spec
         {
             return Ok(status_of(existing));
         }
+        if let Some(status) = self.update_exclusions(&spec)? {
+            return Ok(status);
+        }
+        let previous = self.pods.get(&spec.uid);
         let netns_err = |source| EnrollError::Netns {
             uid: spec.uid.clone(),
             path: spec.netns.clone(),
@@ -569,7 +574,7 @@ impl Enrollments {
         Ok(())
     }
 
-    fn persist(&self) -> Result<(), EnrollError> {
+    pub(super) fn persist(&self) -> Result<(), EnrollError> {
         Ok(self.state.save(&self.list())?)
     }
 
@@ -586,7 +591,7 @@ impl Enrollments {
     }
 }
 
-fn status_of(pod: &EnrolledPod) -> PodStatus {
+pub(super) fn status_of(pod: &EnrolledPod) -> PodStatus {
     PodStatus {
         spec: pod.spec.clone(),
         netns_cookie: pod.cookie,

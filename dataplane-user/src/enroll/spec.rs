@@ -61,19 +61,24 @@ pub const FAST_PATH_ANNOTATION: &str = "dataplane/fast-path";
 /// `getPodLevelTrafficOverrides` reads it with `strconv.ParseBool`).
 pub const BYPASS_INBOUND_CAPTURE_ANNOTATION: &str = "ambient.istio.io/bypass-inbound-capture";
 
-/// The exclusions a pod's annotations ask for: only
-/// [`BYPASS_INBOUND_CAPTURE_ANNOTATION`] so far.
-pub fn annotation_exclusions(
-    annotations: &std::collections::BTreeMap<String, String>,
-) -> Exclusions {
-    Exclusions {
-        bypass_inbound: annotation_flag(annotations, BYPASS_INBOUND_CAPTURE_ANNOTATION)
-            .unwrap_or(false),
-        ..Exclusions::default()
+pub use dataplane_core::parse::annotation_flag;
+
+/// What a pod leaves uncaptured, in one word per exclusion for
+/// `dataplane pod list`: `in:*` (no inbound capture), `in:PORT`,
+/// `out:PORT`, `out:CIDR`; `-` for none.
+pub fn exclusions_summary(exclusions: &Exclusions) -> String {
+    let bypass = exclusions.bypass_inbound.then(|| "in:*".to_owned());
+    let words: Vec<String> = bypass
+        .into_iter()
+        .chain(exclusions.inbound_ports.iter().map(|p| format!("in:{p}")))
+        .chain(exclusions.outbound_ports.iter().map(|p| format!("out:{p}")))
+        .chain(exclusions.outbound_cidrs.iter().map(|n| format!("out:{n}")))
+        .collect();
+    match words.is_empty() {
+        true => "-".to_owned(),
+        false => words.join(","),
     }
 }
-
-pub use dataplane_core::parse::annotation_flag;
 
 fn default_service_account() -> String {
     "default".into()

@@ -20,6 +20,7 @@
 //! process, one lock, no serialisation, and errors keep their types.
 
 pub mod annotate;
+pub mod exclusions;
 pub mod netns;
 pub mod optin;
 pub mod reconcile;
@@ -145,6 +146,7 @@ pub async fn start_for_agent(
             keep: options.keep,
             unknown_grace: UNKNOWN_GRACE,
             rule: Arc::new(options.rule),
+            ignored_annotations: exclusions::IgnoredAnnotationsMetric::registered(metrics),
         },
     );
     tracing::info!(node = %node, "reconciling this node's pods from the Kubernetes API");
@@ -177,5 +179,14 @@ impl PodEnroller for AgentEnroller {
             .remove_blocking(uid.to_owned())
             .map(drop)
             .map_err(|e| Chain(&e).to_string())
+    }
+
+    fn enrolled_spec(&self, uid: &str) -> Option<crate::enroll::PodSpec> {
+        let snapshot = self.0.view().snapshot();
+        snapshot
+            .pods
+            .iter()
+            .find(|p| p.spec.uid == uid)
+            .map(|p| p.spec.clone())
     }
 }

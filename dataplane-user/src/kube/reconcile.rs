@@ -13,7 +13,9 @@
 //!   (its namespace found by the locator; retried at the next resync when
 //!   the sandbox is not there yet). A pod already enrolled is left alone,
 //!   whoever enrolled it (the CNI plugin's spec has details this view lacks,
-//!   and re-enrolling would cut its connections).
+//!   and re-enrolling would cut its connections), but for its capture
+//!   exclusions: when those its annotations ask for differ from those in
+//!   force, they are changed in place ([`super::exclusions`]).
 //! - An enrolled pod that opted out, finished, or was deleted from the API
 //!   is unenrolled at once. A pod being deleted (`deletionTimestamp`) keeps
 //!   its capture until it is gone.
@@ -34,6 +36,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use tracing::{debug, info, warn};
 
 use super::{
+    exclusions::{AnnotationReports, IgnoredAnnotationsMetric},
     netns::NetnsLocator,
     optin::{self, OptIn, OptInInput},
 };
@@ -48,6 +51,8 @@ pub trait PodEnroller: Send + Sync {
     fn enroll(&self, spec: PodSpec) -> Result<(), String>;
     /// Unenrolls the pod with this uid (nothing when it is not enrolled).
     fn unenroll(&self, uid: &str) -> Result<(), String>;
+    /// The spec the pod with this uid is enrolled with, if it is.
+    fn enrolled_spec(&self, uid: &str) -> Option<PodSpec>;
 }
 
 /// What the reconciler keeps of a pod.
@@ -131,6 +136,8 @@ pub struct ReconcilerSettings {
     /// Which pods belong in the mesh (Istio's enablement selectors and
     /// excluded namespaces).
     pub rule: Arc<optin::EnrollmentRule>,
+    /// Counts pods' exclusion annotations ignored.
+    pub ignored_annotations: IgnoredAnnotationsMetric,
 }
 
 /// What one pass changed.
@@ -163,6 +170,7 @@ pub struct Reconciler {
     pods_synced: bool,
     namespaces_synced: bool,
     unknown_since: HashMap<String, Instant>,
+    reports: AnnotationReports,
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -192,12 +200,14 @@ impl Reconciler {
             pods_synced: false,
             namespaces_synced: false,
             unknown_since: HashMap::new(),
+            reports: AnnotationReports::default(),
         }
     }
 
     /// A complete list of this node's pods (initial list or relist).
     pub fn pods_listed(&mut self, pods: Vec<PodView>) -> Changes {
         self.pods = pods.into_iter().map(|p| (p.uid.clone(), p)).collect();
+        self.reports.keep_only(|uid| self.pods.contains_key(uid));
         self.pods_synced = true;
         self.reconcile_all()
     }
@@ -225,6 +235,7 @@ impl Reconciler {
     /// A pod was deleted from the API.
     pub fn pod_deleted(&mut self, uid: &str) -> Changes {
         self.pods.remove(uid);
+        self.reports.forget(uid);
         let mut changes = Changes::default();
         if self.enroller.enrolled().iter().any(|u| u == uid) && !self.settings.keep.contains(uid) {
             self.unenroll(uid, "deleted from the API", &mut changes);
@@ -330,7 +341,26 @@ impl Reconciler {
         let is_enrolled = enrolled.contains(uid);
         match self.want(pod) {
             Want::Untouched => {}
-            Want::Enrolled if is_enrolled => {}
+            Want::Enrolled if is_enrolled => {
+                let wanted = self
+                    .reports
+                    .exclusions(pod, &self.settings.ignored_annotations);
+                let Some(mut spec) = self.enroller.enrolled_spec(uid) else {
+                    return;
+                };
+                if spec.exclusions == wanted {
+                    return;
+                }
+                spec.exclusions = wanted;
+                match self.enroller.enroll(spec) {
+                    Ok(()) => {
+                        info!(pod = %pod.name, namespace = %pod.namespace, uid, "capture exclusions changed by the pod's annotations")
+                    }
+                    Err(err) => {
+                        warn!(pod = %pod.name, namespace = %pod.namespace, uid, error = %err, "cannot change the capture exclusions; retrying at the next resync")
+                    }
+                }
+            }
             Want::Enrolled => {
                 if pod.ips.is_empty() {
                     debug!(pod = %pod.name, namespace = %pod.namespace, "opted in but has no IP yet");
@@ -340,7 +370,10 @@ impl Reconciler {
                     debug!(pod = %pod.name, namespace = %pod.namespace, uid, "opted in but its network namespace is not found on this node yet");
                     return;
                 };
-                let spec = spec_of(pod, &self.settings.trust_domain, netns);
+                let mut spec = spec_of(pod, &self.settings.trust_domain, netns);
+                spec.exclusions = self
+                    .reports
+                    .exclusions(pod, &self.settings.ignored_annotations);
                 match self.enroller.enroll(spec) {
                     Ok(()) => {
                         info!(pod = %pod.name, namespace = %pod.namespace, uid, "enrolled from the Kubernetes API");
@@ -392,186 +425,5 @@ pub fn spec_of(pod: &PodView, trust_domain: &str, netns: PathBuf) -> PodSpec {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
-mod tests {
-    use std::sync::Mutex;
-
-    use super::*;
-
-    #[derive(Default)]
-    struct Fake(Mutex<Vec<String>>);
-
-    impl PodEnroller for Fake {
-        fn enrolled(&self) -> Vec<String> {
-            self.0.lock().unwrap().clone()
-        }
-        fn enroll(&self, spec: PodSpec) -> Result<(), String> {
-            self.0.lock().unwrap().push(spec.uid);
-            Ok(())
-        }
-        fn unenroll(&self, uid: &str) -> Result<(), String> {
-            self.0.lock().unwrap().retain(|u| u != uid);
-            Ok(())
-        }
-    }
-
-    struct Everywhere;
-
-    impl NetnsLocator for Everywhere {
-        fn locate(&self, uid: &str) -> Option<PathBuf> {
-            Some(PathBuf::from(format!("/var/run/netns/{uid}")))
-        }
-    }
-
-    fn pod(uid: &str, ns: &str) -> PodView {
-        PodView {
-            uid: uid.into(),
-            name: uid.into(),
-            namespace: ns.into(),
-            service_account: "default".into(),
-            ips: vec![IpAddr::from([10, 0, 0, 1])],
-            labels: BTreeMap::new(),
-            annotations: BTreeMap::new(),
-            host_network: false,
-            finished: false,
-            deleting: false,
-        }
-    }
-
-    #[test]
-    fn the_istio_dns_capture_annotation_reaches_the_pod_spec() {
-        let mut view = pod("u1", "shop");
-        assert_eq!(
-            spec_of(&view, "cluster.local", "/x".into()).dns_capture,
-            None
-        );
-        view.annotations.insert(
-            crate::dns::DNS_CAPTURE_ANNOTATION.to_owned(),
-            "false".to_owned(),
-        );
-        assert_eq!(
-            spec_of(&view, "cluster.local", "/x".into()).dns_capture,
-            Some(false)
-        );
-    }
-
-    #[test]
-    fn the_istio_bypass_inbound_capture_annotation_reaches_the_pod_spec() {
-        let mut view = pod("u1", "shop");
-        let spec = |view: &PodView| spec_of(view, "cluster.local", "/x".into());
-        assert!(!spec(&view).exclusions.bypass_inbound);
-        for (value, bypass) in [
-            ("true", true),
-            ("1", true),
-            ("false", false),
-            ("yes", false),
-        ] {
-            view.annotations.insert(
-                crate::enroll::BYPASS_INBOUND_CAPTURE_ANNOTATION.to_owned(),
-                value.to_owned(),
-            );
-            assert_eq!(spec(&view).exclusions.bypass_inbound, bypass, "{value}");
-        }
-    }
-
-    #[test]
-    fn the_fast_path_annotation_reaches_the_pod_spec() {
-        let mut view = pod("u1", "shop");
-        assert_eq!(spec_of(&view, "cluster.local", "/x".into()).fast_path, None);
-        for (value, setting) in [("false", Some(false)), ("1", Some(true)), ("maybe", None)] {
-            view.annotations.insert(
-                crate::enroll::FAST_PATH_ANNOTATION.to_owned(),
-                value.to_owned(),
-            );
-            assert_eq!(
-                spec_of(&view, "cluster.local", "/x".into()).fast_path,
-                setting,
-                "{value}"
-            );
-        }
-    }
-
-    fn ambient() -> BTreeMap<String, String> {
-        BTreeMap::from([(optin::DATAPLANE_MODE.to_owned(), "ambient".to_owned())])
-    }
-
-    fn reconciler(fake: &Arc<Fake>, grace: Duration) -> Reconciler {
-        Reconciler::new(
-            Arc::clone(fake) as Arc<dyn PodEnroller>,
-            Arc::new(Everywhere),
-            ReconcilerSettings {
-                trust_domain: "cluster.local".into(),
-                keep: HashSet::from(["kept".to_owned()]),
-                unknown_grace: grace,
-                rule: Arc::default(),
-            },
-        )
-    }
-
-    #[test]
-    fn nothing_happens_before_both_lists() {
-        let fake = Arc::new(Fake::default());
-        fake.0.lock().unwrap().push("stale".into());
-        let mut r = reconciler(&fake, Duration::ZERO);
-        assert_eq!(r.pods_listed(vec![pod("a", "mesh")]), Changes::default());
-        assert_eq!(fake.enrolled(), ["stale"]);
-        let changes = r.namespaces_listed(vec![("mesh".into(), ambient())]);
-        assert_eq!(changes.enrolled, ["a"]);
-        assert_eq!(changes.unenrolled, ["stale"]);
-    }
-
-    #[test]
-    fn unknown_pods_wait_out_the_grace_and_kept_ones_stay() {
-        let fake = Arc::new(Fake::default());
-        fake.0
-            .lock()
-            .unwrap()
-            .extend(["fresh".to_owned(), "kept".to_owned()]);
-        let mut r = reconciler(&fake, Duration::from_secs(3600));
-        r.namespaces_listed(vec![]);
-        r.pods_listed(vec![]);
-        assert_eq!(r.reconcile_all(), Changes::default());
-        assert_eq!(fake.enrolled(), ["fresh", "kept"]);
-    }
-
-    #[test]
-    fn sidecar_pods_and_excluded_namespaces_are_left_out_or_taken_out() {
-        let fake = Arc::new(Fake::default());
-        let mut r = reconciler(&fake, Duration::ZERO);
-        r.namespaces_listed(vec![
-            ("mesh".into(), ambient()),
-            ("kube-system".into(), ambient()),
-        ]);
-        let mut sidecar = pod("s", "mesh");
-        sidecar
-            .annotations
-            .insert(optin::SIDECAR_STATUS.to_owned(), "{}".to_owned());
-        let changes = r.pods_listed(vec![pod("a", "mesh"), sidecar, pod("k", "kube-system")]);
-        assert_eq!(changes.enrolled, ["a"]);
-        // One enrolled before it was injected (by hand, or an older rule)
-        // is taken out.
-        fake.0.lock().unwrap().push("k".into());
-        assert_eq!(r.reconcile_all().unenrolled, ["k"]);
-    }
-
-    #[test]
-    fn terminating_pods_keep_their_capture_and_finished_ones_lose_it() {
-        let fake = Arc::new(Fake::default());
-        let mut r = reconciler(&fake, Duration::ZERO);
-        r.namespaces_listed(vec![("mesh".into(), ambient())]);
-        r.pods_listed(vec![pod("a", "mesh"), pod("b", "mesh")]);
-        let mut deleting = pod("a", "mesh");
-        deleting.deleting = true;
-        assert_eq!(r.pod_applied(deleting), Changes::default());
-        let mut done = pod("b", "mesh");
-        done.finished = true;
-        assert_eq!(r.pod_applied(done).unenrolled, ["b"]);
-        assert_eq!(fake.enrolled(), ["a"]);
-        // The namespace opting out takes its pods out.
-        assert_eq!(
-            r.namespace_applied("mesh".into(), BTreeMap::new()),
-            Changes::default(),
-            "a deleting pod is left alone"
-        );
-    }
-}
+#[path = "reconcile_tests.rs"]
+mod tests;
