@@ -42,6 +42,7 @@ fn mesh(n: usize) -> LocalConfig {
             canonical: false,
             visibility: Default::default(),
             cidr_vips: Vec::new(),
+            weighted_waypoints: Vec::new(),
         })
         .collect();
     let workloads = (0..n)

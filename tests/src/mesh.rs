@@ -46,6 +46,7 @@ pub fn service(name: &str, namespace: &str, vip: IpAddr, ports: &[(u16, u16)]) -
         hostname: format!("{name}.{namespace}.svc.cluster.local"),
         vips: vec![vip],
         cidr_vips: Vec::new(),
+        weighted_waypoints: Vec::new(),
         ports: ports.iter().copied().collect(),
         subject_alt_names: Vec::new(),
         load_balancing: LoadBalancing::default(),

@@ -151,11 +151,21 @@ pub struct ZtunnelService {
     subject_alt_names: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     waypoint: Option<GatewayAddress>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    weighted_waypoints: Vec<WeightedWaypoint>,
     #[serde(skip_serializing_if = "Option::is_none")]
     load_balancer: Option<LoadBalancer>,
     canonical: bool,
     /// Always written, `Public` by default (`Visibility`).
     visibility: &'static str,
+}
+
+/// ztunnel's `WeightedWaypoint` (`src/state/service.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WeightedWaypoint {
+    destination: GatewayAddress,
+    weight: u32,
 }
 
 /// ztunnel's `NetworkCidr` (`src/state/workload.rs`: derived, no rename).
@@ -448,6 +458,16 @@ fn service(s: &Service, workloads: &[Arc<Workload>]) -> ZtunnelService {
         endpoints,
         subject_alt_names: s.subject_alt_names.clone(),
         waypoint: s.waypoint.as_ref().and_then(gateway),
+        weighted_waypoints: s
+            .weighted_waypoints
+            .iter()
+            .filter_map(|w| {
+                Some(WeightedWaypoint {
+                    destination: gateway(&w.waypoint)?,
+                    weight: w.weight,
+                })
+            })
+            .collect(),
         load_balancer,
         canonical: s.canonical,
         visibility: match s.visibility {

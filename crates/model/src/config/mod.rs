@@ -18,7 +18,7 @@ pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 
 pub use schema::{
     Action, HealthPolicy, LoadBalancing, Match, Policy, Routing, RoutingMode, RoutingScope, Scope,
-    Service, Visibility,
+    Service, Visibility, WeightedWaypoint,
 };
 pub use workload::{Locality, Ports, Protocol, ServicePorts, Waypoint, Workload, WorkloadStatus};
 

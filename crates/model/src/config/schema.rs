@@ -58,6 +58,22 @@ pub struct Service {
     /// Which clients may resolve and reach it.
     #[serde(default, skip_serializing_if = "Visibility::is_default")]
     pub visibility: Visibility,
+    /// Waypoints drawn per connection by weight in place of `waypoint`,
+    /// to shift a share of the service's connections from one waypoint to
+    /// another (a canary; ztunnel `sample_weighted_waypoint`). Empty, or
+    /// all weights 0: `waypoint`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weighted_waypoints: Vec<WeightedWaypoint>,
+}
+
+/// One waypoint of a weighted set ([`Service::weighted_waypoints`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WeightedWaypoint {
+    /// The waypoint, as [`Service::waypoint`] names one.
+    pub waypoint: super::Waypoint,
+    /// Its share of the connections against the others' (0: none).
+    pub weight: u32,
 }
 
 /// Which clients may resolve and reach a service (istiod derives it from
@@ -85,6 +101,36 @@ impl Service {
     /// `Service::visible_to`).
     pub fn visible_to(&self, namespace: &str) -> bool {
         self.visibility != Visibility::Namespace || self.namespace == namespace
+    }
+
+    /// Every waypoint it names: the primary, then the weighted set.
+    pub fn waypoints(&self) -> impl Iterator<Item = &super::Waypoint> {
+        self.waypoint
+            .iter()
+            .chain(self.weighted_waypoints.iter().map(|w| &w.waypoint))
+    }
+
+    /// The waypoint of one connection: one of the weighted set, drawn by
+    /// weight (`draw` gives a number below its argument, at least 1), else
+    /// the primary.
+    pub fn waypoint_for(&self, draw: impl FnOnce(u64) -> u64) -> Option<&super::Waypoint> {
+        let total: u64 = self
+            .weighted_waypoints
+            .iter()
+            .map(|w| u64::from(w.weight))
+            .sum();
+        if total == 0 {
+            return self.waypoint.as_ref();
+        }
+        let mut left = draw(total).min(total - 1);
+        for weighted in &self.weighted_waypoints {
+            let weight = u64::from(weighted.weight);
+            if left < weight {
+                return Some(&weighted.waypoint);
+            }
+            left -= weight;
+        }
+        self.waypoint.as_ref()
     }
 
     /// `namespace/hostname`, the key workloads use in their `services` map.

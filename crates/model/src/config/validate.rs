@@ -103,7 +103,7 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
                 ));
             }
         }
-        if let Some(reason) = s.waypoint.as_ref().and_then(waypoint_problem) {
+        if let Some(reason) = s.waypoints().find_map(waypoint_problem) {
             return Err(invalid(
                 format!("services[{i}].waypoint"),
                 &s.hostname,

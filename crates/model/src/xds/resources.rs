@@ -294,6 +294,9 @@ fn check_service(service: &Service) -> Result<(), String> {
         port(p.service_port, "service port")?;
         port(p.target_port, "target port")?;
     }
+    for weighted in &service.weighted_waypoints {
+        check_gateway(weighted.destination.as_ref())?;
+    }
     check_gateway(service.waypoint.as_ref())
 }
 

@@ -204,6 +204,16 @@ pub(super) fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> co
             })
             .unwrap_or_default(),
         waypoint: s.waypoint.as_ref().and_then(waypoint_of),
+        weighted_waypoints: s
+            .weighted_waypoints
+            .iter()
+            .filter_map(|w| {
+                Some(config::WeightedWaypoint {
+                    waypoint: waypoint_of(w.destination.as_ref()?)?,
+                    weight: w.weight,
+                })
+            })
+            .collect(),
         canonical: s.canonical,
         // An unknown value is PUBLIC, as ztunnel reads it (fail open
         // rather than drop the service: `src/state/service.rs`).

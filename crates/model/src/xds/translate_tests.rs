@@ -266,6 +266,57 @@ fn cidr_addresses_are_vip_ranges() {
     assert_eq!(reread.services, out.config.services);
 }
 
+/// A weighted set of waypoints is carried over beside the primary.
+#[test]
+fn weighted_waypoints_are_carried_over() {
+    let gateway = |ip: [u8; 4]| GatewayAddress {
+        destination: Some(gateway_address::Destination::Address(NetworkAddress {
+            network: String::new(),
+            address: ip.to_vec(),
+            length: None,
+        })),
+        hbone_mtls_port: 15008,
+    };
+    let mut r = XdsResources::default();
+    put_service(
+        &mut r,
+        workload::Service {
+            name: "shop".into(),
+            namespace: "shop".into(),
+            hostname: "shop.shop.svc.cluster.local".into(),
+            waypoint: Some(gateway([10, 1, 0, 31])),
+            weighted_waypoints: vec![
+                workload::WeightedWaypoint {
+                    destination: Some(gateway([10, 1, 0, 31])),
+                    weight: 90,
+                },
+                workload::WeightedWaypoint {
+                    destination: Some(gateway([10, 1, 0, 32])),
+                    weight: 10,
+                },
+            ],
+            ..Default::default()
+        },
+    );
+    seed_responses(&r);
+    let out = translate(&r, "xds://istiod");
+    let svc = &out.config.services[0];
+    let set: Vec<(Option<IpAddr>, u32)> = svc
+        .weighted_waypoints
+        .iter()
+        .map(|w| (w.waypoint.address, w.weight))
+        .collect();
+    assert_eq!(
+        set,
+        [
+            (Some("10.1.0.31".parse().unwrap()), 90),
+            (Some("10.1.0.32".parse().unwrap()), 10)
+        ]
+    );
+    let reread = LocalConfig::parse(&out.config.to_yaml().unwrap(), "reread").unwrap();
+    assert_eq!(reread.services, out.config.services);
+}
+
 /// Host-network pods share their node's address: istiod sends each with
 /// it and `network_mode: HOST_NETWORK`, and ztunnel indexes them by uid
 /// only (`WorkloadStore::insert`), so the address names no workload and is

@@ -181,6 +181,7 @@ pub fn synthetic_mesh(n: usize) -> LocalConfig {
                 canonical: false,
                 visibility: Default::default(),
                 cidr_vips: Vec::new(),
+                weighted_waypoints: Vec::new(),
             }
         })
         .collect();

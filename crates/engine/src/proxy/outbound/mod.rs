@@ -90,6 +90,10 @@ impl EndpointChoice for Live<'_> {
         service.next_start()
     }
 
+    fn draw(&self, below: u64) -> u64 {
+        random_index(usize::try_from(below).unwrap_or(usize::MAX)) as u64
+    }
+
     fn taken_by_kernel(&self, vip: SocketAddr) -> Option<Arc<[IpAddr]>> {
         let fast = self.ctx.mesh.fast_path.get()?;
         fast.taken_by_kernel(self.ctx.netns_cookie, vip)

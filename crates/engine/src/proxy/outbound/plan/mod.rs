@@ -47,6 +47,9 @@ pub trait EndpointChoice {
     /// Which of `service`'s endpoints load balancing starts at (any
     /// number: it is taken modulo the endpoint count).
     fn start(&self, service: &ServiceEntry) -> usize;
+    /// A number below `below` (at least 1), at random for a live
+    /// connection: which of a weighted set of waypoints it takes.
+    fn draw(&self, below: u64) -> u64;
     /// The endpoints of the service at `vip` (as the plan addresses them)
     /// that the kernel's fast path takes for this client, leaving the
     /// others to the proxy; `None` when it takes none.
@@ -210,8 +213,14 @@ pub fn plan(
             });
             return outcome(service, action);
         }
-        if let Some(waypoint) = &entry.service.waypoint
-            && !state.is_waypoint_peer(waypoint, source)
+        // A waypoint's own connections go to the service, whichever of its
+        // waypoints (the primary or a weighted one) the source is.
+        let from_waypoint = entry
+            .service
+            .waypoints()
+            .any(|waypoint| state.is_waypoint_peer(waypoint, source));
+        if !from_waypoint
+            && let Some(waypoint) = entry.service.waypoint_for(|below| choice.draw(below))
         {
             let what = format!("service {key}");
             return outcome(

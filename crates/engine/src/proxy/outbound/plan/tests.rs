@@ -100,6 +100,11 @@ impl EndpointChoice for Fixed {
     fn start(&self, _: &ServiceEntry) -> usize {
         self.start
     }
+
+    /// The start as the draw, so a table row picks the weighted waypoint.
+    fn draw(&self, below: u64) -> u64 {
+        self.start as u64 % below
+    }
 }
 
 /// The plan in words: `tunnel DST via VIA expecting ID[|ALT]`,
@@ -387,6 +392,10 @@ impl EndpointChoice for Split {
         self.fixed.start(service)
     }
 
+    fn draw(&self, below: u64) -> u64 {
+        self.fixed.draw(below)
+    }
+
     fn taken_by_kernel(&self, _: SocketAddr) -> Option<Arc<[IpAddr]>> {
         Some(Arc::clone(&self.taken))
     }
@@ -643,4 +652,72 @@ services:
     assert_eq!(from("front", "203.0.113.1:80"), "direct 203.0.113.1:80");
     // Outside every range: no service.
     assert_eq!(from("front", "192.0.3.1:443"), "direct 192.0.3.1:443");
+}
+
+/// A service with a weighted set of waypoints (a canary from `waypoint` to
+/// `waypoint-v2`): each connection takes one drawn by weight (ztunnel
+/// `sample_weighted_waypoint`), weight 0 never; either waypoint's own
+/// connections go to the service; all weights 0 is the primary.
+#[test]
+fn a_weighted_waypoint_set_shares_the_connections_by_weight() {
+    const WEIGHTED: &str = r#"
+workloads:
+- {uid: api, name: api, namespace: shop, serviceAccount: api, workloadIps: [10.1.0.20],
+   services: {'shop/shop.shop.svc.cluster.local': {80: 8080}, 'shop/zero.shop.svc.cluster.local': {80: 8080}}}
+- {uid: wp-1, name: wp-1, namespace: shop, serviceAccount: waypoint, workloadIps: [10.1.0.31]}
+- {uid: wp-2, name: wp-2, namespace: shop, serviceAccount: waypoint-v2, workloadIps: [10.1.0.32]}
+- {uid: wp-3, name: wp-3, namespace: shop, serviceAccount: waypoint-v3, workloadIps: [10.1.0.33]}
+services:
+- {name: shop, namespace: shop, hostname: shop.shop.svc.cluster.local, vips: ['/10.96.0.20'], ports: {80: 8080},
+   waypoint: {address: 10.1.0.31},
+   weightedWaypoints: [{waypoint: {address: 10.1.0.31}, weight: 3}, {waypoint: {address: 10.1.0.33}, weight: 0},
+                       {waypoint: {address: 10.1.0.32}, weight: 1}]}
+- {name: zero, namespace: shop, hostname: zero.shop.svc.cluster.local, vips: ['/10.96.0.21'], ports: {80: 8080},
+   waypoint: {address: 10.1.0.31},
+   weightedWaypoints: [{waypoint: {address: 10.1.0.32}, weight: 0}]}
+"#;
+    let state = MeshState::from_config(&LocalConfig::parse(WEIGHTED, "weighted").unwrap()).unwrap();
+    let client = Identity::new("cluster.local", "front", "web").unwrap();
+    let via = |source: &Identity, dst: &str, draw: usize| {
+        let choice = Fixed {
+            dead: HashSet::new(),
+            start: draw,
+        };
+        describe(&plan(&state, source, CLIENT, dst.parse().unwrap(), &choice))
+    };
+    let through = |ip: &str, sa: &str| {
+        format!(
+            "[shop/shop.shop.svc.cluster.local] tunnel 10.96.0.20:80 via {ip}:15008 \
+             expecting spiffe://cluster.local/ns/shop/sa/{sa}"
+        )
+    };
+    // Draws 0..3 of 4 are the first's (weight 3), 3 the last's; the one
+    // of weight 0 never.
+    for draw in 0..3 {
+        assert_eq!(
+            via(&client, "10.96.0.20:80", draw),
+            through("10.1.0.31", "waypoint")
+        );
+    }
+    assert_eq!(
+        via(&client, "10.96.0.20:80", 3),
+        through("10.1.0.32", "waypoint-v2")
+    );
+    // Either waypoint's own connection goes to the service's endpoint.
+    for sa in ["waypoint", "waypoint-v2"] {
+        let waypoint = Identity::new("cluster.local", "shop", sa).unwrap();
+        assert_eq!(
+            via(&waypoint, "10.96.0.20:80", 3),
+            format!(
+                "[shop/shop.shop.svc.cluster.local] tunnel 10.1.0.20:8080 via 10.1.0.20:15008 \
+                 expecting spiffe://cluster.local/ns/shop/sa/api"
+            )
+        );
+    }
+    // Nothing to draw from: the primary.
+    assert_eq!(
+        via(&client, "10.96.0.21:80", 0),
+        "[shop/zero.shop.svc.cluster.local] tunnel 10.96.0.21:80 via 10.1.0.31:15008 \
+         expecting spiffe://cluster.local/ns/shop/sa/waypoint"
+    );
 }
