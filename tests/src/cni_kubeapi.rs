@@ -562,6 +562,37 @@ pub fn fixture(name: &str, vars: &[(&str, &str)]) -> anyhow::Result<Value> {
     serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("fixture {name}: {e}"))
 }
 
+/// A PodList of `pods` as a list holds them (without their `kind` and
+/// `apiVersion`), at resource version 1210.
+pub fn pod_list(pods: &[&Value]) -> Value {
+    let items: Vec<Value> = pods
+        .iter()
+        .map(|pod| {
+            let mut item = (*pod).clone();
+            if let Some(obj) = item.as_object_mut() {
+                obj.remove("kind");
+                obj.remove("apiVersion");
+            }
+            item
+        })
+        .collect();
+    serde_json::json!({"kind": "PodList", "apiVersion": "v1",
+        "metadata": {"resourceVersion": "1210"}, "items": items})
+}
+
+/// The fixtures' namespace list (`namespaces_list.json`: `shop`,
+/// `legacy`, `kube-system`) with fixed uids.
+pub fn fixture_namespaces() -> anyhow::Result<Value> {
+    fixture(
+        "namespaces_list.json",
+        &[
+            ("NS_UID_SHOP", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c01"),
+            ("NS_UID_LEGACY", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c02"),
+            ("NS_UID_KUBE_SYSTEM", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c03"),
+        ],
+    )
+}
+
 /// A pseudo-random pod uid in the API's format, unique per call.
 pub fn pod_uid() -> String {
     use std::sync::atomic::AtomicU32;

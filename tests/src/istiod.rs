@@ -54,6 +54,18 @@ pub fn istiod_flags(
     .to_vec()
 }
 
+/// A runtime of two threads, a fresh PKI, and a test istiod on a free
+/// loopback port running on it.
+pub fn loopback_istiod() -> Result<(tokio::runtime::Runtime, TestPki, TestIstiod)> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let pki = TestPki::generate()?;
+    let istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
+    Ok((rt, pki, istiod))
+}
+
 /// [`istiod_flags`] and `--xds`, the agent naming itself `pod` on
 /// 127.0.0.1 (its xDS node: Istio's `ztunnel~<ip>~<pod>...`).
 pub fn xds_flags(

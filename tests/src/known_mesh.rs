@@ -204,12 +204,7 @@ impl KnownMesh {
     /// Starts the nodes and istiod and publishes the known state.
     pub fn start(tag: &str) -> Result<Self> {
         let w = TwoNodes::new(tag)?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        let pki = TestPki::generate()?;
-        let istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
+        let (rt, pki, istiod) = crate::istiod::loopback_istiod()?;
         let dir = w.dir.path();
         let (root, token, empty) = (
             dir.join("root-cert.pem"),

@@ -23,7 +23,7 @@ use std::time::Duration;
 use dataplane_tests::{
     BpffsDir, Cgroup, ChildGuard, TempDir,
     chart::{ChartContainer, HostPaths, Kubelet, RunningContainer},
-    cni_kubeapi::{FakeApi, fixture, pod_uid},
+    cni_kubeapi::{FakeApi, fixture, fixture_namespaces, pod_uid},
     kube_rbac::Grants,
     mesh::addr,
     spawn_in,
@@ -147,17 +147,7 @@ fn a_surge_rollout_of_the_chart_refuses_and_resets_no_connection() -> anyhow::Re
         "/api/v1/pods",
         json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1210"}, "items": items}),
     );
-    api.push_list(
-        "/api/v1/namespaces",
-        fixture(
-            "namespaces_list.json",
-            &[
-                ("NS_UID_SHOP", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c01"),
-                ("NS_UID_LEGACY", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c02"),
-                ("NS_UID_KUBE_SYSTEM", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c03"),
-            ],
-        )?,
-    );
+    api.push_list("/api/v1/namespaces", fixture_namespaces()?);
 
     let container = ChartContainer::agent_from_manifest()?;
     eprintln!("the chart's agent container: {:?}", container.argv());

@@ -11,7 +11,7 @@ use std::{net::SocketAddr, process::Command, time::Duration};
 
 use dataplane_tests::{
     Agent, Cgroup, TempDir,
-    cni_kubeapi::{FakeApi, fixture, pod_uid},
+    cni_kubeapi::{FakeApi, fixture, fixture_namespaces, pod_list, pod_uid},
     kube_rbac::Grants,
     spawn_in,
     topology::Node,
@@ -48,32 +48,14 @@ fn pods_running_before_the_agent_are_enrolled_and_unenrolled_from_the_api() -> a
     pod["status"]["podIP"] = client.ip4.to_string().into();
     pod["status"]["podIPs"] =
         json!([{"ip": client.ip4.to_string()}, {"ip": client.ip6.to_string()}]);
-    let mut item = pod.clone();
-    if let Some(obj) = item.as_object_mut() {
-        obj.remove("kind");
-        obj.remove("apiVersion");
-    }
     let api = FakeApi::start()?;
     // The chart's permissions, as Kubernetes would enforce them, but for
     // the annotation's patch at first.
     api.enforce(Grants::from_chart()?.without("pods/status", "patch"));
     let pod_path = "/api/v1/namespaces/shop/pods/web-7d9c8b6f5-x2x4q";
     api.set_object(pod_path, pod.clone());
-    api.push_list(
-        "/api/v1/pods",
-        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1210"}, "items": [item]}),
-    );
-    api.push_list(
-        "/api/v1/namespaces",
-        fixture(
-            "namespaces_list.json",
-            &[
-                ("NS_UID_SHOP", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c01"),
-                ("NS_UID_LEGACY", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c02"),
-                ("NS_UID_KUBE_SYSTEM", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c03"),
-            ],
-        )?,
-    );
+    api.push_list("/api/v1/pods", pod_list(&[&pod]));
+    api.push_list("/api/v1/namespaces", fixture_namespaces()?);
     let dir = TempDir::new("kubeagent")?;
     let kubeconfig = api.write_kubeconfig(dir.path())?;
     let kubeconfig = kubeconfig.display().to_string();

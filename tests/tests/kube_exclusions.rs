@@ -12,7 +12,7 @@ use std::{net::SocketAddr, process::Command, time::Duration};
 
 use dataplane_tests::{
     Agent, Cgroup, TempDir,
-    cni_kubeapi::{FakeApi, fixture, pod_uid},
+    cni_kubeapi::{FakeApi, fixture, fixture_namespaces, pod_list, pod_uid},
     observe::{scrape, sum_matching},
     spawn_in,
     topology::{Node, Pod},
@@ -140,28 +140,10 @@ fn sidecar_exclusion_annotations_apply_change_in_place_and_invalid_ones_are_igno
         EXCLUDE_OUT_RANGES: format!("{}/32", far.ip4),
         EXCLUDE_IN_PORTS: " 9950 ",
     });
-    let mut item = pod.clone();
-    if let Some(obj) = item.as_object_mut() {
-        obj.remove("kind");
-        obj.remove("apiVersion");
-    }
     let api = FakeApi::start()?;
     api.set_object(POD_PATH, pod.clone());
-    api.push_list(
-        "/api/v1/pods",
-        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1210"}, "items": [item]}),
-    );
-    api.push_list(
-        "/api/v1/namespaces",
-        fixture(
-            "namespaces_list.json",
-            &[
-                ("NS_UID_SHOP", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c01"),
-                ("NS_UID_LEGACY", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c02"),
-                ("NS_UID_KUBE_SYSTEM", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c03"),
-            ],
-        )?,
-    );
+    api.push_list("/api/v1/pods", pod_list(&[&pod]));
+    api.push_list("/api/v1/namespaces", fixture_namespaces()?);
     let dir = TempDir::new("kubeexcl")?;
     let kubeconfig = api.write_kubeconfig(dir.path())?;
     let kubeconfig = kubeconfig.display().to_string();

@@ -20,8 +20,8 @@ use std::path::Path;
 use anyhow::{Context as _, Result, ensure};
 use dataplane_tests::{
     Agent, Cgroup, ChildGuard, TempDir,
-    cni_kubeapi::{FakeApi, fixture, pod_uid},
-    istiod::{TestIstiod, TestPki, xds_flags},
+    cni_kubeapi::{FakeApi, fixture, fixture_namespaces, pod_uid},
+    istiod::{TestIstiod, TestPki, loopback_istiod, xds_flags},
     istiod_kube::{Cluster, PodWorkloads, REDIRECTION_ANNOTATION},
     kube_rbac::Grants,
     observe::{scrape, sum_matching},
@@ -156,25 +156,10 @@ fn api_enrolled_pods_get_hbone_from_istiod_only_once_the_agent_annotates_them() 
         json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1210"},
                "items": [client.item(), server.item()]}),
     );
-    api.push_list(
-        "/api/v1/namespaces",
-        fixture(
-            "namespaces_list.json",
-            &[
-                ("NS_UID_SHOP", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c01"),
-                ("NS_UID_LEGACY", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c02"),
-                ("NS_UID_KUBE_SYSTEM", "a3c1b5e2-7f00-4b1e-9d55-0e6f7a8b9c03"),
-            ],
-        )?,
-    );
+    api.push_list("/api/v1/namespaces", fixture_namespaces()?);
 
     // istiod: workloads from the API's pods, no policies.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let pki = TestPki::generate()?;
-    let istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
+    let (rt, pki, istiod) = loopback_istiod()?;
     let _workloads = PodWorkloads::start(rt.handle(), &api, &istiod, Cluster::default());
     rt.block_on(istiod.publish(AUTHORIZATION_TYPE, Vec::new(), &[]))?;
 

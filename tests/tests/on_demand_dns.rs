@@ -17,7 +17,7 @@ use dataplane_tests::{
     Agent, TempDir,
     dns::FakeDns,
     istio_resources::workload_resource,
-    istiod::{TestIstiod, TestPki, xds_flags},
+    istiod::{loopback_istiod, xds_flags},
     istiod_kube::Cluster,
     istiod_serviceentry::service_entry_resources,
     mesh::{NAMESPACE, config_of, endpoint_of, hbone_workload, service, write_config},
@@ -220,12 +220,7 @@ fn a_service_entry_from_istiod_is_reached_at_the_address_its_host_resolves_to() 
     let upstream = FakeDns::on_loopback(outside.ip4)?;
     let server = echo_server(&outside, 9000)?;
     let dir = TempDir::new(tag)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let pki = TestPki::generate()?;
-    let istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
+    let (rt, pki, istiod) = loopback_istiod()?;
     let root = dir.path().join("root-cert.pem");
     std::fs::write(&root, &pki.root_pem)?;
     let token = dir.path().join("istio-token");

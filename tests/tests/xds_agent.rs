@@ -53,12 +53,7 @@ impl World {
             let workload = std::sync::Arc::make_mut(workload);
             workload.netns = None;
         }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        let pki = TestPki::generate()?;
-        let istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
+        let (rt, pki, istiod) = dataplane_tests::istiod::loopback_istiod()?;
         let root = w.dir.path().join("root-cert.pem");
         std::fs::write(&root, &pki.root_pem)?;
         let token = w.dir.path().join("istio-token");

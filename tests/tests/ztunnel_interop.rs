@@ -61,12 +61,7 @@ fn start_ztunnel(
 /// `w`'s workloads (istiod knows nothing of network namespaces) and no
 /// policies.
 fn istiod_serving(w: &TwoNodes) -> Result<(tokio::runtime::Runtime, TestPki, TestIstiod)> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let pki = TestPki::generate()?;
-    let istiod = rt.block_on(TestIstiod::start(&pki, "127.0.0.1:0".parse()?))?;
+    let (rt, pki, istiod) = dataplane_tests::istiod::loopback_istiod()?;
     let mut mesh = w.mesh_config();
     for workload in &mut mesh.workloads {
         let workload = std::sync::Arc::make_mut(workload);

@@ -167,36 +167,22 @@ pub fn parse_exclusions(annotations: &BTreeMap<String, String>) -> AnnotatedExcl
             .unwrap_or(false);
     let get = |name: &str| annotations.get(name).map(String::as_str);
 
-    if let Some(value) = get(EXCLUDE_INBOUND_PORTS) {
-        match ports(value, false) {
-            Ok(List::Entries(list)) => ex.inbound_ports = list,
-            Ok(List::All) => ignored.push(ignore(
-                EXCLUDE_INBOUND_PORTS,
-                value,
-                AnnotationError::Wildcard,
-            )),
-            Err(e) => ignored.push(ignore(EXCLUDE_INBOUND_PORTS, value, e)),
-        }
-    }
-    if let Some(value) = get(EXCLUDE_OUTBOUND_PORTS) {
-        match ports(value, false) {
-            Ok(List::Entries(list)) => ex.outbound_ports = list,
-            Ok(List::All) => ignored.push(ignore(
-                EXCLUDE_OUTBOUND_PORTS,
-                value,
-                AnnotationError::Wildcard,
-            )),
-            Err(e) => ignored.push(ignore(EXCLUDE_OUTBOUND_PORTS, value, e)),
+    // `*` is refused on the exclude lists (Istio's injector and
+    // istio-iptables refuse it): `ports`/`cidrs` say so without it.
+    for (name, slot) in [
+        (EXCLUDE_INBOUND_PORTS, &mut ex.inbound_ports),
+        (EXCLUDE_OUTBOUND_PORTS, &mut ex.outbound_ports),
+    ] {
+        if let Some(value) = get(name) {
+            match entries(ports(value, false)) {
+                Ok(list) => *slot = list,
+                Err(e) => ignored.push(ignore(name, value, e)),
+            }
         }
     }
     if let Some(value) = get(EXCLUDE_OUTBOUND_IP_RANGES) {
-        match cidrs(value, false) {
-            Ok(List::Entries(list)) => ex.outbound_cidrs = list,
-            Ok(List::All) => ignored.push(ignore(
-                EXCLUDE_OUTBOUND_IP_RANGES,
-                value,
-                AnnotationError::Wildcard,
-            )),
+        match entries(cidrs(value, false)) {
+            Ok(list) => ex.outbound_cidrs = list,
             Err(e) => ignored.push(ignore(EXCLUDE_OUTBOUND_IP_RANGES, value, e)),
         }
     }
@@ -274,6 +260,15 @@ pub fn warn_ignored(namespace: &str, pod: &str, ignored: &[IgnoredAnnotation]) {
             reason = %one.error,
             "pod annotation ignored; the pod is captured as if it were not set"
         );
+    }
+}
+
+/// A list's entries; `*` is [`AnnotationError::Wildcard`] (where a
+/// parser that was told it may take `*` gave it).
+fn entries<T>(list: Result<List<T>, AnnotationError>) -> Result<Vec<T>, AnnotationError> {
+    match list? {
+        List::Entries(list) => Ok(list),
+        List::All => Err(AnnotationError::Wildcard),
     }
 }
 
