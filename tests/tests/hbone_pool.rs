@@ -135,7 +135,7 @@ fn the_agents_pool_caps_streams_per_connection_and_releases_idle_ones() -> anyho
             "--hbone-pool-max-streams-per-connection",
             "2",
             "--hbone-pool-idle-timeout",
-            "5s",
+            "20s",
         ],
     )?;
     let _a2 = mesh.agent("hb", 2, &config, &[])?;
@@ -150,7 +150,8 @@ fn the_agents_pool_caps_streams_per_connection_and_releases_idle_ones() -> anyho
     );
     // Every stream ends at the app; the connections outlive them, idle in
     // the pool (the idle time counts from a connection's last new stream,
-    // and five seconds leave a wide margin for the steps since), until the
+    // and twenty seconds leave the steps since a margin no stall of a
+    // loaded machine eats; eviction runs every ten), until the
     // pool's eviction closes them (the server's own idle timeout is 3 min).
     held.clear();
     wait_until("the tunnels to end at the app", || {

@@ -215,8 +215,15 @@ fn sidecar_exclusion_annotations_apply_change_in_place_and_invalid_ones_are_igno
     modify(&mut pod, "1230", json!({ EXCLUDE_OUT_PORTS: "9902,http" }));
     // The warning comes as the reconciler reads the annotation, the
     // kernel update right after it.
-    wait_until("the invalid annotation to be reported and dropped", || {
-        Ok(agent.log_text().contains("pod annotation ignored")
+    let ignored = || -> anyhow::Result<f64> {
+        Ok(sum_matching(
+            &scrape(&agent)?,
+            "dataplane_kube_pod_annotations_ignored_total",
+            &[("annotation", EXCLUDE_OUT_PORTS)],
+        ))
+    };
+    wait_until("the invalid annotation to be counted and dropped", || {
+        Ok(ignored()? >= 1.0
             && listed(&agent, &uid)?.is_some_and(|(e, _)| e == Exclusions::default()))
     })?;
     assert!(listed(&agent, &uid)?.is_some(), "still enrolled");
@@ -227,12 +234,7 @@ fn sidecar_exclusion_annotations_apply_change_in_place_and_invalid_ones_are_igno
             && log.contains("web-7d9c8b6f5-x2x4q"),
         "the warning names the pod, the annotation and the value"
     );
-    let ignored = sum_matching(
-        &scrape(&agent)?,
-        "dataplane_kube_pod_annotations_ignored_total",
-        &[("annotation", EXCLUDE_OUT_PORTS)],
-    );
-    assert_eq!(ignored, 1.0);
+    assert_eq!(ignored()?, 1.0);
     assert_eq!(exchange(&agent, &client, &server, 9902)?, CAPTURED_OUT);
     assert_eq!(exchange(&agent, &client, &server, 9901)?, CAPTURED_OUT);
     Ok(())

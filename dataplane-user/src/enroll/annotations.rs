@@ -272,6 +272,15 @@ fn entries<T>(list: Result<List<T>, AnnotationError>) -> Result<Vec<T>, Annotati
     }
 }
 
+/// Istio's `*` (every port or range): allowed where `wildcard`, else
+/// refused; `None` for any other value.
+fn star<T>(value: &str, wildcard: bool) -> Option<Result<List<T>, AnnotationError>> {
+    (value == "*").then(|| match wildcard {
+        true => Ok(List::All),
+        false => Err(AnnotationError::Wildcard),
+    })
+}
+
 fn push_unique<T: PartialEq>(list: &mut Vec<T>, items: impl IntoIterator<Item = T>) {
     for item in items {
         if !list.contains(&item) {
@@ -283,11 +292,8 @@ fn push_unique<T: PartialEq>(list: &mut Vec<T>, items: impl IntoIterator<Item = 
 /// Istio's `parsePorts` (and `*` when `wildcard`), deduplicated, at most
 /// [`MAX_ENTRIES`].
 fn ports(value: &str, wildcard: bool) -> Result<List<u16>, AnnotationError> {
-    if value == "*" {
-        return match wildcard {
-            true => Ok(List::All),
-            false => Err(AnnotationError::Wildcard),
-        };
+    if let Some(all) = star(value, wildcard) {
+        return all;
     }
     let value = value.trim();
     if value.is_empty() {
@@ -312,11 +318,8 @@ fn ports(value: &str, wildcard: bool) -> Result<List<u16>, AnnotationError> {
 /// Istio's `validateCIDRList` (and `*` when `wildcard`), deduplicated,
 /// at most [`MAX_ENTRIES`].
 fn cidrs(value: &str, wildcard: bool) -> Result<List<IpNet>, AnnotationError> {
-    if value == "*" {
-        return match wildcard {
-            true => Ok(List::All),
-            false => Err(AnnotationError::Wildcard),
-        };
+    if let Some(all) = star(value, wildcard) {
+        return all;
     }
     if value.is_empty() {
         return Ok(List::Entries(Vec::new()));
