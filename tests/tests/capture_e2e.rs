@@ -413,8 +413,14 @@ fn kubelet_probes_from_the_nodes_namespace_reach_the_app_and_nothing_else_does()
         "the probe's connection ended early"
     );
     wait_until("the open probe's notes to go", || Ok(notes()? == (0, 0)))?;
-    let (exempt, captured) = counters()?;
-    assert_eq!(captured, before, "the open probe was captured");
+    // Not compared with `before` after the close: the close itself can
+    // leave a stray (the node's FIN retransmitted before the pod's final
+    // ACK came back, delivered after it from another CPU's backlog) that
+    // finds no socket in the pod and so reaches `sk_lookup`, which cannot
+    // tell it from a SYN and counts it (seen once on 5.10 under TCG). The
+    // probe was uncaptured while it lived (checked above, and its echo
+    // would have been refused by the policy had it been captured).
+    let (exempt, before) = counters()?;
 
     // A SYN from elsewhere with the node's address as its source: captured.
     let node_addr = SocketAddr::new(pod.node_side, 0);
