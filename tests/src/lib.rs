@@ -30,6 +30,7 @@ pub mod mesh;
 pub mod netns;
 pub mod observe;
 pub mod process;
+pub mod prometheus;
 pub mod redirector_node;
 pub mod responder;
 pub mod stale;

@@ -74,6 +74,12 @@ const PACKAGES: &[Package] = &[
     // a virtualenv for the deploy checks' Python tools (Helm's engine,
     // Kubernetes schemas; tests/src/cni_deploy.rs)
     tests(&["python3-venv"]),
+    // a real Prometheus that scrapes two agents and answers the queries of
+    // Istio's and Kiali's dashboards and of deploy/grafana/dataplane.json
+    // (tests/tests/prometheus_queries.rs). The test runs its own process
+    // (own config, storage and loopback port); the Debian service, where
+    // the init system starts one, is not used.
+    tests(&["prometheus"]),
 ];
 
 /// Installs the missing packages of [`PACKAGES`] without removing any.
