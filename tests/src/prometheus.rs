@@ -29,6 +29,9 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// a second for a counter's final value.
 pub const SCRAPE_INTERVAL: &str = "1s";
 
+/// Start-ups tried before giving up (see [`Prometheus::start`]).
+const START_ATTEMPTS: u32 = 3;
+
 /// One agent to scrape: its metrics address and the target labels service
 /// discovery would attach (as Kubernetes SD attaches `pod`, `namespace`).
 #[derive(Debug, Clone)]
@@ -52,7 +55,7 @@ pub struct Series {
 #[derive(Debug)]
 pub struct Prometheus {
     // Declared (so dropped) before `dir`: the process goes before its TSDB.
-    child: ChildGuard,
+    _child: ChildGuard,
     addr: SocketAddr,
     log: PathBuf,
     dir: TempDir,
@@ -66,46 +69,39 @@ impl Prometheus {
         let config = dir.path().join("prometheus.yml");
         std::fs::write(&config, scrape_config(targets))?;
         let log = dir.path().join("prometheus.log");
-        // A free port, released for Prometheus to bind: a parallel test
-        // taking it in between makes start-up fail with the log's reason,
-        // not a wrong answer.
-        let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let mut cmd = Command::new(binary()?);
-        cmd.arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .arg("--log.level=warn");
-        let child = spawn_logged_in(cmd, None, None, &log)?;
-        let mut prometheus = Self {
-            child,
-            addr,
-            log,
-            dir,
-        };
-        prometheus.wait_ready()?;
-        Ok(prometheus)
-    }
-
-    fn wait_ready(&mut self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + LIMIT;
+        let mut attempt = 0;
         loop {
-            anyhow::ensure!(
-                self.child.is_running(),
-                "prometheus exited at start-up: {}",
-                self.log_text()
-            );
-            if matches!(get(self.addr, "/-/ready"), Ok((200, _))) {
-                return Ok(());
+            attempt += 1;
+            // A free port, released for Prometheus to bind (it cannot be
+            // handed a socket): a parallel test's socket can take it in
+            // between, and Prometheus then exits at start-up. That is the
+            // only way it exits there with a config known to be good, so
+            // it is retried on another port.
+            let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+            let mut cmd = Command::new(binary()?);
+            cmd.arg(format!("--config.file={}", config.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.path().join(format!("data-{attempt}")).display()
+                ))
+                .arg(format!("--web.listen-address={addr}"))
+                .arg("--log.level=warn");
+            let mut child = spawn_logged_in(cmd, None, None, &log)?;
+            match wait_ready(&mut child, addr) {
+                Ok(()) => {
+                    return Ok(Self {
+                        _child: child,
+                        addr,
+                        log,
+                        dir,
+                    });
+                }
+                Err(StartFailure::Exited) if attempt < START_ATTEMPTS => {}
+                Err(failure) => {
+                    let log = std::fs::read_to_string(&log).unwrap_or_default();
+                    anyhow::bail!("prometheus on {addr} {failure} (attempt {attempt}): {log}");
+                }
             }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "prometheus was not ready within {LIMIT:?}: {}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(100));
         }
     }
 
@@ -155,6 +151,41 @@ impl Prometheus {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+}
+
+/// Why a start-up did not give a ready server.
+#[derive(Debug)]
+enum StartFailure {
+    /// The process exited (its port taken, as the log says).
+    Exited,
+    /// Still running but not ready within [`LIMIT`].
+    NotReady,
+}
+
+impl std::fmt::Display for StartFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Exited => "exited at start-up",
+            Self::NotReady => "was not ready in time",
+        })
+    }
+}
+
+/// Waits until the server at `addr` answers `/-/ready`, or `child` exits.
+fn wait_ready(child: &mut ChildGuard, addr: SocketAddr) -> Result<(), StartFailure> {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if !child.is_running() {
+            return Err(StartFailure::Exited);
+        }
+        if matches!(get(addr, "/-/ready"), Ok((200, _))) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(StartFailure::NotReady);
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
