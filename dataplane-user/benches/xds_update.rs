@@ -14,7 +14,11 @@
 //!   whole (the first state);
 //! - `whole/<N>`: apply, model update, merge and the next state made from
 //!   the one in force, in a row: what a push costs before the install
-//!   re-checks connections (the previous state dropped included).
+//!   re-checks connections (the previous state dropped included);
+//! - `spread/<N>`: `whole`, with each push changing another workload, as
+//!   `dp-scale` churns the mesh;
+//! - `idle/10000`: `spread` with 50 ms of idleness before each push (20
+//!   updates a second), the gaps not timed: what a push costs the agent.
 //!
 //! Alone: `cargo bench -p dataplane-user --bench xds_update`.
 
@@ -25,7 +29,7 @@ use dataplane_user::{
     config::LocalConfig,
     istio_api::ADDRESS_TYPE,
     sources::{FileIndex, merge_changes, merged_state},
-    xds::{XdsModel, translate},
+    xds::{XdsModel, XdsResources, translate},
 };
 
 #[path = "support/synthetic.rs"]
@@ -107,8 +111,93 @@ fn stages(c: &mut Criterion) {
                 black_box(state.workloads.len())
             });
         });
+        group.bench_with_input(BenchmarkId::new("spread", n), &resources, |b, held| {
+            // As `whole`, but each push changes another workload (spread
+            // over the mesh as `dp-scale` churns it), so no push finds the
+            // paths the previous one copied.
+            let index = FileIndex::of(&file);
+            let mut model = XdsModel::default();
+            let mut entries = model.update(held).clone();
+            let Ok(mut state) = merged_state(&file, Some(("xds://bench", &entries))) else {
+                return;
+            };
+            let mut mine = Arc::clone(held);
+            let mut push = 0usize;
+            b.iter(|| {
+                push += 1;
+                let i = (push * 7919) % n;
+                let update = response(
+                    ADDRESS_TYPE,
+                    vec![workload(i, services, namespaces, &format!("p{push}"))],
+                );
+                Arc::make_mut(&mut mine).apply(&update);
+                let new = model.update(&mine).clone();
+                let mut provenance = state.provenance.clone();
+                let changes = merge_changes(&index, &entries, &new, &mut provenance);
+                if let Ok(mut next) = state.apply(&changes) {
+                    next.provenance = provenance;
+                    state = next;
+                }
+                entries = new;
+                black_box(state.workloads.len())
+            });
+        });
+        if n == 10_000 {
+            idle(&mut group, n, &resources, &file);
+        }
     }
     group.finish();
+}
+
+/// `spread`, with the 50 ms between pushes that 20 updates a second leave
+/// (`dp-scale`'s churn), timed without the gaps. Idle, the caches and
+/// TLBs lose the mesh's nodes to everything else on the machine; a push
+/// then costs what it touches cold (on the 2-core VM it was 65 us back to
+/// back and 4 ms after a 50 ms gap, and spinning the CPU before a push did
+/// not bring it back): the figure to compare with ztunnel's CPU per
+/// update, and the one that counts cache lines touched, not instructions.
+fn idle(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    n: usize,
+    resources: &Arc<XdsResources>,
+    file: &LocalConfig,
+) {
+    let (services, namespaces) = ((n / 10).max(1), (n / 100).max(1));
+    let index = FileIndex::of(file);
+    let mut model = XdsModel::default();
+    let mut entries = model.update(resources).clone();
+    let Ok(mut state) = merged_state(file, Some(("xds://bench", &entries))) else {
+        return;
+    };
+    let mut mine = Arc::clone(resources);
+    let mut push = 0usize;
+    group.bench_function(BenchmarkId::new("idle", n), |b| {
+        b.iter_custom(|iters| {
+            let mut busy = Duration::ZERO;
+            for _ in 0..iters {
+                std::thread::sleep(Duration::from_millis(50));
+                let started = std::time::Instant::now();
+                push += 1;
+                let i = (push * 7919) % n;
+                let update = response(
+                    ADDRESS_TYPE,
+                    vec![workload(i, services, namespaces, &format!("i{push}"))],
+                );
+                Arc::make_mut(&mut mine).apply(&update);
+                let new = model.update(&mine).clone();
+                let mut provenance = state.provenance.clone();
+                let changes = merge_changes(&index, &entries, &new, &mut provenance);
+                if let Ok(mut next) = state.apply(&changes) {
+                    next.provenance = provenance;
+                    state = next;
+                }
+                entries = new;
+                black_box(state.workloads.len());
+                busy += started.elapsed();
+            }
+            busy
+        });
+    });
 }
 
 criterion_group! {

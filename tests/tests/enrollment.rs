@@ -15,8 +15,9 @@ use std::{
 
 use dataplane_tests::{
     Agent,
+    observe::{scrape, sum},
     topology::{Node, Pod},
-    traffic::{echo, echo_server},
+    traffic::{echo, echo_server, wait_until},
 };
 use dataplane_user::{control::Request, inspect::CertInfo};
 
@@ -118,6 +119,20 @@ fn re_enrolling_a_changed_pod_keeps_its_listening_sockets_and_refuses_nothing() 
         vec!["spiffe://cluster.local/ns/test/sa/sa-19".to_owned()],
         "certificates of identities no pod has any more must go"
     );
+    // ztunnel's lifecycle counters: an engine per enrollment (the first
+    // and 20 re-enrollments), each counted as it ends: the previous ones
+    // as they drain, the last and any still draining when the pod leaves.
+    let counted = |name: &str| -> anyhow::Result<f64> { Ok(sum(&scrape(&agent)?, name)) };
+    assert_eq!(counted("workload_manager_proxies_started_total")?, 21.0);
+    let removed = agent.call(&Request::Remove {
+        uid: Some(spec.uid.clone()),
+        netns: None,
+    })?;
+    anyhow::ensure!(removed.removed == Some(true), "not removed: {removed:?}");
+    wait_until("every engine of the pod to end", || {
+        Ok(counted("workload_manager_proxies_stopped_total")? == 21.0)
+    })?;
+    assert_eq!(counted("workload_manager_proxies_started_total")?, 21.0);
     Ok(())
 }
 
@@ -364,11 +379,7 @@ impl TwoPods {
 
 #[test]
 fn a_pod_that_leaves_takes_its_tunnels_and_pooled_connections_with_it() -> anyhow::Result<()> {
-    use dataplane_tests::{
-        mesh,
-        observe::{scrape, sum},
-        traffic::{stream, wait_until},
-    };
+    use dataplane_tests::{mesh, traffic::stream};
     let pods = TwoPods::start("enrleave", |leaving, staying| {
         mesh::config_of(vec![
             mesh::hbone_workload(leaving, "leaving", "node1"),
@@ -446,7 +457,7 @@ fn a_pod_that_leaves_takes_its_tunnels_and_pooled_connections_with_it() -> anyho
 fn a_pod_re_enrolled_under_a_new_identity_keeps_its_open_connections() -> anyhow::Result<()> {
     use dataplane_tests::{
         mesh,
-        traffic::{echo, echo_server, holding_server, stream, wait_until},
+        traffic::{holding_server, stream},
     };
     let workloads = |moving: &Pod, staying: &Pod, account: &str| {
         let mut moved = mesh::hbone_workload(moving, "moving", "node1");

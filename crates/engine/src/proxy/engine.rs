@@ -84,6 +84,8 @@ impl PodEngine {
             &runtime,
         );
         info!(pod = %ctx.identity.name, namespace = %ctx.identity.namespace, worker = ?placement.worker(), "in-pod listeners serving");
+        // Counted as stopped in `drop`, whichever way the engine ends.
+        ctx.mesh.metrics.proxy_started();
         Ok(Self {
             serving,
             upkeep,
@@ -154,6 +156,7 @@ impl Drop for PodEngine {
         if closed > 0 {
             debug!(connections = closed, "pooled HBONE connections closed");
         }
+        self.ctx.mesh.metrics.proxy_stopped();
     }
 }
 

@@ -197,6 +197,8 @@ pub struct Metrics {
     handshakes_pending: Gauge,
     early_data: Counter,
     on_demand_dns: Family<OnDemandDnsLabels, Counter>,
+    proxies_started: Counter,
+    proxies_stopped: Counter,
 }
 
 impl Default for Metrics {
@@ -299,6 +301,22 @@ impl Metrics {
             "Connections to an endpoint known by DNS name, whose name the agent resolved",
             on_demand_dns.clone(),
         );
+        // ztunnel's names (`src/inpod/metrics.rs`, under the
+        // `workload_manager` prefix of `src/app.rs`): it counts a pod's
+        // proxy started once its listeners are up and stopped once its
+        // task ends (`src/inpod/statemanager.rs` `add_workload_inner`).
+        let proxies_started = Counter::default();
+        registry.register(
+            "workload_manager_proxies_started",
+            "Pod engines started (one per enrollment, and one more for each re-enrollment)",
+            proxies_started.clone(),
+        );
+        let proxies_stopped = Counter::default();
+        registry.register(
+            "workload_manager_proxies_stopped",
+            "Pod engines ended (the pod left, or a re-enrolled pod's previous engine drained)",
+            proxies_stopped.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
@@ -333,6 +351,8 @@ impl Metrics {
             handshakes_pending,
             early_data,
             on_demand_dns,
+            proxies_started,
+            proxies_stopped,
         }
     }
 
@@ -422,6 +442,16 @@ impl Metrics {
     /// Counts a tunnel whose request carried the client's first bytes.
     pub fn early_data_sent(&self) {
         self.early_data.inc();
+    }
+
+    /// Counts a pod engine started (its listeners serving).
+    pub fn proxy_started(&self) {
+        self.proxies_started.inc();
+    }
+
+    /// Counts a pod engine ended (every task of it gone).
+    pub fn proxy_stopped(&self) {
+        self.proxies_stopped.inc();
     }
 
     /// Counts a connection from `source` whose endpoint's DNS name
