@@ -439,6 +439,12 @@ pub struct RunArgs {
     /// Log output format.
     #[arg(long, env = "DATAPLANE_LOG_FORMAT", default_value = "text", value_parser = log_format_parser())]
     pub log_format: LogFormat,
+    /// The share of access records of connections that ended well to
+    /// write, from 0 (none) to 1 (all), each drawn per connection; records
+    /// of failed, refused or agent-closed connections are always written
+    /// (at `warn`: `RUST_LOG=info,access=warn` writes those alone).
+    #[arg(long, env = "DATAPLANE_ACCESS_LOG_SAMPLE", default_value_t = 1.0, value_parser = parse_fraction)]
+    pub access_log_sample: f64,
     /// How pod traffic reaches the in-pod listeners: `ebpf` (our kernel
     /// programs) or `iptables` (Istio-style REDIRECT rules that someone else
     /// installs in each pod; no kernel program is loaded or attached and
@@ -588,6 +594,18 @@ fn parse_loopback(text: &str) -> Result<std::net::SocketAddr, String> {
             "{addr} is not a loopback address; the admin endpoint may only listen on 127.0.0.1 or [::1]"
         ))
     }
+}
+
+/// A number from 0 to 1.
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let value: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number; give one from 0 to 1"))?;
+    if !(0.0..=1.0).contains(&value) {
+        return Err(format!("{s} is not between 0 and 1"));
+    }
+    Ok(value)
 }
 
 fn parse_u32(s: &str) -> Result<u32, String> {

@@ -70,6 +70,8 @@ pub struct AgentConfig {
     pub workers: WorkersConfig,
     /// Log output format.
     pub log_format: LogFormat,
+    /// The share of clean-close access records written (0 to 1).
+    pub access_log_sample: f64,
     /// Where workload certificates come from.
     pub certs: CertsConfig,
     /// istiod, when anything asks it (xDS, or its CA unless

@@ -65,6 +65,7 @@ pub(super) fn mesh_context(
     let state = MeshState::from_config(config)?;
     let (shutdown_tx, shutdown) = watch::channel(false);
     let metrics = Arc::new(Metrics::new());
+    metrics.set_access_log_sample(args.access_log_sample);
     let handshakes = handshake_limits(args, nofile);
     let mesh = Arc::new(MeshContext {
         state: std::sync::RwLock::new(Arc::new(state)),

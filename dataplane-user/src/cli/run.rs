@@ -225,6 +225,7 @@ impl RunArgs {
                 threads: self.worker_threads,
             },
             log_format: self.log_format,
+            access_log_sample: self.access_log_sample,
             certs,
             istiod,
             xds,

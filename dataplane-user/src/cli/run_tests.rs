@@ -423,3 +423,20 @@ fn tls_compliance_flags_make_the_policy_and_unknown_policies_are_refused() {
         );
     }
 }
+
+#[test]
+fn the_access_log_sample_is_a_fraction() {
+    let sample = |flags: &[&str]| config(flags).map(|c| c.access_log_sample).ok();
+    assert_eq!(sample(&[]), Some(1.0));
+    assert_eq!(sample(&["--access-log-sample", "0.25"]), Some(0.25));
+    assert_eq!(sample(&["--access-log-sample", "0"]), Some(0.0));
+    for bad in ["1.5", "-0.1", "NaN", "half"] {
+        let flag = format!("--access-log-sample={bad}");
+        let argv = ["dataplane", "run", flag.as_str()];
+        let err = Cli::try_parse_from(argv).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains(bad)),
+            "{bad} was accepted or the error does not name it: {err:?}"
+        );
+    }
+}

@@ -231,6 +231,18 @@ impl Flow {
     }
 }
 
+/// An access record at `warn` when `$failed`, else at `info`: a tracing
+/// event's level is part of its static call site, so each is its own call.
+macro_rules! access_record {
+    ($failed:expr, $($fields:tt)*) => {
+        if $failed {
+            warn!(target: "access", $($fields)*)
+        } else {
+            info!(target: "access", $($fields)*)
+        }
+    };
+}
+
 /// An open connection; closing or dropping it writes its access record.
 #[derive(Debug)]
 pub struct OpenFlow {
@@ -309,13 +321,20 @@ impl OpenFlow {
         self.metrics.gone(self.flow.direction);
         let flow = &self.flow;
         let duration_ms = self.started.elapsed().as_millis() as u64;
+        let failed = error.is_some() || flags.is_failure();
+        if !failed && !self.metrics.keep_access_record() {
+            return;
+        }
         let message = if error.is_some() {
             "connection failed"
         } else {
             "connection closed"
         };
-        info!(
-            target: "access",
+        // Failures at the level of refusals, so `access=warn` keeps every
+        // error and nothing else (ztunnel logs a failed connection above
+        // a clean one too: `src/proxy/metrics.rs` `access_log!`).
+        access_record!(
+            failed,
             direction = flow.direction.as_str(),
             protocol = flow.protocol.as_str(),
             src = %flow.src,

@@ -199,6 +199,9 @@ pub struct Metrics {
     on_demand_dns: Family<OnDemandDnsLabels, Counter>,
     proxies_started: Counter,
     proxies_stopped: Counter,
+    /// The share of clean-close access records written (not a metric:
+    /// held here because every connection's record reaches it).
+    access_sample: super::AccessSample,
 }
 
 impl Default for Metrics {
@@ -353,7 +356,20 @@ impl Metrics {
             on_demand_dns,
             proxies_started,
             proxies_stopped,
+            access_sample: super::AccessSample::default(),
         }
+    }
+
+    /// Writes `rate` (0 to 1) of the access records of connections that
+    /// ended well from now on (`--access-log-sample`); every other record
+    /// is written.
+    pub fn set_access_log_sample(&self, rate: f64) {
+        self.access_sample.set(rate);
+    }
+
+    /// Whether a clean close's access record is written.
+    pub(super) fn keep_access_record(&self) -> bool {
+        self.access_sample.keep()
     }
 
     /// The registry itself, for a module below telemetry that registers

@@ -14,6 +14,7 @@ mod meter;
 mod metrics;
 mod outcome;
 mod process;
+mod sample;
 mod state;
 mod trace;
 
@@ -25,6 +26,7 @@ pub use flow::{Direction, Flow, OpenFlow, Peer, Protocol, ServiceRef};
 pub use meter::Meter;
 pub use metrics::{Metrics, TcpLabels};
 pub use outcome::{FailReason, ResponseFlags};
+pub use sample::AccessSample;
 pub use state::StateCollector;
 use tokio::net::TcpListener;
 pub use trace::TraceId;
