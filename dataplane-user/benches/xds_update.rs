@@ -27,9 +27,10 @@ use std::{hint::black_box, sync::Arc, time::Duration};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use dataplane_user::{
     config::LocalConfig,
-    istio_api::ADDRESS_TYPE,
+    istio_api::{ADDRESS_TYPE, discovery::DeltaDiscoveryResponse},
     sources::{FileIndex, merge_changes, merged_state},
-    xds::{XdsModel, XdsResources, translate},
+    state::MeshState,
+    xds::{XdsEntries, XdsModel, XdsResources, translate},
 };
 
 #[path = "support/synthetic.rs"]
@@ -87,66 +88,99 @@ fn stages(c: &mut Criterion) {
             });
         });
         group.bench_with_input(BenchmarkId::new("whole", n), &resources, |b, held| {
-            // The state in force shares the model's entries, as in the
-            // agent.
-            let index = FileIndex::of(&file);
-            let mut model = XdsModel::default();
-            let mut entries = model.update(held).clone();
-            let Ok(mut state) = merged_state(&file, Some(("xds://bench", &entries))) else {
+            let Some(mut agent) = Agent::new(&file, held, n) else {
                 return;
             };
             let mut push = 0usize;
             b.iter(|| {
                 push += 1;
-                let mut mine = Arc::clone(held);
-                Arc::make_mut(&mut mine).apply(&updates[push % 2]);
-                let new = model.update(&mine).clone();
-                let mut provenance = state.provenance.clone();
-                let changes = merge_changes(&index, &entries, &new, &mut provenance);
-                if let Ok(mut next) = state.apply(&changes) {
-                    next.provenance = provenance;
-                    state = next;
-                }
-                entries = new;
-                black_box(state.workloads.len())
+                // The published snapshot shares what istiod sent: the push
+                // copies it first, as in the agent.
+                agent.held = Arc::clone(held);
+                black_box(agent.push(&updates[push % 2]))
             });
         });
         group.bench_with_input(BenchmarkId::new("spread", n), &resources, |b, held| {
             // As `whole`, but each push changes another workload (spread
             // over the mesh as `dp-scale` churns it), so no push finds the
             // paths the previous one copied.
-            let index = FileIndex::of(&file);
-            let mut model = XdsModel::default();
-            let mut entries = model.update(held).clone();
-            let Ok(mut state) = merged_state(&file, Some(("xds://bench", &entries))) else {
+            let Some(mut agent) = Agent::new(&file, held, n) else {
                 return;
             };
-            let mut mine = Arc::clone(held);
-            let mut push = 0usize;
-            b.iter(|| {
-                push += 1;
-                let i = (push * 7919) % n;
-                let update = response(
-                    ADDRESS_TYPE,
-                    vec![workload(i, services, namespaces, &format!("p{push}"))],
-                );
-                Arc::make_mut(&mut mine).apply(&update);
-                let new = model.update(&mine).clone();
-                let mut provenance = state.provenance.clone();
-                let changes = merge_changes(&index, &entries, &new, &mut provenance);
-                if let Ok(mut next) = state.apply(&changes) {
-                    next.provenance = provenance;
-                    state = next;
-                }
-                entries = new;
-                black_box(state.workloads.len())
-            });
+            b.iter(|| black_box(agent.push_next()));
         });
         if n == 10_000 {
             idle(&mut group, n, &resources, &file);
         }
     }
     group.finish();
+}
+
+/// What the agent holds between pushes (`sources::xds_changed`): what
+/// istiod sent, the model made of it, the entries in force and the state
+/// built from them.
+struct Agent {
+    index: FileIndex,
+    model: XdsModel,
+    held: Arc<XdsResources>,
+    entries: XdsEntries,
+    state: MeshState,
+    /// Workloads, services and namespaces of the synthetic mesh, and the
+    /// pushes made by [`Agent::push_next`].
+    sizes: (usize, usize, usize),
+    pushes: usize,
+}
+
+impl Agent {
+    /// The agent once `held`, the synthetic mesh of `n` workloads, is in
+    /// force.
+    fn new(file: &LocalConfig, held: &Arc<XdsResources>, n: usize) -> Option<Self> {
+        let mut model = XdsModel::default();
+        let entries = model.update(held).clone();
+        let state = merged_state(file, Some(("xds://bench", &entries))).ok()?;
+        Some(Self {
+            index: FileIndex::of(file),
+            model,
+            held: Arc::clone(held),
+            entries,
+            state,
+            sizes: (n, (n / 10).max(1), (n / 100).max(1)),
+            pushes: 0,
+        })
+    }
+
+    /// Applies `update` as the agent does: to what istiod sent, then the
+    /// model, the merge with the file and the next state made from the one
+    /// in force (which is then dropped). Returns the workload count.
+    fn push(&mut self, update: &DeltaDiscoveryResponse) -> usize {
+        Arc::make_mut(&mut self.held).apply(update);
+        let new = self.model.update(&self.held).clone();
+        let mut provenance = self.state.provenance.clone();
+        let changes = merge_changes(&self.index, &self.entries, &new, &mut provenance);
+        if let Ok(mut next) = self.state.apply(&changes) {
+            next.provenance = provenance;
+            self.state = next;
+        }
+        self.entries = new;
+        self.state.workloads.len()
+    }
+
+    /// A push relabelling the next workload of a walk over the whole mesh.
+    fn push_next(&mut self) -> usize {
+        self.pushes += 1;
+        let (n, services, namespaces) = self.sizes;
+        let i = (self.pushes * 7919) % n;
+        let update = response(
+            ADDRESS_TYPE,
+            vec![workload(
+                i,
+                services,
+                namespaces,
+                &format!("p{}", self.pushes),
+            )],
+        );
+        self.push(&update)
+    }
 }
 
 /// `spread`, with the 50 ms between pushes that 20 updates a second leave
@@ -162,37 +196,16 @@ fn idle(
     resources: &Arc<XdsResources>,
     file: &LocalConfig,
 ) {
-    let (services, namespaces) = ((n / 10).max(1), (n / 100).max(1));
-    let index = FileIndex::of(file);
-    let mut model = XdsModel::default();
-    let mut entries = model.update(resources).clone();
-    let Ok(mut state) = merged_state(file, Some(("xds://bench", &entries))) else {
+    let Some(mut agent) = Agent::new(file, resources, n) else {
         return;
     };
-    let mut mine = Arc::clone(resources);
-    let mut push = 0usize;
     group.bench_function(BenchmarkId::new("idle", n), |b| {
         b.iter_custom(|iters| {
             let mut busy = Duration::ZERO;
             for _ in 0..iters {
                 std::thread::sleep(Duration::from_millis(50));
                 let started = std::time::Instant::now();
-                push += 1;
-                let i = (push * 7919) % n;
-                let update = response(
-                    ADDRESS_TYPE,
-                    vec![workload(i, services, namespaces, &format!("i{push}"))],
-                );
-                Arc::make_mut(&mut mine).apply(&update);
-                let new = model.update(&mine).clone();
-                let mut provenance = state.provenance.clone();
-                let changes = merge_changes(&index, &entries, &new, &mut provenance);
-                if let Ok(mut next) = state.apply(&changes) {
-                    next.provenance = provenance;
-                    state = next;
-                }
-                entries = new;
-                black_box(state.workloads.len());
+                black_box(agent.push_next());
                 busy += started.elapsed();
             }
             busy

@@ -66,6 +66,34 @@ pub fn loopback_istiod() -> Result<(tokio::runtime::Runtime, TestPki, TestIstiod
     Ok((rt, pki, istiod))
 }
 
+/// The files an agent that takes its mesh from istiod reads, written in
+/// one directory: istiod's root (`root-cert.pem`), a bearer token
+/// (`istio-token`) and an empty workloads file (`empty.yaml`).
+#[derive(Debug, Clone)]
+pub struct AgentFiles {
+    /// istiod's root, PEM.
+    pub root: std::path::PathBuf,
+    /// The token, `token` and a newline.
+    pub token: std::path::PathBuf,
+    /// A config file without workloads.
+    pub empty: std::path::PathBuf,
+}
+
+impl AgentFiles {
+    /// Writes them in `dir`.
+    pub fn write(dir: &std::path::Path, pki: &TestPki, token: &str) -> Result<Self> {
+        let files = Self {
+            root: dir.join("root-cert.pem"),
+            token: dir.join("istio-token"),
+            empty: dir.join("empty.yaml"),
+        };
+        std::fs::write(&files.root, &pki.root_pem)?;
+        std::fs::write(&files.token, format!("{token}\n"))?;
+        std::fs::write(&files.empty, "workloads: []\n")?;
+        Ok(files)
+    }
+}
+
 /// [`istiod_flags`] and `--xds`, the agent naming itself `pod` on
 /// 127.0.0.1 (its xDS node: Istio's `ztunnel~<ip>~<pod>...`).
 pub fn xds_flags(

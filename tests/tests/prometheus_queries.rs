@@ -19,7 +19,7 @@ use anyhow::{Context as _, Result, ensure};
 use dataplane_tests::{
     Agent,
     istio_resources::{address_resources, authorization_resources, workload_resource},
-    istiod::{TestIstiod, TestPki, xds_flags},
+    istiod::{AgentFiles, TestIstiod, TestPki, xds_flags},
     mesh::{ECHO_VIP, TwoNodes, addr},
     observe::{scrape, sum, sum_matching},
     prometheus::{Prometheus, Series, Target, series_of, sorted},
@@ -84,12 +84,8 @@ impl Mesh {
             }
         }
         let (rt, pki, istiod) = dataplane_tests::istiod::loopback_istiod()?;
-        let root = w.dir.path().join("root-cert.pem");
-        std::fs::write(&root, &pki.root_pem)?;
-        let token = w.dir.path().join("istio-token");
-        std::fs::write(&token, "prometheus-queries-token\n")?;
-        let empty = w.dir.path().join("empty.yaml");
-        std::fs::write(&empty, "workloads: []\n")?;
+        let AgentFiles { root, token, empty } =
+            AgentFiles::write(w.dir.path(), &pki, "prometheus-queries-token")?;
         rt.block_on(istiod.publish(ADDRESS_TYPE, address_resources(&mesh, "v1"), &[]))?;
         rt.block_on(istiod.publish(
             AUTHORIZATION_TYPE,

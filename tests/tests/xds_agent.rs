@@ -21,7 +21,7 @@ use dataplane_tests::{
     istio_resources::{
         address_resources, authorization_resources, policy_resource, workload_resource,
     },
-    istiod::{TestIstiod, TestPki, xds_flags},
+    istiod::{AgentFiles, TestIstiod, TestPki, xds_flags},
     mesh::{ECHO_VIP, NAMESPACE, TwoNodes, addr, policy, to_ports},
     observe::{scrape, sum, value},
     traffic::{echo, echo_server, http, stream, try_stream, wait_until},
@@ -54,12 +54,8 @@ impl World {
             workload.netns = None;
         }
         let (rt, pki, istiod) = dataplane_tests::istiod::loopback_istiod()?;
-        let root = w.dir.path().join("root-cert.pem");
-        std::fs::write(&root, &pki.root_pem)?;
-        let token = w.dir.path().join("istio-token");
-        std::fs::write(&token, "xds-agent-token\n")?;
-        let empty = w.dir.path().join("empty.yaml");
-        std::fs::write(&empty, "workloads: []\n")?;
+        let AgentFiles { root, token, empty } =
+            AgentFiles::write(w.dir.path(), &pki, "xds-agent-token")?;
         Ok(Self {
             w,
             mesh,

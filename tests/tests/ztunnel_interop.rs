@@ -27,7 +27,7 @@ use anyhow::Result;
 use dataplane_tests::{
     Cgroup, TempDir,
     istio_resources::{address_resources, authorization_resources},
-    istiod::{TestIstiod, TestPki, xds_flags},
+    istiod::{AgentFiles, TestIstiod, TestPki, xds_flags},
     mesh::{NAMESPACE, TwoNodes, addr},
     responder::Responder,
     topology::{Node, Pod},
@@ -293,12 +293,8 @@ fn our_engine_and_a_stock_ztunnel_tunnel_both_ways() -> anyhow::Result<()> {
 
     // Node1: our engine, its mesh and certificates from istiod; its pods
     // are enrolled over the control socket.
-    let root = w.dir.path().join("root-cert.pem");
-    std::fs::write(&root, &pki.root_pem)?;
-    let token = w.dir.path().join("istio-token");
-    std::fs::write(&token, "engine-node1-token\n")?;
-    let empty = w.dir.path().join("empty.yaml");
-    std::fs::write(&empty, "workloads: []\n")?;
+    let AgentFiles { root, token, empty } =
+        AgentFiles::write(w.dir.path(), &pki, "engine-node1-token")?;
     let mut flags = xds_flags(istiod.addr, &root, &token, "dataplane-node1");
     flags.extend(["--cert-source", "istio"].map(str::to_owned));
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
