@@ -13,7 +13,7 @@ use std::{net::SocketAddr, process::Command, time::Duration};
 use dataplane_tests::{
     Agent, Cgroup, TempDir,
     cni_kubeapi::{FakeApi, fixture, fixture_namespaces, pod_list, pod_uid},
-    observe::{scrape, sum_matching},
+    observe::{scrape, sum, sum_matching},
     spawn_in,
     topology::{Node, Pod},
     traffic::{echo_server, stream, wait_until},
@@ -201,8 +201,11 @@ fn sidecar_exclusion_annotations_apply_change_in_place_and_invalid_ones_are_igno
         listed(&agent, &uid)?.ok_or_else(|| anyhow::anyhow!("the pod left"))?;
     assert_eq!(same_cookie, cookie);
     assert!(exclusions.outbound_cidrs.is_empty() && exclusions.inbound_ports.is_empty());
-    assert!(
-        !agent.log_text().contains("pod re-enrolled"),
+    // Changed in place: the one engine started for the pod still serves
+    // it (a re-enrollment would have started a second).
+    assert_eq!(
+        sum(&scrape(&agent)?, "workload_manager_proxies_started_total"),
+        1.0,
         "changed in place, not re-enrolled"
     );
     assert_eq!(exchange(&agent, &client, &server, 9901)?, CAPTURED_OUT);
