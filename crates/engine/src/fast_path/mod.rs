@@ -48,7 +48,7 @@ use std::{
 };
 
 use dataplane_common::{FAST_SERVICE_MAX_ENDPOINTS, FastConn, IpAddr16, SockTuple};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::{
     identity::Identity,
@@ -489,7 +489,9 @@ impl FastPath {
             }
         }
         if done {
-            info!(target: "access", direction = "outbound", protocol = "FAST_PATH", %src, %dst, reason, "connection closed: denied by a policy change");
+            // An agent-closed connection: at `warn`, as every record
+            // that is not a clean close (`telemetry::flow`).
+            warn!(target: "access", direction = "outbound", protocol = "FAST_PATH", %src, %dst, reason, "connection closed: denied by a policy change");
         }
         done
     }
