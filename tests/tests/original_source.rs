@@ -29,27 +29,27 @@ fn seen_by(app: &Responder) -> anyhow::Result<IpAddr> {
     Ok(request.peer.ip().to_canonical())
 }
 
-/// One echo from `src` (an address of the node's own namespace) to `dst`.
-fn echo_from_node(
-    node: &dataplane_tests::topology::Node,
-    src: IpAddr,
+/// One echo from `src` (an address of `netns`, port 0 for any) to `dst`.
+fn echo_from(
+    netns: &dataplane_tests::Netns,
+    src: SocketAddr,
     dst: SocketAddr,
 ) -> anyhow::Result<()> {
-    node.netns().run(move || -> anyhow::Result<()> {
+    netns.run(move || -> anyhow::Result<()> {
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(dst),
             socket2::Type::STREAM,
             None,
         )?;
-        socket.bind(&SocketAddr::new(src, 0).into())?;
-        socket.connect_timeout(&dst.into(), Duration::from_secs(10))?;
+        socket.bind(&src.into())?;
+        socket.connect_timeout(&dst.into(), Duration::from_secs(20))?;
         let mut stream: TcpStream = socket.into();
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        stream.write_all(b"from the node")?;
+        stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+        stream.write_all(b"from the client")?;
         stream.shutdown(std::net::Shutdown::Write)?;
         let mut back = Vec::new();
         stream.read_to_end(&mut back)?;
-        anyhow::ensure!(back == b"from the node", "echo differs: {back:?}");
+        anyhow::ensure!(back == b"from the client", "echo differs: {back:?}");
         Ok(())
     })?
 }
@@ -86,7 +86,11 @@ fn apps_see_their_clients_own_addresses() -> anyhow::Result<()> {
     // A client on the node itself, from an address local to the node (not
     // the pod-facing one, which is exempt from capture like kubelet's).
     let node_local = IpAddr::V4(Ipv4Addr::new(192, 168, 255, 2));
-    echo_from_node(&w.n2, node_local, addr(&w.remote, 9000))?;
+    echo_from(
+        w.n2.netns(),
+        SocketAddr::new(node_local, 0),
+        addr(&w.remote, 9000),
+    )?;
     assert_eq!(seen_by(&remote)?, node_local, "a node-local client");
 
     // An app that is down answers the engine's SYN with a kernel RST,
@@ -140,5 +144,40 @@ fn the_opt_out_keeps_the_pods_own_address() -> anyhow::Result<()> {
 
     let pod = a2.pod_status("remote")?;
     assert_eq!(pod.original_source, Some(false), "status: {pod:?}");
+    Ok(())
+}
+
+/// The engine's connection to the app is made from the client's address
+/// with a port of its own choosing; it must never be the port of a
+/// captured connection from that client to that app that is still open,
+/// whose tuple the pod's namespace already holds (the engine's SYN would
+/// meet the captured connection instead of the app, and hang). The
+/// engine takes ports in turn, so the client binds the one it would take
+/// next.
+#[test]
+fn the_engine_never_takes_the_port_of_a_captured_connection() -> anyhow::Result<()> {
+    let w = TwoNodes::new("osport")?;
+    let (_a1, _a2) = w.agents("osp", &w.mesh_config())?;
+    let app = echo_server(&w.remote, 9000)?;
+    let dst = addr(&w.remote, 9000);
+    let port_seen = || -> anyhow::Result<u16> {
+        let request = app
+            .next_request(Duration::from_secs(20))
+            .ok_or_else(|| anyhow::anyhow!("the app served no connection"))?;
+        assert_eq!(request.peer.ip().to_canonical(), IpAddr::from(w.plain.ip4));
+        Ok(request.peer.port())
+    };
+
+    echo(&w.plain, dst, 64, 1)?;
+    let taken = port_seen()?;
+    // The kernel's ephemeral range, 32768-60999, in turn.
+    let next = if taken == 60_999 { 32_768 } else { taken + 1 };
+    echo_from(
+        &w.plain.netns,
+        SocketAddr::new(w.plain.ip4.into(), next),
+        dst,
+    )?;
+    let skipped = port_seen()?;
+    assert_ne!(skipped, next, "the engine took its client's own port");
     Ok(())
 }

@@ -84,6 +84,12 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                 }
                 drop(state);
                 let (_live, kill) = ctx.mesh.live.register(None, src, local);
+                // The pod holds this tuple until the connection is gone: no
+                // transparent connection to the app may take it meanwhile.
+                let _tuple = ctx
+                    .original_source
+                    .as_ref()
+                    .map(|transparent| transparent.ports.hold(src, local));
                 // One wait for the kill, through the connect and the relay.
                 let killed = kill.notified();
                 tokio::pin!(killed);

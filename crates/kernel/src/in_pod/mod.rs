@@ -8,5 +8,6 @@
 pub mod keepalive;
 pub mod original_source;
 pub mod pod_netns;
+pub mod source_ports;
 
 pub use pod_netns::PodNetns;

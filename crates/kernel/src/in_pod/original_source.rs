@@ -40,7 +40,7 @@
 //! are what Istio's in-pod rules do (there with a connmark, which needs
 //! netfilter; `tcp_fwmark_accept` gives the same without it).
 
-use std::{io, net::IpAddr, time::Duration};
+use std::{io, net::IpAddr, sync::Arc, time::Duration};
 
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
@@ -53,7 +53,7 @@ use netlink_packet_route::{
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
-use super::PodNetns;
+use super::{PodNetns, source_ports::SourcePorts};
 
 /// The pod's settings that carry a marked SYN's mark into everything
 /// answering it: the accepted socket's packets, and the kernel's own
@@ -363,7 +363,7 @@ impl PodOriginalSource {
         Ok(Some(Transparent {
             mark: routing.mark,
             tuples,
-            ports: SourcePorts::new(),
+            ports: Arc::new(SourcePorts::new()),
         }))
     }
 
@@ -388,15 +388,18 @@ pub struct Transparent {
     /// Where each connection's tuple goes before it is made; `None` under
     /// iptables capture (no `sk_lookup` to tell).
     pub tuples: Option<std::sync::Mutex<crate::redirect::TproxyTable>>,
-    /// The source ports the pod's transparent sockets take in turn.
-    pub ports: SourcePorts,
+    /// The source ports the pod's transparent sockets take in turn; the
+    /// pod's captured connections register with it while open
+    /// ([`SourcePorts::hold`]).
+    pub ports: Arc<SourcePorts>,
 }
 
 impl Transparent {
     /// Connects to the app at `app` from a socket in the pod bound to
     /// `client`'s address, its tuple recorded for `sk_lookup` first.
     ///
-    /// The source port is the pod's next in turn ([`SourcePorts`]); one
+    /// The source port is the pod's next in turn but those of its open
+    /// captured connections from the client to the app ([`SourcePorts`]); one
     /// in use with the client's address (`bind`), or whose whole tuple is
     /// (`connect`, e.g. still in `TIME_WAIT`), gives way to the next, at
     /// most [`PORT_TRIES`] times.
@@ -410,7 +413,7 @@ impl Transparent {
         let mut tries = 0;
         loop {
             tries += 1;
-            let src = std::net::SocketAddr::new(client, self.ports.next());
+            let src = std::net::SocketAddr::new(client, self.ports.next_for(client, app));
             match self.connect_from(netns, src, app, keepalive).await {
                 Err(err) if tries < PORT_TRIES && port_taken(&err) => continue,
                 result => return result,
@@ -458,45 +461,6 @@ fn port_taken(err: &io::Error) -> bool {
     )
 }
 
-/// The source ports of one pod's transparent sockets: the kernel's default
-/// ephemeral range (32768-60999), taken in turn from a random start, so
-/// that a port comes back only after every other one was used (a client
-/// address reaching one app port that fast would run out of tuples with or
-/// without the mesh: each closed connection holds its tuple in `TIME_WAIT`
-/// for 60 s).
-#[derive(Debug)]
-pub struct SourcePorts {
-    next: std::sync::atomic::AtomicU32,
-}
-
-impl SourcePorts {
-    const FIRST: u32 = 32_768;
-    const COUNT: u32 = 60_999 - Self::FIRST + 1;
-
-    /// Starts at a random port of the range.
-    pub fn new() -> Self {
-        let start = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        Self {
-            next: std::sync::atomic::AtomicU32::new(start % Self::COUNT),
-        }
-    }
-
-    /// The next port in turn.
-    pub fn next(&self) -> u16 {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // Below 65,536 by construction of the range.
-        (Self::FIRST + n % Self::COUNT) as u16
-    }
-}
-
-impl Default for SourcePorts {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// A recorded tuple whose connect has not succeeded; forgotten on drop.
 struct PendingTuple<'a> {
     tuples: &'a std::sync::Mutex<crate::redirect::TproxyTable>,
@@ -517,22 +481,4 @@ impl Drop for PendingTuple<'_> {
 /// the client's address: same family, and a real remote address.
 pub fn applies(client: IpAddr, app: IpAddr) -> bool {
     client.is_ipv4() == app.is_ipv4() && !client.is_loopback() && !client.is_unspecified()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::SourcePorts;
-
-    #[test]
-    fn source_ports_stay_in_the_ephemeral_range_and_come_back_only_after_all_others() {
-        let ports = SourcePorts::new();
-        let first = ports.next();
-        let mut seen = std::collections::HashSet::from([first]);
-        for _ in 1..SourcePorts::COUNT {
-            let port = ports.next();
-            assert!((32_768..=60_999).contains(&port), "{port}");
-            assert!(seen.insert(port), "{port} came back early");
-        }
-        assert_eq!(ports.next(), first);
-    }
 }
