@@ -12,9 +12,9 @@
 //!   workload (what every later push does);
 //! - `build/<N>`: the file merged in (empty here) and the mesh state built
 //!   whole (the first state);
-//! - `whole/<N>`: apply, model update, merge and the next state made from
-//!   the one in force, in a row: what a push costs before the install
-//!   re-checks connections (the previous state dropped included);
+//! - `whole/<N>`: apply, model update, merge and the next state made on
+//!   the spare (`state::Spare`), in a row: what a push costs before the
+//!   install re-checks connections;
 //! - `spread/<N>`: `whole`, with each push changing another workload, as
 //!   `dp-scale` churns the mesh;
 //! - `idle/10000`: `spread` with 50 ms of idleness before each push (20
@@ -29,7 +29,7 @@ use dataplane_user::{
     config::LocalConfig,
     istio_api::{ADDRESS_TYPE, discovery::DeltaDiscoveryResponse},
     sources::{FileIndex, merge_changes, merged_state},
-    state::MeshState,
+    state::{MeshState, Spare},
     xds::{XdsEntries, XdsModel, XdsResources, translate},
 };
 
@@ -117,14 +117,15 @@ fn stages(c: &mut Criterion) {
 }
 
 /// What the agent holds between pushes (`sources::xds_changed`): what
-/// istiod sent, the model made of it, the entries in force and the state
-/// built from them.
+/// istiod sent, the model made of it, the entries in force, the state
+/// built from them and the spare the next is made on.
 struct Agent {
     index: FileIndex,
     model: XdsModel,
     held: Arc<XdsResources>,
     entries: XdsEntries,
-    state: MeshState,
+    state: Arc<MeshState>,
+    spare: Spare,
     /// Workloads, services and namespaces of the synthetic mesh, and the
     /// pushes made by [`Agent::push_next`].
     sizes: (usize, usize, usize),
@@ -143,23 +144,26 @@ impl Agent {
             model,
             held: Arc::clone(held),
             entries,
-            state,
+            state: Arc::new(state),
+            spare: Spare::default(),
             sizes: (n, (n / 10).max(1), (n / 100).max(1)),
             pushes: 0,
         })
     }
 
     /// Applies `update` as the agent does: to what istiod sent, then the
-    /// model, the merge with the file and the next state made from the one
-    /// in force (which is then dropped). Returns the workload count.
+    /// model, the merge with the file and the next state made on the spare
+    /// (the state the one in force replaced, which then becomes the spare).
+    /// Returns the workload count.
     fn push(&mut self, update: &DeltaDiscoveryResponse) -> usize {
         Arc::make_mut(&mut self.held).apply(update);
         let new = self.model.update(&self.held).clone();
         let mut provenance = self.state.provenance.clone();
         let changes = merge_changes(&self.index, &self.entries, &new, &mut provenance);
-        if let Ok(mut next) = self.state.apply(&changes) {
-            next.provenance = provenance;
-            self.state = next;
+        if let Ok((mut next, _)) = self.spare.next(&self.state, &changes) {
+            Arc::make_mut(&mut next).provenance = provenance;
+            let replaced = std::mem::replace(&mut self.state, next);
+            self.spare.keep(replaced, changes, &self.state);
         }
         self.entries = new;
         self.state.workloads.len()

@@ -35,7 +35,7 @@ use crate::enroll::Enroller;
 use crate::logging::Chain;
 use crate::mesh::MeshContext;
 use crate::readiness::{Readiness, Step};
-use crate::state::{Affected, Changes, MeshState, Provenance, StateError};
+use crate::state::{Affected, Changes, MeshState, Provenance, Spare, StateError};
 use crate::xds::{XdsEntries, XdsModel, XdsResources, XdsSnapshot, client::AppliedReporter};
 
 /// The file's keys and addresses: istiod's entries of the same key are
@@ -256,6 +256,9 @@ struct Held {
     /// translates only what it changed); ahead of `xds` when the state
     /// made from its entries was refused.
     model: XdsModel,
+    /// The state the one in force replaced, to make the next from in
+    /// place (see [`Spare`]).
+    spare: Spare,
 }
 
 /// Combines the sources and installs every change.
@@ -279,6 +282,7 @@ impl ConfigSources {
                 file,
                 xds: None,
                 model: XdsModel::default(),
+                spare: Spare::default(),
             }),
         }
     }
@@ -297,8 +301,14 @@ impl ConfigSources {
         };
         held.file = Arc::clone(&file);
         held.file_index = index;
-        self.install(built, usize::MAX, &Affected::everything(), Some(file))
-            .await;
+        held.spare.clear();
+        self.install(
+            Arc::new(built),
+            usize::MAX,
+            &Affected::everything(),
+            Some(file),
+        )
+        .await;
         self.mesh.accept_config();
         Ok(())
     }
@@ -327,6 +337,8 @@ impl ConfigSources {
         };
         let small = small && old.is_some();
         let mut model = std::mem::take(&mut held.model);
+        let mut spare = std::mem::take(&mut held.spare);
+        let made_from = Arc::downgrade(&previous);
         let origin_name = origin.clone();
         let build = move || {
             let entries = model.update(&resources).clone();
@@ -335,31 +347,47 @@ impl ConfigSources {
                 Some(old) => {
                     let mut provenance = previous.provenance.clone();
                     let changes = merge_changes(&index, &old, &entries, &mut provenance);
-                    previous
-                        .apply_tracked(&changes)
+                    if changes.is_empty() {
+                        let unchanged = (previous, None, 0, Affected::default());
+                        return (model, entries, Ok(unchanged), spare);
+                    }
+                    spare
+                        .next(&previous, &changes)
                         .map(|(mut state, affected)| {
-                            state.provenance = provenance;
-                            (state, changes.len(), affected)
+                            Arc::make_mut(&mut state).provenance = provenance;
+                            let changed = changes.len();
+                            (state, Some(changes), changed, affected)
                         })
                 }
                 None => merged_state(&file, Some((&origin_name, &entries)))
-                    .map(|s| (s, usize::MAX, Affected::everything())),
+                    .map(|s| (Arc::new(s), None, usize::MAX, Affected::everything())),
             };
-            (model, entries, state)
+            (model, entries, state, spare)
         };
         let built = if small {
             Ok(build())
         } else {
             tokio::task::spawn_blocking(build).await
         };
-        // A panic lost the model: the next push translates everything.
-        let (model, entries, state) =
+        // A panic lost the model and the spare: the next push translates
+        // everything.
+        let (model, entries, state, spare) =
             built.map_err(|err| format!("translating istiod's resources failed: {err}"))?;
         held.model = model;
-        let (state, changed, affected) = state.map_err(|err| Chain(&err).to_string())?;
+        held.spare = spare;
+        let (state, changes, changed, affected) = state.map_err(|err| Chain(&err).to_string())?;
         held.xds = Some((origin, entries));
         if changed > 0 {
-            self.install(state, changed, &affected, None).await;
+            let installed = Arc::clone(&state);
+            let replaced = self.install(state, changed, &affected, None).await;
+            // The spare is the state the changes were made to, and only
+            // that one.
+            match changes {
+                Some(changes) if std::ptr::eq(made_from.as_ptr(), Arc::as_ptr(&replaced)) => {
+                    held.spare.keep(replaced, changes, &installed);
+                }
+                _ => held.spare.clear(),
+            }
         }
         Ok(())
     }
@@ -367,20 +395,21 @@ impl ConfigSources {
     /// Puts `state` in force (`changed` entries, reaching `affected`;
     /// `usize::MAX`: built whole) and, when the file changed, enrolls the
     /// pods it configures (only the file configures pods).
+    /// Returns the state it replaced.
     async fn install(
         &self,
-        state: MeshState,
+        state: Arc<MeshState>,
         changed: usize,
         affected: &Affected,
         file: Option<Arc<LocalConfig>>,
-    ) {
+    ) -> Arc<MeshState> {
         let (origin, workloads, services, policies) = (
             state.origin.clone(),
             state.workloads.len(),
             state.services.len(),
             state.policies.len(),
         );
-        let closed = self.mesh.install(state, affected);
+        let (closed, replaced) = self.mesh.install(state, affected);
         if let Some(file) = file
             && let Err(err) = self.enroller.apply_config(file).await
         {
@@ -407,6 +436,7 @@ impl ConfigSources {
             connections_closed = closed,
             "configuration applied"
         );
+        replaced
     }
 }
 

@@ -99,15 +99,15 @@ impl MeshContext {
 
     /// Installs a new snapshot and closes the open connections its
     /// policies deny, re-checking only those the change (`affected`) can
-    /// concern. Returns how many were closed.
-    pub fn install(&self, state: MeshState, affected: &Affected) -> usize {
-        let state = Arc::new(state);
-        match self.state.write() {
-            Ok(mut guard) => *guard = Arc::clone(&state),
-            Err(poisoned) => *poisoned.into_inner() = Arc::clone(&state),
-        }
+    /// concern. Returns how many were closed, and the snapshot it
+    /// replaced.
+    pub fn install(&self, state: Arc<MeshState>, affected: &Affected) -> (usize, Arc<MeshState>) {
+        let replaced = match self.state.write() {
+            Ok(mut guard) => std::mem::replace(&mut *guard, Arc::clone(&state)),
+            Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), Arc::clone(&state)),
+        };
         if affected.is_empty() {
-            return 0;
+            return (0, replaced);
         }
         let closed = self.live.enforce(
             |dst| affected.concerns(&state, dst),
@@ -117,7 +117,7 @@ impl MeshContext {
             .fast_path
             .get()
             .map_or(0, |fast| fast.revoke(&state, affected));
-        closed + reset
+        (closed + reset, replaced)
     }
 
     /// Whether `state` is the snapshot in force (a decision made on an

@@ -13,6 +13,7 @@ mod peer;
 mod provenance;
 mod services;
 mod snapshot;
+mod spare;
 mod waypoints;
 
 use std::{net::IpAddr, sync::Arc};
@@ -30,6 +31,7 @@ pub use services::{
     random_index,
 };
 pub use snapshot::MeshState;
+pub use spare::Spare;
 pub use waypoints::WaypointTarget;
 
 use crate::{
@@ -122,7 +124,7 @@ impl WorkloadIndex {
             interned: Arc::default(),
         };
         let changes = Changes::of_file(config);
-        index.apply(&changes.workloads, &mut |_, _| {})?;
+        index.apply(&changes.workloads, None, &mut |_, _| {})?;
         Ok(index)
     }
 
@@ -130,10 +132,13 @@ impl WorkloadIndex {
     /// removal first, so an address may move from one entry to another in
     /// one change. `touched` hears of each service key whose endpoints
     /// may have changed, with the workload entry concerned. An entry whose
-    /// workload did not change keeps its identity and telemetry peer.
+    /// workload did not change keeps its identity and telemetry peer, and
+    /// so does one `donor` (an index the same change was made to) holds
+    /// built from the same workload.
     pub(crate) fn apply(
         &mut self,
         changes: &[(EntryKey, Option<Arc<Workload>>)],
+        donor: Option<&WorkloadIndex>,
         touched: &mut dyn FnMut(&str, &EntryKey),
     ) -> Result<(), StateError> {
         let mut removed: Vec<Arc<MeshWorkload>> = Vec::new();
@@ -160,8 +165,13 @@ impl WorkloadIndex {
                 old.key == *key
                     && (Arc::ptr_eq(&old.workload, workload) || old.workload == *workload)
             });
-            let entry = match unchanged {
-                Some(old) => Arc::clone(old),
+            let donated = || {
+                donor
+                    .and_then(|d| d.by_key(key))
+                    .filter(|built| Arc::ptr_eq(&built.workload, workload))
+            };
+            let entry = match unchanged.or_else(donated) {
+                Some(built) => Arc::clone(built),
                 None => Arc::new(self.entry(key.clone(), workload)?),
             };
             for ip in workload.own_ips() {

@@ -250,12 +250,16 @@ impl ServiceIndex {
     /// (`members_touched`: service key and workload entry, from
     /// [`super::WorkloadIndex::apply`]) did, with endpoints from
     /// `workloads` (which already holds the change). Returns the keys of
-    /// the services built again.
+    /// the services built again; `old_vip` hears of each VIP the services
+    /// built again had before. A service `donor` (an index the same change
+    /// was made to) holds built from the same definition is taken from it.
     pub(crate) fn apply(
         &mut self,
         changes: &[(EntryKey, Option<Arc<Service>>)],
         members_touched: &[(String, EntryKey)],
         workloads: &super::WorkloadIndex,
+        donor: Option<&ServiceIndex>,
+        old_vip: &mut dyn FnMut(IpAddr),
     ) -> std::collections::BTreeSet<String> {
         let mut rebuild: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         for (service, entry) in members_touched {
@@ -294,6 +298,7 @@ impl ServiceIndex {
             };
             for (entry, built) in stale.iter() {
                 for vip in &built.service.vips {
+                    old_vip(vip.to_canonical());
                     self.by_vip.remove(&vip.to_canonical(), entry);
                 }
                 for range in &built.service.cidr_vips {
@@ -310,8 +315,15 @@ impl ServiceIndex {
                 continue;
             };
             let members = self.members.all(key.as_str()).cloned().unwrap_or_default();
+            let donated = donor.and_then(|d| d.entries.all(key.as_str()));
             for (entry, service) in defs.iter() {
-                let built = Arc::new(ServiceEntry::new(service, &members, previous.get(entry)));
+                let built = match donated
+                    .and_then(|all| all.get(entry))
+                    .filter(|built| Arc::ptr_eq(&built.service, service))
+                {
+                    Some(built) => Arc::clone(built),
+                    None => Arc::new(ServiceEntry::new(service, &members, previous.get(entry))),
+                };
                 for vip in &service.vips {
                     self.by_vip
                         .insert(vip.to_canonical(), entry.clone(), Arc::clone(&built));

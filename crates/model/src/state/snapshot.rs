@@ -47,6 +47,28 @@ impl MeshState {
     /// [`Self::apply`], also saying what the change can have changed for
     /// a connection (what an install re-checks and voids).
     pub fn apply_tracked(&self, changes: &Changes) -> Result<(Self, Affected), StateError> {
+        let mut next = self.clone();
+        let affected = next.apply_in_place(changes)?;
+        Ok((next, affected))
+    }
+
+    /// [`Self::apply_tracked`] made to this state: where no other state
+    /// shares a node of its indexes, the nodes on a change's paths are
+    /// changed where they are instead of copied. An error can leave the
+    /// state half changed: throw it away then.
+    pub fn apply_in_place(&mut self, changes: &Changes) -> Result<Affected, StateError> {
+        self.apply_with(changes, None)
+    }
+
+    /// [`Self::apply_in_place`]; an entry built again takes `donor`'s
+    /// when `donor` holds one built from the same definition (a state the
+    /// same change was made to), so that two states brought up to date by
+    /// the same changes share what they hold.
+    pub(super) fn apply_with(
+        &mut self,
+        changes: &Changes,
+        donor: Option<&MeshState>,
+    ) -> Result<Affected, StateError> {
         let mut affected = Affected::default();
         for (entry, new) in &changes.workloads {
             let old = self.workloads.by_key(entry).map(|w| &w.workload);
@@ -61,22 +83,28 @@ impl MeshState {
                 affected.policy(policy);
             }
         }
-        let mut next = self.clone();
         let mut members = Vec::new();
-        next.workloads
-            .apply(&changes.workloads, &mut |service, entry| {
+        self.workloads.apply(
+            &changes.workloads,
+            donor.map(|d| &d.workloads),
+            &mut |service, entry| {
                 members.push((service.to_owned(), entry.clone()));
-            })?;
-        let rebuilt = next
-            .services
-            .apply(&changes.services, &members, &next.workloads);
+            },
+        )?;
+        let rebuilt = self.services.apply(
+            &changes.services,
+            &members,
+            &self.workloads,
+            donor.map(|d| &d.services),
+            &mut |vip| affected.addr(vip),
+        );
         for key in &rebuilt {
-            for vip in self.services.vips(key).chain(next.services.vips(key)) {
+            for vip in self.services.vips(key) {
                 affected.addr(vip);
             }
         }
-        next.policies.apply(&changes.policies);
-        Ok((next, affected))
+        self.policies.apply(&changes.policies);
+        Ok(affected)
     }
 
     /// The merged configuration this state holds, in the file's shape
