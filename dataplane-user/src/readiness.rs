@@ -115,7 +115,7 @@ impl Readiness {
 
 /// Serves readiness until the task is dropped.
 pub async fn serve(listener: TcpListener, readiness: Arc<Readiness>) {
-    let handler: Handler = Arc::new(move |request| answer(request, &readiness));
+    let handler: Handler = Arc::new(move |request| answer(request, &readiness).into());
     httpd::serve(listener, "readiness", handler).await;
 }
 

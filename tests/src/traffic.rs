@@ -134,6 +134,12 @@ pub fn holding_server(pod: &Pod, port: u16) -> anyhow::Result<std::thread::JoinH
 /// One HTTP/1.1 request without a body to one of the agent's endpoints
 /// (readiness, metrics, admin): returns the status code and the body.
 pub fn http(addr: SocketAddr, method: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    let (status, body) = http_bytes(addr, method, path)?;
+    Ok((status, String::from_utf8(body)?))
+}
+
+/// [`http`], the body as bytes (a profile, say).
+pub fn http_bytes(addr: SocketAddr, method: &str, path: &str) -> anyhow::Result<(u16, Vec<u8>)> {
     use std::io::Write as _;
     let mut conn = std::net::TcpStream::connect_timeout(&addr, LIMIT)?;
     conn.set_read_timeout(Some(LIMIT))?;
@@ -141,15 +147,17 @@ pub fn http(addr: SocketAddr, method: &str, path: &str) -> anyhow::Result<(u16, 
         conn,
         "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )?;
-    let mut reply = String::new();
-    conn.read_to_string(&mut reply)?;
-    let (head, body) = reply
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow::anyhow!("no HTTP head in {reply:?}"))?;
+    let mut reply = Vec::new();
+    conn.read_to_end(&mut reply)?;
+    let split = reply
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no HTTP head in {:?}", String::from_utf8_lossy(&reply)))?;
+    let head = String::from_utf8_lossy(&reply[..split]);
     let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| anyhow::anyhow!("no status in {head:?}"))?;
-    Ok((status, body.to_owned()))
+    Ok((status, reply[split + 4..].to_vec()))
 }

@@ -1,6 +1,7 @@
 //! The agent's small HTTP/1.1 endpoints (readiness on 15021, metrics on
-//! 15020, admin on 15000): each request is answered by a synchronous
-//! handler from its method, path and query; bodies are ignored.
+//! 15020, admin on 15000): each request is answered by a handler from its
+//! method, path and query, at once or, for what takes time (a CPU profile),
+//! by a future the connection's task awaits; request bodies are ignored.
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc};
 
@@ -25,7 +26,7 @@ pub struct Reply {
     /// The Content-Type.
     pub content_type: &'static str,
     /// The body.
-    pub body: String,
+    pub body: Bytes,
 }
 
 impl Reply {
@@ -34,13 +35,39 @@ impl Reply {
         Self {
             status,
             content_type: TEXT,
-            body: body.into(),
+            body: Bytes::from(body.into()),
+        }
+    }
+}
+
+/// A reply that takes time to make.
+pub type Deferred = std::pin::Pin<Box<dyn std::future::Future<Output = Reply> + Send>>;
+
+/// How a handler answers a request.
+pub enum Answer {
+    /// At once.
+    Now(Reply),
+    /// Once the future is done (dropped if the client goes first).
+    Later(Deferred),
+}
+
+impl From<Reply> for Answer {
+    fn from(reply: Reply) -> Self {
+        Self::Now(reply)
+    }
+}
+
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Now(reply) => f.debug_tuple("Now").field(reply).finish(),
+            Self::Later(_) => f.write_str("Later"),
         }
     }
 }
 
 /// Answers one request.
-pub type Handler = Arc<dyn Fn(&Parts) -> Reply + Send + Sync>;
+pub type Handler = Arc<dyn Fn(&Parts) -> Answer + Send + Sync>;
 
 /// Binds an endpoint's port.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -57,14 +84,20 @@ pub async fn serve(listener: TcpListener, name: &'static str, handler: Handler) 
         tokio::spawn(async move {
             let service = service_fn(move |request: Request<Incoming>| {
                 let (parts, _body) = request.into_parts();
-                let reply = handler(&parts);
-                let mut response = Response::new(Full::new(Bytes::from(reply.body)));
-                *response.status_mut() = reply.status;
-                response.headers_mut().insert(
-                    CONTENT_TYPE,
-                    http::HeaderValue::from_static(reply.content_type),
-                );
-                async move { Ok::<_, Infallible>(response) }
+                let answer = handler(&parts);
+                async move {
+                    let reply = match answer {
+                        Answer::Now(reply) => reply,
+                        Answer::Later(later) => later.await,
+                    };
+                    let mut response = Response::new(Full::new(reply.body));
+                    *response.status_mut() = reply.status;
+                    response.headers_mut().insert(
+                        CONTENT_TYPE,
+                        http::HeaderValue::from_static(reply.content_type),
+                    );
+                    Ok::<_, Infallible>(response)
+                }
             });
             if let Err(err) = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)

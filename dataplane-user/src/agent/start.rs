@@ -343,7 +343,7 @@ pub async fn start(config: AgentConfig) -> Result<Bound, AgentError> {
     let socket_identity = super::file_identity(&socket);
     let admin_listener = bind_endpoint(
         "admin",
-        "/config_dump, /logging, /quitquitquit",
+        "/config_dump, /logging, /quitquitquit, /debug/pprof",
         args.endpoints.admin,
         args.takeover,
     )

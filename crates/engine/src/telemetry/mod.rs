@@ -43,18 +43,20 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     let handler: Handler = Arc::new(move |request| {
         let path = request.uri.path();
         if request.method != Method::GET || !matches!(path, "/metrics" | "/stats/prometheus") {
-            return Reply::text(StatusCode::NOT_FOUND, "not found; try GET /metrics\n");
+            return Reply::text(StatusCode::NOT_FOUND, "not found; try GET /metrics\n").into();
         }
         match metrics.encode() {
             Ok(body) => Reply {
                 status: StatusCode::OK,
                 content_type: "text/plain; version=0.0.4; charset=utf-8",
-                body,
-            },
+                body: body.into(),
+            }
+            .into(),
             Err(_) => Reply::text(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "metrics could not be encoded\n",
-            ),
+            )
+            .into(),
         }
     });
     httpd::serve(listener, "metrics", handler).await;

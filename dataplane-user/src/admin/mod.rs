@@ -9,6 +9,11 @@
 //! - `GET /logging`: the log filter; `POST /logging?level=<filter>` sets it
 //!   (`debug`, `info,access=off`, ...).
 //! - `POST /quitquitquit`: drain and exit, as SIGTERM does.
+//! - `GET /debug/pprof/profile?seconds=&frequency=`: a CPU profile in
+//!   pprof's protobuf form ([`profile`]); `GET /debug/pprof/heap` says why
+//!   there is none of the heap.
+
+mod profile;
 
 use std::sync::Arc;
 
@@ -16,7 +21,7 @@ use http::{Method, StatusCode, request::Parts};
 use tokio::{net::TcpListener, sync::Notify};
 
 use crate::{
-    httpd::{self, Handler, JSON, Reply, query_value},
+    httpd::{self, Answer, Handler, JSON, Reply, query_value},
     inspect::AgentView,
     logging,
 };
@@ -28,9 +33,23 @@ pub async fn serve(listener: TcpListener, view: Arc<AgentView>, quit: Arc<Notify
     httpd::serve(listener, "admin", handler).await;
 }
 
-fn answer(request: &Parts, view: &AgentView, quit: &Notify) -> Reply {
+/// Every endpoint, for the answers to a wrong path or method.
+const ENDPOINTS: &str = "endpoints: GET /config_dump, GET|POST /logging[?level=<filter>], \
+                         POST /quitquitquit, GET /debug/pprof/profile[?seconds=&frequency=], \
+                         GET /debug/pprof/heap\n";
+
+fn answer(request: &Parts, view: &AgentView, quit: &Notify) -> Answer {
     let method = &request.method;
     match request.uri.path() {
+        "/debug/pprof/profile" if method == Method::GET => profile::cpu(request),
+        "/debug/pprof/heap" if method == Method::GET => profile::heap(),
+        path => plain(path, request, view, quit).into(),
+    }
+}
+
+fn plain(path: &str, request: &Parts, view: &AgentView, quit: &Notify) -> Reply {
+    let method = &request.method;
+    match path {
         "/config_dump" if method == Method::GET => {
             match serde_json::to_string_pretty(&view.config_dump()) {
                 Ok(mut body) => {
@@ -38,7 +57,7 @@ fn answer(request: &Parts, view: &AgentView, quit: &Notify) -> Reply {
                     Reply {
                         status: StatusCode::OK,
                         content_type: JSON,
-                        body,
+                        body: body.into(),
                     }
                 }
                 Err(err) => Reply::text(
@@ -79,13 +98,14 @@ fn answer(request: &Parts, view: &AgentView, quit: &Notify) -> Reply {
             quit.notify_one();
             Reply::text(StatusCode::OK, "draining, then exiting\n")
         }
-        "/config_dump" | "/logging" | "/quitquitquit" => Reply::text(
+        "/config_dump"
+        | "/logging"
+        | "/quitquitquit"
+        | "/debug/pprof/profile"
+        | "/debug/pprof/heap" => Reply::text(
             StatusCode::METHOD_NOT_ALLOWED,
-            "method not allowed: GET /config_dump, GET|POST /logging[?level=], POST /quitquitquit\n",
+            format!("method not allowed; {ENDPOINTS}"),
         ),
-        _ => Reply::text(
-            StatusCode::NOT_FOUND,
-            "endpoints: GET /config_dump, GET|POST /logging[?level=<filter>], POST /quitquitquit\n",
-        ),
+        _ => Reply::text(StatusCode::NOT_FOUND, ENDPOINTS),
     }
 }
