@@ -47,6 +47,8 @@ pub struct Agent {
     /// `RLIMIT_NOFILE` (soft, hard) to start it with, instead of the
     /// test's own.
     nofile: Option<(u64, u64)>,
+    /// Environment variables set for it besides the test's own.
+    env: Vec<(String, String)>,
     /// Where its HTTP endpoints listen, as its status report said once
     /// ready.
     endpoints: Endpoints,
@@ -66,6 +68,27 @@ impl Agent {
         extra: &[&str],
         nofile: Option<(u64, u64)>,
     ) -> anyhow::Result<Self> {
+        Self::launch(tag, node, extra, nofile, &[])
+    }
+
+    /// As [`Agent::start`], with `env` set for the agent process (and its
+    /// restarts).
+    pub fn start_with_env(
+        tag: &str,
+        node: &Node,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        Self::launch(tag, node, extra, None, env)
+    }
+
+    fn launch(
+        tag: &str,
+        node: &Node,
+        extra: &[&str],
+        nofile: Option<(u64, u64)>,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let mut agent = Self {
             child: None,
             instance: format!("{tag}-agent"),
@@ -75,6 +98,10 @@ impl Agent {
             cgroup: node.cgroup().path().to_path_buf(),
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             nofile,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
             endpoints: Endpoints::default(),
         };
         agent.log = agent.state.path().join("agent.log");
@@ -142,6 +169,7 @@ impl Agent {
             .arg(&self.cgroup)
             .args(&self.extra)
             .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log);
         if !self.extra.iter().any(|a| a == "--on-exit") {

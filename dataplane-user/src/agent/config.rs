@@ -423,9 +423,24 @@ pub enum AfterHandover {
     Wait,
 }
 
+/// The root file name that means the system's roots (ztunnel's
+/// `XDS_ROOT_CA`/`CA_ROOT_CA` value `SYSTEM`, `src/config.rs`), unless a
+/// file of that name exists (as ztunnel checks first).
+pub const SYSTEM_ROOTS: &str = "SYSTEM";
+
+/// Whether `path` names the system's roots ([`SYSTEM_ROOTS`]).
+pub fn is_system_roots(path: &Path) -> bool {
+    path == Path::new(SYSTEM_ROOTS) && !path.exists()
+}
+
 /// Every certificate of a PEM bundle as a root store; a file with none, or
-/// with one that is not a usable root, is refused.
+/// with one that is not a usable root, is refused. [`SYSTEM_ROOTS`]: the
+/// system's (`SSL_CERT_FILE`/`SSL_CERT_DIR` when set, else the
+/// distribution's store), as ztunnel's `RootCert::Default`.
 pub fn read_roots(path: &Path) -> Result<RootCertStore, RootsError> {
+    if is_system_roots(path) {
+        return system_roots(path);
+    }
     let mut roots = RootCertStore::empty();
     for cert in read_root_certs(path)? {
         roots.add(cert).map_err(|e| RootsError {
@@ -433,6 +448,34 @@ pub fn read_roots(path: &Path) -> Result<RootCertStore, RootsError> {
             reason: format!("a certificate is not a usable root: {e}"),
         })?;
     }
+    Ok(roots)
+}
+
+/// The system's roots; refused when none is usable. Certificates the
+/// store holds but that cannot be roots are skipped and logged.
+fn system_roots(path: &Path) -> Result<RootCertStore, RootsError> {
+    let found = rustls_native_certs::load_native_certs();
+    for error in &found.errors {
+        tracing::warn!(%error, "part of the system's root store cannot be read");
+    }
+    let mut roots = RootCertStore::empty();
+    let (added, skipped) = roots.add_parsable_certificates(found.certs);
+    if skipped > 0 {
+        tracing::warn!(
+            skipped,
+            "system roots that are not usable roots are left out"
+        );
+    }
+    if added == 0 {
+        return Err(RootsError {
+            path: path.to_path_buf(),
+            reason: "the system's root store holds no usable root (set SSL_CERT_FILE, or give a PEM file)".into(),
+        });
+    }
+    tracing::info!(
+        roots = added,
+        "istiod's or the CA's certificate is checked against the system's roots"
+    );
     Ok(roots)
 }
 

@@ -38,7 +38,9 @@ pub struct IstioArgs {
     #[arg(long, env = "DATAPLANE_ISTIOD_SERVER_NAME")]
     pub istiod_server_name: Option<String>,
     /// The mesh root(s) istiod's certificate chains to (PEM; the
-    /// `istio-ca-root-cert` ConfigMap's `root-cert.pem`).
+    /// `istio-ca-root-cert` ConfigMap's `root-cert.pem`), or `SYSTEM` for
+    /// the system's roots (ztunnel's `XDS_ROOT_CA=SYSTEM`; `SSL_CERT_FILE`
+    /// and `SSL_CERT_DIR` are honoured).
     #[arg(
         long,
         env = "DATAPLANE_ISTIOD_ROOT_CERT",
@@ -77,11 +79,17 @@ pub struct IstioArgs {
     /// `ALT_CA_HOSTNAME`.
     #[arg(long, env = "DATAPLANE_CA_SERVER_NAME")]
     pub ca_server_name: Option<String>,
-    /// The root(s) the CA's serving certificate chains to (PEM) [default:
-    /// --istiod-root-cert]. Only the CA's TLS uses it: the mesh's roots
-    /// stay --istiod-root-cert. ztunnel's `CA_ROOT_CA`.
+    /// The root(s) the CA's serving certificate chains to (PEM, or
+    /// `SYSTEM`) [default: --istiod-root-cert]. Only the CA's TLS uses it:
+    /// the mesh's roots are --mesh-root-cert. ztunnel's `CA_ROOT_CA`.
     #[arg(long, env = "DATAPLANE_CA_SERVER_ROOT_CERT")]
     pub ca_server_root_cert: Option<PathBuf>,
+    /// With `--cert-source istio`: the mesh's root(s), which peers'
+    /// certificates chain to (PEM; the `istio-ca-root-cert` ConfigMap's
+    /// `root-cert.pem`) [default: --istiod-root-cert, which must then be a
+    /// file].
+    #[arg(long, env = "DATAPLANE_MESH_ROOT_CERT")]
+    pub mesh_root_cert: Option<PathBuf>,
     /// With `--cert-source files`: the directory of mounted certificates.
     #[arg(long, env = "DATAPLANE_CERT_DIR")]
     pub cert_dir: Option<PathBuf>,
@@ -166,6 +174,22 @@ impl IstioArgs {
         }))
     }
 
+    /// The mesh's roots with `--cert-source istio`: `--mesh-root-cert`,
+    /// else istiod's root file. The system's roots are no mesh's: with
+    /// `--istiod-root-cert SYSTEM` the mesh's must be given.
+    pub fn mesh_roots(&self) -> Result<PathBuf, IstioArgsError> {
+        match &self.mesh_root_cert {
+            Some(path) => Ok(path.clone()),
+            None if crate::agent::config::is_system_roots(&self.istiod_root_cert) => {
+                Err(IstioArgsError::Missing {
+                    what: "--cert-source istio with --istiod-root-cert SYSTEM",
+                    needed: "--mesh-root-cert (the mesh's root: the istio-ca-root-cert ConfigMap's root-cert.pem)",
+                })
+            }
+            None => Ok(self.istiod_root_cert.clone()),
+        }
+    }
+
     /// Where Istio's CA is, with `--cert-source istio`: `--ca-address`
     /// and its name and root when given, istiod's otherwise (as ztunnel's
     /// `CA_ADDRESS`, `ALT_CA_HOSTNAME` and `CA_ROOT_CA` default to the
@@ -176,6 +200,7 @@ impl IstioArgs {
                 ("--ca-address", self.ca_address.is_some()),
                 ("--ca-server-name", self.ca_server_name.is_some()),
                 ("--ca-server-root-cert", self.ca_server_root_cert.is_some()),
+                ("--mesh-root-cert", self.mesh_root_cert.is_some()),
             ] {
                 if set {
                     return Err(IstioArgsError::CaFlagUnused(flag));

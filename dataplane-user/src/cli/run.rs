@@ -129,7 +129,7 @@ impl RunArgs {
                     what: "--cert-source istio",
                     needed: "--istiod-address or --ca-address",
                 })?,
-                mesh_roots: self.istio.istiod_root_cert.clone(),
+                mesh_roots: self.istio.mesh_roots()?,
             },
             CertSourceKind::Files => CertsConfig::Files {
                 dir: self.istio.cert_dir()?.unwrap_or_default(),

@@ -324,10 +324,25 @@ fn the_ca_may_be_another_server_than_istiod() {
             "--ca-address `csr`",
         ),
         (&["--cert-source", "istio"][..], "--ca-address"),
+        (&["--mesh-root-cert", "/x.pem"][..], "--mesh-root-cert"),
     ] {
         let message = refused(flags);
         assert!(message.contains(named), "{flags:?}: {message}");
     }
+    // The system's roots for istiod's TLS (ztunnel's XDS_ROOT_CA=SYSTEM):
+    // the CA's TLS follows them, the mesh's roots must be given.
+    let system = ["--cert-source", "istio", "--istiod-address", istiod];
+    let system = [&system[..], &["--istiod-root-cert", "SYSTEM"]].concat();
+    let message = refused(&system);
+    assert!(
+        message.contains("--mesh-root-cert") && message.contains("SYSTEM"),
+        "{message}"
+    );
+    let (ca, roots, xds) =
+        ca_of(&[&system[..], &["--mesh-root-cert", "/etc/mesh/root.pem"]].concat());
+    assert_eq!(ca.root_cert, PathBuf::from("SYSTEM"));
+    assert_eq!(roots, PathBuf::from("/etc/mesh/root.pem"));
+    assert_eq!(xds.map(|x| x.root_cert), Some(PathBuf::from("SYSTEM")));
 }
 
 #[test]
