@@ -278,3 +278,13 @@ pub const ECHO_VIP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 96, 0, 10));
 pub fn addr(pod: &Pod, port: u16) -> std::net::SocketAddr {
     std::net::SocketAddr::new(pod.ip4.into(), port)
 }
+
+/// `config` as istiod would serve it: istiod knows nothing of network
+/// namespaces, so no workload names one (the pods are enrolled over the
+/// control socket instead).
+pub fn as_istiod_serves(mut config: LocalConfig) -> LocalConfig {
+    for workload in &mut config.workloads {
+        std::sync::Arc::make_mut(workload).netns = None;
+    }
+    config
+}

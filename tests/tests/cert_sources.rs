@@ -230,13 +230,9 @@ fn one_istiod_gives_two_agents_their_mesh_over_xds_and_their_certificates() -> R
     use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
     let mesh = TwoNodes::new("csxds")?;
     let world = IstioCaWorld::start(mesh.dir.path())?;
-    // istiod knows nothing of network namespaces: pods are enrolled over
-    // the control socket, each with its name as its service account.
-    let mut config = mesh.mesh_config();
-    for workload in &mut config.workloads {
-        let workload = std::sync::Arc::make_mut(workload);
-        workload.netns = None;
-    }
+    // Pods are enrolled over the control socket, each with its name as its
+    // service account.
+    let config = dataplane_tests::mesh::as_istiod_serves(mesh.mesh_config());
     world.runtime.block_on(async {
         let istiod = &world.istiod;
         istiod

@@ -73,12 +73,9 @@ impl Mesh {
     /// endpoint.
     fn new(tag: &str) -> Result<Self> {
         let w = TwoNodes::new(tag)?;
-        let mut mesh = w.echo_config();
+        let mut mesh = dataplane_tests::mesh::as_istiod_serves(w.echo_config());
         for workload in &mut mesh.workloads {
             let workload = std::sync::Arc::make_mut(workload);
-            // istiod knows nothing of network namespaces: pods are
-            // enrolled over the control socket.
-            workload.netns = None;
             if workload.name == "local" {
                 workload.services = Default::default();
             }

@@ -46,13 +46,7 @@ struct World {
 impl World {
     fn new(tag: &str) -> Result<Self> {
         let w = TwoNodes::new(tag)?;
-        let mut mesh = w.echo_config();
-        // istiod knows nothing of network namespaces: pods are enrolled
-        // over the control socket.
-        for workload in &mut mesh.workloads {
-            let workload = std::sync::Arc::make_mut(workload);
-            workload.netns = None;
-        }
+        let mesh = dataplane_tests::mesh::as_istiod_serves(w.echo_config());
         let (rt, pki, istiod) = dataplane_tests::istiod::loopback_istiod()?;
         let AgentFiles { root, token, empty } =
             AgentFiles::write(w.dir.path(), &pki, "xds-agent-token")?;

@@ -62,11 +62,7 @@ fn start_ztunnel(
 /// policies.
 fn istiod_serving(w: &TwoNodes) -> Result<(tokio::runtime::Runtime, TestPki, TestIstiod)> {
     let (rt, pki, istiod) = dataplane_tests::istiod::loopback_istiod()?;
-    let mut mesh = w.mesh_config();
-    for workload in &mut mesh.workloads {
-        let workload = std::sync::Arc::make_mut(workload);
-        workload.netns = None;
-    }
+    let mesh = dataplane_tests::mesh::as_istiod_serves(w.mesh_config());
     rt.block_on(async {
         istiod
             .publish(ADDRESS_TYPE, address_resources(&mesh, "1"), &[])
