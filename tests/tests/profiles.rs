@@ -4,9 +4,7 @@
 //! refused with 400, and a heap profile is answered 501 with the reason.
 
 use dataplane_tests::{
-    Agent, TempDir,
-    mesh::{addr, config_of, hbone_workload, write_config},
-    topology::Node,
+    mesh::{TwoNodes, addr},
     traffic::{echo_server, http, http_bytes},
     upgrade::Loop,
 };
@@ -14,17 +12,10 @@ use pprof::protos::{Message as _, Profile};
 
 #[test]
 fn a_cpu_profile_of_an_agent_at_work_names_its_code() -> anyhow::Result<()> {
-    let mut node = Node::new("prof", 1)?;
-    let client = node.add_pod("prof")?;
-    let server = node.add_pod("prof")?;
-    let dir = TempDir::new("prof")?;
-    let config = config_of(vec![
-        hbone_workload(&client, "client", "node1"),
-        hbone_workload(&server, "server", "node1"),
-    ]);
-    let config = write_config(dir.path(), "mesh.yaml", &config)?;
-    let agent = Agent::standalone("prof", &node, "node1", &config, &dir.path().join("ca"), &[])?;
-    let _echo = echo_server(&server, 9000)?;
+    // Node 1's agent serves `client` and `local`.
+    let w = TwoNodes::new("prof")?;
+    let agent = w.agent("prof", 1, &w.config()?, &[])?;
+    let _echo = echo_server(&w.local, 9000)?;
     let admin = agent.admin_addr()?;
 
     // Refusals first: they must not start the profiler.
@@ -47,7 +38,7 @@ fn a_cpu_profile_of_an_agent_at_work_names_its_code() -> anyhow::Result<()> {
     // Connections one after another between two pods of the agent
     // meanwhile (the same-node fast path splices them after the agent
     // accepted and decided each).
-    let mut load = Loop::start("client (HBONE)", &client, addr(&server, 9000))?;
+    let mut load = Loop::start("client (HBONE)", &w.client, addr(&w.local, 9000))?;
     load.advance(20)?;
     let (status, body) = http_bytes(admin, "GET", "/debug/pprof/profile?seconds=2&frequency=500")?;
     load.advance(1)?;

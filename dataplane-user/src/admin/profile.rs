@@ -135,8 +135,15 @@ fn bad<T: std::fmt::Display>(name: &str, bounds: &std::ops::RangeInclusive<T>) -
 }
 
 #[cfg(test)]
+#[expect(
+    clippy::unwrap_used,
+    reason = "a bad fixture should fail the test loudly"
+)]
 mod tests {
-    use super::{FREQUENCY, SECONDS, parse};
+    use http::StatusCode;
+
+    use super::{FREQUENCY, SECONDS, cpu, parse};
+    use crate::httpd::Answer;
 
     #[test]
     fn bounds_refuse_what_is_outside_them_and_defaults_fill_what_is_absent() {
@@ -149,18 +156,6 @@ mod tests {
         assert_eq!(parse(Some("1000"), FREQUENCY), Ok(1000));
         assert_eq!(parse(Some("1001"), FREQUENCY), Err(()));
     }
-}
-
-#[cfg(test)]
-#[expect(
-    clippy::unwrap_used,
-    reason = "a bad fixture should fail the test loudly"
-)]
-mod conflict {
-    use http::StatusCode;
-
-    use super::cpu;
-    use crate::httpd::Answer;
 
     #[test]
     fn a_second_profile_while_one_runs_is_refused_and_one_after_it_is_not() {
