@@ -562,7 +562,7 @@ fn a_push_revokes_the_fast_path_verdicts_it_concerns_and_no_other() -> Result<()
 /// certificate is checked against the system's roots, here the file
 /// `SSL_CERT_FILE` names. An agent whose system roots hold istiod's root
 /// takes its mesh; one whose hold another root is refused by TLS and
-/// says so in its dump.
+/// says so in its dump; an empty store stops the agent at start-up.
 #[test]
 fn istiods_certificate_may_be_checked_against_the_systems_roots() -> Result<()> {
     let world = World::new("xdssys")?;
@@ -570,6 +570,9 @@ fn istiods_certificate_may_be_checked_against_the_systems_roots() -> Result<()> 
     let stranger = TestPki::generate()?;
     let stranger_root = world.w.dir.path().join("stranger-root.pem");
     std::fs::write(&stranger_root, &stranger.root_pem)?;
+    let no_dir = world.w.dir.path().join("no-system-certs");
+    std::fs::create_dir(&no_dir)?;
+    let no_dir = no_dir.display().to_string();
     let (empty, ca) = (world.empty.display().to_string(), world.w.shared_ca());
     let ca = ca.display().to_string();
     let start = |tag: &str, n: u8, system_roots: &std::path::Path| -> Result<Agent> {
@@ -582,7 +585,14 @@ fn istiods_certificate_may_be_checked_against_the_systems_roots() -> Result<()> 
             .extend(["--config", &empty, "--node", &node_name, "--ca-dir", &ca].map(str::to_owned));
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let roots = system_roots.display().to_string();
-        Agent::start_with_env(tag, node, &flags, &[("SSL_CERT_FILE", &roots)])
+        // The system's store is these files alone: no directory the
+        // test's own environment may name (`SSL_CERT_DIR`).
+        Agent::start_with_env(
+            tag,
+            node,
+            &flags,
+            &[("SSL_CERT_FILE", &roots), ("SSL_CERT_DIR", &no_dir)],
+        )
     };
 
     let trusting = start("xsys1", 1, &world.root)?;
@@ -606,6 +616,19 @@ fn istiods_certificate_may_be_checked_against_the_systems_roots() -> Result<()> 
         workload_names(&dump).is_empty(),
         "{:?}",
         workload_names(&dump)
+    );
+
+    // A system store with no root at all stops the agent at start-up,
+    // saying so, rather than running with nothing to trust.
+    let no_roots = world.w.dir.path().join("no-roots.pem");
+    std::fs::write(&no_roots, "")?;
+    let refused = match start("xsys3", 1, &no_roots) {
+        Ok(_) => anyhow::bail!("an agent started with an empty system root store"),
+        Err(err) => format!("{err:#}"),
+    };
+    assert!(
+        refused.contains("exited during start-up") && refused.contains("holds no usable root"),
+        "{refused}"
     );
     Ok(())
 }
