@@ -18,7 +18,10 @@
 //! - `spread/<N>`: `whole`, with each push changing another workload, as
 //!   `dp-scale` churns the mesh;
 //! - `idle/10000`: `spread` with 50 ms of idleness before each push (20
-//!   updates a second), the gaps not timed: what a push costs the agent.
+//!   updates a second), the gaps not timed: what a push costs the agent;
+//! - `large/10000`: `idle` in a mesh of ten services of a thousand
+//!   endpoints each (a large Deployment's): what a push costs when the
+//!   workload it changes serves a large service.
 //!
 //! Alone: `cargo bench -p dataplane-user --bench xds_update`.
 
@@ -88,7 +91,7 @@ fn stages(c: &mut Criterion) {
             });
         });
         group.bench_with_input(BenchmarkId::new("whole", n), &resources, |b, held| {
-            let Some(mut agent) = Agent::new(&file, held, n) else {
+            let Some(mut agent) = Agent::new(&file, held, n, services) else {
                 return;
             };
             let mut push = 0usize;
@@ -104,13 +107,15 @@ fn stages(c: &mut Criterion) {
             // As `whole`, but each push changes another workload (spread
             // over the mesh as `dp-scale` churns it), so no push finds the
             // paths the previous one copied.
-            let Some(mut agent) = Agent::new(&file, held, n) else {
+            let Some(mut agent) = Agent::new(&file, held, n, services) else {
                 return;
             };
             b.iter(|| black_box(agent.push_next()));
         });
         if n == 10_000 {
-            idle(&mut group, n, &resources, &file);
+            idle(&mut group, "idle", n, services, &resources, &file);
+            let large = Arc::new(held(n, 10, namespaces));
+            idle(&mut group, "large", n, 10, &large, &file);
         }
     }
     group.finish();
@@ -133,9 +138,14 @@ struct Agent {
 }
 
 impl Agent {
-    /// The agent once `held`, the synthetic mesh of `n` workloads, is in
-    /// force.
-    fn new(file: &LocalConfig, held: &Arc<XdsResources>, n: usize) -> Option<Self> {
+    /// The agent once `held`, the synthetic mesh of `n` workloads serving
+    /// `services` services, is in force.
+    fn new(
+        file: &LocalConfig,
+        held: &Arc<XdsResources>,
+        n: usize,
+        services: usize,
+    ) -> Option<Self> {
         let mut model = XdsModel::default();
         let entries = model.update(held).clone();
         let state = merged_state(file, Some(("xds://bench", &entries))).ok()?;
@@ -146,7 +156,7 @@ impl Agent {
             entries,
             state: Arc::new(state),
             spare: Spare::default(),
-            sizes: (n, (n / 10).max(1), (n / 100).max(1)),
+            sizes: (n, services, (n / 100).max(1)),
             pushes: 0,
         })
     }
@@ -196,14 +206,16 @@ impl Agent {
 /// update, and the one that counts cache lines touched, not instructions.
 fn idle(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
     n: usize,
+    services: usize,
     resources: &Arc<XdsResources>,
     file: &LocalConfig,
 ) {
-    let Some(mut agent) = Agent::new(file, resources, n) else {
+    let Some(mut agent) = Agent::new(file, resources, n, services) else {
         return;
     };
-    group.bench_function(BenchmarkId::new("idle", n), |b| {
+    group.bench_function(BenchmarkId::new(name, n), |b| {
         b.iter_custom(|iters| {
             let mut busy = Duration::ZERO;
             for _ in 0..iters {

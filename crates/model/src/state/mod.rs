@@ -8,6 +8,7 @@
 //! holds. Lookups by IP are one hash probe.
 
 mod affected;
+mod endpoints;
 mod interned;
 mod peer;
 mod provenance;
@@ -24,6 +25,7 @@ pub use crate::config::{
 };
 
 pub use affected::Affected;
+pub use endpoints::EndpointSet;
 pub use peer::{Peer, ServiceRef};
 pub use provenance::Provenance;
 pub use services::{

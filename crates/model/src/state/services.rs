@@ -13,7 +13,7 @@ use std::{
 
 use ipnet::IpNet;
 
-use super::{EntryKey, MeshWorkload, Multi, ServiceRef, Values};
+use super::{EndpointSet, EntryKey, MeshWorkload, Multi, ServiceRef, Values};
 use crate::{
     config::{HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, WorkloadStatus},
     identity::Identity,
@@ -33,11 +33,7 @@ pub struct ServiceEntry {
     pub alt_identities: Arc<[Identity]>,
     /// It in telemetry (shared by every connection attributed to it).
     pub label: Arc<ServiceRef>,
-    endpoints: Vec<Arc<MeshWorkload>>,
-    /// The endpoints' running sum of weights (capacities), when they
-    /// differ; `None` when every endpoint weighs the same (the usual case,
-    /// which then costs nothing).
-    weights: Option<Box<[u64]>>,
+    endpoints: EndpointSet,
     next: AtomicUsize,
 }
 
@@ -88,7 +84,7 @@ impl ServiceEntry {
     /// every round).
     pub fn next_start(&self) -> usize {
         let n = self.endpoints.len().max(1);
-        let Some(sums) = &self.weights else {
+        let Some(sums) = self.endpoints.sums() else {
             return match self.service.load_balancing {
                 LoadBalancing::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % n,
                 LoadBalancing::Random => random_index(n),
@@ -138,7 +134,7 @@ impl ServiceEntry {
         source: Option<&MeshWorkload>,
         is_dead: impl Fn(IpAddr) -> bool,
     ) -> Option<Vec<Endpoint>> {
-        if self.weights.is_some() {
+        if self.endpoints.sums().is_some() {
             return None;
         }
         let ranked = self.ranked(port, 0, source);
@@ -160,16 +156,15 @@ impl ServiceEntry {
         start: usize,
         source: Option<&MeshWorkload>,
     ) -> Vec<(usize, Endpoint)> {
-        let n = self.endpoints.len();
-        if n == 0 {
+        if self.endpoints.is_empty() {
             return Vec::new();
         }
         let key = self.service.key();
         let routing = &self.service.routing;
         let wanted = routing.preferences.len();
-        (0..n)
-            .filter_map(|i| {
-                let workload = &self.endpoints[(start + i) % n];
+        self.endpoints
+            .rotated(start)
+            .filter_map(|workload| {
                 let (matched, rank) = match (routing.mode, source) {
                     (RoutingMode::Strict | RoutingMode::Failover, Some(source)) => {
                         locality_rank(&routing.preferences, source, workload)
@@ -207,8 +202,9 @@ impl ServiceEntry {
             .collect()
     }
 
-    /// Its endpoints (healthy ones, unless its health policy allows all).
-    pub fn endpoints(&self) -> &[Arc<MeshWorkload>] {
+    /// Its endpoints (healthy ones, unless its health policy allows all),
+    /// in entry order.
+    pub fn endpoints(&self) -> &EndpointSet {
         &self.endpoints
     }
 
@@ -249,10 +245,12 @@ impl ServiceIndex {
     /// every service whose definition changed or whose members
     /// (`members_touched`: service key and workload entry, from
     /// [`super::WorkloadIndex::apply`]) did, with endpoints from
-    /// `workloads` (which already holds the change). Returns the keys of
-    /// the services built again; `old_vip` hears of each VIP the services
-    /// built again had before. A service `donor` (an index the same change
-    /// was made to) holds built from the same definition is taken from it.
+    /// `workloads` (which already holds the change): a service whose
+    /// definition stayed changes only the members touched, one at a time
+    /// ([`EndpointSet::changed`]). Returns the keys of the services built
+    /// again; `old_vip` hears of each VIP the services built again had
+    /// before. A service `donor` (an index the same change was made to)
+    /// holds built from the same definition is taken from it.
     pub(crate) fn apply(
         &mut self,
         changes: &[(EntryKey, Option<Arc<Service>>)],
@@ -262,6 +260,7 @@ impl ServiceIndex {
         old_vip: &mut dyn FnMut(IpAddr),
     ) -> std::collections::BTreeSet<String> {
         let mut rebuild: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        let mut touched: HashMap<&str, Vec<EntryKey>> = HashMap::new();
         for (service, entry) in members_touched {
             match workloads
                 .by_key(entry)
@@ -273,6 +272,10 @@ impl ServiceIndex {
                 None => self.members.remove(service.as_str(), entry),
             }
             rebuild.insert(service.clone());
+            touched
+                .entry(service.as_str())
+                .or_default()
+                .push(entry.clone());
         }
         for (entry, new) in changes {
             if let Some(old) = self.def_keys.remove(entry) {
@@ -314,15 +317,22 @@ impl ServiceIndex {
             let Some(defs) = self.defs.all(key.as_str()).cloned() else {
                 continue;
             };
-            let members = self.members.all(key.as_str()).cloned().unwrap_or_default();
+            let members = self.members.all(key.as_str()).cloned();
             let donated = donor.and_then(|d| d.entries.all(key.as_str()));
+            let touched = touched.get(key.as_str()).map_or(&[][..], Vec::as_slice);
             for (entry, service) in defs.iter() {
                 let built = match donated
                     .and_then(|all| all.get(entry))
                     .filter(|built| Arc::ptr_eq(&built.service, service))
                 {
                     Some(built) => Arc::clone(built),
-                    None => Arc::new(ServiceEntry::new(service, &members, previous.get(entry))),
+                    None => Arc::new(match previous.get(entry) {
+                        // The same definition: only members changed.
+                        Some(previous) if Arc::ptr_eq(&previous.service, service) => {
+                            previous.with_members(touched, members.as_ref())
+                        }
+                        previous => ServiceEntry::new(service, members.as_ref(), previous),
+                    }),
                 };
                 for vip in &service.vips {
                     self.by_vip
@@ -438,36 +448,18 @@ impl ServiceIndex {
 
 impl ServiceEntry {
     /// `service` with its endpoints among `members` (the workloads that
-    /// name it, in entry order): healthy ones, unless its health policy
-    /// allows all. `previous`, the entry this one replaces, lends what
-    /// the definition alone decides (when it is the same definition) and
-    /// its round-robin position, so a change of endpoints does not send
-    /// the next connections back to the first one.
+    /// name it, in entry order): the ones it [`serves`]. `previous`, the
+    /// entry this one replaces (of another definition: the same one
+    /// changes members only, [`Self::with_members`]), lends its
+    /// round-robin position, so a change of endpoints does not send the
+    /// next connections back to the first one.
     fn new(
         service: &Arc<Service>,
-        members: &Values<Arc<MeshWorkload>>,
+        members: Option<&Values<Arc<MeshWorkload>>>,
         previous: Option<&Arc<ServiceEntry>>,
     ) -> Self {
-        let endpoints: Vec<Arc<MeshWorkload>> = members
-            .values()
-            .filter(|w| {
-                service.health_policy == HealthPolicy::AllowAll
-                    || w.workload.status == WorkloadStatus::Healthy
-            })
-            .map(Arc::clone)
-            .collect();
-        let weights = weights(&endpoints);
+        let endpoints = EndpointSet::of(members, |w| serves(service, w));
         let next = AtomicUsize::new(previous.map_or(0, |p| p.next.load(Ordering::Relaxed)));
-        if let Some(previous) = previous.filter(|p| Arc::ptr_eq(&p.service, service)) {
-            return Self {
-                service: Arc::clone(service),
-                alt_identities: Arc::clone(&previous.alt_identities),
-                label: Arc::clone(&previous.label),
-                endpoints,
-                weights,
-                next,
-            };
-        }
         let alt_identities = service
             .subject_alt_names
             .iter()
@@ -489,31 +481,36 @@ impl ServiceEntry {
             service: Arc::clone(service),
             alt_identities,
             endpoints,
-            weights,
             next,
+        }
+    }
+
+    /// This entry with the members `touched` names brought up to
+    /// `members` (its definition unchanged); the other endpoints, what the
+    /// definition decides and the round-robin position carried over.
+    fn with_members(
+        &self,
+        touched: &[EntryKey],
+        members: Option<&Values<Arc<MeshWorkload>>>,
+    ) -> Self {
+        let service = &self.service;
+        Self {
+            service: Arc::clone(service),
+            alt_identities: Arc::clone(&self.alt_identities),
+            label: Arc::clone(&self.label),
+            endpoints: self
+                .endpoints
+                .changed(touched, members, |w| serves(service, w)),
+            next: AtomicUsize::new(self.next.load(Ordering::Relaxed)),
         }
     }
 }
 
-/// The running sum of `endpoints`' weights, unless they all weigh the
-/// same (then the choice is even). All of weight 0 is taken as all equal
-/// (ztunnel's draw would find no endpoint; istiod never sends 0: an unset
-/// WorkloadEntry weight is no capacity).
-fn weights(endpoints: &[Arc<MeshWorkload>]) -> Option<Box<[u64]>> {
-    let first = endpoints.first()?.workload.weight();
-    if endpoints.iter().all(|w| w.workload.weight() == first) {
-        return None;
-    }
-    let mut sum = 0u64;
-    Some(
-        endpoints
-            .iter()
-            .map(|w| {
-                sum += u64::from(w.workload.weight());
-                sum
-            })
-            .collect(),
-    )
+/// Whether `service` takes `member` as an endpoint: when healthy, or
+/// whatever its health when its health policy allows all.
+fn serves(service: &Service, member: &MeshWorkload) -> bool {
+    service.health_policy == HealthPolicy::AllowAll
+        || member.workload.status == WorkloadStatus::Healthy
 }
 
 /// Of the services sharing a VIP or hostname, the one a client in

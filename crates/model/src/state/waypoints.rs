@@ -50,11 +50,10 @@ impl MeshState {
     pub fn waypoint(&self, waypoint: &Waypoint, start: usize) -> Option<WaypointTarget> {
         let port = waypoint.hbone_port;
         let of_service = |entry: &ServiceEntry| {
-            let endpoints = entry.endpoints();
-            let n = endpoints.len();
-            let instances = (0..n)
-                .filter_map(|i| {
-                    let w = &endpoints[(start + i) % n];
+            let instances = entry
+                .endpoints()
+                .rotated(start)
+                .filter_map(|w| {
                     let ip = *w.workload.workload_ips.first()?;
                     Some((Arc::clone(w), SocketAddr::new(ip, port)))
                 })
