@@ -301,8 +301,9 @@ fn agents_with_ipv6_off_listen_on_ipv4_alone_carry_hbone_and_hand_over() -> anyh
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("this agent runs with --ipv6-enabled true"),
-        "the refusal names the setting: {stderr}"
+        stderr.contains("this agent runs with --ipv6-enabled true")
+            && stderr.contains("start it with the running agent's --ipv6-enabled"),
+        "the refusal names the setting and the fix: {stderr}"
     );
     wait_until("the running agent to resume", || {
         Ok(a1.status().is_ok_and(|s| s.pid == took.new_pid)
