@@ -17,6 +17,7 @@ use dataplane_tests::{
     Agent, TempDir,
     mesh::{TwoNodes, addr, config_of, hbone_workload, write_config},
     observe::{family, scrape},
+    redirector_node::pod_entries,
     topology::{Node, Pod},
     traffic::{echo, echo_server, http, try_stream, wait_until},
     upgrade::{
@@ -210,6 +211,31 @@ fn assert_ipv4_listeners_only(name: &str, pod: &Pod) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Fails unless the kernel's `LISTENERS` holds `agent`'s sockets for
+/// `pod`'s IPv4 address alone (never an IPv4 socket under its IPv6
+/// address), while its IPv6 address stays captured inbound (so that
+/// `sk_lookup` drops rather than lets it through).
+fn assert_ipv4_keys_only(agent: &Agent, pod: &Pod) -> anyhow::Result<()> {
+    let pins = dataplane_user::redirect::PinLayout::new(agent.bpffs(), agent.instance());
+    let entries = pod_entries(
+        &pins,
+        pod.netns.cookie()?,
+        &[pod.ip4.into(), pod.ip6.into()],
+    )?;
+    let listeners: Vec<&String> = entries
+        .iter()
+        .filter(|e| e.starts_with("listener "))
+        .collect();
+    let want =
+        [15006, 15008].map(|port| format!("listener {}", SocketAddr::new(pod.ip4.into(), port)));
+    assert_eq!(listeners, want.iter().collect::<Vec<_>>(), "{entries:?}");
+    assert!(
+        entries.contains(&format!("pod_inbound {}", pod.ip6)),
+        "{entries:?}"
+    );
+    Ok(())
+}
+
 /// HBONE connections `agent` opened as the client's node.
 fn tunnels_opened(agent: &Agent) -> anyhow::Result<f64> {
     let samples = scrape(agent)?;
@@ -237,6 +263,8 @@ fn agents_with_ipv6_off_listen_on_ipv4_alone_carry_hbone_and_hand_over() -> anyh
     ] {
         assert_ipv4_listeners_only(name, pod)?;
     }
+    assert_ipv4_keys_only(&a1, &mesh.client)?;
+    assert_ipv4_keys_only(&a2, &mesh.remote)?;
     // The pods' IPv6 addresses have no listener: their outbound IPv6 is
     // refused (captured to [::1]:15001, where nothing listens), never sent
     // uncaptured; the pods stay captured, IPv4 and all.
