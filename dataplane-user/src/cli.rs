@@ -313,14 +313,33 @@ pub struct RunArgs {
     /// `30m`, `90s`.
     #[arg(long, env = "DATAPLANE_CERT_LIFETIME", default_value = "24h", value_parser = parse_duration)]
     pub cert_lifetime: std::time::Duration,
+    /// Whether the agent's listeners use IPv6 (ztunnel's `IPV6_ENABLED`):
+    /// `true`, the pods' listeners are dual-stack (`[::]:15006`,
+    /// `[::]:15008`, `[::1]:15001` and the DNS resolver on `[::1]`); `false`,
+    /// IPv4 alone (`0.0.0.0`, `127.0.0.1`), for nodes whose kernel was
+    /// booted with `ipv6.disable=1`, where IPv6 sockets fail with
+    /// EAFNOSUPPORT. A pod's IPv6 connections are then refused outbound and
+    /// dropped inbound (with --fail-open, inbound ones reach the app
+    /// uncaptured). Also sets the default address of readiness and metrics.
+    #[arg(
+        long,
+        env = "DATAPLANE_IPV6_ENABLED",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub ipv6_enabled: bool,
     /// Where the readiness endpoint (`GET /healthz/ready`) listens. Port 0
-    /// picks a free port (logged).
-    #[arg(long, env = "DATAPLANE_READINESS_ADDR", default_value = "[::]:15021")]
-    pub readiness_addr: std::net::SocketAddr,
+    /// picks a free port (logged). [default: [::]:15021, or 0.0.0.0:15021
+    /// with --ipv6-enabled false]
+    #[arg(long, env = "DATAPLANE_READINESS_ADDR")]
+    pub readiness_addr: Option<std::net::SocketAddr>,
     /// Where Prometheus metrics (`GET /metrics`) are served. Port 0 picks a
-    /// free port (logged).
-    #[arg(long, env = "DATAPLANE_METRICS_ADDR", default_value = "[::]:15020")]
-    pub metrics_addr: std::net::SocketAddr,
+    /// free port (logged). [default: [::]:15020, or 0.0.0.0:15020 with
+    /// --ipv6-enabled false]
+    #[arg(long, env = "DATAPLANE_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Where the admin endpoint (`/config_dump`, `/logging`,
     /// `/quitquitquit`) listens: a loopback address only, so that nothing
     /// but this host's root can reach it. Port 0 picks a free port (logged).

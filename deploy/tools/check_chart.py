@@ -50,6 +50,8 @@ VARIANTS = {
                 {"key": "mesh", "operator": "In", "values": ["yes"]}]}]}}},
         "serviceAccount": {"annotations": {"example.com/role": "mesh"}},
     },
+    # A node booted with ipv6.disable=1: every address IPv4.
+    "ipv4-only": {"agent": {"ipv6Enabled": False}},
     "istio": {
         "istio": {"enabled": True, "address": "istiod.istio-system.svc:15012",
                   "certSource": "istio", "clusterId": "east"},
@@ -158,11 +160,17 @@ def check_daemonset(docs, problems, where, values):
     probe = agent.get("readinessProbe", {}).get("exec", {}).get("command", [])
     if probe_on and probe[:3] != ["/usr/local/bin/dataplane", "ready", "--same-cgroup"]:
         problems.append(f"{where}: readiness is not `dataplane ready --same-cgroup`: {probe}")
-    if probe_on and "--readiness-addr=[::]:15021" not in agent["args"]:
-        problems.append(f"{where}: readiness not on 15021")
+    # The agent's own wildcard: dual-stack unless IPv6 is off.
+    ipv6 = values.get("agent", {}).get("ipv6Enabled", True)
+    wildcard = "[::]" if ipv6 else "0.0.0.0"
+    env = {e["name"]: e.get("value") for e in agent.get("env", [])}
+    if env.get("DATAPLANE_IPV6_ENABLED") != ("true" if ipv6 else "false"):
+        problems.append(f"{where}: DATAPLANE_IPV6_ENABLED is not agent.ipv6Enabled")
+    if probe_on and f"--readiness-addr={wildcard}:15021" not in agent["args"]:
+        problems.append(f"{where}: readiness not on {wildcard}:15021")
     metrics_on = values.get("metrics", {}).get("enabled", True)
-    if metrics_on and "--metrics-addr=[::]:15020" not in agent["args"]:
-        problems.append(f"{where}: metrics not on 15020")
+    if metrics_on and f"--metrics-addr={wildcard}:15020" not in agent["args"]:
+        problems.append(f"{where}: metrics not on {wildcard}:15020")
     rolling = daemonsets[0]["spec"].get("updateStrategy", {}).get("rollingUpdate", {})
     ztunnel = values.get("agent", {}).get("engine") == "ztunnel"
     if ztunnel and ("--takeover" in agent["args"] or rolling.get("maxSurge")):

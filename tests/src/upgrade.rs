@@ -86,11 +86,33 @@ pub fn assert_clean(name: &str, counts: &serde_json::Value, min_ok: u64, log: &s
 
 /// Listening sockets in `pod`'s network namespace: port -> socket inode.
 pub fn listening_inodes(pod: &Pod) -> anyhow::Result<BTreeMap<u16, BTreeSet<u64>>> {
-    let tables = pod.netns.run(|| {
-        ["tcp", "tcp6"].map(|t| std::fs::read_to_string(format!("/proc/thread-self/net/{t}")))
-    })?;
     let mut out: BTreeMap<u16, BTreeSet<u64>> = BTreeMap::new();
-    for table in tables {
+    for (_, port, inode) in listening(pod)? {
+        out.entry(port).or_default().insert(inode);
+    }
+    Ok(out)
+}
+
+/// Listening sockets in `pod`'s network namespace: port -> the kernel
+/// tables they are in, `tcp` (IPv4 sockets) or `tcp6` (IPv6 ones, dual-stack
+/// included).
+pub fn listening_tables(pod: &Pod) -> anyhow::Result<BTreeMap<u16, BTreeSet<&'static str>>> {
+    let mut out: BTreeMap<u16, BTreeSet<&'static str>> = BTreeMap::new();
+    for (table, port, _) in listening(pod)? {
+        out.entry(port).or_default().insert(table);
+    }
+    Ok(out)
+}
+
+/// `(table, port, inode)` of every listening TCP socket in `pod`'s
+/// network namespace.
+fn listening(pod: &Pod) -> anyhow::Result<Vec<(&'static str, u16, u64)>> {
+    const TABLES: [&str; 2] = ["tcp", "tcp6"];
+    let tables = pod
+        .netns
+        .run(|| TABLES.map(|t| std::fs::read_to_string(format!("/proc/thread-self/net/{t}"))))?;
+    let mut out = Vec::new();
+    for (name, table) in TABLES.into_iter().zip(tables) {
         for line in table?.lines().skip(1) {
             let fields: Vec<&str> = line.split_whitespace().collect();
             // sl local rem st tx:rx tr:when retr uid timeout inode
@@ -107,7 +129,7 @@ pub fn listening_inodes(pod: &Pod) -> anyhow::Result<BTreeMap<u16, BTreeSet<u64>
                 .next()
                 .and_then(|p| u16::from_str_radix(p, 16).ok());
             if let (Some(port), Ok(inode)) = (port, inode.parse()) {
-                out.entry(port).or_default().insert(inode);
+                out.push((name, port, inode));
             }
         }
     }

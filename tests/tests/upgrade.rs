@@ -11,15 +11,18 @@
 //! Both loops cross every hand-over: the test waits for each loop to make
 //! progress before and after each one.
 
-use std::process::Command;
+use std::{collections::BTreeSet, net::SocketAddr, process::Command};
 
 use dataplane_tests::{
     Agent, TempDir,
-    mesh::{addr, config_of, hbone_workload, write_config},
-    topology::Node,
-    traffic::{echo_server, http, wait_until},
+    mesh::{TwoNodes, addr, config_of, hbone_workload, write_config},
+    observe::{family, scrape},
+    redirector_node::pod_entries,
+    topology::{Node, Pod},
+    traffic::{echo, echo_server, http, try_stream, wait_until},
     upgrade::{
-        Loop, assert_clean, engine_listeners, lock_pid, sockets_held, without_good_access_records,
+        Loop, assert_clean, engine_listeners, listening_tables, lock_pid, sockets_held,
+        without_good_access_records,
     },
 };
 
@@ -183,5 +186,158 @@ fn takeover_with_no_agent_running_starts_as_usual() -> anyhow::Result<()> {
     assert_eq!(Some(status.pid), agent.pid());
     assert_eq!(agent_lock_pid(&agent)?, status.pid);
     assert!(agent.enroll(Agent::spec_for(&pod, "pod"))?.ok);
+    Ok(())
+}
+
+/// `--ipv6-enabled false` (ztunnel's `IPV6_ENABLED=false`), forced on this
+/// dual-stack host as on a node booted with `ipv6.disable=1`.
+const IPV6_OFF: [&str; 2] = ["--ipv6-enabled", "false"];
+
+/// The in-pod listeners: 15001 outbound, 15006 inbound, 15008 HBONE, and
+/// the resolver's 15053 (DNS capture is on by default).
+const IN_POD_PORTS: [u16; 4] = [15001, 15006, 15008, 15053];
+
+/// Fails unless every in-pod listener of `pod` is an IPv4 socket (in
+/// `/proc/net/tcp`, none in `tcp6`).
+fn assert_ipv4_listeners_only(name: &str, pod: &Pod) -> anyhow::Result<()> {
+    let tables = listening_tables(pod)?;
+    for port in IN_POD_PORTS {
+        assert_eq!(
+            tables.get(&port),
+            Some(&BTreeSet::from(["tcp"])),
+            "{name}'s listeners on {port} are IPv4 alone: {tables:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Fails unless the kernel's `LISTENERS` holds `agent`'s sockets for
+/// `pod`'s IPv4 address alone (never an IPv4 socket under its IPv6
+/// address), while its IPv6 address stays captured inbound (so that
+/// `sk_lookup` drops rather than lets it through).
+fn assert_ipv4_keys_only(agent: &Agent, pod: &Pod) -> anyhow::Result<()> {
+    let pins = dataplane_user::redirect::PinLayout::new(agent.bpffs(), agent.instance());
+    let entries = pod_entries(
+        &pins,
+        pod.netns.cookie()?,
+        &[pod.ip4.into(), pod.ip6.into()],
+    )?;
+    let listeners: Vec<&String> = entries
+        .iter()
+        .filter(|e| e.starts_with("listener "))
+        .collect();
+    let want =
+        [15006, 15008].map(|port| format!("listener {}", SocketAddr::new(pod.ip4.into(), port)));
+    assert_eq!(listeners, want.iter().collect::<Vec<_>>(), "{entries:?}");
+    assert!(
+        entries.contains(&format!("pod_inbound {}", pod.ip6)),
+        "{entries:?}"
+    );
+    Ok(())
+}
+
+/// HBONE connections `agent` opened as the client's node.
+fn tunnels_opened(agent: &Agent) -> anyhow::Result<f64> {
+    let samples = scrape(agent)?;
+    Ok(family(&samples, "istio_tcp_connections_opened_total")
+        .iter()
+        .filter(|s| {
+            let has = |key: &str, value: &str| s.labels.iter().any(|(k, v)| k == key && v == value);
+            has("connection_security_policy", "mutual_tls") && has("reporter", "source")
+        })
+        .map(|s| s.value)
+        .sum())
+}
+
+#[test]
+fn agents_with_ipv6_off_listen_on_ipv4_alone_carry_hbone_and_hand_over() -> anyhow::Result<()> {
+    let mesh = TwoNodes::new("v4only")?;
+    let config = mesh.config()?;
+    let mut a1 = mesh.agent("v4only", 1, &config, &IPV6_OFF)?;
+    let a2 = mesh.agent("v4only", 2, &config, &IPV6_OFF)?;
+    let _echo = echo_server(&mesh.remote, 9000)?;
+    for (name, pod) in [
+        ("client", &mesh.client),
+        ("local", &mesh.local),
+        ("remote", &mesh.remote),
+    ] {
+        assert_ipv4_listeners_only(name, pod)?;
+    }
+    assert_ipv4_keys_only(&a1, &mesh.client)?;
+    assert_ipv4_keys_only(&a2, &mesh.remote)?;
+    // The pods' IPv6 addresses have no listener: their outbound IPv6 is
+    // refused (captured to [::1]:15001, where nothing listens), never sent
+    // uncaptured; the pods stay captured, IPv4 and all.
+    let v6 = SocketAddr::new(mesh.remote.ip6.into(), 9000).to_string();
+    let refused = try_stream(&mesh.client, &["echo", &v6, "16", "1"])?;
+    assert!(
+        refused.code == Some(1) && refused.stderr.contains("refused"),
+        "an IPv6 connection from an enrolled pod is refused: {refused:?}"
+    );
+    for agent in [&a1, &a2] {
+        let status = agent.status()?;
+        assert!(
+            status.ready && status.pods.iter().all(|p| p.captured),
+            "{status:?}"
+        );
+        // Readiness and metrics answer on the agent's IPv4 addresses.
+        assert!(agent.readiness_addr()?.is_ipv4() && agent.metrics_addr()?.is_ipv4());
+        let (code, _) = http(agent.readiness_addr()?, "GET", "/healthz/ready")?;
+        assert_eq!(code, 200);
+    }
+
+    // IPv4 goes end to end through an HBONE tunnel between the nodes.
+    let dst = addr(&mesh.remote, 9000);
+    echo(&mesh.client, dst, 64 * 1024, 7)?;
+    wait_until("node1's agent to count the tunnel", || {
+        Ok(tunnels_opened(&a1)? >= 1.0)
+    })?;
+
+    // A hand-over between agents with IPv6 off keeps the very sockets.
+    let sockets = engine_listeners([&mesh.client, &mesh.local])?;
+    let took = a1.take_over()?;
+    let log = log_of(&a1);
+    assert_eq!(took.old_exit, Some(0), "{log}");
+    assert_eq!(
+        engine_listeners([&mesh.client, &mesh.local])?,
+        sockets,
+        "{log}"
+    );
+    assert_ipv4_listeners_only("client", &mesh.client)?;
+    echo(&mesh.client, dst, 64 * 1024, 8)?;
+
+    // One with IPv6 on cannot serve them: it is refused and the running
+    // agent goes on in charge, on the same sockets.
+    let out = Command::new(dataplane_tests::agent_binary()?)
+        .arg("run")
+        .arg("--instance")
+        .arg(a1.instance())
+        .arg("--state-dir")
+        .arg(a1.state_dir())
+        .arg("--bpffs")
+        .arg(a1.bpffs())
+        .arg("--cgroup")
+        .arg(mesh.n1.cgroup().path())
+        .arg("--ca-dir")
+        .arg(mesh.shared_ca())
+        .args(["--config", &config.display().to_string(), "--node", "node1"])
+        .args(["--readiness-addr", "127.0.0.1:0"])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .args(["--admin-addr", "127.0.0.1:0"])
+        .args(["--ipv6-enabled", "true", "--takeover"])
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("this agent runs with --ipv6-enabled true")
+            && stderr.contains("start it with the running agent's --ipv6-enabled"),
+        "the refusal names the setting and the fix: {stderr}"
+    );
+    wait_until("the running agent to resume", || {
+        Ok(a1.status().is_ok_and(|s| s.pid == took.new_pid)
+            && agent_lock_pid(&a1).is_ok_and(|pid| pid == took.new_pid))
+    })?;
+    assert_eq!(engine_listeners([&mesh.client, &mesh.local])?, sockets);
+    echo(&mesh.client, dst, 64 * 1024, 9)?;
     Ok(())
 }

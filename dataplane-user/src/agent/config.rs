@@ -64,6 +64,10 @@ pub struct AgentConfig {
     pub engine: EngineConfig,
     /// Where the HTTP endpoints listen.
     pub endpoints: EndpointsConfig,
+    /// Whether the agent's listeners use IPv6 (`--ipv6-enabled`, ztunnel's
+    /// `IPV6_ENABLED`): in-pod ones dual-stack `[::]` and `[::1]`, else
+    /// IPv4 alone, for kernels booted with `ipv6.disable=1`.
+    pub ipv6_enabled: bool,
     /// Settings every pod's engine shares (HBONE, certificates, drain).
     pub mesh: MeshConfig,
     /// The connection worker threads.

@@ -154,6 +154,7 @@ pub async fn start(config: AgentConfig) -> Result<Bound, AgentError> {
         args.state.state_dir.clone(),
         args.state.instance.clone(),
         args.takeover,
+        args.ipv6_enabled,
     )
     .await?;
     let MeshParts {
@@ -179,6 +180,7 @@ pub async fn start(config: AgentConfig) -> Result<Bound, AgentError> {
     options.fail_open = args.redirect.fail_open;
     options.probe_sources = args.redirect.probe_sources.clone();
     options.node_netns = args.redirect.node_netns.clone();
+    options.ipv6_listeners = args.ipv6_enabled;
     // Under iptables capture (the benchmarks' baseline) no kernel program
     // is loaded: rules someone else installed steer traffic to the same
     // listeners.
@@ -208,11 +210,10 @@ pub async fn start(config: AgentConfig) -> Result<Bound, AgentError> {
 
     // DNS is captured by the kernel programs only.
     let dns = match redirector {
-        Some(_) => Some(Arc::new(crate::dns::DnsSettings::new(
-            &args.dns,
-            Arc::clone(&mesh),
-            args.redirect.proxy_mark,
-        )?)),
+        Some(_) => Some(Arc::new(crate::dns::DnsSettings {
+            ipv6: args.ipv6_enabled,
+            ..crate::dns::DnsSettings::new(&args.dns, Arc::clone(&mesh), args.redirect.proxy_mark)?
+        })),
         None => None,
     };
     if let Some(dns) = &dns {
@@ -251,6 +252,7 @@ pub async fn start(config: AgentConfig) -> Result<Bound, AgentError> {
                 dns,
                 external,
                 workers,
+                ipv6: args.ipv6_enabled,
             },
             StateFile::in_dir(&instance_dir),
         ),

@@ -3,6 +3,8 @@
 //! 2) before anything starts, and parsing is tested from a list of strings
 //! and a map of environment variables, never the process's.
 
+use std::net::SocketAddr;
+
 use super::{AfterHandover as AfterHandoverFlag, CaptureMode, RunArgs};
 use crate::{
     agent::config::{
@@ -20,8 +22,13 @@ use crate::{
     dns::DnsConfig,
     hbone::{pool::PoolSpread, wire::H2Settings},
     kube::optin::{EnrollmentRule, RuleError, istio_default_selectors},
-    proxy::keepalive::Keepalive,
+    proxy::{bind_wildcard, keepalive::Keepalive},
 };
+
+/// The readiness endpoint's port, as ztunnel's `DEFAULT_READINESS_PORT`.
+const READINESS_PORT: u16 = 15021;
+/// The metrics endpoint's port, as ztunnel's `DEFAULT_STATS_PORT`.
+const METRICS_PORT: u16 = 15020;
 
 /// Flags that do not fit together: the message names the flag and what to
 /// do.
@@ -186,11 +193,19 @@ impl RunArgs {
             original_source,
             dns: DnsConfig::from(&self.dns),
             engine: self.engine.to_config(),
+            // ztunnel binds its readiness and stats ports on its
+            // `bind_wildcard` (`src/config.rs` `construct_config`); an
+            // address the operator gave stays as given.
             endpoints: EndpointsConfig {
-                readiness: self.readiness_addr,
-                metrics: self.metrics_addr,
+                readiness: self.readiness_addr.unwrap_or_else(|| {
+                    SocketAddr::new(bind_wildcard(self.ipv6_enabled), READINESS_PORT)
+                }),
+                metrics: self.metrics_addr.unwrap_or_else(|| {
+                    SocketAddr::new(bind_wildcard(self.ipv6_enabled), METRICS_PORT)
+                }),
                 admin: self.admin_addr,
             },
+            ipv6_enabled: self.ipv6_enabled,
             mesh: MeshConfig {
                 trust_domain: self.trust_domain,
                 cert_lifetime: self.cert_lifetime,

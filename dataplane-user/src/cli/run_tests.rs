@@ -455,3 +455,62 @@ fn the_access_log_sample_is_a_fraction() {
         );
     }
 }
+
+#[test]
+fn ipv6_off_binds_ipv4_wildcards_by_default_and_keeps_the_operators_addresses() {
+    let endpoints = |flags: &[&str]| {
+        let config = config(flags).expect("accepted");
+        (
+            config.ipv6_enabled,
+            config.endpoints.readiness.to_string(),
+            config.endpoints.metrics.to_string(),
+        )
+    };
+    // ztunnel's IPV6_ENABLED defaults to true: dual-stack wildcards.
+    assert_eq!(
+        endpoints(&[]),
+        (true, "[::]:15021".into(), "[::]:15020".into())
+    );
+    assert_eq!(
+        endpoints(&["--ipv6-enabled"]),
+        (true, "[::]:15021".into(), "[::]:15020".into())
+    );
+    assert_eq!(
+        endpoints(&["--ipv6-enabled", "false"]),
+        (false, "0.0.0.0:15021".into(), "0.0.0.0:15020".into())
+    );
+    // An address the operator gave stays as given, whatever the switch.
+    assert_eq!(
+        endpoints(&[
+            "--ipv6-enabled=false",
+            "--readiness-addr",
+            "[::1]:9021",
+            "--metrics-addr",
+            "10.0.0.1:9020",
+        ]),
+        (false, "[::1]:9021".into(), "10.0.0.1:9020".into())
+    );
+    assert_eq!(
+        endpoints(&["--metrics-addr", "127.0.0.1:9020"]),
+        (true, "[::]:15021".into(), "127.0.0.1:9020".into())
+    );
+}
+
+#[test]
+fn ipv6_enabled_takes_true_or_false_and_refuses_anything_else() {
+    for bad in ["no", "0", "yes"] {
+        let flag = format!("--ipv6-enabled={bad}");
+        match Cli::try_parse_from(["dataplane", "run", flag.as_str()]) {
+            Ok(_) => panic!("{flag} was accepted"),
+            Err(e) => {
+                assert_eq!(e.exit_code(), 2, "{flag}");
+                let message = e.to_string();
+                assert!(
+                    message.contains("--ipv6-enabled")
+                        && message.contains("[possible values: true, false]"),
+                    "{flag}: {message}"
+                );
+            }
+        }
+    }
+}

@@ -59,6 +59,9 @@ pub struct EngineSettings {
     pub external: Option<ExternalEngine>,
     /// The threads pods' connections run on.
     pub workers: Arc<crate::workers::Workers>,
+    /// Whether pods' listeners use IPv6 (`--ipv6-enabled`): see
+    /// [`PodListeners::create`].
+    pub ipv6: bool,
 }
 
 /// Every pod this agent instance has enrolled, and the kernel programs
@@ -324,7 +327,7 @@ impl Enrollments {
             let listeners = match (kept, handed) {
                 (Some(kept), _) => kept.try_clone().map_err(netns_err)?,
                 (None, Some((_, listeners))) => listeners,
-                (None, None) => PodListeners::create(&netns)?,
+                (None, None) => PodListeners::create(&netns, self.settings.ipv6)?,
             };
             self.prepare(&spec, netns, cookie, listeners)?
         };

@@ -193,6 +193,20 @@ pub enum HandoverError {
         /// Pods offered.
         offered: usize,
     },
+    /// The running agent's listeners are of another IP family than this
+    /// agent's `--ipv6-enabled` makes: a hand-over passes the very sockets,
+    /// whose family cannot change, and new ones could not bind beside them.
+    #[error(
+        "the running agent's listener is bound to {bound}, and this agent runs with \
+         --ipv6-enabled {ours}: start it with the running agent's --ipv6-enabled, or stop \
+         the running agent first (its pods then get new listeners); the running agent keeps its pods"
+    )]
+    Ipv6Mismatch {
+        /// Where one of the running agent's listeners is bound.
+        bound: std::net::SocketAddr,
+        /// This agent's `--ipv6-enabled`.
+        ours: bool,
+    },
     /// The lock could not be taken or adopted.
     #[error(transparent)]
     Instance(#[from] crate::instance::InstanceError),

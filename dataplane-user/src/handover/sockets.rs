@@ -13,7 +13,7 @@ use std::{
 use dataplane_common::{HBONE_PORT, INBOUND_PLAINTEXT_PORT, OUTBOUND_PORT};
 use serde::{Deserialize, Serialize};
 
-use crate::proxy::PodListeners;
+use crate::proxy::{PodListeners, bind_wildcard};
 
 /// What one passed listening socket is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,20 +23,24 @@ pub(super) enum Role {
     OutboundV4,
     /// `[::1]:15001`: captured outbound IPv6.
     OutboundV6,
-    /// `[::]:15006`: inbound plaintext.
+    /// `[::]:15006` (`0.0.0.0:15006` with IPv6 off): inbound plaintext.
     Inbound,
-    /// `[::]:15008`: HBONE.
+    /// `[::]:15008` (`0.0.0.0:15008` with IPv6 off): HBONE.
     Hbone,
 }
 
 impl Role {
-    /// The address a listener of this role is bound to.
-    fn address(self) -> SocketAddr {
+    /// The address a listener of this role is bound to by an agent whose
+    /// `--ipv6-enabled` is `ipv6` ([`PodListeners::create`]); `None`: an
+    /// agent with IPv6 off has no listener of this role.
+    fn address(self, ipv6: bool) -> Option<SocketAddr> {
         match self {
-            Self::OutboundV4 => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), OUTBOUND_PORT),
-            Self::OutboundV6 => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), OUTBOUND_PORT),
-            Self::Inbound => SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), INBOUND_PLAINTEXT_PORT),
-            Self::Hbone => SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), HBONE_PORT),
+            Self::OutboundV4 => Some(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), OUTBOUND_PORT)),
+            Self::OutboundV6 => {
+                ipv6.then(|| SocketAddr::new(Ipv6Addr::LOCALHOST.into(), OUTBOUND_PORT))
+            }
+            Self::Inbound => Some(SocketAddr::new(bind_wildcard(ipv6), INBOUND_PLAINTEXT_PORT)),
+            Self::Hbone => Some(SocketAddr::new(bind_wildcard(ipv6), HBONE_PORT)),
         }
     }
 }
@@ -53,12 +57,13 @@ pub(super) fn roles_of(listeners: &PodListeners) -> Vec<(Role, BorrowedFd<'_>)> 
 }
 
 /// Rebuilds a pod's listeners from the descriptors received for `roles`,
-/// each checked against its role and `netns_cookie`; the reason when any
-/// is missing or fails.
+/// each checked against its role, `netns_cookie` and this agent's
+/// `--ipv6-enabled` (`ipv6`); the reason when any is missing or fails.
 pub(super) fn listeners_from(
     roles: &[Role],
     fds: Vec<OwnedFd>,
     netns_cookie: u64,
+    ipv6: bool,
 ) -> Result<PodListeners, String> {
     if roles.len() != fds.len() {
         return Err(format!(
@@ -69,7 +74,8 @@ pub(super) fn listeners_from(
     }
     let (mut outbound_v4, mut outbound_v6, mut inbound, mut hbone) = (None, None, None, None);
     for (role, fd) in roles.iter().zip(fds) {
-        check(*role, fd.as_fd(), netns_cookie).map_err(|reason| format!("{role:?}: {reason}"))?;
+        check(*role, fd.as_fd(), netns_cookie, ipv6)
+            .map_err(|reason| format!("{role:?}: {reason}"))?;
         let slot = match role {
             Role::OutboundV4 => &mut outbound_v4,
             Role::OutboundV6 => &mut outbound_v6,
@@ -89,8 +95,25 @@ pub(super) fn listeners_from(
     })
 }
 
-/// Why `fd` cannot serve `role` in the namespace `netns_cookie`.
-fn check(role: Role, fd: BorrowedFd<'_>, netns_cookie: u64) -> Result<(), String> {
+/// The address of the first of `fds` (received for `roles`) bound in
+/// another IP family than an agent whose `--ipv6-enabled` is `ipv6` binds
+/// that role: a running agent with another setting.
+pub(super) fn family_mismatch(roles: &[Role], fds: &[OwnedFd], ipv6: bool) -> Option<SocketAddr> {
+    roles.iter().zip(fds).find_map(|(role, fd)| {
+        let bound = socket2::SockRef::from(fd).local_addr().ok()?.as_socket()?;
+        match role.address(ipv6) {
+            Some(expected) if expected.is_ipv6() == bound.is_ipv6() => None,
+            _ => Some(bound),
+        }
+    })
+}
+
+/// Why `fd` cannot serve `role` in the namespace `netns_cookie` for an
+/// agent whose `--ipv6-enabled` is `ipv6`.
+fn check(role: Role, fd: BorrowedFd<'_>, netns_cookie: u64, ipv6: bool) -> Result<(), String> {
+    let expected = role
+        .address(ipv6)
+        .ok_or("an IPv6 listener, and this agent runs with --ipv6-enabled false")?;
     let socket = socket2::SockRef::from(&fd);
     let fail = |what: &str, e: std::io::Error| format!("cannot read its {what}: {e}");
     if socket.r#type().map_err(|e| fail("type", e))? != socket2::Type::STREAM
@@ -106,8 +129,12 @@ fn check(role: Role, fd: BorrowedFd<'_>, netns_cookie: u64) -> Result<(), String
         .map_err(|e| fail("address", e))?
         .as_socket()
         .ok_or("not an internet socket")?;
-    if bound != role.address() {
-        return Err(format!("bound to {bound}, not {}", role.address()));
+    if bound != expected {
+        // Most likely the running agent's --ipv6-enabled differs from ours.
+        return Err(format!(
+            "bound to {bound}, not {expected} (this agent runs with --ipv6-enabled {ipv6}; \
+             hand over between agents with the same setting)"
+        ));
     }
     let cookie = crate::netns::socket_netns_cookie(fd).map_err(|e| fail("namespace", e))?;
     if cookie != netns_cookie {
@@ -156,13 +183,13 @@ mod tests {
     fn a_listener_passes_only_for_its_role_and_namespace() {
         in_new_netns(|cookie| {
             let inbound = tcp(INBOUND_PLAINTEXT_PORT, true);
-            assert_eq!(check(Role::Inbound, inbound.as_fd(), cookie), Ok(()));
-            let wrong_role = check(Role::Hbone, inbound.as_fd(), cookie);
+            assert_eq!(check(Role::Inbound, inbound.as_fd(), cookie, true), Ok(()));
+            let wrong_role = check(Role::Hbone, inbound.as_fd(), cookie, true);
             assert!(
                 wrong_role.as_ref().is_err_and(|e| e.contains("bound to")),
                 "{wrong_role:?}"
             );
-            let wrong_netns = check(Role::Inbound, inbound.as_fd(), cookie + 1);
+            let wrong_netns = check(Role::Inbound, inbound.as_fd(), cookie + 1, true);
             assert!(
                 wrong_netns
                     .as_ref()
@@ -171,13 +198,61 @@ mod tests {
             );
             let idle = tcp(HBONE_PORT, false);
             assert_eq!(
-                check(Role::Hbone, idle.as_fd(), cookie),
+                check(Role::Hbone, idle.as_fd(), cookie, true),
                 Err("not listening".to_owned())
             );
             let udp = Socket::new(Domain::IPV6, Type::DGRAM, None).expect("udp");
             assert_eq!(
-                check(Role::Hbone, udp.as_fd(), cookie),
+                check(Role::Hbone, udp.as_fd(), cookie, true),
                 Err("not a TCP socket".to_owned())
+            );
+        });
+    }
+
+    #[test]
+    fn a_listener_must_be_bound_as_the_agents_ipv6_setting_says() {
+        in_new_netns(|cookie| {
+            // What an agent with IPv6 on hands over, to one with it off.
+            let dual = tcp(INBOUND_PLAINTEXT_PORT, true);
+            let refused = check(Role::Inbound, dual.as_fd(), cookie, false);
+            assert!(
+                refused.as_ref().is_err_and(
+                    |e| e.contains("not 0.0.0.0:15006") && e.contains("--ipv6-enabled false")
+                ),
+                "{refused:?}"
+            );
+            let outbound_v6 = check(Role::OutboundV6, dual.as_fd(), cookie, false);
+            assert!(
+                outbound_v6
+                    .as_ref()
+                    .is_err_and(|e| e.contains("--ipv6-enabled false")),
+                "{outbound_v6:?}"
+            );
+            // What an agent with IPv6 off hands over.
+            let v4 = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).expect("socket");
+            let addr = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), HBONE_PORT);
+            v4.bind(&addr.into()).expect("bind");
+            v4.listen(8).expect("listen");
+            assert_eq!(check(Role::Hbone, v4.as_fd(), cookie, false), Ok(()));
+            let refused = check(Role::Hbone, v4.as_fd(), cookie, true);
+            assert!(
+                refused.as_ref().is_err_and(
+                    |e| e.contains("not [::]:15008") && e.contains("--ipv6-enabled true")
+                ),
+                "{refused:?}"
+            );
+            // Which makes a hand-over between the two a refusal.
+            let v4: OwnedFd = v4.into();
+            let one = |fd| std::slice::from_ref(fd);
+            assert_eq!(family_mismatch(&[Role::Hbone], one(&v4), false), None);
+            assert_eq!(family_mismatch(&[Role::Hbone], one(&v4), true), Some(addr));
+            assert_eq!(family_mismatch(&[Role::Inbound], one(&dual), true), None);
+            assert_eq!(
+                family_mismatch(&[Role::Inbound], one(&dual), false),
+                Some(SocketAddr::new(
+                    Ipv6Addr::UNSPECIFIED.into(),
+                    INBOUND_PLAINTEXT_PORT
+                ))
             );
         });
     }
@@ -186,7 +261,7 @@ mod tests {
     fn a_pod_without_every_listener_is_refused() {
         in_new_netns(|cookie| {
             let fds = vec![tcp(INBOUND_PLAINTEXT_PORT, true), tcp(HBONE_PORT, true)];
-            let missing = listeners_from(&[Role::Inbound, Role::Hbone], fds, cookie);
+            let missing = listeners_from(&[Role::Inbound, Role::Hbone], fds, cookie, true);
             assert!(
                 missing
                     .as_ref()
@@ -194,7 +269,7 @@ mod tests {
                 "{missing:?}"
             );
             let fds = vec![tcp(INBOUND_PLAINTEXT_PORT, true)];
-            let uneven = listeners_from(&[Role::Inbound, Role::Hbone], fds, cookie);
+            let uneven = listeners_from(&[Role::Inbound, Role::Hbone], fds, cookie, true);
             assert!(uneven.is_err(), "{uneven:?}");
         });
     }

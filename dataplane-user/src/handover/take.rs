@@ -108,13 +108,16 @@ pub async fn readopt(incoming: &mut Incoming, enroller: &Enroller) -> Result<usi
 /// Takes the lock of `instance`: at once when no agent of it runs; with
 /// `takeover`, from the running agent together with its pods' listening
 /// sockets. If the running agent disappears mid-way, this agent waits for
-/// its lock and starts as after a crash (`None`).
+/// its lock and starts as after a crash (`None`). `ipv6`
+/// (`--ipv6-enabled`) says where the sockets received must be bound:
+/// listeners of an agent whose IPv6 setting differs are not served.
 pub async fn acquire(
     state_dir: PathBuf,
     instance: String,
     takeover: bool,
+    ipv6: bool,
 ) -> Result<(InstanceLock, Option<Incoming>), HandoverError> {
-    let blocking = move || acquire_blocking(&state_dir, &instance, takeover);
+    let blocking = move || acquire_blocking(&state_dir, &instance, takeover, ipv6);
     tokio::task::spawn_blocking(blocking)
         .await
         .map_err(|e| HandoverError::Channel {
@@ -127,6 +130,7 @@ fn acquire_blocking(
     state_dir: &Path,
     instance: &str,
     takeover: bool,
+    ipv6: bool,
 ) -> Result<(InstanceLock, Option<Incoming>), HandoverError> {
     match InstanceLock::take(state_dir, instance) {
         Ok(lock) => return Ok((lock, None)),
@@ -135,7 +139,7 @@ fn acquire_blocking(
         }
         Err(err) => return Err(err.into()),
     }
-    match request(state_dir, instance) {
+    match request(state_dir, instance, ipv6) {
         Ok((lock, incoming)) => Ok((lock, Some(incoming))),
         Err(failure) if failure.peer_may_be_gone() => {
             warn!(error = %Chain(&failure), "hand-over failed and the running agent may be gone; starting as after a crash once its lock is free");
@@ -161,7 +165,11 @@ fn wait_for_lock(state_dir: &Path, instance: &str) -> Result<InstanceLock, Hando
 
 /// Asks the running agent to hand over and receives the lock and every
 /// pod's sockets.
-fn request(state_dir: &Path, instance: &str) -> Result<(InstanceLock, Incoming), HandoverError> {
+fn request(
+    state_dir: &Path,
+    instance: &str,
+    ipv6: bool,
+) -> Result<(InstanceLock, Incoming), HandoverError> {
     let started = Instant::now();
     let path = control::socket_path(state_dir, instance);
     let io = |step| move |source| HandoverError::Channel { step, source };
@@ -238,9 +246,15 @@ fn request(state_dir: &Path, instance: &str) -> Result<(InstanceLock, Incoming),
         else {
             return Err(unexpected(step, &message));
         };
+        // Sockets of the other family are no case for new listeners: the
+        // running agent's would keep the ports, so the hand-over stops here
+        // and the running agent goes on.
+        if let Some(bound) = sockets::family_mismatch(&roles, &fds, ipv6) {
+            return Err(HandoverError::Ipv6Mismatch { bound, ours: ipv6 });
+        }
         let count = fds.len();
         let listeners = same_netns(&status, (netns_dev, netns_ino))
-            .and_then(|()| sockets::listeners_from(&roles, fds, status.netns_cookie));
+            .and_then(|()| sockets::listeners_from(&roles, fds, status.netns_cookie, ipv6));
         let listeners = match listeners {
             Ok(listeners) => {
                 sockets += count;

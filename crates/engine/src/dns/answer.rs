@@ -43,11 +43,16 @@ pub struct MeshAnswer {
 
 /// Decides how to answer `request` from a pod of `namespace` in the
 /// cluster domain `domain`. `addresses` gives a mesh hostname's addresses
-/// (`None`: the mesh does not know the name).
+/// (`None`: the mesh does not know the name). Without `ipv6`
+/// (`--ipv6-enabled false`) a mesh name has no AAAA record, as ztunnel
+/// answers without `IPV6_ENABLED` (`src/dns/server.rs`
+/// `service_family_allowed`): an app would dial an address nothing on the
+/// node serves.
 pub fn decide(
     request: &Message,
     namespace: &str,
     domain: &str,
+    ipv6: bool,
     addresses: impl Fn(&str) -> Option<Vec<IpAddr>>,
 ) -> Decision {
     if request.metadata.message_type != MessageType::Query
@@ -95,7 +100,7 @@ pub fn decide(
     for addr in addrs {
         let data = match (qtype, addr.to_canonical()) {
             (RecordType::A, IpAddr::V4(v4)) => RData::A(A(v4)),
-            (RecordType::AAAA, IpAddr::V6(v6)) => RData::AAAA(AAAA(v6)),
+            (RecordType::AAAA, IpAddr::V6(v6)) if ipv6 => RData::AAAA(AAAA(v6)),
             _ => continue,
         };
         message
@@ -174,7 +179,11 @@ mod tests {
     }
 
     fn answer(name: &str, qtype: RecordType) -> Option<MeshAnswer> {
-        match decide(&query(name, qtype), "shop", "cluster.local", mesh) {
+        answer_with(name, qtype, true)
+    }
+
+    fn answer_with(name: &str, qtype: RecordType, ipv6: bool) -> Option<MeshAnswer> {
+        match decide(&query(name, qtype), "shop", "cluster.local", ipv6, mesh) {
             Decision::Answer(a) => Some(a),
             Decision::Forward => None,
         }
@@ -192,6 +201,16 @@ mod tests {
         );
         let aaaa = answer("echo.shop.svc.cluster.local.", RecordType::AAAA).unwrap();
         assert!(matches!(aaaa.message.answers[0].data, RData::AAAA(_)));
+    }
+
+    #[test]
+    fn with_ipv6_off_a_mesh_name_has_no_aaaa_record() {
+        let aaaa = answer_with("echo.shop.svc.cluster.local.", RecordType::AAAA, false).unwrap();
+        assert!(!aaaa.has_records);
+        assert_eq!(aaaa.message.metadata.response_code, ResponseCode::NoError);
+        assert!(aaaa.message.answers.is_empty());
+        let a = answer_with("echo.shop.svc.cluster.local.", RecordType::A, false).unwrap();
+        assert!(a.has_records);
     }
 
     #[test]

@@ -177,6 +177,10 @@ pub struct DnsSettings {
     pub mesh: Arc<MeshContext>,
     /// Metrics.
     pub metrics: DnsMetrics,
+    /// Whether pods' resolvers also listen on `[::1]`; off with
+    /// `--ipv6-enabled false`, as ztunnel's DNS proxy binds IPv4 alone
+    /// without `IPV6_ENABLED` (`src/config.rs`, `Address::Localhost`).
+    pub ipv6: bool,
 }
 
 impl DnsSettings {
@@ -222,6 +226,7 @@ impl DnsSettings {
             )),
             mesh,
             metrics,
+            ipv6: true,
         })
     }
 
@@ -260,7 +265,8 @@ impl PodDns {
     }
 
     /// Binds the resolver in the pod's namespace (UDP and TCP on
-    /// `127.0.0.1` and, when the pod has it, `[::1]`) and starts serving.
+    /// `127.0.0.1` and, when IPv6 is on and the pod has it, `[::1]`) and
+    /// starts serving.
     /// Must run within the agent's tokio runtime.
     pub fn start(
         netns: &PodNetns,
@@ -278,7 +284,8 @@ impl PodDns {
             IpAddr::V4(Ipv4Addr::LOCALHOST),
             IpAddr::V6(Ipv6Addr::LOCALHOST),
         ];
-        for ip in loopbacks {
+        let ipv6 = resolver.settings.ipv6;
+        for ip in loopbacks.into_iter().filter(|ip| ipv6 || ip.is_ipv4()) {
             let addr = SocketAddr::new(ip, DNS_PROXY_PORT);
             let bind_err = |source| DnsError::Bind { addr, source };
             let udp = match netns.bind_reusable(addr, Type::DGRAM, Protocol::UDP) {

@@ -99,7 +99,8 @@ impl PodResolver {
         );
         metrics.request(qtype, transport.name());
         let state = self.settings.mesh.state();
-        let decision = decide(&request, &self.namespace, &self.settings.domain, |host| {
+        let (domain, ipv6) = (&self.settings.domain, self.settings.ipv6);
+        let decision = decide(&request, &self.namespace, domain, ipv6, |host| {
             // Only the services visible to the pod's namespace, its own
             // first (ztunnel `dns/server.rs` `find_server`).
             let entry = state.services.by_hostname_for(host, &self.namespace)?;

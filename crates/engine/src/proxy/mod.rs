@@ -32,7 +32,7 @@ mod revocation;
 
 use std::{
     io,
-    net::{IpAddr, Ipv6Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     sync::Arc,
     time::Duration,
 };
@@ -235,17 +235,31 @@ impl std::fmt::Debug for PodContext {
 pub struct PodListeners {
     /// 127.0.0.1:15001.
     pub outbound_v4: std::net::TcpListener,
-    /// `[::1]:15001`, when the pod has IPv6.
+    /// `[::1]:15001`, when IPv6 is on and the pod has it.
     pub outbound_v6: Option<std::net::TcpListener>,
-    /// `[::]:15006`, dual-stack: inbound plaintext capture.
+    /// `[::]:15006`, dual-stack (`0.0.0.0:15006` with IPv6 off): inbound
+    /// plaintext capture.
     pub inbound: std::net::TcpListener,
-    /// `[::]:15008`, dual-stack: HBONE.
+    /// `[::]:15008`, dual-stack (`0.0.0.0:15008` with IPv6 off): HBONE.
     pub hbone: std::net::TcpListener,
 }
 
+/// The address every wildcard listener binds: `[::]` (dual-stack) or, with
+/// IPv6 off (`--ipv6-enabled false`), `0.0.0.0`, as ztunnel's
+/// `bind_wildcard` (`src/config.rs` `construct_config`, `IPV6_ENABLED`).
+pub fn bind_wildcard(ipv6: bool) -> IpAddr {
+    if ipv6 {
+        Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        Ipv4Addr::UNSPECIFIED.into()
+    }
+}
+
 impl PodListeners {
-    /// Creates the listeners inside the pod's namespace.
-    pub fn create(netns: &PodNetns) -> Result<Self, EngineError> {
+    /// Creates the listeners inside the pod's namespace: with `ipv6` off,
+    /// IPv4 ones alone, so that a kernel booted with `ipv6.disable=1`
+    /// (where any IPv6 socket fails with `EAFNOSUPPORT`) can serve pods.
+    pub fn create(netns: &PodNetns, ipv6: bool) -> Result<Self, EngineError> {
         let listen = |addr: SocketAddr, v6only: bool| {
             netns
                 .listen(addr, v6only)
@@ -256,25 +270,32 @@ impl PodListeners {
                 })
         };
         let loopback6 = SocketAddr::new(Ipv6Addr::LOCALHOST.into(), OUTBOUND_PORT);
-        let outbound_v6 = match listen(loopback6, true) {
-            Ok(l) => Some(l),
-            // A pod without IPv6 (disabled, or no ::1) captures IPv4 only.
-            Err(EngineError::Listen { source, .. })
-                if matches!(
-                    source.raw_os_error(),
-                    Some(libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT)
-                ) =>
-            {
-                None
+        let outbound_v6 = if ipv6 {
+            match listen(loopback6, true) {
+                Ok(l) => Some(l),
+                // A pod without IPv6 (disabled, or no ::1) captures IPv4 only.
+                Err(EngineError::Listen { source, .. })
+                    if matches!(
+                        source.raw_os_error(),
+                        Some(libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT)
+                    ) =>
+                {
+                    None
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
+        } else {
+            None
         };
-        let any6 = |port| SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port);
+        let any = |port| SocketAddr::new(bind_wildcard(ipv6), port);
         Ok(Self {
-            outbound_v4: listen(SocketAddr::new([127, 0, 0, 1].into(), OUTBOUND_PORT), false)?,
+            outbound_v4: listen(
+                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), OUTBOUND_PORT),
+                false,
+            )?,
             outbound_v6,
-            inbound: listen(any6(INBOUND_PLAINTEXT_PORT), false)?,
-            hbone: listen(any6(HBONE_PORT), false)?,
+            inbound: listen(any(INBOUND_PLAINTEXT_PORT), false)?,
+            hbone: listen(any(HBONE_PORT), false)?,
         })
     }
 

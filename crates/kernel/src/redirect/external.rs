@@ -158,7 +158,7 @@ impl Redirector {
         }
         let ips: Vec<IpAddr> = registered.ips.iter().map(super::keys::ip_of).collect();
         self.check_listeners(&ips, listeners)?;
-        let keys = listener_keys(&registered.ips, &self.config);
+        let keys = listener_keys(&registered.ips, &self.config, self.ipv6_listeners);
         let mut known = registered;
         known.listeners.extend(&keys);
         self.registry.insert(netns_cookie, known.clone());

@@ -145,6 +145,12 @@ pub struct RedirectorOptions {
     /// enrolled pods are never captured (kubelet's probes); `None`: the
     /// agent's own (a node agent runs in the host's network).
     pub node_netns: Option<PathBuf>,
+    /// Whether the pods' inbound listeners take IPv6 (`[::]`, dual-stack);
+    /// `false` (the agent's `--ipv6-enabled false`): they are IPv4 sockets,
+    /// and a pod's IPv6 addresses get no `LISTENERS` entry, so `sk_lookup`
+    /// drops their inbound connections (passes them with `fail_open`)
+    /// rather than anyone registering an IPv4 socket for them.
+    pub ipv6_listeners: bool,
 }
 
 impl RedirectorOptions {
@@ -166,6 +172,7 @@ impl RedirectorOptions {
             fail_open: false,
             probe_sources: Vec::new(),
             node_netns: None,
+            ipv6_listeners: true,
         }
     }
 
@@ -195,6 +202,8 @@ pub struct Redirector {
     /// destinations keyed by tuple alone: the kernel's getsockopt programs
     /// cannot ask for the namespace (before 5.15).
     external_by_tuple: bool,
+    /// [`RedirectorOptions::ipv6_listeners`].
+    ipv6_listeners: bool,
     /// What each enrolled netns cookie registered in the maps.
     registry: HashMap<u64, Registration>,
 }
@@ -311,6 +320,7 @@ impl Redirector {
             links: attached,
             maps,
             external_by_tuple,
+            ipv6_listeners: options.ipv6_listeners,
             registry: HashMap::new(),
         })
     }

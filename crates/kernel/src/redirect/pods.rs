@@ -115,8 +115,14 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
-    /// The entries `pod` needs; its `LISTENERS` entries only `with_listeners`.
-    fn wanted(pod: &ExternalPodCapture<'_>, config: &AgentConfig, with_listeners: bool) -> Self {
+    /// The entries `pod` needs; its `LISTENERS` entries only `with_listeners`
+    /// (for its IPv6 addresses only with `ipv6`, see [`listener_keys`]).
+    fn wanted(
+        pod: &ExternalPodCapture<'_>,
+        config: &AgentConfig,
+        with_listeners: bool,
+        ipv6: bool,
+    ) -> Self {
         let ips: HashSet<IpAddr16> = pod.ips.iter().map(|ip| addr16(*ip)).collect();
         let ex = pod.exclusions;
         Self {
@@ -131,7 +137,7 @@ impl Registration {
                 .flat_map(|ip| ex.inbound_ports.iter().map(|port| pod_port(*ip, *port)))
                 .collect(),
             listeners: if with_listeners {
-                listener_keys(&ips, config)
+                listener_keys(&ips, config, ipv6)
             } else {
                 HashSet::new()
             },
@@ -266,11 +272,12 @@ impl Redirector {
             Some(registered) => registered.clone(),
             None => Registration::scan(&self.maps, cookie)?,
         };
-        let mut wanted = Registration::wanted(pod, &self.config, listeners.is_some());
+        let mut wanted =
+            Registration::wanted(pod, &self.config, listeners.is_some(), self.ipv6_listeners);
         if listeners.is_none() {
             // Sockets we hold no descriptor of: keep the entries of IPs the
             // pod still has until the next harvest replaces them.
-            let all = listener_keys(&wanted.ips, &self.config);
+            let all = listener_keys(&wanted.ips, &self.config, self.ipv6_listeners);
             wanted.listeners = previous.listeners.intersection(&all).copied().collect();
         }
         // Remember everything that may be in the maps before writing, so
@@ -284,7 +291,8 @@ impl Redirector {
         // that no connection of the pod reaches the proxy from loopback.
         self.write_source(cookie, pod.ips, server)?;
         links::attach_sk_lookup(&mut self.ebpf, &self.pins, cookie, pod.netns)?;
-        let ready = wanted.listeners == listener_keys(&wanted.ips, &self.config);
+        let ready =
+            wanted.listeners == listener_keys(&wanted.ips, &self.config, self.ipv6_listeners);
         let by_tuple = server == Server::External && self.external_by_tuple;
         self.set_enrolled(cookie, enrolled_flags(pod.dns_capture, ready, by_tuple))?;
         let stale = previous.minus(&wanted);
@@ -307,7 +315,9 @@ impl Redirector {
         listeners: RoleListeners<'_>,
     ) -> Result<(), RedirectError> {
         let serves_v4 = ips.iter().any(|ip| ip.to_canonical().is_ipv4());
-        let serves_v6 = ips.iter().any(|ip| ip.to_canonical().is_ipv6());
+        // IPv4-only listeners (`ipv6_listeners` off) are not asked to take
+        // the pod's IPv6 addresses: those get no `LISTENERS` entry.
+        let serves_v6 = self.ipv6_listeners && ips.iter().any(|ip| ip.to_canonical().is_ipv6());
         for (socket, port) in [
             (listeners.inbound, self.config.inbound_port),
             (listeners.hbone, self.config.hbone_port),
@@ -595,9 +605,15 @@ pub(super) fn enrolled_flags(dns_capture: bool, engine_ready: bool, by_tuple: bo
     flags
 }
 
-/// The `LISTENERS` keys of every role of every one of `ips`.
-pub(super) fn listener_keys(ips: &HashSet<IpAddr16>, config: &AgentConfig) -> HashSet<ListenerKey> {
+/// The `LISTENERS` keys of every role of every one of `ips`, of its IPv4
+/// ones alone unless `ipv6` ([`super::RedirectorOptions::ipv6_listeners`]).
+pub(super) fn listener_keys(
+    ips: &HashSet<IpAddr16>,
+    config: &AgentConfig,
+    ipv6: bool,
+) -> HashSet<ListenerKey> {
     ips.iter()
+        .filter(|ip| ipv6 || ip_of(ip).to_canonical().is_ipv4())
         .flat_map(|ip| [config.inbound_port, config.hbone_port].map(|port| listener_key(*ip, port)))
         .collect()
 }
