@@ -89,6 +89,7 @@ async fn hbone_server_announcing(
                     let port = authority.strip_prefix("echo.local:")?.parse().ok()?;
                     Some(SocketAddr::new(local.ip(), port))
                 }),
+                app_tunnel: Arc::new(|_, _| None),
                 attribute: Arc::new(|_, _| None),
                 live: None,
                 shutdown,

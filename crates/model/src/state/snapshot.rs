@@ -149,6 +149,26 @@ impl MeshState {
         Some(SocketAddr::new(local, target))
     }
 
+    /// The address a hostname authority (`host`, `port`) arriving at
+    /// `local` stands for where an address is needed (a PROXY protocol
+    /// header): the VIP of the service [`Self::resolve_hostname`] picks,
+    /// IPv4 first, with the port asked for (ztunnel `src/proxy/inbound.rs`
+    /// `find_inbound_upstream`: PROXY cannot name a hostname; among the
+    /// VIPs on the local network it takes IPv4 first). `None` when that
+    /// service has no VIP.
+    pub fn hostname_vip(&self, host: &str, port: u16, local: IpAddr) -> Option<SocketAddr> {
+        let me = self.workloads.by_ip(local.to_canonical())?;
+        let entry = self
+            .services
+            .by_hostname_for(host, &me.workload.namespace)?;
+        let vips = &entry.service.vips;
+        let vip = vips
+            .iter()
+            .find(|ip| ip.is_ipv4())
+            .or_else(|| vips.first())?;
+        Some(SocketAddr::new(*vip, port))
+    }
+
     /// Who is at `ip`, as far as this state says (an unknown address gives
     /// an empty peer).
     pub fn peer_at(&self, ip: IpAddr) -> Arc<super::Peer> {
