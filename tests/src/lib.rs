@@ -31,6 +31,7 @@ pub mod netns;
 pub mod observe;
 pub mod process;
 pub mod prometheus;
+pub mod proxy_protocol;
 pub mod redirector_node;
 pub mod responder;
 pub mod stale;

@@ -1,0 +1,203 @@
+//! Application tunnels, end to end: a workload whose `applicationTunnel`
+//! is PROXY (a "sandwiched" waypoint, as istiod marks a waypoint's pods
+//! when its Gateway says `ambient.istio.io/waypoint-inbound-binding:
+//! PROXY/15088`) gets every HBONE tunnel on its tunnel port over loopback,
+//! behind a PROXY protocol v2 header naming the client, the destination the
+//! client asked for and the client's SPIFFE identity, as ztunnel sends it
+//! (`src/proxy/inbound.rs` `serve_connect`, `find_inbound_upstream`;
+//! `src/proxy.rs` `write_proxy_protocol`). Also when the tunnel's authority
+//! names the workload behind the waypoint rather than the waypoint (the
+//! sandwich: ztunnel's `validate_destination` lets it through for such
+//! workloads). A workload without one gets the client's bytes alone.
+//!
+//! What the workload got is what its listener read: the header is parsed
+//! strictly by the test library (`proxy_protocol`), and the client checks
+//! that the bytes after it came back exactly.
+
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::time::Duration;
+
+use dataplane_tests::{
+    Agent, Responder,
+    istio_resources::{address_resources, authorization_resources},
+    istiod::{AgentFiles, loopback_istiod, xds_flags},
+    mesh::{NAMESPACE, TwoNodes, addr, as_istiod_serves, hbone_workload},
+    proxy_protocol::{self, PEER_IDENTITY_TLV, ProxyHeader},
+    topology::Pod,
+    traffic::{echo, echo_server, http, wait_until},
+};
+use dataplane_user::config::{AppTunnelProtocol, ApplicationTunnel, LocalConfig, Waypoint};
+use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+
+/// The waypoint's PROXY port (Istio's waypoints listen there for it).
+const TUNNEL_PORT: u16 = 15088;
+/// The port the clients ask for.
+const APP_PORT: u16 = 9000;
+/// Hang guard for a request the server should already have (not timing).
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// A stand-in for a waypoint's PROXY listener on loopback `bind` in `pod`:
+/// reads each connection to its end, echoes what follows a well-formed
+/// header (nothing when the header is not one, so the client's echo check
+/// fails) and keeps the request for the test.
+fn proxy_echo(pod: &Pod, bind: SocketAddr) -> anyhow::Result<Responder> {
+    let listener = pod.netns.run(move || TcpListener::bind(bind))??;
+    Responder::start(listener, |request| {
+        proxy_protocol::parse(&request.body).map_or_else(|_| Vec::new(), |(_, rest)| rest.to_vec())
+    })
+}
+
+/// The header of the next connection `server` got, and how many bytes
+/// followed it.
+fn next_header(server: &Responder, what: &str) -> anyhow::Result<(ProxyHeader, usize)> {
+    let request = server
+        .next_request(LIMIT)
+        .ok_or_else(|| anyhow::anyhow!("{what}: the tunnel listener got no connection"))?;
+    let (header, rest) = proxy_protocol::parse(&request.body)
+        .map_err(|err| err.context(format!("{what}: no PROXY header first")))?;
+    Ok((header, rest.len()))
+}
+
+/// The world's mesh: `wp` (on node2) is a waypoint taking its tunnels as
+/// PROXY on [`TUNNEL_PORT`], `local` (on node1) is behind it, `remote` (on
+/// node2) has no application tunnel.
+fn mesh(w: &TwoNodes, wp: &Pod) -> LocalConfig {
+    let mut config = w.mesh_config();
+    for workload in &mut config.workloads {
+        let workload = std::sync::Arc::make_mut(workload);
+        if workload.name == "local" {
+            workload.waypoint = Some(Box::new(Waypoint {
+                address: Some(wp.ip4.into()),
+                hostname: None,
+                hbone_port: 15008,
+            }));
+        }
+    }
+    let mut waypoint = hbone_workload(wp, "waypoint", "node2");
+    waypoint.application_tunnel = Some(ApplicationTunnel {
+        protocol: AppTunnelProtocol::Proxy,
+        port: Some(TUNNEL_PORT),
+    });
+    config.workloads.push(waypoint.into());
+    config
+}
+
+/// What each workload gets from the client, with the agents serving
+/// [`mesh`].
+fn deliveries_are_ztunnels(w: &TwoNodes, wp: &Pod) -> anyhow::Result<()> {
+    let tunnel4 = proxy_echo(wp, SocketAddr::from(([127, 0, 0, 1], TUNNEL_PORT)))?;
+    let tunnel6 = proxy_echo(wp, SocketAddr::new("::1".parse()?, TUNNEL_PORT))?;
+    // The port the clients ask for, on the waypoint and on the workload
+    // behind it: neither may see a tunnel the waypoint takes.
+    let asked_on_waypoint = echo_server(wp, APP_PORT)?;
+    let behind = echo_server(&w.local, APP_PORT)?;
+    let without_tunnel = echo_server(&w.remote, APP_PORT)?;
+    let client_id = format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/client");
+
+    // To the waypoint's own address, IPv4: the client (the HBONE
+    // connection's source, in the client pod), the destination asked for,
+    // its identity; then exactly its bytes, both ways.
+    echo(&w.client, addr(wp, APP_PORT), 50_000, 1)?;
+    let (header, payload) = next_header(&tunnel4, "to the waypoint, IPv4")?;
+    assert_eq!(header.source.ip(), IpAddr::from(w.client.ip4));
+    assert_ne!(header.source.port(), 0);
+    assert_eq!(header.destination, addr(wp, APP_PORT));
+    assert_eq!(header.tlv_text(PEER_IDENTITY_TLV), Some(client_id.clone()));
+    assert_eq!(header.tlvs.len(), 1, "only the identity: {header:?}");
+    assert_eq!(payload, 50_000);
+
+    // IPv6: over ::1, with IPv6 addresses.
+    let wp6 = SocketAddr::new(wp.ip6.into(), APP_PORT);
+    echo(&w.client, wp6, 3_000, 2)?;
+    let (header, payload) = next_header(&tunnel6, "to the waypoint, IPv6")?;
+    assert_eq!(header.source.ip(), IpAddr::from(w.client.ip6));
+    assert_eq!(header.destination, wp6);
+    assert_eq!(header.tlv_text(PEER_IDENTITY_TLV), Some(client_id.clone()));
+    assert_eq!(payload, 3_000);
+
+    // The sandwich: the client's node sends `local`'s connection to its
+    // waypoint with `local` as the authority; the waypoint is told so.
+    echo(&w.client, addr(&w.local, APP_PORT), 10_000, 3)?;
+    let (header, payload) = next_header(&tunnel4, "through the waypoint")?;
+    assert_eq!(header.source.ip(), IpAddr::from(w.client.ip4));
+    assert_eq!(header.destination, addr(&w.local, APP_PORT));
+    assert_eq!(header.tlv_text(PEER_IDENTITY_TLV), Some(client_id));
+    assert_eq!(payload, 10_000);
+
+    // A workload without an application tunnel: the client's bytes alone.
+    echo(&w.client, addr(&w.remote, APP_PORT), 10_000, 4)?;
+    let got = without_tunnel
+        .next_request(LIMIT)
+        .ok_or_else(|| anyhow::anyhow!("remote got no connection"))?;
+    assert_eq!(got.body.len(), 10_000, "bytes before the client's");
+    assert!(!got.body.starts_with(&proxy_protocol::SIGNATURE[..4]));
+
+    assert!(tunnel4.drain().is_empty() && tunnel6.drain().is_empty());
+    assert!(
+        asked_on_waypoint.drain().is_empty(),
+        "a tunnel reached the waypoint's asked port instead of its tunnel port"
+    );
+    assert!(
+        behind.drain().is_empty(),
+        "the waypoint's traffic went around it"
+    );
+    Ok(())
+}
+
+/// The mesh from the local file (`applicationTunnel` on the workload).
+#[test]
+fn a_sandwiched_waypoint_gets_each_tunnel_on_its_port_behind_a_proxy_header() -> anyhow::Result<()>
+{
+    let mut w = TwoNodes::new("apt")?;
+    let wp = w.n2.add_pod("apt")?;
+    let (_a1, _a2) = w.agents("apt", &mesh(&w, &wp))?;
+    deliveries_are_ztunnels(&w, &wp)
+}
+
+/// The mesh from the test istiod: the waypoint's `istio.workload.Workload`
+/// carries `application_tunnel` as istiod sends it; the pods are enrolled
+/// over the agents' control sockets.
+#[test]
+fn a_sandwiched_waypoint_istiod_describes_gets_the_same() -> anyhow::Result<()> {
+    let mut w = TwoNodes::new("apx")?;
+    let wp = w.n2.add_pod("apx")?;
+    let served = as_istiod_serves(mesh(&w, &wp));
+    let (rt, pki, istiod) = loopback_istiod()?;
+    let AgentFiles { root, token, empty } =
+        AgentFiles::write(w.dir.path(), &pki, "app-tunnel-token")?;
+    rt.block_on(async {
+        istiod
+            .publish(ADDRESS_TYPE, address_resources(&served, "1"), &[])
+            .await?;
+        istiod
+            .publish(
+                AUTHORIZATION_TYPE,
+                authorization_resources(&served, "1"),
+                &[],
+            )
+            .await
+    })?;
+    let agent = |n: u8| {
+        let flags = xds_flags(istiod.addr, &root, &token, &format!("dataplane-node{n}"));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        w.agent("apx", n, &empty, &flags)
+    };
+    let (a1, a2) = (agent(1)?, agent(2)?);
+    for (agent, pod, name) in [
+        (&a1, &w.client, "client"),
+        (&a1, &w.local, "local"),
+        (&a2, &w.remote, "remote"),
+        (&a2, &wp, "waypoint"),
+    ] {
+        let mut spec = Agent::spec_for(pod, name);
+        spec.service_account = name.to_owned();
+        let response = agent.enroll(spec)?;
+        anyhow::ensure!(response.ok, "enrolling {name}: {:?}", response.error);
+    }
+    for agent in [&a1, &a2] {
+        wait_until("the agent to be ready on istiod's state", || {
+            Ok(http(agent.readiness_addr()?, "GET", "/healthz/ready")?.0 == 200)
+        })?;
+    }
+    deliveries_are_ztunnels(&w, &wp)
+}
