@@ -10,6 +10,7 @@
 //! Traffic stays inside namespaces the tests create or on loopback.
 
 pub mod agent;
+pub mod app_tunnel;
 pub mod bench;
 pub mod capture;
 pub mod cgroup;

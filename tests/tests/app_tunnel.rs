@@ -14,135 +14,16 @@
 //! strictly by the test library (`proxy_protocol`), and the client checks
 //! that the bytes after it came back exactly.
 
-use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::time::Duration;
-
 use dataplane_tests::{
-    Agent, Responder,
+    Agent, TempDir,
+    app_tunnel::{deliveries_are_ztunnels, mesh},
     istio_resources::{address_resources, authorization_resources},
     istiod::{AgentFiles, loopback_istiod, xds_flags},
-    mesh::{NAMESPACE, TwoNodes, addr, as_istiod_serves, hbone_workload},
-    proxy_protocol::{self, PEER_IDENTITY_TLV, ProxyHeader},
-    topology::Pod,
-    traffic::{echo, echo_server, http, wait_until},
+    mesh::{TwoNodes, as_istiod_serves},
+    traffic::{http, wait_until},
+    ztunnel::{ZtunnelHome, start_ztunnel, wait_captured, ztunnel_binary},
 };
-use dataplane_user::config::{AppTunnelProtocol, ApplicationTunnel, LocalConfig, Waypoint};
 use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
-
-/// The waypoint's PROXY port (Istio's waypoints listen there for it).
-const TUNNEL_PORT: u16 = 15088;
-/// The port the clients ask for.
-const APP_PORT: u16 = 9000;
-/// Hang guard for a request the server should already have (not timing).
-const LIMIT: Duration = Duration::from_secs(20);
-
-/// A stand-in for a waypoint's PROXY listener on loopback `bind` in `pod`:
-/// reads each connection to its end, echoes what follows a well-formed
-/// header (nothing when the header is not one, so the client's echo check
-/// fails) and keeps the request for the test.
-fn proxy_echo(pod: &Pod, bind: SocketAddr) -> anyhow::Result<Responder> {
-    let listener = pod.netns.run(move || TcpListener::bind(bind))??;
-    Responder::start(listener, |request| {
-        proxy_protocol::parse(&request.body).map_or_else(|_| Vec::new(), |(_, rest)| rest.to_vec())
-    })
-}
-
-/// The header of the next connection `server` got, and how many bytes
-/// followed it.
-fn next_header(server: &Responder, what: &str) -> anyhow::Result<(ProxyHeader, usize)> {
-    let request = server
-        .next_request(LIMIT)
-        .ok_or_else(|| anyhow::anyhow!("{what}: the tunnel listener got no connection"))?;
-    let (header, rest) = proxy_protocol::parse(&request.body)
-        .map_err(|err| err.context(format!("{what}: no PROXY header first")))?;
-    Ok((header, rest.len()))
-}
-
-/// The world's mesh: `wp` (on node2) is a waypoint taking its tunnels as
-/// PROXY on [`TUNNEL_PORT`], `local` (on node1) is behind it, `remote` (on
-/// node2) has no application tunnel.
-fn mesh(w: &TwoNodes, wp: &Pod) -> LocalConfig {
-    let mut config = w.mesh_config();
-    for workload in &mut config.workloads {
-        let workload = std::sync::Arc::make_mut(workload);
-        if workload.name == "local" {
-            workload.waypoint = Some(Box::new(Waypoint {
-                address: Some(wp.ip4.into()),
-                hostname: None,
-                hbone_port: 15008,
-            }));
-        }
-    }
-    let mut waypoint = hbone_workload(wp, "waypoint", "node2");
-    waypoint.application_tunnel = Some(ApplicationTunnel {
-        protocol: AppTunnelProtocol::Proxy,
-        port: Some(TUNNEL_PORT),
-    });
-    config.workloads.push(waypoint.into());
-    config
-}
-
-/// What each workload gets from the client, with the agents serving
-/// [`mesh`].
-fn deliveries_are_ztunnels(w: &TwoNodes, wp: &Pod) -> anyhow::Result<()> {
-    let tunnel4 = proxy_echo(wp, SocketAddr::from(([127, 0, 0, 1], TUNNEL_PORT)))?;
-    let tunnel6 = proxy_echo(wp, SocketAddr::new("::1".parse()?, TUNNEL_PORT))?;
-    // The port the clients ask for, on the waypoint and on the workload
-    // behind it: neither may see a tunnel the waypoint takes.
-    let asked_on_waypoint = echo_server(wp, APP_PORT)?;
-    let behind = echo_server(&w.local, APP_PORT)?;
-    let without_tunnel = echo_server(&w.remote, APP_PORT)?;
-    let client_id = format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/client");
-
-    // To the waypoint's own address, IPv4: the client (the HBONE
-    // connection's source, in the client pod), the destination asked for,
-    // its identity; then exactly its bytes, both ways.
-    echo(&w.client, addr(wp, APP_PORT), 50_000, 1)?;
-    let (header, payload) = next_header(&tunnel4, "to the waypoint, IPv4")?;
-    assert_eq!(header.source.ip(), IpAddr::from(w.client.ip4));
-    assert_ne!(header.source.port(), 0);
-    assert_eq!(header.destination, addr(wp, APP_PORT));
-    assert_eq!(header.tlv_text(PEER_IDENTITY_TLV), Some(client_id.clone()));
-    assert_eq!(header.tlvs.len(), 1, "only the identity: {header:?}");
-    assert_eq!(payload, 50_000);
-
-    // IPv6: over ::1, with IPv6 addresses.
-    let wp6 = SocketAddr::new(wp.ip6.into(), APP_PORT);
-    echo(&w.client, wp6, 3_000, 2)?;
-    let (header, payload) = next_header(&tunnel6, "to the waypoint, IPv6")?;
-    assert_eq!(header.source.ip(), IpAddr::from(w.client.ip6));
-    assert_eq!(header.destination, wp6);
-    assert_eq!(header.tlv_text(PEER_IDENTITY_TLV), Some(client_id.clone()));
-    assert_eq!(payload, 3_000);
-
-    // The sandwich: the client's node sends `local`'s connection to its
-    // waypoint with `local` as the authority; the waypoint is told so.
-    echo(&w.client, addr(&w.local, APP_PORT), 10_000, 3)?;
-    let (header, payload) = next_header(&tunnel4, "through the waypoint")?;
-    assert_eq!(header.source.ip(), IpAddr::from(w.client.ip4));
-    assert_eq!(header.destination, addr(&w.local, APP_PORT));
-    assert_eq!(header.tlv_text(PEER_IDENTITY_TLV), Some(client_id));
-    assert_eq!(payload, 10_000);
-
-    // A workload without an application tunnel: the client's bytes alone.
-    echo(&w.client, addr(&w.remote, APP_PORT), 10_000, 4)?;
-    let got = without_tunnel
-        .next_request(LIMIT)
-        .ok_or_else(|| anyhow::anyhow!("remote got no connection"))?;
-    assert_eq!(got.body.len(), 10_000, "bytes before the client's");
-    assert!(!got.body.starts_with(&proxy_protocol::SIGNATURE[..4]));
-
-    assert!(tunnel4.drain().is_empty() && tunnel6.drain().is_empty());
-    assert!(
-        asked_on_waypoint.drain().is_empty(),
-        "a tunnel reached the waypoint's asked port instead of its tunnel port"
-    );
-    assert!(
-        behind.drain().is_empty(),
-        "the waypoint's traffic went around it"
-    );
-    Ok(())
-}
 
 /// The mesh from the local file (`applicationTunnel` on the workload).
 #[test]
@@ -200,4 +81,65 @@ fn a_sandwiched_waypoint_istiod_describes_gets_the_same() -> anyhow::Result<()> 
         })?;
     }
     deliveries_are_ztunnels(&w, &wp)
+}
+
+/// A stock ztunnel (`DATAPLANE_ZTUNNEL`, ignored without one) serving the
+/// waypoint's node, our engine the client's: the waypoint gets from
+/// ztunnel what the tests above expect from our engine, so those
+/// expectations are ztunnel's.
+#[test]
+#[ignore = "needs a ztunnel binary in DATAPLANE_ZTUNNEL"]
+fn a_stock_ztunnel_delivers_the_same_to_a_sandwiched_waypoint() -> anyhow::Result<()> {
+    let binary = ztunnel_binary()?;
+    let mut w = TwoNodes::new("apz")?;
+    let wp = w.n2.add_pod("apz")?;
+    let config = mesh(&w, &wp);
+    let served = as_istiod_serves(config.clone());
+    let (rt, pki, mut istiod) = loopback_istiod()?;
+    rt.block_on(async {
+        istiod
+            .publish(ADDRESS_TYPE, address_resources(&served, "1"), &[])
+            .await?;
+        istiod
+            .publish(
+                AUTHORIZATION_TYPE,
+                authorization_resources(&served, "1"),
+                &[],
+            )
+            .await
+    })?;
+    // Node1: our engine, its mesh and certificates from istiod.
+    let AgentFiles { root, token, empty } =
+        AgentFiles::write(w.dir.path(), &pki, "engine-node1-token")?;
+    let mut flags = xds_flags(istiod.addr, &root, &token, "dataplane-node1");
+    flags.extend(["--cert-source", "istio"].map(str::to_owned));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let a1 = w.agent("apz", 1, &empty, &flags)?;
+    for (pod, name) in [(&w.client, "client"), (&w.local, "local")] {
+        let mut spec = Agent::spec_for(pod, name);
+        spec.service_account = name.to_owned();
+        let response = a1.enroll(spec)?;
+        anyhow::ensure!(response.ok, "enrolling {name}: {:?}", response.error);
+    }
+    // Node2: ztunnel serves the waypoint and `remote`.
+    let file = w.write(&config)?;
+    let zds2 = w.dir.path().join("zds2.sock");
+    let zds2_flag = zds2.display().to_string();
+    let a2 = w.agent(
+        "apz",
+        2,
+        &file,
+        &["--engine", "ztunnel", "--zds-socket", &zds2_flag],
+    )?;
+    let logs = TempDir::new("apzlog")?;
+    let home2 = ZtunnelHome::new(
+        logs.path(),
+        "node2",
+        rt.block_on(istiod.listen_in(w.n2.netns()))?,
+        &pki.root_pem,
+    )?;
+    let z2 = start_ztunnel(&binary, &w.n2, "node2", &zds2, &home2, logs.path())?;
+    wait_captured(&a2, &z2)?;
+    deliveries_are_ztunnels(&w, &wp)
+        .map_err(|e| anyhow::anyhow!("{e:#}\nztunnel log:\n{}", z2.log_tail()))
 }
