@@ -295,6 +295,36 @@ services:
         );
     }
 
+    /// ztunnel `find_inbound_upstream`: a PROXY header names a hostname
+    /// authority by its service's VIP, IPv4 first, with the asked port.
+    #[test]
+    fn a_hostname_is_named_by_its_services_vip_ipv4_first() {
+        let dual = MESH.replace(
+            "vips: ['/10.96.0.10']",
+            "vips: ['/fd00::10', '/10.96.0.10']",
+        );
+        let state = MeshState::from_config(&LocalConfig::parse(&dual, "t").unwrap()).unwrap();
+        let local = "10.1.0.10".parse().unwrap();
+        assert_eq!(
+            state.hostname_vip("web.shop.svc.cluster.local", 80, local),
+            Some("10.96.0.10:80".parse().unwrap())
+        );
+        assert_eq!(
+            state.hostname_vip("web-admin.shop.svc.cluster.local", 9000, local),
+            Some("10.96.0.11:9000".parse().unwrap())
+        );
+        assert_eq!(state.hostname_vip("nowhere.example", 80, local), None);
+        assert_eq!(
+            state.hostname_vip(
+                "web.shop.svc.cluster.local",
+                80,
+                "10.9.9.9".parse().unwrap()
+            ),
+            None,
+            "not a workload of the mesh"
+        );
+    }
+
     /// A change of endpoints builds the service's entry again: it goes on
     /// taking turns where it was (else every change sent the next
     /// connection to the first endpoint) and keeps what only the
