@@ -2,17 +2,22 @@
 //! resources istiod would serve for it: `istio.workload.Address` and
 //! `istio.security.Authorization`, encoded as on the wire. Only what the
 //! tests' meshes use is written: workloads (identity, addresses, protocol,
-//! node, service ports, policies, status), services (VIPs, ports) and
-//! policies with port, namespace and principal matches.
+//! node, service ports, policies, status, waypoint, application tunnel),
+//! services (VIPs, ports) and policies with port, namespace and principal
+//! matches.
 
 use dataplane_user::config::{
-    Action, LocalConfig, Policy, Protocol, Scope, Service, Workload, WorkloadStatus,
+    Action, AppTunnelProtocol, LocalConfig, Policy, Protocol, Scope, Service, Waypoint, Workload,
+    WorkloadStatus,
 };
 use dataplane_user::istio_api::{
     ADDRESS_TYPE, AUTHORIZATION_TYPE,
     discovery::Resource,
     security::{self, Authorization, Clause, Rule, StringMatch, string_match::MatchType},
-    workload::{self, Address, NetworkAddress, Port, PortList, TunnelProtocol, address},
+    workload::{
+        self, Address, GatewayAddress, NamespacedHostname, NetworkAddress, Port, PortList,
+        TunnelProtocol, address, gateway_address,
+    },
 };
 use prost::Message;
 
@@ -43,6 +48,30 @@ pub fn resource(type_url: &str, name: &str, version: &str, body: &impl Message) 
         }),
         ..Default::default()
     }
+}
+
+/// A waypoint as istiod names it (`GatewayAddress`: an address on the
+/// default network, or `namespace/hostname`).
+fn gateway_address(waypoint: &Waypoint) -> Option<GatewayAddress> {
+    let destination = match (&waypoint.address, &waypoint.hostname) {
+        (Some(ip), _) => gateway_address::Destination::Address(NetworkAddress {
+            network: String::new(),
+            address: ip_bytes(ip),
+            length: None,
+        }),
+        (None, Some(key)) => {
+            let (namespace, hostname) = key.split_once('/')?;
+            gateway_address::Destination::Hostname(NamespacedHostname {
+                namespace: namespace.to_owned(),
+                hostname: hostname.to_owned(),
+            })
+        }
+        (None, None) => return None,
+    };
+    Some(GatewayAddress {
+        destination: Some(destination),
+        hbone_mtls_port: u32::from(waypoint.hbone_port),
+    })
 }
 
 /// A workload as istiod sends it (resource name: its uid).
@@ -86,6 +115,19 @@ pub fn workload_resource(w: &Workload, version: &str) -> Resource {
                 WorkloadStatus::Healthy => workload::WorkloadStatus::Healthy as i32,
                 WorkloadStatus::Unhealthy => workload::WorkloadStatus::Unhealthy as i32,
             },
+            waypoint: w.waypoint.as_deref().and_then(gateway_address),
+            // istiod sets it on the pods of a waypoint whose Gateway (or
+            // GatewayClass) is annotated `ambient.istio.io/waypoint-inbound-binding:
+            // PROXY/<port>` (istio `pilot/pkg/serviceregistry/ambient/
+            // waypoints.go` `makeInboundBinding`, `workloads.go`
+            // `computeWaypoint`); unset port as 0.
+            application_tunnel: w.application_tunnel.map(|t| workload::ApplicationTunnel {
+                protocol: match t.protocol {
+                    AppTunnelProtocol::None => workload::application_tunnel::Protocol::None,
+                    AppTunnelProtocol::Proxy => workload::application_tunnel::Protocol::Proxy,
+                } as i32,
+                port: t.port.map_or(0, u32::from),
+            }),
             ..Default::default()
         })),
     };

@@ -10,6 +10,7 @@
 //! Traffic stays inside namespaces the tests create or on loopback.
 
 pub mod agent;
+pub mod app_tunnel;
 pub mod bench;
 pub mod capture;
 pub mod cgroup;
@@ -31,6 +32,7 @@ pub mod netns;
 pub mod observe;
 pub mod process;
 pub mod prometheus;
+pub mod proxy_protocol;
 pub mod redirector_node;
 pub mod responder;
 pub mod stale;

@@ -140,6 +140,51 @@ impl Ztunnel {
     }
 }
 
+/// Starts ztunnel for `node` as Istio's chart does ([`ztunnel_env`]), in
+/// the node's network namespace and in a cgroup of its own under the
+/// node's (as its pod would be), with its log in `logs`.
+pub fn start_ztunnel(
+    binary: &Path,
+    node: &crate::topology::Node,
+    node_name: &str,
+    zds: &Path,
+    home: &ZtunnelHome,
+    logs: &Path,
+) -> Result<Ztunnel> {
+    let cgroup = Cgroup::child(node.cgroup(), "zt")?;
+    let log = logs.join(format!("ztunnel-{node_name}.log"));
+    let site = ZtunnelNode {
+        name: node_name,
+        instance_ip: node.bridge_ip4().into(),
+        zds,
+    };
+    Ztunnel::start(binary, node.netns(), cgroup, &site, home, &log)
+}
+
+/// Waits until `agent` reports every pod it enrolled as captured (for
+/// `--engine ztunnel`: acknowledged by ztunnel and its listeners in the
+/// kernel's socket map).
+pub fn wait_captured(agent: &crate::Agent, zt: &Ztunnel) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let pods = agent.status()?.pods;
+        let waiting: Vec<_> = pods
+            .iter()
+            .filter(|p| !p.captured)
+            .map(|p| format!("{}: {}", p.name, p.reason))
+            .collect();
+        if !pods.is_empty() && waiting.is_empty() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "pods not captured: {waiting:?}\nztunnel log:\n{}",
+            zt.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// ztunnel's environment for `node`: what Istio's ztunnel chart sets (its
 /// defaults; the downward API's pod, node, address, service account and
 /// CPU count; no CPU limit, a 200m request rounded up as the API does),

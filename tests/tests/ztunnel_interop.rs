@@ -25,37 +25,16 @@ use std::{
 
 use anyhow::Result;
 use dataplane_tests::{
-    Cgroup, TempDir,
+    TempDir,
     istio_resources::{address_resources, authorization_resources},
     istiod::{AgentFiles, TestIstiod, TestPki, xds_flags},
     mesh::{NAMESPACE, TwoNodes, addr},
     responder::Responder,
     topology::{Node, Pod},
     traffic::{echo, echo_server, stream},
-    ztunnel::{self, Ztunnel, ZtunnelHome, ZtunnelNode, ztunnel_binary},
+    ztunnel::{self, Ztunnel, ZtunnelHome, start_ztunnel, wait_captured, ztunnel_binary},
 };
 use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
-
-/// Starts ztunnel for `node` as Istio's chart does ([`ztunnel::ztunnel_env`]), in
-/// the node's network namespace and in a cgroup of its own under the
-/// node's (as its pod would be), with its log in `logs`.
-fn start_ztunnel(
-    binary: &Path,
-    node: &Node,
-    node_name: &str,
-    zds: &Path,
-    home: &ZtunnelHome,
-    logs: &Path,
-) -> Result<Ztunnel> {
-    let cgroup = Cgroup::child(node.cgroup(), "zt")?;
-    let log = logs.join(format!("ztunnel-{node_name}.log"));
-    let site = ZtunnelNode {
-        name: node_name,
-        instance_ip: node.bridge_ip4().into(),
-        zds,
-    };
-    Ztunnel::start(binary, node.netns(), cgroup, &site, home, &log)
-}
 
 /// The test istiod, on the runtime that drives it, with its CA, serving
 /// `w`'s workloads (istiod knows nothing of network namespaces) and no
@@ -89,30 +68,6 @@ fn signed_for(istiod: &TestIstiod, token: &str) -> Vec<String> {
     ids.sort();
     ids.dedup();
     ids
-}
-
-/// Waits until `agent` reports every pod it enrolled as captured (for
-/// `--engine ztunnel`: acknowledged by ztunnel and its listeners in the
-/// kernel's socket map).
-fn wait_captured(agent: &dataplane_tests::Agent, zt: &Ztunnel) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let pods = agent.status()?.pods;
-        let waiting: Vec<_> = pods
-            .iter()
-            .filter(|p| !p.captured)
-            .map(|p| format!("{}: {}", p.name, p.reason))
-            .collect();
-        if !pods.is_empty() && waiting.is_empty() {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "pods not captured: {waiting:?}\nztunnel log:\n{}",
-            zt.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The client address the app saw for the next connection it served.

@@ -18,8 +18,8 @@ use serde::Serialize;
 
 use crate::{
     config::{
-        HealthPolicy, LocalConfig, Match, Policy, Protocol, RoutingMode, RoutingScope, Service,
-        Waypoint, Workload, WorkloadStatus,
+        ApplicationTunnel, HealthPolicy, LocalConfig, Match, Policy, Protocol, RoutingMode,
+        RoutingScope, Service, Waypoint, Workload, WorkloadStatus,
     },
     enroll::PodStatus,
     identity::IssuedCert,
@@ -30,7 +30,7 @@ use crate::{
 /// dump diff knows which differences are expected.
 pub const NOT_CARRIED: &[&str] = &[
     "workloads[].workloadType: not kept from xDS, left out (ztunnel: `deployment`, `pod`, ...)",
-    "workloads[].hostname, nativeTunnel, applicationTunnel, networkGateway: not kept, left out",
+    "workloads[].nativeTunnel, networkGateway: not kept, left out",
     "workloads[].capacity: not kept, written as ztunnel's default 1",
     "workloads[].networkMode: not kept, written as `Standard`",
     "workloads[].waypoint / services[].waypoint by address: the gateway's network is not kept, \
@@ -99,6 +99,11 @@ pub struct ZtunnelWorkload {
     hostname: String,
     #[serde(skip_serializing_if = "str::is_empty")]
     node: String,
+    /// ztunnel's `ApplicationTunnel` (`src/state/workload.rs`):
+    /// `{protocol: NONE|PROXY, port}`, `port` null when unset; ours
+    /// serializes to the same form.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    application_tunnel: Option<ApplicationTunnel>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     authorization_policies: Vec<String>,
     /// `HealthStatus`: `Healthy` or `Unhealthy` (our enum's own names).
@@ -385,6 +390,7 @@ fn workload(w: &Workload) -> ZtunnelWorkload {
         canonical_revision: w.canonical_revision.to_string(),
         hostname: w.hostname.to_string(),
         node: w.node.to_string(),
+        application_tunnel: w.application_tunnel,
         authorization_policies: w.authorization_policies.clone(),
         status: w.status,
         cluster_id: match &*w.cluster_id {

@@ -33,6 +33,7 @@ workloads:
     workloadIps: [10.1.0.6]
     protocol: TCP
     status: Unhealthy
+    applicationTunnel: {protocol: PROXY}
     services:
       shop/web.shop.svc.cluster.local: {80: 9090}
 services:
@@ -101,6 +102,7 @@ fn workloads_take_ztunnels_names_defaults_and_order() {
                 "trustDomain": "cluster.local",
                 "serviceAccount": "web",
                 "status": "Unhealthy",
+                "applicationTunnel": {"protocol": "PROXY", "port": null},
                 "clusterId": "Kubernetes",
                 "services": ["shop/web.shop.svc.cluster.local"],
                 "capacity": 1

@@ -149,13 +149,15 @@ impl FastPath {
     /// Whether the pod at `ips` whose enrollment said `own` allows the fast
     /// path: its own setting (its annotation), else its workload's
     /// `fastPath`, else the agent's `--fast-path`.
+    /// A workload with an application tunnel never does: what it is sent
+    /// must reach it as the tunnel says (its port, a PROXY header).
     pub fn allows_pod(&self, state: &MeshState, own: Option<bool>, ips: &[IpAddr]) -> bool {
-        own.or_else(|| {
-            ips.iter()
-                .find_map(|ip| state.workloads.by_ip(*ip))
-                .and_then(|w| w.workload.fast_path)
-        })
-        .unwrap_or(self.default_on)
+        let workload = ips.iter().find_map(|ip| state.workloads.by_ip(*ip));
+        if workload.is_some_and(|w| w.workload.application_tunnel.is_some()) {
+            return false;
+        }
+        own.or_else(|| workload.and_then(|w| w.workload.fast_path))
+            .unwrap_or(self.default_on)
     }
 
     /// Decides, for the connection from `client` of pod `ctx` that the

@@ -2,9 +2,11 @@
 //! connection, one CONNECT stream per tunnelled TCP connection.
 //!
 //! Responses: 200 tunnel up; 400 not CONNECT, malformed authority, the
-//! authority's IP is not the IP this connection arrived on (no open relay)
-//! or its port is an engine port; 401 denied by policy; 503 the app could
-//! not be reached (the client's stream then ends).
+//! authority's IP is not the IP this connection arrived on (no open relay;
+//! unless the local workload takes its tunnels itself, see
+//! [`super::app_tunnel`]) or its port is an engine port; 401 denied by
+//! policy; 503 the app could not be reached (the client's stream then
+//! ends).
 //!
 //! A connection with no open stream for [`ServerContext::idle_timeout`] is
 //! closed (GOAWAY, then the connection ends): a client that keeps
@@ -22,7 +24,7 @@ use bytes::Bytes;
 use h2::{SendStream, server::SendResponse};
 use http::{HeaderValue, Request, Response, StatusCode};
 use tokio::{
-    io::{AsyncRead, AsyncWrite},
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
     sync::{Notify, watch},
     time::{Instant, MissedTickBehavior},
@@ -30,6 +32,7 @@ use tokio::{
 use tracing::{Instrument, debug, info_span};
 
 use super::{
+    app_tunnel::{self, Delivery, LocalTunnel},
     head::{Authority, RequestHead},
     wire,
 };
@@ -64,6 +67,10 @@ pub type AuthorityResolver = Arc<dyn Fn(&str, SocketAddr) -> Option<SocketAddr> 
 pub type ServiceAttributor =
     Arc<dyn Fn(Option<&str>, SocketAddr) -> Option<Arc<ServiceRef>> + Send + Sync>;
 
+/// The local workload's application tunnel for a stream with this
+/// authority arriving on this local address; `None` when it has none.
+pub type AppTunnelLookup = Arc<dyn Fn(&Authority, SocketAddr) -> Option<LocalTunnel> + Send + Sync>;
+
 /// Decides whether a connection may proceed; `Err` carries the reason.
 pub type Authorizer = Arc<dyn Fn(&policy::Request<'_>) -> Result<(), String> + Send + Sync>;
 
@@ -84,6 +91,8 @@ pub struct ServerContext {
     /// Resolves a `hostname:port` authority (a service) arriving on the
     /// given local address to the app's address; `None` = unknown.
     pub resolve_authority: AuthorityResolver,
+    /// The local workload's application tunnel, looked up per stream.
+    pub app_tunnel: AppTunnelLookup,
     /// Attributes each stream to a service, for telemetry.
     pub attribute: ServiceAttributor,
     /// Where open tunnels are registered so a policy change can close them.
@@ -311,17 +320,14 @@ async fn accept_stream(
         service: None,
         trace: None,
     };
-    let (dst, head) = match check(&request, ctx) {
+    let Checked {
+        head,
+        asked,
+        delivery,
+    } = match check(&request, ctx) {
         Ok(checked) => checked,
-        Err((status, reason)) => {
-            reject(
-                &mut respond,
-                status,
-                ctx,
-                &flow,
-                FailReason::BadRequest,
-                &reason,
-            );
+        Err((status, fail, reason)) => {
+            reject(&mut respond, status, ctx, &flow, fail, &reason);
             return None;
         }
     };
@@ -337,12 +343,14 @@ async fn accept_stream(
     {
         flow.source = Arc::new(baggage.peer(ctx.source.principal.clone()));
     }
+    let dst = delivery.app;
     flow.dst = Some(dst);
     let named = match &head.authority {
         Authority::Host { name, .. } => Some(name.as_str()),
         Authority::Addr(_) => head.forwarded_host.as_deref(),
     };
-    flow.service = (ctx.attribute)(named, dst);
+    // By the port asked for: an application tunnel's port is no service's.
+    flow.service = (ctx.attribute)(named, asked);
     let authz = policy::Request {
         peer: ctx.peer_identity.as_ref(),
         src: canonical(ctx.peer),
@@ -363,10 +371,14 @@ async fn accept_stream(
     // The TCP peer is the client: its engine dials from inside the client
     // pod. `forwarded: for=` is never used for this, as any mesh identity
     // could claim any address there.
-    let app = match (ctx.dial)(canonical(ctx.peer).ip(), dst).await {
+    let from = delivery.from.unwrap_or(canonical(ctx.peer).ip());
+    let opened = match (ctx.dial)(from, delivery.connect).await {
+        Ok(app) => open_tunnel(app, &delivery, ctx).await,
+        Err(err) => Err(format!("app unreachable: {err}")),
+    };
+    let app = match opened {
         Ok(app) => app,
-        Err(err) => {
-            let reason = format!("app unreachable: {err}");
+        Err(reason) => {
             let status = StatusCode::SERVICE_UNAVAILABLE;
             reject(
                 &mut respond,
@@ -397,13 +409,41 @@ async fn accept_stream(
     })
 }
 
-/// Validates method and authority; returns the destination and the
-/// request's head.
+/// Starts the app's connection as its application tunnel asks: for PROXY,
+/// the header first (ztunnel writes it in `serve_connect` before it copies
+/// a byte). Written before the 200, so a failure is the client's 503.
+async fn open_tunnel(
+    mut app: TcpStream,
+    delivery: &Delivery,
+    ctx: &ServerContext,
+) -> Result<TcpStream, String> {
+    let Some(destination) = delivery.proxy_destination else {
+        return Ok(app);
+    };
+    let header =
+        app_tunnel::proxy_header(canonical(ctx.peer), destination, ctx.peer_identity.as_ref())
+            .map_err(|err| Chain(&err).to_string())?;
+    app.write_all(&header)
+        .await
+        .map_err(|err| format!("cannot write the PROXY protocol header to the app: {err}"))?;
+    Ok(app)
+}
+
+/// A request that passed [`check`].
+struct Checked {
+    head: RequestHead,
+    /// The app's address for the port asked for (the local workload's IP).
+    asked: SocketAddr,
+    /// Where the stream goes.
+    delivery: Delivery,
+}
+
+/// Validates method and authority; says where the stream goes.
 fn check(
     request: &Request<h2::RecvStream>,
     ctx: &ServerContext,
-) -> Result<(SocketAddr, RequestHead), (StatusCode, String)> {
-    let bad = |reason: String| (StatusCode::BAD_REQUEST, reason);
+) -> Result<Checked, (StatusCode, FailReason, String)> {
+    let bad = |reason: String| (StatusCode::BAD_REQUEST, FailReason::BadRequest, reason);
     let head = RequestHead::parse(request.method(), request.uri(), request.headers())
         .map_err(|err| bad(err.to_string()))?;
     let dst = match &head.authority {
@@ -419,7 +459,12 @@ fn check(
                 })?
         }
     };
-    if dst.ip() != canonical(ctx.local).ip() {
+    let local = canonical(ctx.local).ip();
+    let tunnel = (ctx.app_tunnel)(&head.authority, ctx.local);
+    // A workload with its own tunnel is told the destination asked for
+    // and decides (a waypoint's is the workload or service behind it);
+    // ztunnel's `validate_destination` lets only those through.
+    if dst.ip() != local && tunnel.is_none() {
         return Err(bad(
             "authority IP is not the IP this connection arrived on".to_owned()
         ));
@@ -427,7 +472,34 @@ fn check(
     if is_engine_port(dst.port()) {
         return Err(bad("authority port is an engine port".to_owned()));
     }
-    Ok((dst, head))
+    // Always the local workload's address: the tunnel ends here.
+    let asked = SocketAddr::new(local, dst.port());
+    let delivery = Delivery::new(
+        asked,
+        tunnel.and_then(|t| t.asked),
+        tunnel.map(|t| t.tunnel),
+    );
+    if delivery.proxy_destination.is_some() && tunnel.is_some_and(|t| t.asked.is_none()) {
+        // PROXY names addresses, not hostnames (ztunnel: `NoIPForService`).
+        return Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            FailReason::AppUnreachable,
+            format!(
+                "service `{}` has no VIP to name in the PROXY header",
+                head.authority
+            ),
+        ));
+    }
+    if is_engine_port(delivery.app.port()) {
+        return Err(bad(
+            "the workload's application tunnel port is an engine port".to_owned(),
+        ));
+    }
+    Ok(Checked {
+        head,
+        asked,
+        delivery,
+    })
 }
 
 /// Puts what the client side said about itself on the stream's span, so

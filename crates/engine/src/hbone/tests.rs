@@ -14,6 +14,7 @@ use tokio::{
 use super::{pool::PoolSpread, *};
 use crate::relay::{TunnelRelayError, relay_tunnel as relay};
 
+mod app_tunnel;
 mod early;
 mod knobs;
 mod slow_readers;
@@ -53,6 +54,16 @@ async fn hbone_server_announcing(
     shutdown_of: impl Fn(usize) -> watch::Receiver<bool> + Send + 'static,
     h2: wire::H2Settings,
 ) -> std::io::Result<SocketAddr> {
+    hbone_server_serving(shutdown_of, h2, Arc::new(|_, _| None)).await
+}
+
+/// [`hbone_server_announcing`] whose local workload's application tunnel
+/// is what `app_tunnel` says.
+async fn hbone_server_serving(
+    shutdown_of: impl Fn(usize) -> watch::Receiver<bool> + Send + 'static,
+    h2: wire::H2Settings,
+    app_tunnel: AppTunnelLookup,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
@@ -89,6 +100,7 @@ async fn hbone_server_announcing(
                     let port = authority.strip_prefix("echo.local:")?.parse().ok()?;
                     Some(SocketAddr::new(local.ip(), port))
                 }),
+                app_tunnel: Arc::clone(&app_tunnel),
                 attribute: Arc::new(|_, _| None),
                 live: None,
                 shutdown,

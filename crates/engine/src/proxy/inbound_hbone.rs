@@ -30,7 +30,7 @@ use super::{
 use crate::{
     addr::canonical,
     hbone::linger::LingerOnClose,
-    hbone::{self, PrefaceWatch, ServerContext},
+    hbone::{self, PrefaceWatch, ServerContext, app_tunnel::LocalTunnel, head::Authority},
     identity::Identity,
     logging::Chain,
     telemetry::{FailReason, Peer},
@@ -148,6 +148,18 @@ async fn serve_connection(
         resolve_authority: {
             let mesh = Arc::clone(&ctx.mesh);
             Arc::new(move |authority, local| mesh.state().resolve_hostname(authority, local.ip()))
+        },
+        app_tunnel: {
+            let ctx = Arc::clone(&ctx);
+            Arc::new(move |authority, local| {
+                let state = ctx.mesh.state();
+                let tunnel = ctx.app_tunnel(&state)?;
+                let asked = match authority {
+                    Authority::Addr(addr) => Some(canonical(*addr)),
+                    Authority::Host { name, port } => state.hostname_vip(name, *port, local.ip()),
+                };
+                Some(LocalTunnel { tunnel, asked })
+            })
         },
         attribute: {
             let mesh = Arc::clone(&ctx.mesh);

@@ -183,6 +183,20 @@ impl PodContext {
             .map_or_else(|| Arc::clone(&self.peer), |w| Arc::clone(&w.peer))
     }
 
+    /// How the pod takes its inbound tunnels when it takes them itself (a
+    /// sandwiched waypoint): its workload's `applicationTunnel`, when the
+    /// mesh lists it under its address and identity (as [`Self::own_peer`]).
+    pub fn app_tunnel(
+        &self,
+        state: &crate::state::MeshState,
+    ) -> Option<crate::config::ApplicationTunnel> {
+        self.ips
+            .iter()
+            .find_map(|ip| state.workloads.by_ip(*ip))
+            .filter(|w| w.identity == self.spiffe)
+            .and_then(|w| w.workload.application_tunnel)
+    }
+
     /// Where a captured outbound connection really comes from: the capture
     /// listener sees the client on loopback (the kernel redirected its
     /// connect to 127.0.0.1 / ::1), so the pod's own IP of the same family

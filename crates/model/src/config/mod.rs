@@ -20,7 +20,10 @@ pub use schema::{
     Action, HealthPolicy, LoadBalancing, Match, Policy, Routing, RoutingMode, RoutingScope, Scope,
     Service, Visibility, WeightedWaypoint,
 };
-pub use workload::{Locality, Ports, Protocol, ServicePorts, Waypoint, Workload, WorkloadStatus};
+pub use workload::{
+    AppTunnelProtocol, ApplicationTunnel, Locality, Ports, Protocol, ServicePorts, Waypoint,
+    Workload, WorkloadStatus,
+};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -441,6 +444,37 @@ policies:
                 err.contains(expected) && err.contains("workloads[0].waypoint"),
                 "{waypoint}: {err}"
             );
+        }
+    }
+
+    #[test]
+    fn an_application_tunnel_reads_as_ztunnel_writes_it() {
+        let base = "workloads:\n- uid: u1\n  name: wp\n  namespace: shop\n  applicationTunnel: ";
+        let tunnel = |text: &str| {
+            LocalConfig::parse(&format!("{base}{text}\n"), "t.yaml")
+                .map(|c| c.workloads[0].application_tunnel)
+        };
+        assert_eq!(
+            tunnel("{protocol: PROXY, port: 15088}").unwrap(),
+            Some(ApplicationTunnel {
+                protocol: AppTunnelProtocol::Proxy,
+                port: Some(15088)
+            })
+        );
+        assert_eq!(
+            tunnel("{protocol: NONE}").unwrap(),
+            Some(ApplicationTunnel {
+                protocol: AppTunnelProtocol::None,
+                port: None
+            })
+        );
+        for (text, expected) in [
+            ("{protocol: PROXY, port: 0}", "applicationTunnel.port"),
+            ("{protocol: HAPROXY}", "unknown variant"),
+            ("{port: 15088}", "protocol"),
+        ] {
+            let err = dataplane_core::error::Chain(&tunnel(text).unwrap_err()).to_string();
+            assert!(err.contains(expected), "{text}: {err}");
         }
     }
 

@@ -52,6 +52,16 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
                 reason,
             ));
         }
+        if w.application_tunnel.is_some_and(|t| t.port == Some(0)) {
+            // xDS says "unset" with 0; the file says it by leaving it out.
+            return Err(invalid(
+                format!("workloads[{i}].applicationTunnel.port"),
+                &w.uid,
+                1,
+                "port 0 is not a port (leave `port` out to keep the one the client asked for)"
+                    .to_owned(),
+            ));
+        }
         if let Some(reason) = dns_name_problem(&w.hostname) {
             return Err(invalid(
                 format!("workloads[{i}].hostname"),

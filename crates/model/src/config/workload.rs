@@ -54,6 +54,38 @@ fn default_hbone_port() -> u16 {
     dataplane_common::HBONE_PORT
 }
 
+/// How the node proxy hands a workload its inbound tunnels when the
+/// workload takes them itself: a waypoint "sandwiched" between two node
+/// proxies (istiod sets it on the instances of a waypoint whose Gateway or
+/// GatewayClass carries `ambient.istio.io/waypoint-inbound-binding:
+/// PROXY/15088`: istio `pilot/pkg/serviceregistry/ambient/waypoints.go`
+/// `makeInboundBinding`, `workloads.go` `computeWaypoint`; ztunnel
+/// `src/state/workload.rs` `ApplicationTunnel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApplicationTunnel {
+    /// What precedes the tunnel's bytes.
+    pub protocol: AppTunnelProtocol,
+    /// The port tunnels are delivered to instead of the one the client
+    /// asked for; unset (xDS: 0): the asked one.
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+/// What a workload's application tunnel puts before the client's bytes.
+/// Written as ztunnel writes it (`NONE`, `PROXY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum AppTunnelProtocol {
+    /// Nothing: the bytes as they come (only the port may change).
+    None,
+    /// A PROXY protocol v2 header (the client's address, the destination
+    /// the client asked for, and its SPIFFE identity in TLV 0xD0), sent
+    /// over loopback inside the pod (ztunnel `src/proxy/inbound.rs`
+    /// `serve_connect`, `LOCALHOST_APP_TUNNEL`).
+    Proxy,
+}
+
 /// Where a workload runs, for locality-aware load balancing. Each part is
 /// one of few values a whole cluster shares, so istiod's are interned
 /// (see [`super::interned`]).
@@ -140,6 +172,10 @@ pub struct Workload {
     /// (`benches/mesh_memory.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waypoint: Option<Box<Waypoint>>,
+    /// How inbound tunnels are handed to it, when it takes them itself
+    /// (a sandwiched waypoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub application_tunnel: Option<ApplicationTunnel>,
     /// The network the workload's IPs belong to (empty: the default one).
     #[serde(default, skip_serializing_if = "str::is_empty")]
     pub network: Arc<str>,

@@ -149,6 +149,26 @@ impl MeshState {
         Some(SocketAddr::new(local, target))
     }
 
+    /// The address a hostname authority (`host`, `port`) arriving at
+    /// `local` stands for where an address is needed (a PROXY protocol
+    /// header): the VIP of the service [`Self::resolve_hostname`] picks,
+    /// IPv4 first, with the port asked for (ztunnel `src/proxy/inbound.rs`
+    /// `find_inbound_upstream`: PROXY cannot name a hostname; among the
+    /// VIPs on the local network it takes IPv4 first). `None` when that
+    /// service has no VIP.
+    pub fn hostname_vip(&self, host: &str, port: u16, local: IpAddr) -> Option<SocketAddr> {
+        let me = self.workloads.by_ip(local.to_canonical())?;
+        let entry = self
+            .services
+            .by_hostname_for(host, &me.workload.namespace)?;
+        let vips = &entry.service.vips;
+        let vip = vips
+            .iter()
+            .find(|ip| ip.is_ipv4())
+            .or_else(|| vips.first())?;
+        Some(SocketAddr::new(*vip, port))
+    }
+
     /// Who is at `ip`, as far as this state says (an unknown address gives
     /// an empty peer).
     pub fn peer_at(&self, ip: IpAddr) -> Arc<super::Peer> {
@@ -272,6 +292,36 @@ services:
         assert_eq!(
             attribute(Some("web.shop.svc.cluster.local"), "10.1.0.99:8080"),
             None
+        );
+    }
+
+    /// ztunnel `find_inbound_upstream`: a PROXY header names a hostname
+    /// authority by its service's VIP, IPv4 first, with the asked port.
+    #[test]
+    fn a_hostname_is_named_by_its_services_vip_ipv4_first() {
+        let dual = MESH.replace(
+            "vips: ['/10.96.0.10']",
+            "vips: ['/fd00::10', '/10.96.0.10']",
+        );
+        let state = MeshState::from_config(&LocalConfig::parse(&dual, "t").unwrap()).unwrap();
+        let local = "10.1.0.10".parse().unwrap();
+        assert_eq!(
+            state.hostname_vip("web.shop.svc.cluster.local", 80, local),
+            Some("10.96.0.10:80".parse().unwrap())
+        );
+        assert_eq!(
+            state.hostname_vip("web-admin.shop.svc.cluster.local", 9000, local),
+            Some("10.96.0.11:9000".parse().unwrap())
+        );
+        assert_eq!(state.hostname_vip("nowhere.example", 80, local), None);
+        assert_eq!(
+            state.hostname_vip(
+                "web.shop.svc.cluster.local",
+                80,
+                "10.9.9.9".parse().unwrap()
+            ),
+            None,
+            "not a workload of the mesh"
         );
     }
 

@@ -26,7 +26,9 @@ use crate::istio_api::{
     ADDRESS_TYPE, AUTHORIZATION_TYPE,
     discovery::DeltaDiscoveryResponse,
     security::{self, Authorization},
-    workload::{Address, GatewayAddress, Service, Workload, address, gateway_address},
+    workload::{
+        Address, GatewayAddress, Service, Workload, address, application_tunnel, gateway_address,
+    },
 };
 
 /// Longest NACK message sent (the reasons of the first rejects).
@@ -272,6 +274,15 @@ fn check_workload(workload: &Workload) -> Result<(), String> {
             port(p.service_port, "service port")?;
             port(p.target_port, "target port")?;
         }
+    }
+    if let Some(tunnel) = &workload.application_tunnel {
+        // ztunnel refuses an unknown protocol (`ApplicationTunnel::try_from`,
+        // `src/state/workload.rs`) and truncates the port to 16 bits; a
+        // port that does not fit is refused here instead of landing on
+        // another one.
+        application_tunnel::Protocol::try_from(tunnel.protocol)
+            .map_err(|_| format!("unknown application tunnel protocol {}", tunnel.protocol))?;
+        port(tunnel.port, "application tunnel port")?;
     }
     check_gateway(workload.waypoint.as_ref())?;
     check_gateway(workload.network_gateway.as_ref())

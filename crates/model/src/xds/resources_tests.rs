@@ -274,3 +274,25 @@ fn a_vip_prefix_longer_than_its_address_is_refused() {
     }
     assert!(check_address(&bad).is_ok());
 }
+
+#[test]
+fn an_application_tunnel_with_an_unknown_protocol_or_a_port_over_16_bits_is_refused() {
+    let with = |protocol: i32, port: u32| {
+        let mut w = workload("wp", [10, 0, 0, 9]);
+        if let Some(address::Type::Workload(w)) = &mut w.r#type {
+            w.application_tunnel =
+                Some(crate::istio_api::workload::ApplicationTunnel { protocol, port });
+        }
+        check_address(&w)
+    };
+    let proxy = application_tunnel::Protocol::Proxy as i32;
+    assert!(with(proxy, 15088).is_ok());
+    assert!(with(application_tunnel::Protocol::None as i32, 0).is_ok());
+    let err = with(7, 15088).unwrap_err();
+    assert!(
+        err.contains("unknown application tunnel protocol 7"),
+        "{err}"
+    );
+    let err = with(proxy, 65536).unwrap_err();
+    assert!(err.contains("application tunnel port 65536"), "{err}");
+}

@@ -13,8 +13,9 @@ use ipnet::IpNet;
 
 use super::resources::{XdsResources, ip_from_bytes};
 use crate::config::{
-    self, Action, HealthPolicy, LocalConfig, Locality, Match, Policy, Protocol, Routing,
-    RoutingMode, RoutingScope, Scope, Waypoint, WorkloadStatus, interned::Strings,
+    self, Action, AppTunnelProtocol, ApplicationTunnel, HealthPolicy, LocalConfig, Locality, Match,
+    Policy, Protocol, Routing, RoutingMode, RoutingScope, Scope, Waypoint, WorkloadStatus,
+    interned::Strings,
 };
 use crate::identity::Identity;
 use crate::istio_api::{
@@ -92,6 +93,7 @@ pub(super) fn workload_of(
             _ => WorkloadStatus::Healthy,
         },
         waypoint: w.waypoint.as_ref().and_then(waypoint_of).map(Box::new),
+        application_tunnel: w.application_tunnel.as_ref().map(application_tunnel_of),
         network: or(&w.network, ""),
         canonical_name: or(&w.canonical_name, ""),
         canonical_revision: or(&w.canonical_revision, ""),
@@ -313,6 +315,19 @@ fn pattern(m: &StringMatch) -> Option<String> {
         MatchType::Suffix(v) => format!("*{v}"),
         MatchType::Presence(_) => "*".to_owned(),
     })
+}
+
+/// ztunnel's reading (`src/state/workload.rs`, `ApplicationTunnel::try_from`):
+/// port 0 is unset. The check on arrival refused unknown protocols and
+/// ports over 16 bits.
+fn application_tunnel_of(tunnel: &workload::ApplicationTunnel) -> ApplicationTunnel {
+    ApplicationTunnel {
+        protocol: match workload::application_tunnel::Protocol::try_from(tunnel.protocol) {
+            Ok(workload::application_tunnel::Protocol::Proxy) => AppTunnelProtocol::Proxy,
+            _ => AppTunnelProtocol::None,
+        },
+        port: port(tunnel.port).filter(|p| *p != 0),
+    }
 }
 
 fn port(value: u32) -> Option<u16> {

@@ -88,7 +88,17 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
         },
     );
     put_workload(&mut r, web);
+    let mut waypoint = workload("waypoint-1", [10, 0, 0, 7]);
+    waypoint.application_tunnel = Some(workload::ApplicationTunnel {
+        protocol: workload::application_tunnel::Protocol::Proxy as i32,
+        port: 15088,
+    });
+    put_workload(&mut r, waypoint);
     let mut plain = workload("legacy", [10, 0, 0, 6]);
+    plain.application_tunnel = Some(workload::ApplicationTunnel {
+        protocol: workload::application_tunnel::Protocol::None as i32,
+        port: 0,
+    });
     plain.tunnel_protocol = TunnelProtocol::None as i32;
     plain.service_account = String::new();
     put_workload(&mut r, plain);
@@ -175,7 +185,24 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     );
     let ports = web.services.get("shop/web.shop.svc.cluster.local");
     assert_eq!(ports.and_then(|p| p.target(80)), Some(8080));
+    assert_eq!(web.application_tunnel, None);
+    let waypoint = c.workloads.iter().find(|w| w.uid == "waypoint-1").unwrap();
+    assert_eq!(
+        waypoint.application_tunnel,
+        Some(config::ApplicationTunnel {
+            protocol: config::AppTunnelProtocol::Proxy,
+            port: Some(15088)
+        })
+    );
     let legacy = c.workloads.iter().find(|w| w.uid == "legacy").unwrap();
+    // Port 0 is istiod's "unset": the port the client asked for.
+    assert_eq!(
+        legacy.application_tunnel,
+        Some(config::ApplicationTunnel {
+            protocol: config::AppTunnelProtocol::None,
+            port: None
+        })
+    );
     assert_eq!(legacy.protocol, Protocol::Tcp);
     assert_eq!(&*legacy.service_account, "default");
     let dns = c.workloads.iter().find(|w| w.name == "api").unwrap();
@@ -214,7 +241,7 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     // The translation is a state the agent can run: it indexes, and it
     // reads back as a local file would.
     let state = MeshState::from_config(c).unwrap();
-    assert_eq!(state.workloads.len(), 3);
+    assert_eq!(state.workloads.len(), 4);
     let text = c.to_yaml().unwrap();
     let reread = LocalConfig::parse(&text, "reread").unwrap();
     assert_eq!(reread.workloads, c.workloads, "{text}");
