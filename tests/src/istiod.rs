@@ -569,6 +569,21 @@ impl TestIstiod {
         self.publisher().publish(type_url, resources, removed).await
     }
 
+    /// Serves `mesh`'s workloads and services, then its policies, at
+    /// `version`, as istiod describes them ([`crate::istio_resources`]).
+    pub async fn publish_mesh(
+        &self,
+        mesh: &dataplane_user::config::LocalConfig,
+        version: &str,
+    ) -> Result<()> {
+        use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+        let addresses = crate::istio_resources::address_resources(mesh, version);
+        self.publish(ADDRESS_TYPE, addresses, &[]).await?;
+        let policies = crate::istio_resources::authorization_resources(mesh, version);
+        self.publish(AUTHORIZATION_TYPE, policies, &[]).await?;
+        Ok(())
+    }
+
     /// A handle that publishes as [`TestIstiod::publish`] does, for a task
     /// that feeds this istiod (see [`crate::istiod_kube`]).
     pub fn publisher(&self) -> Publisher {

@@ -161,6 +161,56 @@ pub fn start_ztunnel(
     Ztunnel::start(binary, node.netns(), cgroup, &site, home, &log)
 }
 
+/// Node `n` (1 or 2) of a [`crate::mesh::TwoNodes`] whose pods a stock
+/// ztunnel serves: our agent there runs with `--engine ztunnel` on
+/// `config` and hands its pods to ztunnel over ZDS.
+pub struct ZtunnelServedNode {
+    /// ztunnel (declared first: stopped before the agent, as its pod
+    /// would go before the node agent).
+    pub ztunnel: Ztunnel,
+    /// Our agent, under `--engine ztunnel`.
+    pub agent: crate::Agent,
+    _home: ZtunnelHome,
+    _logs: crate::TempDir,
+}
+
+impl ZtunnelServedNode {
+    /// Starts node `n`'s agent (tag `tag`, on `config`) and ztunnel
+    /// (`binary`, reaching the test istiod at `istiod`, an address it
+    /// listens on in the node's namespace, and trusting `root_pem`);
+    /// returns once ztunnel has every pod the agent enrolled.
+    pub fn start(
+        w: &crate::mesh::TwoNodes,
+        tag: &str,
+        n: u8,
+        config: &Path,
+        binary: &Path,
+        istiod: SocketAddr,
+        root_pem: &str,
+    ) -> Result<Self> {
+        let node = if n == 1 { &w.n1 } else { &w.n2 };
+        let name = format!("node{n}");
+        let zds = w.dir.path().join(format!("zds{n}.sock"));
+        let zds_flag = zds.display().to_string();
+        let agent = w.agent(
+            tag,
+            n,
+            config,
+            &["--engine", "ztunnel", "--zds-socket", &zds_flag],
+        )?;
+        let logs = crate::TempDir::new(&format!("{tag}log"))?;
+        let home = ZtunnelHome::new(logs.path(), &name, istiod, root_pem)?;
+        let ztunnel = start_ztunnel(binary, node, &name, &zds, &home, logs.path())?;
+        wait_captured(&agent, &ztunnel)?;
+        Ok(Self {
+            ztunnel,
+            agent,
+            _home: home,
+            _logs: logs,
+        })
+    }
+}
+
 /// Waits until `agent` reports every pod it enrolled as captured (for
 /// `--engine ztunnel`: acknowledged by ztunnel and its listeners in the
 /// kernel's socket map).

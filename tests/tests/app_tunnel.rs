@@ -15,15 +15,13 @@
 //! that the bytes after it came back exactly.
 
 use dataplane_tests::{
-    Agent, TempDir,
+    Agent,
     app_tunnel::{deliveries_are_ztunnels, mesh},
-    istio_resources::{address_resources, authorization_resources},
     istiod::{AgentFiles, loopback_istiod, xds_flags},
     mesh::{TwoNodes, as_istiod_serves},
     traffic::{http, wait_until},
-    ztunnel::{ZtunnelHome, start_ztunnel, wait_captured, ztunnel_binary},
+    ztunnel::{ZtunnelServedNode, ztunnel_binary},
 };
-use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 
 /// The mesh from the local file (`applicationTunnel` on the workload).
 #[test]
@@ -46,18 +44,7 @@ fn a_sandwiched_waypoint_istiod_describes_gets_the_same() -> anyhow::Result<()> 
     let (rt, pki, istiod) = loopback_istiod()?;
     let AgentFiles { root, token, empty } =
         AgentFiles::write(w.dir.path(), &pki, "app-tunnel-token")?;
-    rt.block_on(async {
-        istiod
-            .publish(ADDRESS_TYPE, address_resources(&served, "1"), &[])
-            .await?;
-        istiod
-            .publish(
-                AUTHORIZATION_TYPE,
-                authorization_resources(&served, "1"),
-                &[],
-            )
-            .await
-    })?;
+    rt.block_on(istiod.publish_mesh(&served, "1"))?;
     let agent = |n: u8| {
         let flags = xds_flags(istiod.addr, &root, &token, &format!("dataplane-node{n}"));
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
@@ -96,18 +83,7 @@ fn a_stock_ztunnel_delivers_the_same_to_a_sandwiched_waypoint() -> anyhow::Resul
     let config = mesh(&w, &wp);
     let served = as_istiod_serves(config.clone());
     let (rt, pki, mut istiod) = loopback_istiod()?;
-    rt.block_on(async {
-        istiod
-            .publish(ADDRESS_TYPE, address_resources(&served, "1"), &[])
-            .await?;
-        istiod
-            .publish(
-                AUTHORIZATION_TYPE,
-                authorization_resources(&served, "1"),
-                &[],
-            )
-            .await
-    })?;
+    rt.block_on(istiod.publish_mesh(&served, "1"))?;
     // Node1: our engine, its mesh and certificates from istiod.
     let AgentFiles { root, token, empty } =
         AgentFiles::write(w.dir.path(), &pki, "engine-node1-token")?;
@@ -123,23 +99,8 @@ fn a_stock_ztunnel_delivers_the_same_to_a_sandwiched_waypoint() -> anyhow::Resul
     }
     // Node2: ztunnel serves the waypoint and `remote`.
     let file = w.write(&config)?;
-    let zds2 = w.dir.path().join("zds2.sock");
-    let zds2_flag = zds2.display().to_string();
-    let a2 = w.agent(
-        "apz",
-        2,
-        &file,
-        &["--engine", "ztunnel", "--zds-socket", &zds2_flag],
-    )?;
-    let logs = TempDir::new("apzlog")?;
-    let home2 = ZtunnelHome::new(
-        logs.path(),
-        "node2",
-        rt.block_on(istiod.listen_in(w.n2.netns()))?,
-        &pki.root_pem,
-    )?;
-    let z2 = start_ztunnel(&binary, &w.n2, "node2", &zds2, &home2, logs.path())?;
-    wait_captured(&a2, &z2)?;
+    let istiod2 = rt.block_on(istiod.listen_in(w.n2.netns()))?;
+    let node2 = ZtunnelServedNode::start(&w, "apz", 2, &file, &binary, istiod2, &pki.root_pem)?;
     deliveries_are_ztunnels(&w, &wp)
-        .map_err(|e| anyhow::anyhow!("{e:#}\nztunnel log:\n{}", z2.log_tail()))
+        .map_err(|e| anyhow::anyhow!("{e:#}\nztunnel log:\n{}", node2.ztunnel.log_tail()))
 }

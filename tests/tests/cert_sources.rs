@@ -226,26 +226,14 @@ fn certificates_come_from_the_ca_address_when_it_is_not_istiod() -> Result<()> {
 
 #[test]
 fn one_istiod_gives_two_agents_their_mesh_over_xds_and_their_certificates() -> Result<()> {
-    use dataplane_tests::istio_resources::{address_resources, authorization_resources};
-    use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
     let mesh = TwoNodes::new("csxds")?;
     let world = IstioCaWorld::start(mesh.dir.path())?;
     // Pods are enrolled over the control socket, each with its name as its
     // service account.
     let config = dataplane_tests::mesh::as_istiod_serves(mesh.mesh_config());
-    world.runtime.block_on(async {
-        let istiod = &world.istiod;
-        istiod
-            .publish(ADDRESS_TYPE, address_resources(&config, "v1"), &[])
-            .await?;
-        istiod
-            .publish(
-                AUTHORIZATION_TYPE,
-                authorization_resources(&config, "v1"),
-                &[],
-            )
-            .await
-    })?;
+    world
+        .runtime
+        .block_on(world.istiod.publish_mesh(&config, "v1"))?;
     let empty = mesh.dir.path().join("empty.yaml");
     std::fs::write(&empty, "workloads: []\n")?;
     let mut flags = world.flags("1h");

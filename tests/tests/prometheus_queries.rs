@@ -18,7 +18,7 @@ use std::net::{SocketAddr, TcpStream};
 use anyhow::{Context as _, Result, ensure};
 use dataplane_tests::{
     Agent,
-    istio_resources::{address_resources, authorization_resources, workload_resource},
+    istio_resources::workload_resource,
     istiod::{AgentFiles, TestIstiod, TestPki, xds_flags},
     mesh::{ECHO_VIP, TwoNodes, addr},
     observe::{scrape, sum, sum_matching},
@@ -27,10 +27,7 @@ use dataplane_tests::{
     traffic::{http, try_stream, wait_until},
     transfer::{Ended, Plan, TransferServer, transfer},
 };
-use dataplane_user::{
-    config::LocalConfig,
-    istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE},
-};
+use dataplane_user::{config::LocalConfig, istio_api::ADDRESS_TYPE};
 use upstream::{Carried, Query, totals};
 
 /// Connections per round from `client` (node1) to the `echo` service's
@@ -83,12 +80,7 @@ impl Mesh {
         let (rt, pki, istiod) = dataplane_tests::istiod::loopback_istiod()?;
         let AgentFiles { root, token, empty } =
             AgentFiles::write(w.dir.path(), &pki, "prometheus-queries-token")?;
-        rt.block_on(istiod.publish(ADDRESS_TYPE, address_resources(&mesh, "v1"), &[]))?;
-        rt.block_on(istiod.publish(
-            AUTHORIZATION_TYPE,
-            authorization_resources(&mesh, "v1"),
-            &[],
-        ))?;
+        rt.block_on(istiod.publish_mesh(&mesh, "v1"))?;
         let agent = |n: u8| -> Result<Agent> {
             let pod = format!("dataplane-node{n}");
             let mut flags = xds_flags(istiod.addr, &root, &token, &pod);

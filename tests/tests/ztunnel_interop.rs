@@ -26,15 +26,15 @@ use std::{
 use anyhow::Result;
 use dataplane_tests::{
     TempDir,
-    istio_resources::{address_resources, authorization_resources},
     istiod::{AgentFiles, TestIstiod, TestPki, xds_flags},
     mesh::{NAMESPACE, TwoNodes, addr},
     responder::Responder,
     topology::{Node, Pod},
     traffic::{echo, echo_server, stream},
-    ztunnel::{self, Ztunnel, ZtunnelHome, start_ztunnel, wait_captured, ztunnel_binary},
+    ztunnel::{
+        self, Ztunnel, ZtunnelHome, ZtunnelServedNode, start_ztunnel, wait_captured, ztunnel_binary,
+    },
 };
-use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 
 /// The test istiod, on the runtime that drives it, with its CA, serving
 /// `w`'s workloads (istiod knows nothing of network namespaces) and no
@@ -42,14 +42,7 @@ use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 fn istiod_serving(w: &TwoNodes) -> Result<(tokio::runtime::Runtime, TestPki, TestIstiod)> {
     let (rt, pki, istiod) = dataplane_tests::istiod::loopback_istiod()?;
     let mesh = dataplane_tests::mesh::as_istiod_serves(w.mesh_config());
-    rt.block_on(async {
-        istiod
-            .publish(ADDRESS_TYPE, address_resources(&mesh, "1"), &[])
-            .await?;
-        istiod
-            .publish(AUTHORIZATION_TYPE, authorization_resources(&mesh, "1"), &[])
-            .await
-    })?;
+    rt.block_on(istiod.publish_mesh(&mesh, "1"))?;
     Ok((rt, pki, istiod))
 }
 
@@ -259,23 +252,9 @@ fn our_engine_and_a_stock_ztunnel_tunnel_both_ways() -> anyhow::Result<()> {
 
     // Node2: a stock ztunnel serves its pod.
     let config = w.config()?;
-    let zds2 = w.dir.path().join("zds2.sock");
-    let zds2_flag = zds2.display().to_string();
-    let a2 = w.agent(
-        "zm",
-        2,
-        &config,
-        &["--engine", "ztunnel", "--zds-socket", &zds2_flag],
-    )?;
-    let logs = TempDir::new("ztmxlog")?;
-    let home2 = ZtunnelHome::new(
-        logs.path(),
-        "node2",
-        rt.block_on(istiod.listen_in(w.n2.netns()))?,
-        &pki.root_pem,
-    )?;
-    let z2 = start_ztunnel(&binary, &w.n2, "node2", &zds2, &home2, logs.path())?;
-    wait_captured(&a2, &z2)?;
+    let istiod2 = rt.block_on(istiod.listen_in(w.n2.netns()))?;
+    let node2 = ZtunnelServedNode::start(&w, "zm", 2, &config, &binary, istiod2, &pki.root_pem)?;
+    let z2 = &node2.ztunnel;
 
     let local = echo_server(&w.local, 9000)?;
     let remote = echo_server(&w.remote, 9000)?;
@@ -513,31 +492,17 @@ fn stock_ztunnel_sees_the_pods_own_address_as_the_client() -> anyhow::Result<()>
     let binary = ztunnel_binary()?;
     let w = TwoNodes::new("ztsa")?;
     let config = w.config()?;
-    let zds1 = w.dir.path().join("zds1.sock");
-    let zds1_flag = zds1.display().to_string();
-    // Node1 only: the remote pod stays unenrolled, and the peer stand-in
-    // holds its HBONE port.
-    let a1 = w.agent(
-        "zs",
-        1,
-        &config,
-        &["--engine", "ztunnel", "--zds-socket", &zds1_flag],
-    )?;
     let (rt, pki, mut istiod) = istiod_serving(&w)?;
-    let logs = TempDir::new("ztsalog")?;
-    let home1 = ZtunnelHome::new(
-        logs.path(),
-        "node1",
-        rt.block_on(istiod.listen_in(w.n1.netns()))?,
-        &pki.root_pem,
-    )?;
     let peer = HbonePeer::start(
         &w.remote,
         &pki,
         &format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/remote"),
     )?;
-    let z1 = start_ztunnel(&binary, &w.n1, "node1", &zds1, &home1, logs.path())?;
-    wait_captured(&a1, &z1)?;
+    // Node1 only: the remote pod stays unenrolled, and the peer stand-in
+    // holds its HBONE port.
+    let istiod1 = rt.block_on(istiod.listen_in(w.n1.netns()))?;
+    let node1 = ZtunnelServedNode::start(&w, "zs", 1, &config, &binary, istiod1, &pki.root_pem)?;
+    let z1 = &node1.ztunnel;
 
     let cases: [(IpAddr, IpAddr, &str); 2] = [
         (w.remote.ip4.into(), w.client.ip4.into(), "IPv4"),
@@ -553,7 +518,7 @@ fn stock_ztunnel_sees_the_pods_own_address_as_the_client() -> anyhow::Result<()>
             forwarded.starts_with(&expected),
             "{case}: the peer got forwarded: {forwarded:?}, not the pod {client}"
         );
-        let records = access_records_from(&z1, client)?;
+        let records = access_records_from(z1, client)?;
         assert!(
             records.iter().any(|r| r.contains(&dst.to_string())),
             "{case}: ztunnel's records from {client}: {records:#?}"
