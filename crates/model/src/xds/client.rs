@@ -36,8 +36,12 @@ pub const TYPES: [&str; 2] = [ADDRESS_TYPE, AUTHORIZATION_TYPE];
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest pause between two connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
-/// Largest response accepted from istiod (a large cluster's full push).
-const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+/// Largest response accepted from istiod: ztunnel's
+/// (`src/xds/client.rs`, `max_decoding_message_size(200 * 1024 * 1024)`).
+/// istiod sends a proxy's whole first state in one response, about 245
+/// bytes a workload: 64 MiB (this limit before) refused the first push of
+/// a mesh of about 270k workloads that ztunnel takes up to about 850k.
+const MAX_MESSAGE: usize = 200 * 1024 * 1024;
 /// gRPC status code sent in a NACK's `error_detail` (INVALID_ARGUMENT).
 const INVALID_ARGUMENT: i32 = 3;
 /// Answers held for a state not yet applied; past this the oldest goes out
