@@ -12,6 +12,7 @@ pub mod engine;
 pub mod install_cni;
 pub mod istio;
 pub mod original_source;
+pub mod proxy_config;
 pub mod run;
 pub mod tls;
 pub mod workers;
@@ -337,14 +338,15 @@ pub struct RunArgs {
     pub readiness_addr: Option<std::net::SocketAddr>,
     /// Where Prometheus metrics (`GET /metrics`) are served. Port 0 picks a
     /// free port (logged). [default: [::]:15020, or 0.0.0.0:15020 with
-    /// --ipv6-enabled false]
+    /// --ipv6-enabled false; the proxy config's statsPort over 15020]
     #[arg(long, env = "DATAPLANE_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Where the admin endpoint (`/config_dump`, `/logging`,
     /// `/quitquitquit`) listens: a loopback address only, so that nothing
     /// but this host's root can reach it. Port 0 picks a free port (logged).
-    #[arg(long, env = "DATAPLANE_ADMIN_ADDR", default_value = "127.0.0.1:15000", value_parser = parse_loopback)]
-    pub admin_addr: std::net::SocketAddr,
+    /// [default: 127.0.0.1:15000, or the proxy config's proxyAdminPort]
+    #[arg(long, env = "DATAPLANE_ADMIN_ADDR", value_parser = parse_loopback)]
+    pub admin_addr: Option<std::net::SocketAddr>,
     /// On SIGTERM (or `/quitquitquit`): how long open connections get to
     /// finish after the listeners close and HBONE peers get GOAWAY; what is
     /// still open then is closed. Keep it below the pod's
@@ -437,8 +439,8 @@ pub struct RunArgs {
     /// from one source address; over it that source's oldest is reset.
     #[arg(long, env = "DATAPLANE_MAX_PENDING_HANDSHAKES_PER_SOURCE", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_pending_handshakes_per_source: u32,
-    /// Threads serving connections [default: one per CPU the agent may
-    /// use]. Under `--threading shared`, `1` runs everything on one thread.
+    /// Threads serving connections [default: the proxy config's
+    /// concurrency, else one per CPU the agent may use]. Under `--threading shared`, `1` runs everything on one thread.
     #[arg(long, env = "DATAPLANE_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub worker_threads: Option<u16>,
     /// How connections are spread over the worker threads: `pinned` puts
@@ -528,6 +530,9 @@ pub struct RunArgs {
     /// TLS compliance: post-quantum key exchange only, TLS 1.2.
     #[command(flatten)]
     pub tls: tls::TlsArgs,
+    /// Istio's mesh config and `PROXY_CONFIG`: defaults under the flags.
+    #[command(flatten)]
+    pub proxy_config: proxy_config::ProxyConfigArgs,
 }
 
 /// How pod traffic is steered into the engine.

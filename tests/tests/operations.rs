@@ -583,28 +583,46 @@ fn admin_is_reachable_on_loopback_only() -> anyhow::Result<()> {
 #[test]
 fn conflicting_flags_exit_2_naming_the_flag() -> anyhow::Result<()> {
     let dir = TempDir::new("opflags")?;
-    for (flags, named) in [
+    let none: &[(&str, &str)] = &[];
+    for (flags, env, named) in [
         (
             &["--engine", "ztunnel", "--capture", "iptables"][..],
+            none,
             "--engine ztunnel cannot run with --capture iptables",
         ),
         (
             &["--kube"][..],
+            none,
             "--kube needs this node's name: pass --node",
         ),
         (
             &["--cert-source", "files"][..],
+            none,
             "--cert-source files needs --cert-dir",
         ),
         (
             &["--proxy-mark", "0x700", "--transparent-mark", "0x700"][..],
+            none,
             "--transparent-mark 0x700 must be non-zero and differ from --proxy-mark",
+        ),
+        // Istio's proxy config, under ztunnel's variable name, and a mesh
+        // config file named but missing.
+        (
+            &[][..],
+            &[("PROXY_CONFIG", r#"{"proxyAdminPort": 70000}"#)][..],
+            "PROXY_CONFIG: proxyAdminPort: invalid value",
+        ),
+        (
+            &["--mesh-config", "/nonexistent/dp-mesh-config"][..],
+            none,
+            "mesh config /nonexistent/dp-mesh-config",
         ),
     ] {
         let mut command = Command::new(agent_binary()?);
         command
             .arg("run")
             .args(flags)
+            .envs(env.iter().copied())
             .arg("--state-dir")
             .arg(dir.path())
             .arg("--bpffs")
@@ -621,8 +639,12 @@ fn conflicting_flags_exit_2_naming_the_flag() -> anyhow::Result<()> {
             command.args(["--capture", "iptables"]);
         }
         let out = ChildGuard::new(command.spawn()?).wait(Duration::from_secs(30))?;
-        assert_eq!(out.code, Some(2), "{flags:?}: {}", out.stderr);
-        assert!(out.stderr.contains(named), "{flags:?}: {}", out.stderr);
+        assert_eq!(out.code, Some(2), "{flags:?} {env:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(named),
+            "{flags:?} {env:?}: {}",
+            out.stderr
+        );
     }
     Ok(())
 }

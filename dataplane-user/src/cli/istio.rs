@@ -6,13 +6,14 @@
 //! proxy DaemonSet sets (`POD_NAME`, `POD_NAMESPACE`, `INSTANCE_IP`,
 //! `CLUSTER_ID`) under the agent's `DATAPLANE_` prefix.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 use clap::Args;
 
 use crate::agent::config::IstiodConfig;
-use crate::xds::{NodeIdentity, node::META_PREFIX};
+use crate::xds::NodeIdentity;
 
 /// Where workload certificates come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -29,8 +30,9 @@ pub enum CertSourceKind {
 /// How to reach istiod and what to ask it for.
 #[derive(Debug, Clone, Args)]
 pub struct IstioArgs {
-    /// istiod's address (`host:port`), e.g. `istiod.istio-system.svc:15012`.
-    /// Needed by `--xds` and `--cert-source istio`.
+    /// istiod's address (`host:port`), e.g. `istiod.istio-system.svc:15012`
+    /// [default: the proxy config's discoveryAddress]. Needed by `--xds`
+    /// and `--cert-source istio`.
     #[arg(long, env = "DATAPLANE_ISTIOD_ADDRESS")]
     pub istiod_address: Option<String>,
     /// The name istiod's certificate must carry [default: the host of
@@ -57,7 +59,7 @@ pub struct IstioArgs {
     pub istiod_token: PathBuf,
     /// Take workloads, services and authorization policies from istiod
     /// (delta xDS). With --config as well, the file's entries win.
-    #[arg(long, env = "DATAPLANE_XDS", requires = "istiod_address")]
+    #[arg(long, env = "DATAPLANE_XDS")]
     pub xds: bool,
     /// Where workload certificates come from.
     #[arg(
@@ -157,7 +159,7 @@ impl IstioArgs {
         }
         let address = self.istiod_address.clone().ok_or(IstioArgsError::Missing {
             what: "--xds or --cert-source istio",
-            needed: "--istiod-address (or, for the CA alone, --ca-address)",
+            needed: "--istiod-address or the mesh config's discoveryAddress (or, for the CA alone, --ca-address)",
         })?;
         let server_name = match &self.istiod_server_name {
             Some(name) => name.clone(),
@@ -256,12 +258,13 @@ impl IstioArgs {
         }
     }
 
-    /// Who the agent is to istiod (`node_name`: this node); `env` is the
-    /// environment whose `ISTIO_META_*` variables become node metadata.
+    /// Who the agent is to istiod (`node_name`: this node); `metadata` is
+    /// its extra node metadata (the proxy config's `proxyMetadata` with
+    /// the `ISTIO_META_*` variables over it, prefixes removed).
     pub fn node_identity(
         &self,
         node_name: Option<&str>,
-        env: impl IntoIterator<Item = (String, String)>,
+        metadata: BTreeMap<String, String>,
     ) -> Result<NodeIdentity, IstioArgsError> {
         let missing = |needed| IstioArgsError::Missing {
             what: "--xds",
@@ -273,12 +276,7 @@ impl IstioArgs {
             namespace: self.pod_namespace.clone(),
             node_name: node_name.ok_or(missing("--node"))?.to_owned(),
             cluster_id: Some(self.cluster_id.clone()),
-            extra: env
-                .into_iter()
-                .filter_map(|(key, value)| {
-                    key.strip_prefix(META_PREFIX).map(|k| (k.to_owned(), value))
-                })
-                .collect(),
+            extra: metadata,
         })
     }
 
@@ -286,12 +284,12 @@ impl IstioArgs {
     pub fn xds_node(
         &self,
         node_name: Option<&str>,
-        env: impl IntoIterator<Item = (String, String)>,
+        metadata: BTreeMap<String, String>,
     ) -> Result<Option<NodeIdentity>, IstioArgsError> {
         if !self.xds {
             return Ok(None);
         }
-        self.node_identity(node_name, env).map(Some)
+        self.node_identity(node_name, metadata).map(Some)
     }
 }
 
@@ -367,17 +365,20 @@ mod tests {
             istio: IstioArgs,
         }
         let parse = |args: &[&str]| Cli::try_parse_from([&["t"], args].concat());
-        // clap refuses --xds without an address...
-        let refused = parse(&["--xds"]).map(|_| ()).unwrap_err().to_string();
-        assert!(refused.contains("--istiod-address"), "{refused}");
-        // ...and the istio source without one is refused when read.
-        let istio = parse(&["--cert-source", "istio"]).unwrap().istio;
-        let error = istio.istiod_config().unwrap_err().to_string();
-        assert!(error.contains("needs --istiod-address"), "{error}");
+        // --xds or the istio source without an address (which the mesh
+        // config may give) is refused when read.
+        for flags in [&["--xds"][..], &["--cert-source", "istio"]] {
+            let istio = parse(flags).unwrap().istio;
+            let error = istio.istiod_config().unwrap_err().to_string();
+            assert!(error.contains("needs --istiod-address"), "{error}");
+        }
         let bare = parse(&["--xds", "--istiod-address", "istiod:15012"])
             .unwrap()
             .istio;
-        let error = bare.xds_node(Some("node-a"), []).unwrap_err().to_string();
+        let error = bare
+            .xds_node(Some("node-a"), BTreeMap::new())
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("--xds needs"), "{error}");
         // Who the agent is, once it is all given.
         let full = parse(&[
@@ -398,7 +399,7 @@ mod tests {
         let error = istiod.endpoint().unwrap_err().to_string();
         assert!(error.contains("/nonexistent/root-cert.pem"), "{error}");
         let node = full
-            .node_identity(Some("node-a"), [("ISTIO_META_A".into(), "b".into())])
+            .node_identity(Some("node-a"), BTreeMap::from([("A".into(), "b".into())]))
             .unwrap();
         assert_eq!(node.extra.get("A").map(String::as_str), Some("b"));
         assert_eq!(
@@ -406,7 +407,7 @@ mod tests {
             "ztunnel~10.0.0.7~dataplane-abc.istio-system~istio-system.svc.cluster.local"
         );
         assert!(
-            full.node_identity(None, [])
+            full.node_identity(None, BTreeMap::new())
                 .unwrap_err()
                 .to_string()
                 .contains("--node")

@@ -3,7 +3,7 @@
 //! 2) before anything starts, and parsing is tested from a list of strings
 //! and a map of environment variables, never the process's.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 
 use super::{AfterHandover as AfterHandoverFlag, CaptureMode, RunArgs};
 use crate::{
@@ -17,6 +17,7 @@ use crate::{
             CA_HEADER_PREFIX, CertSourceKind, IstioArgsError, XDS_HEADER_PREFIX, grpc_headers,
         },
         original_source::OriginalSourceArgsError,
+        proxy_config::ProxyConfigError,
         tls::TlsArgsError,
     },
     dns::DnsConfig,
@@ -29,6 +30,8 @@ use crate::{
 const READINESS_PORT: u16 = 15021;
 /// The metrics endpoint's port, as ztunnel's `DEFAULT_STATS_PORT`.
 const METRICS_PORT: u16 = 15020;
+/// The admin endpoint's port, as ztunnel's `DEFAULT_ADMIN_PORT`.
+const ADMIN_PORT: u16 = 15000;
 
 /// Flags that do not fit together: the message names the flag and what to
 /// do.
@@ -46,6 +49,9 @@ pub enum FlagError {
     /// A TLS compliance flag is not one this build can honour.
     #[error(transparent)]
     Tls(#[from] TlsArgsError),
+    /// The mesh config file or `PROXY_CONFIG` cannot be used.
+    #[error(transparent)]
+    ProxyConfig(#[from] ProxyConfigError),
     /// `--kube` without `--node`.
     #[error(
         "--kube needs this node's name: pass --node (DaemonSet: DATAPLANE_NODE from spec.nodeName)"
@@ -95,18 +101,27 @@ impl RunArgs {
 
     /// [`Self::into_config`] with `env` as the environment (`ISTIO_META_*`
     /// variables become xDS node metadata, `XDS_HEADER_*` and
-    /// `CA_HEADER_*` extra metadata of xDS and CA requests).
+    /// `CA_HEADER_*` extra metadata of xDS and CA requests). The mesh
+    /// config file and `PROXY_CONFIG` are read here, so a bad one stops
+    /// the agent before anything starts.
     pub fn into_config_with(
-        self,
+        mut self,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<AgentConfig, FlagError> {
         self.engine
             .check(self.capture, self.takeover, self.proxy_mark)?;
         let env: Vec<(String, String)> = env.into_iter().collect();
-        // Missing flags first: they are cheaper to fix than a file.
+        // The proxy config gives defaults the flags override, as ztunnel's
+        // explicit environment overrides it (`src/config.rs`
+        // `construct_config`: `XDS_ADDRESS` over `discovery_address`).
+        let proxy = self.proxy_config.load(&env)?;
+        if self.istio.istiod_address.is_none() {
+            self.istio.istiod_address = proxy.discovery_address.clone();
+        }
+        let worker_threads = self.worker_threads.or(proxy.worker_threads());
         let xds = self
             .istio
-            .xds_node(self.node.as_deref(), env.iter().cloned())?;
+            .xds_node(self.node.as_deref(), proxy.proxy_metadata.clone())?;
         let xds_headers = grpc_headers(&env, XDS_HEADER_PREFIX)?;
         let ca_headers = grpc_headers(&env, CA_HEADER_PREFIX)?;
         let istiod = self.istio.istiod_config()?.map(|istiod| IstiodConfig {
@@ -194,16 +209,26 @@ impl RunArgs {
             dns: DnsConfig::from(&self.dns),
             engine: self.engine.to_config(),
             // ztunnel binds its readiness and stats ports on its
-            // `bind_wildcard` (`src/config.rs` `construct_config`); an
-            // address the operator gave stays as given.
+            // `bind_wildcard` and its admin port on localhost, the stats
+            // and admin ports from the proxy config (`src/config.rs`
+            // `construct_config`); an address the operator gave stays as
+            // given.
             endpoints: EndpointsConfig {
                 readiness: self.readiness_addr.unwrap_or_else(|| {
                     SocketAddr::new(bind_wildcard(self.ipv6_enabled), READINESS_PORT)
                 }),
                 metrics: self.metrics_addr.unwrap_or_else(|| {
-                    SocketAddr::new(bind_wildcard(self.ipv6_enabled), METRICS_PORT)
+                    SocketAddr::new(
+                        bind_wildcard(self.ipv6_enabled),
+                        proxy.stats_port.unwrap_or(METRICS_PORT),
+                    )
                 }),
-                admin: self.admin_addr,
+                admin: self.admin_addr.unwrap_or_else(|| {
+                    SocketAddr::from((
+                        Ipv4Addr::LOCALHOST,
+                        proxy.proxy_admin_port.unwrap_or(ADMIN_PORT),
+                    ))
+                }),
             },
             ipv6_enabled: self.ipv6_enabled,
             mesh: MeshConfig {
@@ -237,7 +262,7 @@ impl RunArgs {
             },
             workers: WorkersConfig {
                 threading: self.threading.into(),
-                threads: self.worker_threads,
+                threads: worker_threads,
             },
             log_format: self.log_format,
             access_log_sample: self.access_log_sample,
