@@ -431,40 +431,7 @@ fn an_istiod_restart_keeps_the_last_state_serving_and_resumes() -> Result<()> {
 /// the state takes far longer to build than the push to read).
 #[test]
 fn a_push_is_acked_once_the_agent_serves_it() -> Result<()> {
-    let mut world = World::new("xdsack")?;
-    world.publish_mesh("v1")?;
-    let a1 = world.agent("xa", 1)?;
-    wait_until("node1's agent to hold istiod's state", || {
-        Ok(workload_names(&config_dump(&a1)?).contains(&"remote".to_owned()))
-    })?;
-    const BULK: usize = 4000;
-    let bulk: Vec<Resource> = (0..BULK)
-        .map(|i| {
-            let workload = dataplane_user::config::Workload {
-                uid: format!("uid-bulk{i}"),
-                name: format!("bulk{i}"),
-                namespace: NAMESPACE.into(),
-                service_account: "bulk".into(),
-                trust_domain: "cluster.local".into(),
-                workload_ips: vec![
-                    std::net::Ipv4Addr::new(10, 250, (i >> 8) as u8, i as u8).into(),
-                ],
-                ..dataplane_user::config::Workload::default()
-            };
-            workload_resource(&workload, "v1")
-        })
-        .collect();
-    let nonce = world.publish(ADDRESS_TYPE, bulk, &[])?;
-    world.acked(&nonce)?;
-    let held = workload_names(&config_dump(&a1)?)
-        .iter()
-        .filter(|name| name.starts_with("bulk"))
-        .count();
-    ensure!(
-        held == BULK,
-        "ACKed while the agent served {held} of the {BULK} workloads pushed"
-    );
-    Ok(())
+    pushed_workloads_are_served_at_the_ack(("xdsack", "xa"), "bulk", 250, 4000, 0)
 }
 
 /// `resource` with `bytes` more of a field no Workload has (number 1000,
@@ -472,7 +439,7 @@ fn a_push_is_acked_once_the_agent_serves_it() -> Result<()> {
 /// large as a mesh of hundreds of thousands of workloads, made of few.
 fn padded(mut resource: Resource, bytes: usize) -> Resource {
     use prost::encoding::{WireType, encode_key, encode_varint};
-    if let Some(any) = resource.resource.as_mut() {
+    if let Some(any) = resource.resource.as_mut().filter(|_| bytes > 0) {
         encode_key(1000, WireType::LengthDelimited, &mut any.value);
         encode_varint(bytes as u64, &mut any.value);
         any.value.resize(any.value.len() + bytes, b' ');
@@ -487,36 +454,50 @@ fn padded(mut resource: Resource, bytes: usize) -> Resource {
 /// reconnect got the same push again).
 #[test]
 fn a_push_as_large_as_ztunnel_takes_is_taken() -> Result<()> {
-    let mut world = World::new("xdsbig")?;
+    pushed_workloads_are_served_at_the_ack(("xdsbig", "xb"), "large", 251, 70, 1024 * 1024)
+}
+
+/// Once node1's agent (tags: the world's, the agent's) holds the mesh, one push of `n` workloads named
+/// `<prefix><i>` (at 10.`octet`.x.y, each padded with `pad` bytes) is
+/// ACKed, and at the ACK the agent serves every one of them.
+fn pushed_workloads_are_served_at_the_ack(
+    (world_tag, agent_tag): (&str, &str),
+    prefix: &str,
+    octet: u8,
+    n: usize,
+    pad: usize,
+) -> Result<()> {
+    let mut world = World::new(world_tag)?;
     world.publish_mesh("v1")?;
-    let a1 = world.agent("xb", 1)?;
+    let a1 = world.agent(agent_tag, 1)?;
     wait_until("node1's agent to hold istiod's state", || {
         Ok(workload_names(&config_dump(&a1)?).contains(&"remote".to_owned()))
     })?;
-    const LARGE: usize = 70;
-    let large: Vec<Resource> = (0..LARGE)
+    let pushed: Vec<Resource> = (0..n)
         .map(|i| {
             let workload = dataplane_user::config::Workload {
-                uid: format!("uid-large{i}"),
-                name: format!("large{i}"),
+                uid: format!("uid-{prefix}{i}"),
+                name: format!("{prefix}{i}"),
                 namespace: NAMESPACE.into(),
-                service_account: "large".into(),
+                service_account: prefix.into(),
                 trust_domain: "cluster.local".into(),
-                workload_ips: vec![std::net::Ipv4Addr::new(10, 251, 0, i as u8).into()],
+                workload_ips: vec![
+                    std::net::Ipv4Addr::new(10, octet, (i >> 8) as u8, i as u8).into(),
+                ],
                 ..dataplane_user::config::Workload::default()
             };
-            padded(workload_resource(&workload, "v1"), 1024 * 1024)
+            padded(workload_resource(&workload, "v1"), pad)
         })
         .collect();
-    let nonce = world.publish(ADDRESS_TYPE, large, &[])?;
+    let nonce = world.publish(ADDRESS_TYPE, pushed, &[])?;
     world.acked(&nonce)?;
     let held = workload_names(&config_dump(&a1)?)
         .iter()
-        .filter(|name| name.starts_with("large"))
+        .filter(|name| name.starts_with(prefix))
         .count();
     ensure!(
-        held == LARGE,
-        "the agent serves {held} of the {LARGE} workloads pushed"
+        held == n,
+        "ACKed while the agent served {held} of the {n} workloads pushed"
     );
     Ok(())
 }
