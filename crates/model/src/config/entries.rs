@@ -172,21 +172,35 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Multi<K, V> {
     }
 }
 
+/// A key's values are held in a slice up to this many entries, in a
+/// persistent map above it.
+const FEW: usize = 32;
+/// A key's values held in a map go back to a slice at this many (not at
+/// [`FEW`], so a key at the line does not convert at each change).
+const FEW_AGAIN: usize = 16;
+
 /// The values under one key of a [`Multi`], by entry. Nearly every key
 /// has one (a service's hostname, its definition, a policy's key), held
 /// inline: a one-entry `imbl::OrdMap` allocated a sixteen-slot leaf of
-/// about 530 bytes for it (`benches/mesh_memory.rs`).
+/// about 530 bytes for it. A few (a service's members, ten in issue 31's
+/// meshes) are a shared sorted slice: the map's 64-slot node took about
+/// 2.5 KB for ten, a quarter of each service's memory
+/// (`benches/mesh_memory.rs`), and a change copies at most [`FEW`]
+/// entries of a pointer or two.
 #[derive(Debug, Clone)]
 pub enum Values<V: Clone> {
     /// One entry's value.
     One(EntryKey, V),
-    /// Any number of entries' values (none only while being emptied).
+    /// Up to [`FEW`] entries' values, sorted by entry (none only while
+    /// being emptied).
+    Few(Arc<[(EntryKey, V)]>),
+    /// Any number of entries' values.
     Many(imbl::OrdMap<EntryKey, V>),
 }
 
 impl<V: Clone> Default for Values<V> {
     fn default() -> Self {
-        Self::Many(imbl::OrdMap::new())
+        Self::Few(Arc::from([]))
     }
 }
 
@@ -196,11 +210,27 @@ impl<V: Clone> Values<V> {
         match self {
             Self::One(held, held_value) if *held == entry => *held_value = value,
             Self::One(held, held_value) => {
-                let mut many = imbl::OrdMap::unit(held.clone(), held_value.clone());
-                many.insert(entry, value);
-                *self = Self::Many(many);
+                let held = (held.clone(), held_value.clone());
+                let pair = if held.0 < entry {
+                    [held, (entry, value)]
+                } else {
+                    [(entry, value), held]
+                };
+                *self = Self::Few(Arc::from(pair));
             }
-            Self::Many(many) if many.is_empty() => *self = Self::One(entry, value),
+            Self::Few(few) => match few.binary_search_by(|(held, _)| held.cmp(&entry)) {
+                Ok(at) => match Arc::get_mut(few) {
+                    Some(unshared) => unshared[at].1 = value,
+                    None => *few = spliced(few, at, 1, Some((entry, value))),
+                },
+                Err(_) if few.is_empty() => *self = Self::One(entry, value),
+                Err(at) if few.len() < FEW => *few = spliced(few, at, 0, Some((entry, value))),
+                Err(_) => {
+                    let mut many: imbl::OrdMap<EntryKey, V> = few.iter().cloned().collect();
+                    many.insert(entry, value);
+                    *self = Self::Many(many);
+                }
+            },
             Self::Many(many) => {
                 many.insert(entry, value);
             }
@@ -210,14 +240,27 @@ impl<V: Clone> Values<V> {
     /// Removes `entry`'s value, going back inline when one is left.
     fn remove(&mut self, entry: &EntryKey) {
         match self {
-            Self::One(held, _) if held == entry => *self = Self::Many(imbl::OrdMap::new()),
+            Self::One(held, _) if held == entry => *self = Self::default(),
             Self::One(..) => {}
+            Self::Few(few) => {
+                if let Ok(at) = few.binary_search_by(|(held, _)| held.cmp(entry)) {
+                    *self = if few.len() == 2 {
+                        let (entry, value) = few[1 - at].clone();
+                        Self::One(entry, value)
+                    } else {
+                        Self::Few(spliced(few, at, 1, None))
+                    };
+                }
+            }
             Self::Many(many) => {
                 many.remove(entry);
-                if many.len() == 1
-                    && let Some((entry, value)) = many.get_min()
-                {
-                    *self = Self::One(entry.clone(), value.clone());
+                if many.len() <= FEW_AGAIN {
+                    *self = match many.get_min() {
+                        Some((entry, value)) if many.len() == 1 => {
+                            Self::One(entry.clone(), value.clone())
+                        }
+                        _ => Self::Few(many.iter().map(|(e, v)| (e.clone(), v.clone())).collect()),
+                    };
                 }
             }
         }
@@ -227,6 +270,7 @@ impl<V: Clone> Values<V> {
     pub fn is_empty(&self) -> bool {
         match self {
             Self::One(..) => false,
+            Self::Few(few) => few.is_empty(),
             Self::Many(many) => many.is_empty(),
         }
     }
@@ -235,6 +279,10 @@ impl<V: Clone> Values<V> {
     pub fn get(&self, entry: &EntryKey) -> Option<&V> {
         match self {
             Self::One(held, value) => (held == entry).then_some(value),
+            Self::Few(few) => few
+                .binary_search_by(|(held, _)| held.cmp(entry))
+                .ok()
+                .map(|at| &few[at].1),
             Self::Many(many) => many.get(entry),
         }
     }
@@ -243,23 +291,44 @@ impl<V: Clone> Values<V> {
     pub fn last(&self) -> Option<&V> {
         match self {
             Self::One(_, value) => Some(value),
+            Self::Few(few) => few.last().map(|(_, v)| v),
             Self::Many(many) => many.get_max().map(|(_, v)| v),
         }
     }
 
     /// Each entry and its value, in entry order.
     pub fn iter(&self) -> impl Iterator<Item = (&EntryKey, &V)> {
-        let (one, many) = match self {
-            Self::One(entry, value) => (Some((entry, value)), None),
-            Self::Many(many) => (None, Some(many.iter())),
+        let (one, few, many) = match self {
+            Self::One(entry, value) => (Some((entry, value)), None, None),
+            Self::Few(few) => (None, Some(few.iter().map(|(e, v)| (e, v))), None),
+            Self::Many(many) => (None, None, Some(many.iter())),
         };
-        one.into_iter().chain(many.into_iter().flatten())
+        one.into_iter()
+            .chain(few.into_iter().flatten())
+            .chain(many.into_iter().flatten())
     }
 
     /// Each value, in entry order.
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.iter().map(|(_, value)| value)
     }
+}
+
+/// `few` with `removed` entries at `at` replaced by `put`, as a new slice
+/// (the old one may be shared with an earlier state).
+fn spliced<V: Clone>(
+    few: &[(EntryKey, V)],
+    at: usize,
+    removed: usize,
+    put: Option<(EntryKey, V)>,
+) -> Arc<[(EntryKey, V)]> {
+    let (before, after) = few.split_at(at);
+    before
+        .iter()
+        .cloned()
+        .chain(put)
+        .chain(after.iter().skip(removed).cloned())
+        .collect()
 }
 
 #[cfg(test)]
@@ -297,5 +366,72 @@ mod tests {
         multi.remove("h", &EntryKey::file(0));
         assert!(multi.all("h").is_none());
         assert!(multi.last("h").is_none());
+    }
+
+    /// Entries added and removed in a scrambled order, across the slice's
+    /// and the map's lines both ways, read back as a `BTreeMap` of the same
+    /// operations holds them; an earlier copy is left as it was.
+    #[test]
+    fn values_hold_what_a_map_holds_across_the_lines() {
+        let mut multi: Multi<&str, usize> = Multi::default();
+        let mut model = std::collections::BTreeMap::new();
+        let check = |multi: &Multi<&str, usize>,
+                     model: &std::collections::BTreeMap<EntryKey, usize>| {
+            let held: Vec<(EntryKey, usize)> = multi
+                .all("k")
+                .map(|v| v.iter().map(|(e, v)| (e.clone(), *v)).collect())
+                .unwrap_or_default();
+            let expected: Vec<(EntryKey, usize)> =
+                model.iter().map(|(e, v)| (e.clone(), *v)).collect();
+            assert_eq!(held, expected);
+            assert_eq!(multi.last("k"), model.values().next_back());
+            for (entry, value) in model {
+                assert_eq!(multi.all("k").and_then(|v| v.get(entry)), Some(value));
+            }
+            assert_eq!(multi.all("k").is_some(), !model.is_empty());
+        };
+        // 40 entries in an order no two neighbours are adjacent in.
+        let order: Vec<usize> = (0..40).map(|i| (i * 17) % 40).collect();
+        for (step, i) in order.iter().enumerate() {
+            let entry = EntryKey::xds(format!("e{i:02}"));
+            multi.insert("k", entry.clone(), step);
+            model.insert(entry, step);
+            check(&multi, &model);
+        }
+        assert!(matches!(multi.all("k"), Some(Values::Many(_))));
+        let before = multi.clone();
+        let before_model = model.clone();
+        // Replace one, then take all away again in another order.
+        multi.insert("k", EntryKey::xds("e07"), 99);
+        model.insert(EntryKey::xds("e07"), 99);
+        check(&multi, &model);
+        for i in (0..40).map(|i| (i * 23) % 40) {
+            let entry = EntryKey::xds(format!("e{i:02}"));
+            multi.remove("k", &entry);
+            model.remove(&entry);
+            check(&multi, &model);
+            match model.len() {
+                0 => assert!(multi.all("k").is_none()),
+                1 => assert!(matches!(multi.all("k"), Some(Values::One(..)))),
+                2..=FEW_AGAIN => assert!(matches!(multi.all("k"), Some(Values::Few(_)))),
+                _ => {}
+            }
+        }
+        check(&before, &before_model);
+        // A slice shared with a copy is replaced, not written through.
+        let mut few: Multi<&str, usize> = Multi::default();
+        for i in 0..5 {
+            few.insert("k", EntryKey::file(i), i);
+        }
+        let copy = few.clone();
+        few.insert("k", EntryKey::file(2), 7);
+        assert_eq!(
+            copy.all("k").and_then(|v| v.get(&EntryKey::file(2))),
+            Some(&2)
+        );
+        assert_eq!(
+            few.all("k").and_then(|v| v.get(&EntryKey::file(2))),
+            Some(&7)
+        );
     }
 }
