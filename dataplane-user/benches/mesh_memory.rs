@@ -4,10 +4,11 @@
 //! bytes in use (what was asked for: the allocator's own overhead and
 //! free pages are not counted, so RSS is higher):
 //!
-//! - `resources`: istiod's resources as the xDS client holds them (for
-//!   the ACK, a resume's `initial_resource_versions` and diffing pushes);
-//! - `model`: their translation into the mesh model (`XdsModel`: each
-//!   resource translated, address claims, the entries);
+//! - `resources`: istiod's resources as the xDS client holds them, each
+//!   translated into the mesh model when it arrived (for the model, a
+//!   resume's `initial_resource_versions` and diffing pushes);
+//! - `model`: the mesh model's own tables (`XdsModel`: address claims,
+//!   the entries by name, sharing the translations);
 //! - `state`: the mesh state built from the entries (lookups by address,
 //!   VIP, hostname, policy scope), sharing the entries' `Arc`s.
 //!

@@ -126,7 +126,7 @@ mod random_pushes {
     use crate::xds::{XdsResources, resources::Versioned};
     use std::sync::Arc;
 
-    fn held<T: prost::Message + Default>(resource: T) -> Arc<Versioned<T>> {
+    fn held<T: crate::xds::translate::IntoModel>(resource: T) -> Arc<Versioned<T>> {
         Arc::new(Versioned::new("1", &resource))
     }
 

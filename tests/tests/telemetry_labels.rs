@@ -28,11 +28,11 @@ fn service_attribution_and_workload_facts_reach_istios_labels() -> anyhow::Resul
             workload.canonical_name = "remote-app".into();
             workload.canonical_revision = "v7".into();
             workload.cluster_id = "east".into();
-            workload.locality = Locality {
+            workload.locality = Some(std::sync::Arc::new(Locality {
                 region: "eu".into(),
                 zone: "eu-1".into(),
                 subzone: "".into(),
-            };
+            }));
         }
     }
     let (a1, a2) = w.agents("tl", &config)?;

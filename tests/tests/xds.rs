@@ -227,7 +227,7 @@ async fn subscribes_acks_nacks_and_resumes_after_an_istiod_restart() -> Result<(
     })
     .await?;
     assert_eq!(
-        snapshots.borrow().resources.addresses["uid-1"].version,
+        &*snapshots.borrow().resources.addresses["uid-1"].version,
         "uid-1-v1"
     );
     // Two resources and a removal, the rejected one counted too.

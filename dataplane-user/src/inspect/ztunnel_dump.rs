@@ -359,13 +359,11 @@ impl ZtunnelSections {
 const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
 
 fn workload(w: &Workload) -> ZtunnelWorkload {
-    let locality = (!w.locality.region.is_empty()
-        || !w.locality.zone.is_empty()
-        || !w.locality.subzone.is_empty())
-    .then(|| Locality {
-        region: w.locality.region.to_string(),
-        zone: w.locality.zone.to_string(),
-        subzone: w.locality.subzone.to_string(),
+    let known = w.locality();
+    let locality = (!known.is_empty()).then(|| Locality {
+        region: known.region.to_string(),
+        zone: known.zone.to_string(),
+        subzone: known.subzone.to_string(),
     });
     let mut services: Vec<String> = w.services.keys().cloned().collect();
     services.sort();

@@ -3,43 +3,58 @@
 //! canonical names and revisions, localities. A workload translated from
 //! istiod holds these as [`Arc<str>`] taken from [`Strings`], so ten
 //! thousand pods of one namespace hold its name once (each field also
-//! shrinks from 24 bytes to 16). Strings no workload holds any more are
-//! dropped as [`Interner`] sweeps.
+//! shrinks from 24 bytes to 16), and its locality as one shared
+//! [`Locality`] (8 bytes where three strings took 48). Values no workload
+//! holds any more are dropped as [`Interner`] sweeps.
 
 use std::sync::Arc;
 
 use dataplane_core::intern::Interner;
 
+use super::Locality;
+
 /// Smallest table size swept.
 const MIN_SWEEP: usize = 256;
 
-/// The shared strings.
+/// The shared strings and localities.
 #[derive(Debug)]
-pub struct Strings(Interner<Arc<str>>);
+pub struct Strings {
+    strings: Interner<Arc<str>>,
+    localities: Interner<Arc<Locality>>,
+}
 
 impl Default for Strings {
     fn default() -> Self {
-        Strings(Interner::new(MIN_SWEEP))
+        Strings {
+            strings: Interner::new(MIN_SWEEP),
+            localities: Interner::new(MIN_SWEEP),
+        }
     }
 }
 
 impl Strings {
     /// The held copy of `value` (holding one if none is).
     pub fn get(&mut self, value: &str) -> Arc<str> {
-        match self.0.get(value) {
+        match self.strings.get(value) {
             Some(held) => held,
-            None => self.0.intern(Arc::from(value)),
+            None => self.strings.intern(Arc::from(value)),
         }
+    }
+
+    /// The held copy of `locality`; none for an empty one (the usual
+    /// single-zone cluster's workloads hold nothing).
+    pub fn locality(&mut self, locality: Locality) -> Option<Arc<Locality>> {
+        (!locality.is_empty()).then(|| self.localities.intern(Arc::new(locality)))
     }
 
     /// Strings held.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.strings.len()
     }
 
     /// Whether none is held.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.strings.is_empty()
     }
 }
 
@@ -64,5 +79,25 @@ mod tests {
         assert_eq!(strings.len(), 2, "only the held ones stay");
         assert!(Arc::ptr_eq(&a, &strings.get("shop")));
         assert_eq!(&*last, "last");
+    }
+
+    #[test]
+    fn equal_localities_share_one_copy_and_an_empty_one_is_none() {
+        let mut strings = Strings::default();
+        let zone = |zone: &str| Locality {
+            region: "eu".into(),
+            zone: zone.into(),
+            subzone: "".into(),
+        };
+        let (a, b) = (
+            strings.locality(zone("eu-1")),
+            strings.locality(zone("eu-1")),
+        );
+        assert!(matches!((&a, &b), (Some(a), Some(b)) if Arc::ptr_eq(a, b)));
+        assert_eq!(
+            strings.locality(zone("eu-2")).map(|l| l.zone.clone()),
+            Some("eu-2".into())
+        );
+        assert!(strings.locality(Locality::default()).is_none());
     }
 }

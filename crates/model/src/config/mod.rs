@@ -342,7 +342,7 @@ policies:
         assert_eq!(config.workloads[0].protocol, Protocol::Tcp);
         assert_eq!(config.services[0].load_balancing, LoadBalancing::Random);
         assert_eq!(config.workloads[0].status, WorkloadStatus::Unhealthy);
-        assert_eq!(&*config.workloads[0].locality.subzone, "rack-4");
+        assert_eq!(&*config.workloads[0].locality().subzone, "rack-4");
         assert_eq!(config.services[0].routing.mode, RoutingMode::Failover);
         assert_eq!(
             config.workloads[1].waypoint.as_ref().map(|w| w.hbone_port),

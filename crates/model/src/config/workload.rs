@@ -104,10 +104,14 @@ pub struct Locality {
 }
 
 impl Locality {
-    fn is_empty(&self) -> bool {
+    /// Whether no part is known.
+    pub fn is_empty(&self) -> bool {
         self.region.is_empty() && self.zone.is_empty() && self.subzone.is_empty()
     }
 }
+
+/// The locality of a workload that has none.
+static NO_LOCALITY: std::sync::LazyLock<Locality> = std::sync::LazyLock::new(Locality::default);
 
 /// One workload (pod).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -192,9 +196,11 @@ pub struct Workload {
     /// The cluster the workload runs in.
     #[serde(default, skip_serializing_if = "str::is_empty")]
     pub cluster_id: Arc<str>,
-    /// Region, zone and subzone.
-    #[serde(default, skip_serializing_if = "Locality::is_empty")]
-    pub locality: Locality,
+    /// Region, zone and subzone; none when unknown. Shared: a cluster has
+    /// few, and inline the three strings took 48 bytes of every workload
+    /// (`benches/mesh_memory.rs`). Read through [`Workload::locality`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locality: Option<Arc<Locality>>,
     /// Capture this workload's DNS when the agent enrolls it from the
     /// config (standalone mode); unset: the agent's `--dns-capture`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -212,6 +218,11 @@ impl Workload {
     /// `capacity.unwrap_or(1)`).
     pub fn weight(&self) -> u32 {
         self.capacity.unwrap_or(1)
+    }
+
+    /// Where it runs (every part empty when unknown).
+    pub fn locality(&self) -> &Locality {
+        self.locality.as_deref().unwrap_or(&NO_LOCALITY)
     }
 
     /// The IPs that name this workload (where a connection to them is a

@@ -102,8 +102,8 @@ fn workload_peer(workload: &Workload, identity: &Identity) -> Peer {
         namespace: Some(workload.namespace.to_string()),
         principal: Some(identity.to_uri()),
         cluster: known(&workload.cluster_id),
-        region: known(&workload.locality.region),
-        zone: known(&workload.locality.zone),
+        region: known(&workload.locality().region),
+        zone: known(&workload.locality().zone),
     }
 }
 

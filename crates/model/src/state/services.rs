@@ -579,9 +579,9 @@ fn locality_rank(
     let (mut matched, mut rank) = (0, 0);
     for (i, scope) in preferences.iter().enumerate() {
         let same = match scope {
-            RoutingScope::Region => s.locality.region == e.locality.region,
-            RoutingScope::Zone => s.locality.zone == e.locality.zone,
-            RoutingScope::Subzone => s.locality.subzone == e.locality.subzone,
+            RoutingScope::Region => s.locality().region == e.locality().region,
+            RoutingScope::Zone => s.locality().zone == e.locality().zone,
+            RoutingScope::Subzone => s.locality().subzone == e.locality().subzone,
             RoutingScope::Node => s.node == e.node,
             RoutingScope::Cluster => s.cluster_id == e.cluster_id,
             RoutingScope::Network => s.network == e.network,

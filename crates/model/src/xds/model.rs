@@ -1,8 +1,9 @@
 //! istiod's resources in the mesh model, kept up to date one push at a
-//! time: a push translates only the resources it changed (found by
-//! comparing the held maps, which share every node a push does not touch)
-//! and resolves again only the addresses those resources claim or
-//! claimed. What it keeps ([`XdsEntries`]) is persistent, so the sources
+//! time: a push brings in only the resources it changed (found by
+//! comparing the held maps, which share every node a push does not touch;
+//! each resource was translated once, when it arrived, and the entries
+//! share that translation) and resolves again only the addresses those
+//! resources claim or claimed. What it keeps ([`XdsEntries`]) is persistent, so the sources
 //! can compare the entries in force with the new ones at the cost of
 //! what changed.
 //!
@@ -20,14 +21,12 @@ use std::sync::Arc;
 
 use imbl::ordmap::DiffItem;
 
-use super::resources::{Versioned, XdsResources};
-use super::translate::{Translated, policy_of, service_of, workload_of};
+use super::resources::XdsResources;
+use super::translate::{AddressEntry, Translated};
 use crate::config::{
     self, LocalConfig,
     entries::{DropKey, Dropped, EntryKind, XdsEntry},
-    interned::Strings,
 };
-use crate::istio_api::workload::{Address, address};
 
 /// The entries claiming one address, in claim order (the first keeps it).
 /// Nearly always one, held inline: a one-element `Vec` allocated its
@@ -158,18 +157,7 @@ impl XdsEntries {
     }
 }
 
-/// One address resource translated, before conflicts.
-#[derive(Debug, Clone)]
-enum Raw {
-    /// A workload (`None`: unusable, see the notes).
-    Workload(Option<Arc<config::Workload>>),
-    /// A service.
-    Service(Arc<config::Service>),
-    /// Neither (an empty address).
-    Neither,
-}
-
-impl Raw {
+impl AddressEntry {
     fn kind(&self) -> Option<EntryKind> {
         match self {
             Self::Workload(Some(_)) => Some(EntryKind::Workload),
@@ -200,15 +188,12 @@ impl Raw {
 /// istiod's resources translated, kept from one push to the next.
 #[derive(Debug, Default)]
 pub struct XdsModel {
-    /// The resources the entries were made from.
+    /// The resources the entries were made from (each address resource
+    /// as translated when it arrived).
     held: XdsResources,
-    /// Each address resource translated, by name.
-    raw: HashMap<Arc<str>, Raw, foldhash::fast::RandomState>,
     /// Who claims each address.
     claims: HashMap<IpAddr, Claimants, foldhash::fast::RandomState>,
     entries: XdsEntries,
-    /// The strings the translated workloads share.
-    strings: Strings,
 }
 
 impl XdsModel {
@@ -219,14 +204,16 @@ impl XdsModel {
         let mut touched: BTreeSet<XdsEntry> = BTreeSet::new();
         let mut addresses: HashSet<IpAddr> = HashSet::new();
         for item in held.addresses.diff(&resources.addresses) {
-            let (name, new) = match item {
-                DiffItem::Add(name, new)
-                | DiffItem::Update {
-                    new: (name, new), ..
-                } => (name, Some(new)),
-                DiffItem::Remove(name, _) => (name, None),
+            let (name, old, new) = match item {
+                DiffItem::Add(name, new) => (name, None, Some(new)),
+                DiffItem::Update {
+                    old: (_, old),
+                    new: (name, new),
+                } => (name, Some(old), Some(new)),
+                DiffItem::Remove(name, old) => (name, Some(old), None),
             };
-            if let Some(old) = self.raw.remove(name) {
+            if let Some(old) = old {
+                let old = &old.model().entry;
                 if let Some(kind) = old.kind() {
                     let claimant = XdsEntry::new(kind, Arc::clone(name));
                     for ip in old.addresses() {
@@ -247,21 +234,21 @@ impl XdsModel {
             let Some(new) = new else {
                 continue;
             };
-            let (raw, notes) = translate_address(new, &mut self.strings);
-            if let Some(kind) = raw.kind() {
+            let translated = new.model();
+            if let Some(kind) = translated.entry.kind() {
                 let claimant = XdsEntry::new(kind, Arc::clone(name));
-                for ip in raw.addresses() {
+                for ip in translated.entry.addresses() {
                     self.claims.entry(*ip).or_default().insert(claimant.clone());
                     addresses.insert(*ip);
                 }
                 touched.insert(claimant);
             }
-            if !notes.is_empty() {
-                self.entries
-                    .dropped
-                    .insert(DropKey::Translation(name.to_string()), notes.into());
+            if !translated.notes.is_empty() {
+                self.entries.dropped.insert(
+                    DropKey::Translation(name.to_string()),
+                    translated.notes.iter().cloned().collect(),
+                );
             }
-            self.raw.insert(name.clone(), raw);
         }
         // Whoever else claims a changed address may have won or lost it.
         for ip in &addresses {
@@ -278,18 +265,9 @@ impl XdsModel {
                 | DiffItem::Update {
                     new: (name, new), ..
                 } => {
-                    match new.decode() {
-                        Ok(policy) => {
-                            self.entries
-                                .policies
-                                .insert(name.clone(), Arc::new(policy_of(&policy)));
-                        }
-                        // Held resources decoded when they arrived: not
-                        // reached, and if it were, the policy is left out.
-                        Err(_) => {
-                            self.entries.policies.remove(name);
-                        }
-                    }
+                    self.entries
+                        .policies
+                        .insert(name.clone(), Arc::clone(new.model()));
                 }
                 DiffItem::Remove(name, _) => {
                     self.entries.policies.remove(name);
@@ -310,8 +288,10 @@ impl XdsModel {
         let note_key = DropKey::Conflict(entry.clone());
         self.entries.dropped.remove(&note_key);
         let raw = self
-            .raw
+            .held
+            .addresses
             .get(&entry.name)
+            .map(|held| &held.model().entry)
             .filter(|raw| raw.kind() == Some(entry.kind));
         let Some(raw) = raw else {
             // Gone, or now of another kind (resolved under that one).
@@ -341,9 +321,10 @@ impl XdsModel {
                             && entry.kind == EntryKind::Service) =>
                 {
                     let owner = self
-                        .raw
+                        .held
+                        .addresses
                         .get(&owner.name)
-                        .map(Raw::label)
+                        .map(|held| held.model().entry.label())
                         .unwrap_or_default();
                     notes.push(conflict_note(&raw.label(), ip, &owner));
                 }
@@ -353,7 +334,7 @@ impl XdsModel {
         }
         let all = kept.len() == raw.addresses().len();
         match raw {
-            Raw::Workload(Some(w)) => {
+            AddressEntry::Workload(Some(w)) => {
                 let w = if all {
                     Arc::clone(w)
                 } else {
@@ -364,7 +345,7 @@ impl XdsModel {
                 };
                 self.entries.workloads.insert(entry.name.clone(), w);
             }
-            Raw::Service(s) => {
+            AddressEntry::Service(s) => {
                 let s = if all {
                     Arc::clone(s)
                 } else {
@@ -375,7 +356,7 @@ impl XdsModel {
                 };
                 self.entries.services.insert(entry.name.clone(), s);
             }
-            Raw::Workload(None) | Raw::Neither => {}
+            AddressEntry::Workload(None) | AddressEntry::Neither => {}
         }
         if !notes.is_empty() {
             self.entries.dropped.insert(note_key, notes.into());
@@ -385,27 +366,4 @@ impl XdsModel {
 
 fn conflict_note(loser: &str, ip: &IpAddr, owner: &str) -> String {
     format!("{loser}: address {ip} is already {owner}'s; left off until that one goes")
-}
-
-/// One address resource in the mesh model, with what translating it left
-/// out.
-fn translate_address(held: &Arc<Versioned<Address>>, strings: &mut Strings) -> (Raw, Vec<String>) {
-    let mut notes = Vec::new();
-    let address = match held.decode() {
-        Ok(address) => address,
-        Err(err) => {
-            return (
-                Raw::Neither,
-                vec![format!("cannot be decoded again: {err}")],
-            );
-        }
-    };
-    let raw = match &address.r#type {
-        Some(address::Type::Workload(w)) => {
-            Raw::Workload(workload_of(w, strings, &mut notes).map(Arc::new))
-        }
-        Some(address::Type::Service(s)) => Raw::Service(Arc::new(service_of(s, &mut notes))),
-        None => Raw::Neither,
-    };
-    (raw, notes)
 }

@@ -10,18 +10,21 @@
 //! not touch, so a response costs what it names, not what is held (at
 //! 10k workloads a copied `BTreeMap` cost 18.8 ms per update).
 //!
-//! Each resource is held as istiod encoded it, checked once on arrival and
-//! decoded again only by the mesh model when it changes: a decoded
-//! workload took about 1.3 KB (prost's strings, vectors and its services
-//! `HashMap`), its encoding about 200 bytes (`benches/mesh_memory.rs`).
+//! Each resource is held as the mesh model has it, translated once when
+//! it arrives ([`IntoModel`]), with istiod's version and a digest of its
+//! encoding (what tells a changed resource from one sent again): the
+//! model's entries share the translation, so a workload is held once. Its
+//! encoding, held before for the model to decode again, took about 245
+//! bytes a workload besides (`benches/mesh_memory.rs`), and a decoded one
+//! about 1.3 KB (prost's strings, vectors and its services `HashMap`).
 
 use std::collections::BTreeMap;
-use std::marker::PhantomData;
+use std::hash::BuildHasher;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use prost::Message;
-
+use super::translate::IntoModel;
+use crate::config::interned::Strings;
 use crate::istio_api::{
     ADDRESS_TYPE, AUTHORIZATION_TYPE,
     discovery::DeltaDiscoveryResponse,
@@ -34,65 +37,65 @@ use crate::istio_api::{
 /// Longest NACK message sent (the reasons of the first rejects).
 const MAX_NACK_MESSAGE: usize = 4096;
 
-/// One held resource, encoded, and the version istiod gave it.
-pub struct Versioned<T> {
+/// One held resource, as the mesh model has it, and the version istiod
+/// gave it.
+pub struct Versioned<T: IntoModel> {
     /// istiod's version string (echoed back on reconnect).
-    pub version: String,
-    /// The resource's protobuf encoding, checked when it arrived.
-    encoded: Box<[u8]>,
-    kind: PhantomData<fn() -> T>,
+    pub version: Box<str>,
+    /// A digest of istiod's encoding: equal resources have equal ones.
+    digest: u64,
+    model: T::Model,
 }
 
-impl<T: Message + Default> Versioned<T> {
-    /// `resource` at `version`.
-    pub fn new(version: impl Into<String>, resource: &T) -> Self {
-        Self::encoded(version.into(), resource.encode_to_vec().into())
+impl<T: IntoModel> Versioned<T> {
+    /// `resource` at `version`, translated on its own (its strings not
+    /// shared with other resources': for tests and tools).
+    pub fn new(version: impl Into<Box<str>>, resource: &T) -> Self {
+        let encoded = resource.encode_to_vec();
+        Self::translated(version.into(), &encoded, resource, &mut Strings::default())
     }
 
-    fn encoded(version: String, encoded: Box<[u8]>) -> Self {
+    fn translated(version: Box<str>, encoded: &[u8], resource: &T, strings: &mut Strings) -> Self {
         Self {
             version,
-            encoded,
-            kind: PhantomData,
+            digest: digest(encoded),
+            model: resource.to_model(strings),
         }
     }
 
-    /// The resource. Decoding cannot fail for a held one (it decoded when
-    /// it arrived); should it, the error says so and the caller leaves the
-    /// resource out.
-    pub fn decode(&self) -> Result<T, prost::DecodeError> {
-        T::decode(&*self.encoded)
+    /// The resource in the mesh model.
+    pub fn model(&self) -> &T::Model {
+        &self.model
     }
 }
 
-impl<T> Versioned<T> {
-    /// The protobuf encoding, as istiod sent it.
-    pub fn encoding(&self) -> &[u8] {
-        &self.encoded
-    }
+/// A digest of a resource's encoding. Fixed-seeded: equal encodings in
+/// any two holders have equal digests.
+fn digest(encoded: &[u8]) -> u64 {
+    foldhash::quality::FixedState::with_seed(0x5eed).hash_one(encoded)
 }
 
-impl<T> Clone for Versioned<T> {
+impl<T: IntoModel> Clone for Versioned<T> {
     fn clone(&self) -> Self {
         Self {
             version: self.version.clone(),
-            encoded: self.encoded.clone(),
-            kind: PhantomData,
+            digest: self.digest,
+            model: self.model.clone(),
         }
     }
 }
 
-impl<T> PartialEq for Versioned<T> {
+impl<T: IntoModel> PartialEq for Versioned<T> {
     fn eq(&self, other: &Self) -> bool {
-        self.version == other.version && self.encoded == other.encoded
+        self.version == other.version && self.digest == other.digest
     }
 }
 
-impl<T> std::fmt::Debug for Versioned<T> {
+impl<T: IntoModel> std::fmt::Debug for Versioned<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Versioned")
             .field("version", &self.version)
-            .field("encoded_bytes", &self.encoded.len())
+            .field("digest", &self.digest)
             .finish()
     }
 }
@@ -103,13 +106,22 @@ impl<T> std::fmt::Debug for Versioned<T> {
 pub type Held<T> = imbl::OrdMap<Arc<str>, Arc<Versioned<T>>>;
 
 /// Everything held from istiod.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct XdsResources {
     /// Workloads and services, by resource name (a workload's uid, a
     /// service's `namespace/hostname`).
     pub addresses: Held<Address>,
     /// Authorization policies, by `namespace/name`.
     pub authorizations: Held<Authorization>,
+    /// The strings the translations share, shared by every copy (only
+    /// the copy responses are applied to adds to them).
+    strings: Arc<Mutex<Strings>>,
+}
+
+impl PartialEq for XdsResources {
+    fn eq(&self, other: &Self) -> bool {
+        self.addresses == other.addresses && self.authorizations == other.authorizations
+    }
 }
 
 /// What to answer a response with.
@@ -125,9 +137,9 @@ impl XdsResources {
     /// The names and versions held of `type_url`, for a reconnect's
     /// `initial_resource_versions`.
     pub fn versions(&self, type_url: &str) -> BTreeMap<String, String> {
-        fn of<T>(map: &Held<T>) -> BTreeMap<String, String> {
+        fn of<T: IntoModel>(map: &Held<T>) -> BTreeMap<String, String> {
             map.iter()
-                .map(|(name, held)| (name.to_string(), held.version.clone()))
+                .map(|(name, held)| (name.to_string(), held.version.to_string()))
                 .collect()
         }
         match type_url {
@@ -148,9 +160,16 @@ impl XdsResources {
 
     /// Applies one delta response; says whether to ACK or NACK it.
     pub fn apply(&mut self, response: &DeltaDiscoveryResponse) -> Verdict {
+        let strings = Arc::clone(&self.strings);
+        let mut strings = strings.lock().unwrap_or_else(PoisonError::into_inner);
         let rejects = match response.type_url.as_str() {
-            ADDRESS_TYPE => apply_to(&mut self.addresses, response, check_address),
-            AUTHORIZATION_TYPE => apply_to(&mut self.authorizations, response, check_authorization),
+            ADDRESS_TYPE => apply_to(&mut self.addresses, response, check_address, &mut strings),
+            AUTHORIZATION_TYPE => apply_to(
+                &mut self.authorizations,
+                response,
+                check_authorization,
+                &mut strings,
+            ),
             other => vec![format!("resource type {other} was not asked for")],
         };
         if rejects.is_empty() {
@@ -173,10 +192,11 @@ impl XdsResources {
 
 /// Applies a response's resources and removals to `held`; returns the
 /// rejects, each `name: reason`.
-fn apply_to<T: Message + Default>(
+fn apply_to<T: IntoModel>(
     held: &mut Held<T>,
     response: &DeltaDiscoveryResponse,
     check: fn(&T) -> Result<(), String>,
+    strings: &mut Strings,
 ) -> Vec<String> {
     let mut rejects = Vec::new();
     for resource in &response.resources {
@@ -195,13 +215,14 @@ fn apply_to<T: Message + Default>(
             }
             let value =
                 T::decode(body).map_err(|err| format!("not a valid protobuf message: {err}"))?;
-            check(&value).map(|()| body)
+            check(&value).map(|()| (body, value))
         });
         match checked {
-            Ok(body) => {
+            Ok((body, value)) => {
+                let version = resource.version.as_str().into();
                 held.insert(
                     Arc::from(name.as_str()),
-                    Arc::new(Versioned::encoded(resource.version.clone(), body.into())),
+                    Arc::new(Versioned::translated(version, body, &value, strings)),
                 );
             }
             Err(reason) => rejects.push(format!("{}: {reason}", printable(name))),

@@ -41,7 +41,7 @@ fn service(hostname: &str, vip: Vec<u8>) -> Address {
     }
 }
 
-fn resource(name: &str, version: &str, type_url: &str, body: &impl Message) -> Resource {
+fn resource(name: &str, version: &str, type_url: &str, body: &impl prost::Message) -> Resource {
     Resource {
         name: name.into(),
         version: version.into(),
@@ -133,12 +133,12 @@ fn an_invalid_resource_is_nacked_and_keeps_what_was_held() {
         "{reason}"
     );
     assert_eq!(
-        held.addresses["uid-1"].version, "v1",
+        &*held.addresses["uid-1"].version, "v1",
         "the good version stays"
     );
-    assert_eq!(held.addresses["uid-1"].decode().ok(), Some(good));
+    assert_eq!(*held.addresses["uid-1"], Versioned::new("v1", &good));
     assert_eq!(
-        held.addresses["uid-2"].version, "v1",
+        &*held.addresses["uid-2"].version, "v1",
         "the rest of the push applies"
     );
 }
@@ -295,4 +295,65 @@ fn an_application_tunnel_with_an_unknown_protocol_or_a_port_over_16_bits_is_refu
     );
     let err = with(proxy, 65536).unwrap_err();
     assert!(err.contains("application tunnel port 65536"), "{err}");
+}
+
+/// A workload is held once: the mesh model's entry is the translation
+/// made when it arrived, and workloads of two pushes share their
+/// namespace's string; the same resource sent again (a new nonce, the
+/// same version and body) changes nothing the model sees.
+#[test]
+fn the_model_shares_what_arrived_translated() {
+    use crate::xds::translate::AddressEntry;
+    let mut held = XdsResources::default();
+    let one = |uid: &str, ip| resource(uid, "v1", ADDRESS_TYPE, &workload(uid, ip));
+    assert_eq!(
+        held.apply(&response(
+            ADDRESS_TYPE,
+            vec![one("uid-1", [10, 1, 0, 5])],
+            &[]
+        )),
+        Verdict::Ack
+    );
+    assert_eq!(
+        held.apply(&response(
+            ADDRESS_TYPE,
+            vec![one("uid-2", [10, 1, 0, 6])],
+            &[]
+        )),
+        Verdict::Ack
+    );
+    let arrived = |held: &XdsResources, uid: &str| match &held.addresses[uid].model().entry {
+        AddressEntry::Workload(Some(w)) => Arc::clone(w),
+        other => panic!("{uid} arrived as {other:?}"),
+    };
+    let mut model = crate::xds::XdsModel::default();
+    let entries = model.update(&held).clone();
+    for uid in ["uid-1", "uid-2"] {
+        assert!(Arc::ptr_eq(&entries.workloads[uid], &arrived(&held, uid)));
+    }
+    assert!(Arc::ptr_eq(
+        &arrived(&held, "uid-1").namespace,
+        &arrived(&held, "uid-2").namespace
+    ));
+    let before = held.clone();
+    held.apply(&response(
+        ADDRESS_TYPE,
+        vec![one("uid-1", [10, 1, 0, 5])],
+        &[],
+    ));
+    assert_eq!(held, before, "the same resource again is no change");
+    held.apply(&response(
+        ADDRESS_TYPE,
+        vec![one("uid-1", [10, 1, 0, 9])],
+        &[],
+    ));
+    assert_ne!(
+        held, before,
+        "another body under the same version is a change"
+    );
+    let entries = model.update(&held).clone();
+    assert_eq!(
+        entries.workloads["uid-1"].workload_ips,
+        ["10.1.0.9".parse::<IpAddr>().unwrap()]
+    );
 }

@@ -8,6 +8,7 @@
 //! resources, resolved by [`super::XdsModel`].
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -19,9 +20,9 @@ use crate::config::{
 };
 use crate::identity::Identity;
 use crate::istio_api::{
-    security::{self, StringMatch, string_match::MatchType},
+    security::{self, Authorization, StringMatch, string_match::MatchType},
     workload::{
-        self, GatewayAddress, TunnelProtocol, gateway_address,
+        self, Address, GatewayAddress, TunnelProtocol, address, gateway_address,
         load_balancing::{HealthPolicy as XdsHealthPolicy, Mode, Scope as XdsScope},
         service::Visibility as XdsVisibility,
     },
@@ -36,6 +37,67 @@ pub struct Translated {
     pub dropped: Vec<String>,
 }
 
+/// A resource type istiod sends, as the mesh model holds it: what the
+/// held resources keep in place of istiod's encoding (translated once,
+/// when it arrives; the model's entries share it).
+pub trait IntoModel: prost::Message + Default {
+    /// The resource in the mesh model (cheap to clone: shared).
+    type Model: Clone + std::fmt::Debug + Send + Sync;
+
+    /// Translates `self`, sharing repeated strings through `strings`.
+    fn to_model(&self, strings: &mut Strings) -> Self::Model;
+}
+
+/// One address resource in the mesh model, before the conflicts between
+/// resources are resolved, with what translating it left out.
+#[derive(Debug, Clone)]
+pub struct AddressModel {
+    /// What it is.
+    pub entry: AddressEntry,
+    /// What was left out, one line each (usually none).
+    pub notes: Box<[String]>,
+}
+
+/// What an address resource is in the mesh model.
+#[derive(Debug, Clone)]
+pub enum AddressEntry {
+    /// A workload (`None`: unusable, see the notes).
+    Workload(Option<Arc<config::Workload>>),
+    /// A service.
+    Service(Arc<config::Service>),
+    /// Neither (an empty address).
+    Neither,
+}
+
+impl IntoModel for Address {
+    type Model = AddressModel;
+
+    fn to_model(&self, strings: &mut Strings) -> AddressModel {
+        let mut notes = Vec::new();
+        let entry = match &self.r#type {
+            Some(address::Type::Workload(w)) => {
+                AddressEntry::Workload(workload_of(w, strings, &mut notes).map(Arc::new))
+            }
+            Some(address::Type::Service(s)) => {
+                AddressEntry::Service(Arc::new(service_of(s, &mut notes)))
+            }
+            None => AddressEntry::Neither,
+        };
+        AddressModel {
+            entry,
+            notes: notes.into(),
+        }
+    }
+}
+
+impl IntoModel for Authorization {
+    type Model = Arc<Policy>;
+
+    fn to_model(&self, _: &mut Strings) -> Arc<Policy> {
+        Arc::new(policy_of(self))
+    }
+}
+
 /// Translates everything held from istiod; `origin` names the source
 /// (e.g. `xds://istiod.istio-system.svc:15012`). The agent keeps an
 /// [`super::XdsModel`] instead, which translates only what changed.
@@ -45,11 +107,19 @@ pub fn translate(resources: &XdsResources, origin: &str) -> Translated {
         .translated(origin)
 }
 
-pub(super) fn workload_of(
+fn workload_of(
     w: &workload::Workload,
     strings: &mut Strings,
     dropped: &mut Vec<String>,
 ) -> Option<config::Workload> {
+    let locality = w.locality.as_ref().and_then(|l| {
+        let locality = Locality {
+            region: strings.get(&l.region),
+            zone: strings.get(&l.zone),
+            subzone: strings.get(&l.subzone),
+        };
+        strings.locality(locality)
+    });
     let mut or = |value: &str, default: &str| match value {
         "" => strings.get(default),
         v => strings.get(v),
@@ -99,15 +169,7 @@ pub(super) fn workload_of(
         canonical_revision: or(&w.canonical_revision, ""),
         workload_name: or(&w.workload_name, ""),
         cluster_id: or(&w.cluster_id, ""),
-        locality: w
-            .locality
-            .as_ref()
-            .map(|l| Locality {
-                region: or(&l.region, ""),
-                zone: or(&l.zone, ""),
-                subzone: or(&l.subzone, ""),
-            })
-            .unwrap_or_default(),
+        locality,
         // Istio carries DNS capture in the pod's annotation, not in xDS.
         dns_capture: None,
         fast_path: None,
@@ -137,7 +199,7 @@ fn cidr_of(address: &workload::NetworkAddress) -> Option<IpNet> {
         .map(|net| net.trunc())
 }
 
-pub(super) fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> config::Service {
+fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> config::Service {
     let subject_alt_names = s
         .subject_alt_names
         .iter()
@@ -244,7 +306,7 @@ fn waypoint_of(gateway: &GatewayAddress) -> Option<Waypoint> {
     })
 }
 
-pub(super) fn policy_of(a: &security::Authorization) -> Policy {
+fn policy_of(a: &security::Authorization) -> Policy {
     Policy {
         name: a.name.clone(),
         namespace: a.namespace.clone(),

@@ -16,8 +16,18 @@ use crate::istio_api::{
 use crate::state::MeshState;
 use crate::xds::resources::Versioned;
 
-fn held<T: prost::Message + Default>(resource: T) -> std::sync::Arc<Versioned<T>> {
-    std::sync::Arc::new(Versioned::new("1", &resource))
+thread_local! {
+    /// The encoding of each resource `held` made, by where it is held:
+    /// what [`seed_responses`] sends.
+    static ENCODED: std::cell::RefCell<std::collections::HashMap<usize, Vec<u8>>> =
+        std::cell::RefCell::default();
+}
+
+fn held<T: IntoModel>(resource: T) -> std::sync::Arc<Versioned<T>> {
+    let held = std::sync::Arc::new(Versioned::new("1", &resource));
+    let at = std::sync::Arc::as_ptr(&held) as usize;
+    ENCODED.with(|encoded| encoded.borrow_mut().insert(at, resource.encode_to_vec()));
+    held
 }
 
 fn workload(uid: &str, ip: [u8; 4]) -> workload::Workload {
@@ -175,7 +185,7 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     assert_eq!(&*web.trust_domain, "example.org");
     assert_eq!(web.protocol, Protocol::Hbone);
     assert_eq!(web.status, WorkloadStatus::Unhealthy);
-    assert_eq!(&*web.locality.zone, "eu-1");
+    assert_eq!(&*web.locality().zone, "eu-1");
     assert_eq!((&*web.network, &*web.cluster_id), ("net1", "c1"));
     assert_eq!(&*web.workload_name, "web-deploy");
     assert_eq!(&*web.canonical_revision, "v2");
@@ -477,10 +487,7 @@ fn seed_responses(r: &XdsResources) {
         discovery::{DeltaDiscoveryResponse, Resource},
     };
     use prost::Message as _;
-    fn response<T: prost::Message>(
-        type_url: &str,
-        held: &crate::xds::resources::Held<T>,
-    ) -> Vec<u8> {
+    fn response<T: IntoModel>(type_url: &str, held: &crate::xds::resources::Held<T>) -> Vec<u8> {
         DeltaDiscoveryResponse {
             type_url: type_url.into(),
             nonce: "n".into(),
@@ -488,10 +495,13 @@ fn seed_responses(r: &XdsResources) {
                 .iter()
                 .map(|(name, v)| Resource {
                     name: name.to_string(),
-                    version: v.version.clone(),
+                    version: v.version.to_string(),
                     resource: Some(prost_types::Any {
                         type_url: type_url.into(),
-                        value: v.encoding().to_vec(),
+                        value: ENCODED.with(|encoded| {
+                            let at = Arc::as_ptr(v) as usize;
+                            encoded.borrow().get(&at).cloned().unwrap_or_default()
+                        }),
                     }),
                     ..Default::default()
                 })
