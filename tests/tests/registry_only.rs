@@ -90,14 +90,7 @@ fn world(tag: &str, flags: &[&str]) -> anyhow::Result<World> {
     let path = write_config(dir.path(), "mesh.yaml", &config)?;
     let upstream_addr = upstream.addr().to_string();
     let flags = [&["--dns-upstream", upstream_addr.as_str()], flags].concat();
-    let agent = Agent::standalone(
-        tag,
-        &node,
-        "node1",
-        &path,
-        &dir.path().join("ca"),
-        &flags,
-    )?;
+    let agent = Agent::standalone(tag, &node, "node1", &path, &dir.path().join("ca"), &flags)?;
     let mut spec = Agent::spec_for(&client, "client");
     spec.service_account = "client".to_owned();
     spec.exclusions.outbound_ports = vec![EXCLUDED];
@@ -120,7 +113,12 @@ fn world(tag: &str, flags: &[&str]) -> anyhow::Result<World> {
 fn mesh_destinations_work(w: &World) -> anyhow::Result<()> {
     echo(&w.client, SocketAddr::new(ECHO_VIP.into(), 80), 2048, 1)?;
     echo(&w.client, SocketAddr::new(EXT_VIP.into(), 80), 2048, 2)?;
-    echo(&w.client, SocketAddr::new(w.outside.ip4.into(), EXCLUDED), 2048, 3)?;
+    echo(
+        &w.client,
+        SocketAddr::new(w.outside.ip4.into(), EXCLUDED),
+        2048,
+        3,
+    )?;
     Ok(())
 }
 
@@ -151,7 +149,12 @@ fn allow_any_lets_an_unknown_destination_through() -> anyhow::Result<()> {
     let w = world("regaa", &[])?;
     mesh_destinations_work(&w)?;
     // Straight from the pod to an address no workload or service has.
-    echo(&w.client, SocketAddr::new(w.outside.ip4.into(), 9000), 2048, 4)?;
+    echo(
+        &w.client,
+        SocketAddr::new(w.outside.ip4.into(), 9000),
+        2048,
+        4,
+    )?;
     let opened = sum_matching(
         &scrape(&w.agent)?,
         "istio_tcp_connections_opened_total",
@@ -198,7 +201,12 @@ fn registry_only_resets_an_unknown_destination_and_keeps_the_mesh() -> anyhow::R
             field(ours[0], "direction"),
             field(ours[0], "src_workload"),
         ),
-        (unknown.to_string().as_str(), "REGISTRY_ONLY", "outbound", "client"),
+        (
+            unknown.to_string().as_str(),
+            "REGISTRY_ONLY",
+            "outbound",
+            "client"
+        ),
     );
     // The flag wins over the file: the same agent's world with
     // `--outbound-traffic-policy allow-any` lets it through.
@@ -212,7 +220,12 @@ fn registry_only_resets_an_unknown_destination_and_keeps_the_mesh() -> anyhow::R
             "allow-any",
         ],
     )?;
-    echo(&w.client, SocketAddr::new(w.outside.ip4.into(), 9000), 100, 5)?;
+    echo(
+        &w.client,
+        SocketAddr::new(w.outside.ip4.into(), 9000),
+        100,
+        5,
+    )?;
     assert_eq!(refused(&w.agent)?, (0.0, 0.0));
     Ok(())
 }
