@@ -584,6 +584,10 @@ fn admin_is_reachable_on_loopback_only() -> anyhow::Result<()> {
 fn conflicting_flags_exit_2_naming_the_flag() -> anyhow::Result<()> {
     let dir = TempDir::new("opflags")?;
     let none: &[(&str, &str)] = &[];
+    // A mesh config whose outbound traffic mode Istio does not define.
+    let bad_mode = dir.path().join("mesh-bad-mode");
+    std::fs::write(&bad_mode, "outboundTrafficPolicy:\n  mode: BLOCK\n")?;
+    let bad_mode = bad_mode.display().to_string();
     for (flags, env, named) in [
         (
             &["--engine", "ztunnel", "--capture", "iptables"][..],
@@ -616,6 +620,11 @@ fn conflicting_flags_exit_2_naming_the_flag() -> anyhow::Result<()> {
             &["--mesh-config", "/nonexistent/dp-mesh-config"][..],
             none,
             "mesh config /nonexistent/dp-mesh-config",
+        ),
+        (
+            &["--mesh-config", bad_mode.as_str()][..],
+            none,
+            "outboundTrafficPolicy.mode \"BLOCK\"",
         ),
     ] {
         let mut command = Command::new(agent_binary()?);

@@ -56,6 +56,10 @@ pub struct MeshContext {
     /// Whether a client's first bytes go with its tunnel's CONNECT request
     /// (`--hbone-early-data`).
     pub early_data: bool,
+    /// Whether an outbound connection to an address the mesh does not know
+    /// goes through or is refused (MeshConfig `outboundTrafficPolicy`,
+    /// `--outbound-traffic-policy`).
+    pub outbound_traffic_policy: crate::proxy::outbound::OutboundTrafficPolicy,
     /// Inbound HBONE connections still in their handshake, within bounds.
     pub handshakes: Arc<PendingHandshakes>,
     /// An inbound HBONE connection without an open stream this long is

@@ -279,6 +279,8 @@ pub struct MeshConfig {
     /// Certificate revocation lists HBONE peers are checked against, re-read
     /// when they change; `None`: no revocation checks.
     pub crl_path: Option<PathBuf>,
+    /// What outbound connections to addresses the mesh does not know do.
+    pub outbound_traffic_policy: crate::proxy::outbound::OutboundTrafficPolicy,
 }
 
 /// The connection worker threads.

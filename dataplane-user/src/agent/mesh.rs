@@ -82,6 +82,7 @@ pub(super) fn mesh_context(
         pool_spread: args.mesh.pool_spread,
         h2: args.mesh.h2,
         early_data: args.mesh.hbone_early_data,
+        outbound_traffic_policy: args.mesh.outbound_traffic_policy,
         handshakes: Arc::new(PendingHandshakes::new(handshakes, Arc::clone(&metrics))),
         hbone_idle_timeout: args.mesh.hbone_idle_timeout,
         require_known_workloads: args.xds.is_some(),

@@ -10,11 +10,18 @@
 //! `concurrency` the worker threads and `proxyMetadata` (with every
 //! `ISTIO_META_*` variable over it) the xDS node metadata.
 //!
+//! Of the MeshConfig itself, `outboundTrafficPolicy.mode` is read (ztunnel
+//! reads none of it): `REGISTRY_ONLY` refuses outbound connections to
+//! addresses the mesh does not know, as sidecars do; the
+//! `--outbound-traffic-policy` flag overrides it.
+//!
 //! ```text
 //! # /etc/istio/config/mesh (the `istio` ConfigMap's `mesh` key)
 //! defaultConfig:
 //!   discoveryAddress: istiod.istio-system.svc:15012
 //!   statsPort: 15020
+//! outboundTrafficPolicy:
+//!   mode: REGISTRY_ONLY
 //! ```
 
 use std::collections::BTreeMap;
@@ -22,6 +29,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+use crate::proxy::outbound::OutboundTrafficPolicy;
 use crate::xds::{NodeIdentity, node::META_PREFIX};
 
 /// The mesh config's path (ztunnel reads `./etc/istio/config/mesh` from
@@ -47,6 +55,43 @@ pub struct ProxyConfigArgs {
     /// (`PROXY_CONFIG`, set by Istio's chart). Empty: none.
     #[arg(long, env = "PROXY_CONFIG")]
     pub proxy_config: Option<String>,
+    /// What an outbound connection to an address the mesh does not know
+    /// (no workload, service or ServiceEntry has it) does: `allow-any`
+    /// connects it straight from the pod, `registry-only` refuses it with
+    /// a reset (access record and metrics: `REGISTRY_ONLY`). Overrides the
+    /// mesh config's `outboundTrafficPolicy.mode`. [default: the mesh
+    /// config's, else allow-any]
+    #[arg(long, env = "DATAPLANE_OUTBOUND_TRAFFIC_POLICY", value_enum)]
+    pub outbound_traffic_policy: Option<OutboundTrafficPolicyArg>,
+}
+
+/// `--outbound-traffic-policy`'s values, Istio's modes in flag spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutboundTrafficPolicyArg {
+    /// `ALLOW_ANY`.
+    AllowAny,
+    /// `REGISTRY_ONLY`.
+    RegistryOnly,
+}
+
+impl From<OutboundTrafficPolicyArg> for OutboundTrafficPolicy {
+    fn from(arg: OutboundTrafficPolicyArg) -> Self {
+        match arg {
+            OutboundTrafficPolicyArg::AllowAny => Self::AllowAny,
+            OutboundTrafficPolicyArg::RegistryOnly => Self::RegistryOnly,
+        }
+    }
+}
+
+/// What the mesh config file and `PROXY_CONFIG` decide, with the flags
+/// that override them applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// The merged proxy config.
+    pub proxy: ProxyConfig,
+    /// `--outbound-traffic-policy`, else the mesh config's
+    /// `outboundTrafficPolicy.mode`, else `ALLOW_ANY`.
+    pub outbound_traffic_policy: OutboundTrafficPolicy,
 }
 
 /// The fields of Istio's ProxyConfig ztunnel uses; the others are ignored
@@ -74,6 +119,85 @@ pub struct ProxyConfig {
 struct MeshConfig {
     /// The proxy config every proxy starts from.
     default_config: Option<ProxyConfig>,
+    /// What proxies do with traffic to destinations outside the registry.
+    outbound_traffic_policy: Option<OutboundTrafficPolicyField>,
+}
+
+/// MeshConfig's `outboundTrafficPolicy` (its `tls`, for
+/// `ALLOW_ANY_DYNAMIC_DNS` only, is ignored).
+#[derive(Debug, Default, serde::Deserialize)]
+struct OutboundTrafficPolicyField {
+    /// The mode's name, or its number as protobuf's JSON mapping also
+    /// accepts; checked in [`MeshFile::from_config`].
+    mode: Option<serde_yaml_ng::Value>,
+}
+
+/// What the agent takes from a mesh config file.
+#[derive(Debug, Default)]
+struct MeshFile {
+    /// `defaultConfig`, checked.
+    default_config: Option<ProxyConfig>,
+    /// `outboundTrafficPolicy.mode`, when set.
+    outbound_traffic_policy: Option<OutboundTrafficPolicy>,
+}
+
+impl MeshFile {
+    /// The checked fields of `mesh`, read from `origin`.
+    fn from_config(mesh: MeshConfig, origin: String) -> Result<Self, ProxyConfigError> {
+        let mode = mesh.outbound_traffic_policy.and_then(|policy| policy.mode);
+        let outbound_traffic_policy = mode
+            .map(|mode| outbound_mode(&mode, &origin))
+            .transpose()?
+            .flatten();
+        Ok(Self {
+            default_config: mesh
+                .default_config
+                .map(|config| config.normalized(origin))
+                .transpose()?,
+            outbound_traffic_policy,
+        })
+    }
+}
+
+/// The policy an `outboundTrafficPolicy.mode` names (istio/api
+/// `mesh/v1alpha1/config.proto`, `OutboundTrafficPolicy.Mode`: by name,
+/// or by number as protobuf's JSON mapping allows); `None` for a null
+/// mode, which leaves Istio's default (`ALLOW_ANY`, istio
+/// `pkg/config/mesh/mesh.go` `DefaultMeshConfig`) in place, as Istio's
+/// merge over its defaults does. `ALLOW_ANY_DYNAMIC_DNS` lets unknown
+/// destinations through as `ALLOW_ANY` does: a node proxy connects to the
+/// address the application dialled, which needs no DNS.
+fn outbound_mode(
+    mode: &serde_yaml_ng::Value,
+    origin: &str,
+) -> Result<Option<OutboundTrafficPolicy>, ProxyConfigError> {
+    use serde_yaml_ng::Value;
+    let policy = match mode {
+        Value::Null => return Ok(None),
+        Value::String(name) => match name.as_str() {
+            "ALLOW_ANY" | "ALLOW_ANY_DYNAMIC_DNS" => Some(OutboundTrafficPolicy::AllowAny),
+            "REGISTRY_ONLY" => Some(OutboundTrafficPolicy::RegistryOnly),
+            _ => None,
+        },
+        Value::Number(number) => match number.as_u64() {
+            Some(1 | 3) => Some(OutboundTrafficPolicy::AllowAny),
+            Some(0) => Some(OutboundTrafficPolicy::RegistryOnly),
+            _ => None,
+        },
+        _ => None,
+    };
+    policy.map(Some).ok_or_else(|| ProxyConfigError::Field {
+        origin: origin.to_owned(),
+        field: "outboundTrafficPolicy.mode",
+        value: match mode {
+            Value::String(name) => name.clone(),
+            other => serde_yaml_ng::to_string(other)
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+        },
+        reason: "not a mode Istio defines; give ALLOW_ANY or REGISTRY_ONLY",
+    })
 }
 
 /// A mesh config file or `PROXY_CONFIG` the agent cannot use: the message
@@ -125,13 +249,15 @@ pub enum ProxyConfigError {
 impl ProxyConfigArgs {
     /// The mesh config file's `defaultConfig` with `PROXY_CONFIG` over it,
     /// then the `ISTIO_META_*` variables of `env` over its metadata
-    /// (ztunnel `construct_proxy_config`).
-    pub fn load(&self, env: &[(String, String)]) -> Result<ProxyConfig, ProxyConfigError> {
+    /// (ztunnel `construct_proxy_config`); and the outbound traffic
+    /// policy, the flag's over the file's.
+    pub fn load(&self, env: &[(String, String)]) -> Result<Loaded, ProxyConfigError> {
         let (path, explicit) = match &self.mesh_config {
             Some(path) => (path.as_path(), true),
             None => (Path::new(DEFAULT_MESH_CONFIG), false),
         };
-        let file = read_mesh_config(path, explicit)?;
+        let mesh = read_mesh_config(path, explicit)?.unwrap_or_default();
+        let file = mesh.default_config;
         let variable = match self.proxy_config.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(text) => Some(ProxyConfig::parse(text, "PROXY_CONFIG".to_owned())?),
@@ -143,13 +269,20 @@ impl ProxyConfigArgs {
         merged
             .proxy_metadata
             .extend(NodeIdentity::extra_from(env.iter().cloned()));
-        Ok(merged)
+        Ok(Loaded {
+            proxy: merged,
+            outbound_traffic_policy: self
+                .outbound_traffic_policy
+                .map(OutboundTrafficPolicy::from)
+                .or(mesh.outbound_traffic_policy)
+                .unwrap_or_default(),
+        })
     }
 }
 
-/// The `defaultConfig` of the mesh config at `path`; a missing file is
+/// What the agent reads of the mesh config at `path`; a missing file is
 /// none unless it was named explicitly.
-fn read_mesh_config(path: &Path, explicit: bool) -> Result<Option<ProxyConfig>, ProxyConfigError> {
+fn read_mesh_config(path: &Path, explicit: bool) -> Result<Option<MeshFile>, ProxyConfigError> {
     let (bytes, more) = match dataplane_core::fs::read_at_most(path, MAX_MESH_CONFIG) {
         Ok(read) => read,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(None),
@@ -177,9 +310,7 @@ fn read_mesh_config(path: &Path, explicit: bool) -> Result<Option<ProxyConfig>, 
             origin: origin(),
             source,
         })?;
-    mesh.default_config
-        .map(|config| config.normalized(origin()))
-        .transpose()
+    MeshFile::from_config(mesh, origin()).map(Some)
 }
 
 impl ProxyConfig {

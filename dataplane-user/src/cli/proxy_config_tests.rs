@@ -344,3 +344,102 @@ fn malformed_input_names_its_source_and_field() {
         }
     }
 }
+
+/// The outbound traffic policy `flags` resolve to (istiod's address
+/// given, for files without one).
+fn outbound(flags: &[&str]) -> OutboundTrafficPolicy {
+    let flags = [flags, &["--istiod-address", "istiod.test.svc:15012"]].concat();
+    resolve(&flags, Vec::new())
+        .unwrap()
+        .mesh
+        .outbound_traffic_policy
+}
+
+#[test]
+fn the_outbound_traffic_policy_is_the_flags_else_the_mesh_configs_else_allow_any() {
+    use OutboundTrafficPolicy::{AllowAny, RegistryOnly};
+    let files = Files::new("outbound");
+    // Istio's default (`DefaultMeshConfig`): no policy, an empty one, or
+    // a null mode.
+    for (name, text) in [
+        ("none", MESH_CONFIG),
+        ("empty", "outboundTrafficPolicy: {}\n"),
+        ("null", "outboundTrafficPolicy:\n  mode: null\n"),
+    ] {
+        let mesh = files.file(name, text);
+        assert_eq!(outbound(&["--mesh-config", &mesh]), AllowAny, "{text}");
+    }
+    let empty = files.file("blank", "");
+    assert_eq!(outbound(&["--mesh-config", &empty]), AllowAny);
+    // By name and by protobuf number (REGISTRY_ONLY = 0, ALLOW_ANY = 1,
+    // ALLOW_ANY_DYNAMIC_DNS = 3); the last lets unknown destinations through.
+    for (mode, expected) in [
+        ("REGISTRY_ONLY", RegistryOnly),
+        ("ALLOW_ANY", AllowAny),
+        ("ALLOW_ANY_DYNAMIC_DNS", AllowAny),
+        ("0", RegistryOnly),
+        ("1", AllowAny),
+        ("3", AllowAny),
+    ] {
+        let text = format!("{MESH_CONFIG}outboundTrafficPolicy:\n  mode: {mode}\n");
+        let mesh = files.file(&format!("mode-{mode}"), &text);
+        let config = resolve(&["--mesh-config", &mesh], Vec::new()).unwrap();
+        assert_eq!(config.mesh.outbound_traffic_policy, expected, "{mode}");
+        // The rest of the file is still read.
+        assert_eq!(knobs(&config).0, "istiod.istio-system.svc:15012");
+    }
+    // The flag wins over the file, either way.
+    let registry_only = files.file("ro", "outboundTrafficPolicy:\n  mode: REGISTRY_ONLY\n");
+    let allow_any = files.file("aa", "outboundTrafficPolicy:\n  mode: ALLOW_ANY\n");
+    for (mesh, flag, expected) in [
+        (&registry_only, "allow-any", AllowAny),
+        (&allow_any, "registry-only", RegistryOnly),
+        (&empty, "registry-only", RegistryOnly),
+    ] {
+        assert_eq!(
+            outbound(&["--mesh-config", mesh, "--outbound-traffic-policy", flag]),
+            expected,
+            "{mesh} {flag}"
+        );
+    }
+}
+
+#[test]
+fn an_unknown_outbound_traffic_mode_names_the_file_and_the_field() {
+    let files = Files::new("outbound-bad");
+    for mode in ["BLOCK", "registry_only", "2", "[ALLOW_ANY]"] {
+        let mesh = files.file("mesh", &format!("outboundTrafficPolicy:\n  mode: {mode}\n"));
+        let message = resolve(&["--mesh-config", &mesh], Vec::new())
+            .unwrap_err()
+            .to_string();
+        for name in [
+            format!("mesh config {mesh}"),
+            "outboundTrafficPolicy.mode".to_owned(),
+            "REGISTRY_ONLY".to_owned(),
+        ] {
+            assert!(message.contains(&name), "{mode}: {message}");
+        }
+        // The flag overrides the field but does not excuse a bad file.
+        assert!(
+            resolve(
+                &[
+                    "--mesh-config",
+                    &mesh,
+                    "--outbound-traffic-policy",
+                    "allow-any"
+                ],
+                Vec::new()
+            )
+            .is_err()
+        );
+    }
+    // A mode clap does not know is refused by the parser, naming the flag.
+    let argv = [
+        &["dataplane", "run"],
+        &XDS[..],
+        &["--outbound-traffic-policy", "block"],
+    ]
+    .concat();
+    let message = Cli::try_parse_from(&argv).unwrap_err().to_string();
+    assert!(message.contains("--outbound-traffic-policy"), "{message}");
+}

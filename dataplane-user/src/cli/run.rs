@@ -114,7 +114,8 @@ impl RunArgs {
         // The proxy config gives defaults the flags override, as ztunnel's
         // explicit environment overrides it (`src/config.rs`
         // `construct_config`: `XDS_ADDRESS` over `discovery_address`).
-        let proxy = self.proxy_config.load(&env)?;
+        let loaded = self.proxy_config.load(&env)?;
+        let proxy = loaded.proxy;
         if self.istio.istiod_address.is_none() {
             self.istio.istiod_address = proxy.discovery_address.clone();
         }
@@ -259,6 +260,7 @@ impl RunArgs {
                 max_pending_handshakes_per_source: self.max_pending_handshakes_per_source,
                 tls,
                 crl_path,
+                outbound_traffic_policy: loaded.outbound_traffic_policy,
             },
             workers: WorkersConfig {
                 threading: self.threading.into(),

@@ -37,6 +37,12 @@ pub enum ResponseFlags {
     /// `CERT_REVOKED`: a peer certificate was revoked by a CRL. Not set:
     /// certificate revocation lists are not read yet.
     CertRevoked,
+    /// `REGISTRY_ONLY`: ours, not ztunnel's (which has no such mode): the
+    /// destination is not in the mesh's registry and the mesh's outbound
+    /// traffic policy is `REGISTRY_ONLY`. None of ztunnel's flags says
+    /// this: `DENY` reads as an authorization policy, `CONNECT` as an
+    /// unreachable destination, though nothing was dialled.
+    RegistryOnly,
 }
 
 impl ResponseFlags {
@@ -51,6 +57,7 @@ impl ResponseFlags {
             Self::NetworkPolicy => "NETWORK_POLICY",
             Self::IdentityError => "IDENTITY_ERROR",
             Self::CertRevoked => "CERT_REVOKED",
+            Self::RegistryOnly => "REGISTRY_ONLY",
         }
     }
 
@@ -101,6 +108,9 @@ pub enum FailReason {
     ClientFailed,
     /// The pod this agent serves is unknown to the control plane.
     UnknownWorkload,
+    /// The destination is not in the mesh's registry and the outbound
+    /// traffic policy is `REGISTRY_ONLY`.
+    RegistryOnly,
     /// Anything else (a socket could not be created, ...).
     Internal,
 }
@@ -128,6 +138,9 @@ impl FailReason {
             Self::TunnelTimeout => ResponseFlags::NetworkPolicy,
             Self::TunnelHttp2 => ResponseFlags::Http2HandshakeFailure,
             Self::TlsHandshake => ResponseFlags::TlsFailure,
+            // Counted in Istio's families, as a sidecar's BlackHoleCluster
+            // connections are, so dashboards show the refused egress.
+            Self::RegistryOnly => ResponseFlags::RegistryOnly,
             Self::NoOriginalDestination
             | Self::EnginePort
             | Self::UnknownWorkload
@@ -155,6 +168,7 @@ impl FailReason {
             Self::AppUnreachable => "app_unreachable",
             Self::ClientFailed => "client_failed",
             Self::UnknownWorkload => "unknown_workload",
+            Self::RegistryOnly => "registry_only",
             Self::Internal => "internal",
         }
     }

@@ -18,7 +18,9 @@ use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{Instrument, info_span, warn};
 
-pub use plan::{Action, EndpointChoice, Hop, OutboundPlan, ResolveHop, TunnelHop, plan};
+pub use plan::{
+    Action, EndpointChoice, Hop, OutboundPlan, OutboundTrafficPolicy, ResolveHop, TunnelHop, plan,
+};
 
 use super::{PodContext, connect_direct, finish, orig_dst::OrigDst, reap, refuse};
 use crate::{
@@ -153,7 +155,8 @@ async fn decide(
                 dead: &ctx.mesh.dead,
                 ctx,
             };
-            let plan = plan(&state, &ctx.spiffe, src.ip(), dst, &choice);
+            let policy = ctx.mesh.outbound_traffic_policy;
+            let plan = plan(&state, &ctx.spiffe, src.ip(), dst, &choice, policy);
             if let Some(fast) = ctx.mesh.fast_path.get() {
                 fast.consider(ctx, &state, src, &plan);
             }

@@ -17,7 +17,9 @@
 //!   of it for this client, the connection is one it left to the proxy,
 //!   which then takes turns among the others;
 //! - refused: a capture port of the engine (dialling it would loop), a
-//!   service without endpoints.
+//!   service without endpoints, and, under
+//!   [`OutboundTrafficPolicy::RegistryOnly`], an address the mesh does not
+//!   know.
 //!
 //! Excluded ports and CIDRs never reach the proxy: the kernel programs let
 //! such connections through uncaptured (and the iptables baseline's rules
@@ -57,6 +59,26 @@ pub trait EndpointChoice {
         let _ = vip;
         None
     }
+}
+
+/// What happens to a connection to an address the mesh does not know (no
+/// workload, service or ServiceEntry has it): Istio's MeshConfig
+/// `outboundTrafficPolicy.mode` (istio/api `mesh/v1alpha1/config.proto`,
+/// `OutboundTrafficPolicy.Mode`; default `ALLOW_ANY`, istio
+/// `pkg/config/mesh/mesh.go` `DefaultMeshConfig`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutboundTrafficPolicy {
+    /// `ALLOW_ANY`: it goes straight to its destination from the pod (what
+    /// ztunnel always does, and sidecars' `PassthroughCluster`).
+    #[default]
+    AllowAny,
+    /// `REGISTRY_ONLY`: it is refused with a reset, as a sidecar sends
+    /// such traffic to its `BlackHoleCluster` (istio
+    /// `pilot/pkg/networking/core/listener_builder.go`
+    /// `buildOutboundCatchAllNetworkFilterChains`); ztunnel has no such
+    /// mode (istio/istio#54281).
+    RegistryOnly,
 }
 
 /// What to do with one outbound connection.
@@ -173,13 +195,15 @@ impl Hop {
 }
 
 /// Decides what a connection from the pod with identity `source` and
-/// address `src` to the original destination `dst` does under `state`.
+/// address `src` to the original destination `dst` does under `state`;
+/// `policy` decides for an address the mesh does not know.
 pub fn plan(
     state: &MeshState,
     source: &Identity,
     src: IpAddr,
     dst: SocketAddr,
     choice: &impl EndpointChoice,
+    policy: OutboundTrafficPolicy,
 ) -> OutboundPlan {
     let dst = canonical(dst);
     let outcome = |service, action| OutboundPlan {
@@ -264,10 +288,23 @@ pub fn plan(
             }
             _ => Action::Hop(hop(source, workload, dst, &Arc::default())),
         },
-        None => Action::Hop(Hop::Direct {
-            dst,
-            workload: None,
-        }),
+        // Neither a VIP visible to the source (services and ServiceEntries,
+        // those resolved by DNS included: their VIPs are in the registry)
+        // nor a workload's address: outside the mesh's registry.
+        None => match policy {
+            OutboundTrafficPolicy::AllowAny => Action::Hop(Hop::Direct {
+                dst,
+                workload: None,
+            }),
+            OutboundTrafficPolicy::RegistryOnly => Action::Refuse {
+                reason: FailReason::RegistryOnly,
+                detail: format!(
+                    "{} is no workload, service or ServiceEntry address of the mesh \
+                     and the outbound traffic policy is REGISTRY_ONLY",
+                    dst.ip()
+                ),
+            },
+        },
     };
     outcome(None, action)
 }

@@ -15,6 +15,25 @@ use std::{
 use super::*;
 use crate::config::LocalConfig;
 
+/// [`super::plan`] under the default policy, `ALLOW_ANY`, which every
+/// row but the registry-only ones plans under.
+fn plan(
+    state: &MeshState,
+    source: &Identity,
+    src: IpAddr,
+    dst: SocketAddr,
+    choice: &impl EndpointChoice,
+) -> OutboundPlan {
+    super::plan(
+        state,
+        source,
+        src,
+        dst,
+        choice,
+        OutboundTrafficPolicy::AllowAny,
+    )
+}
+
 /// Three HBONE workloads behind one VIP (two on one node, one on
 /// another), a plain-TCP workload, a dual-stack workload, a service
 /// without endpoints, and a ServiceEntry's whose endpoint has a DNS name
@@ -221,6 +240,82 @@ fn outbound_plans() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Under `REGISTRY_ONLY` every address the mesh knows plans as under
+/// `ALLOW_ANY` (workloads, plain-TCP ones, services, a ServiceEntry whose
+/// endpoint is a DNS name); only an address it does not know, or a
+/// service the source may not see, is refused instead of passed through.
+#[test]
+fn registry_only_refuses_only_what_the_mesh_does_not_know() {
+    let state = MeshState::from_config(&LocalConfig::parse(MESH, "plan").unwrap()).unwrap();
+    let source = Identity::new("cluster.local", "front", "web").unwrap();
+    let choice = Fixed {
+        dead: HashSet::new(),
+        start: 0,
+    };
+    let under = |policy, dst: &str| {
+        describe(&super::plan(
+            &state,
+            &source,
+            CLIENT,
+            dst.parse().unwrap(),
+            &choice,
+            policy,
+        ))
+    };
+    let known = [
+        "10.1.0.11:9000",
+        "10.1.0.20:5432",
+        "10.96.0.10:80",
+        "[fd00:96::10]:80",
+        "240.240.0.1:443",
+        "10.96.0.11:80",
+        "[::ffff:10.1.0.30]:8080",
+        "10.1.0.11:15001",
+    ];
+    for dst in known {
+        assert_eq!(
+            under(OutboundTrafficPolicy::RegistryOnly, dst),
+            under(OutboundTrafficPolicy::AllowAny, dst),
+            "{dst}"
+        );
+    }
+    #[rustfmt::skip]
+    let unknown = [
+        ("192.0.2.7:443", "192.0.2.7"),
+        ("[::ffff:192.0.2.7]:443", "192.0.2.7"),
+        ("[2001:db8::1]:443", "2001:db8::1"),
+        // `private` is visible to its namespace only: no service to `front`.
+        ("10.96.0.12:80", "10.96.0.12"),
+    ];
+    for (dst, ip) in unknown {
+        assert_eq!(
+            under(OutboundTrafficPolicy::RegistryOnly, dst),
+            format!(
+                "refuse registry_only: {ip} is no workload, service or ServiceEntry address \
+                 of the mesh and the outbound traffic policy is REGISTRY_ONLY"
+            ),
+            "{dst}"
+        );
+    }
+    // A service routed as passthrough (a ServiceEntry with resolution
+    // NONE) is in the registry: dialled as addressed.
+    let locality =
+        MeshState::from_config(&LocalConfig::parse(LOCALITY, "locality").unwrap()).unwrap();
+    let through = super::plan(
+        &locality,
+        &source,
+        CLIENT,
+        "10.96.1.4:80".parse().unwrap(),
+        &choice,
+        OutboundTrafficPolicy::RegistryOnly,
+    );
+    assert_eq!(describe(&through), "[shop/through] direct 10.96.1.4:80");
+    assert_eq!(
+        FailReason::RegistryOnly.response_flags().as_str(),
+        "REGISTRY_ONLY"
+    );
 }
 
 /// A service only its namespace may see (`exportTo: ["."]`) is no
