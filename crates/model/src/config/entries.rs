@@ -87,37 +87,28 @@ pub enum DropKey {
 /// Notes on what was left out, by entry, in the order they are shown.
 pub type Dropped = imbl::OrdMap<DropKey, Arc<[String]>>;
 
-/// A persistent hash map with foldhash: the keys come from the operator's
-/// file and istiod, not from strangers, and every connection and every
-/// push hashes them (SipHash was a fifth of a push's CPU at 10k workloads).
-pub type PMap<K, V> =
-    imbl::GenericHashMap<K, V, foldhash::fast::RandomState, imbl::shared_ptr::DefaultSharedPtr>;
-
-/// A new empty [`PMap`].
-pub fn pmap<K, V>() -> PMap<K, V>
-where
-    K: std::hash::Hash + Eq + Clone,
-    V: Clone,
-{
-    PMap::with_hasher(foldhash::fast::RandomState::default())
-}
-
 /// Several entries under one lookup key (a hostname two services share, a
-/// service's endpoints), ordered by [`EntryKey`]; a lookup that wants one
+/// service's endpoints), ordered by [`EntryKey`]. The keys are in a
+/// B-tree, not a hash trie: imbl's trie allocates every node at its full
+/// 32 slots, which at 5k services took about 1 KB a service, and its
+/// shape (so its memory) changed from run to run with the hash seed; a
+/// lookup costs some 40 ns more (`benches/hot_paths.rs`). a lookup that wants one
 /// takes the last (the entry that came last in the merged configuration,
 /// as when the state was a list built in that order).
 #[derive(Debug, Clone)]
-pub struct Multi<K: std::hash::Hash + Eq + Clone, V: Clone> {
-    map: PMap<K, Values<V>>,
+pub struct Multi<K: Ord + Clone, V: Clone> {
+    map: imbl::OrdMap<K, Values<V>>,
 }
 
-impl<K: std::hash::Hash + Eq + Clone, V: Clone> Default for Multi<K, V> {
+impl<K: Ord + Clone, V: Clone> Default for Multi<K, V> {
     fn default() -> Self {
-        Self { map: pmap() }
+        Self {
+            map: imbl::OrdMap::new(),
+        }
     }
 }
 
-impl<K: std::hash::Hash + Eq + Clone, V: Clone> Multi<K, V> {
+impl<K: Ord + Clone, V: Clone> Multi<K, V> {
     /// Adds (or replaces) `entry`'s value under `key`.
     pub fn insert(&mut self, key: K, entry: EntryKey, value: V) {
         match self.map.get_mut(&key) {
@@ -132,7 +123,7 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Multi<K, V> {
     pub fn remove<Q>(&mut self, key: &Q, entry: &EntryKey)
     where
         K: std::borrow::Borrow<Q>,
-        Q: std::hash::Hash + Eq + ?Sized,
+        Q: Ord + ?Sized,
     {
         let Some(values) = self.map.get_mut(key) else {
             return;
@@ -147,7 +138,7 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Multi<K, V> {
     pub fn all<Q>(&self, key: &Q) -> Option<&Values<V>>
     where
         K: std::borrow::Borrow<Q>,
-        Q: std::hash::Hash + Eq + ?Sized,
+        Q: Ord + ?Sized,
     {
         self.map.get(key)
     }
@@ -166,7 +157,7 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Multi<K, V> {
     pub fn last<Q>(&self, key: &Q) -> Option<&V>
     where
         K: std::borrow::Borrow<Q>,
-        Q: std::hash::Hash + Eq + ?Sized,
+        Q: Ord + ?Sized,
     {
         self.map.get(key)?.last()
     }
