@@ -113,9 +113,10 @@ impl ServiceEntry {
         port: u16,
         start: usize,
         source: Option<&MeshWorkload>,
+        local_network: &str,
         is_dead: impl Fn(IpAddr) -> bool,
     ) -> Vec<Endpoint> {
-        let mut ordered = self.ranked(port, start, source);
+        let mut ordered = self.ranked(port, start, source, local_network);
         // Stable: live ones first, then the best locality, keeping the
         // rotation order among equals.
         ordered.sort_by_key(|(rank, e)| (e.dead(&is_dead), std::cmp::Reverse(*rank)));
@@ -132,12 +133,13 @@ impl ServiceEntry {
         &self,
         port: u16,
         source: Option<&MeshWorkload>,
+        local_network: &str,
         is_dead: impl Fn(IpAddr) -> bool,
     ) -> Option<Vec<Endpoint>> {
         if self.endpoints.sums().is_some() {
             return None;
         }
-        let ranked = self.ranked(port, 0, source);
+        let ranked = self.ranked(port, 0, source, local_network);
         let first = ranked.first()?.0;
         ranked
             .into_iter()
@@ -149,16 +151,21 @@ impl ServiceEntry {
 
     /// The endpoints for `port` with their locality rank for `source`,
     /// rotated to begin at `start`; `strict` routing drops the ones that
-    /// do not share every preference.
+    /// do not share every preference, and none on a network the client
+    /// cannot reach is kept (see [`on_reachable_network`]). The client's
+    /// network is its workload's, else `local_network` (the node's,
+    /// `--network`).
     fn ranked(
         &self,
         port: u16,
         start: usize,
         source: Option<&MeshWorkload>,
+        local_network: &str,
     ) -> Vec<(usize, Endpoint)> {
         if self.endpoints.is_empty() {
             return Vec::new();
         }
+        let network = source.map_or(local_network, |s| &*s.workload.network);
         let key = self.service.key();
         let routing = &self.service.routing;
         let wanted = routing.preferences.len();
@@ -184,6 +191,9 @@ impl ServiceEntry {
                     .and_then(|ports| ports.target(port))
                     .or_else(|| self.service.ports.get(&port).copied().filter(|p| *p != 0))
                     .unwrap_or(port);
+                if !on_reachable_network(&workload.workload, network) {
+                    return None;
+                }
                 // ztunnel `load_balance`: an endpoint needs an IP or a
                 // hostname.
                 let addr = match workload.workload.workload_ips.first() {
@@ -562,6 +572,23 @@ impl DeadEndpoints {
             .map(|until| until.get(&ip).is_some_and(|t| *t > Instant::now()))
             .unwrap_or(false)
     }
+}
+
+/// Whether a client on `network` can reach `workload` itself: only on
+/// its own network.
+///
+/// ztunnel `src/state.rs` `load_balance` drops an endpoint without an
+/// address unless it is on another network and has a network gateway
+/// (istiod sends a workload's gateway to every client, so a same-network
+/// one must never use it); an endpoint on another network it does pick is
+/// reached through its gateway by double HBONE, and refused without one
+/// (`src/proxy/outbound.rs` `build_request_through_gateway`:
+/// `NoValidDestination`). This agent does not tunnel through gateways, so
+/// every endpoint on another network is left out, gateway or not: a
+/// connection goes to the reachable endpoints rather than failing on an
+/// unreachable one (where ztunnel, picking one by weight, refuses it).
+pub fn on_reachable_network(workload: &crate::config::Workload, network: &str) -> bool {
+    *workload.network == *network
 }
 
 /// How many of `preferences`, in order, `endpoint` shares with `source`

@@ -98,6 +98,10 @@ impl EndpointChoice for Live<'_> {
         let fast = self.ctx.mesh.fast_path.get()?;
         fast.taken_by_kernel(self.ctx.netns_cookie, vip)
     }
+
+    fn network(&self) -> &str {
+        &self.ctx.mesh.network
+    }
 }
 
 /// How an outbound connection goes once its way is open: what the

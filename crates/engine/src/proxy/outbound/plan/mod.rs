@@ -34,7 +34,7 @@ use crate::{
     addr::{canonical, is_capture_port},
     config::{RoutingMode, Waypoint},
     identity::Identity,
-    state::{Endpoint, EndpointAddr, MeshState, MeshWorkload, ServiceEntry},
+    state::{Endpoint, EndpointAddr, MeshState, MeshWorkload, ServiceEntry, on_reachable_network},
     telemetry::{FailReason, ServiceRef},
 };
 
@@ -56,6 +56,11 @@ pub trait EndpointChoice {
     fn taken_by_kernel(&self, vip: SocketAddr) -> Option<Arc<[IpAddr]>> {
         let _ = vip;
         None
+    }
+    /// The node's network (`--network`): the client's when the mesh does
+    /// not know its workload.
+    fn network(&self) -> &str {
+        ""
     }
 }
 
@@ -232,7 +237,9 @@ pub fn plan(
         let start = choice.start(entry);
         let endpoints = match choice.taken_by_kernel(dst) {
             Some(taken) => others_first(entry, dst.port(), start, client, choice, &taken),
-            None => entry.candidates(dst.port(), start, client, |ip| choice.is_dead(ip)),
+            None => entry.candidates(dst.port(), start, client, choice.network(), |ip| {
+                choice.is_dead(ip)
+            }),
         };
         if endpoints.is_empty() {
             let action = Action::Refuse {
@@ -256,7 +263,19 @@ pub fn plan(
             .collect();
         return outcome(service, Action::Failover(hops));
     }
-    let action = match state.workloads.by_ip(dst.ip()) {
+    // ztunnel looks a pod address up on the client's network
+    // (`src/proxy/outbound.rs` `build_request`: `fetch_upstream` with the
+    // source workload's network): a pod of another network is no pod to
+    // it, and the connection goes out as dialled.
+    let network = state
+        .workloads
+        .by_ip(src)
+        .map_or(choice.network(), |client| &*client.workload.network);
+    let known = state
+        .workloads
+        .by_ip(dst.ip())
+        .filter(|w| on_reachable_network(&w.workload, network));
+    let action = match known {
         Some(workload) => match &workload.workload.waypoint {
             Some(waypoint) if !state.is_waypoint_peer(waypoint, source) => {
                 let what = format!("workload {}", workload.workload.uid);
@@ -288,7 +307,7 @@ fn others_first(
     // (rotating all of them first would favour whichever follows a run of
     // taken ones).
     let (mut others, kernels): (Vec<_>, Vec<_>) = entry
-        .candidates(port, 0, client, |ip| choice.is_dead(ip))
+        .candidates(port, 0, client, choice.network(), |ip| choice.is_dead(ip))
         .into_iter()
         .partition(|e| !e.addr.ip().is_some_and(|ip| taken.contains(&ip)));
     let live = others
@@ -370,5 +389,7 @@ fn hop(
     })
 }
 
+#[cfg(test)]
+mod network_tests;
 #[cfg(test)]
 mod tests;
