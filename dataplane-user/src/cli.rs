@@ -333,9 +333,9 @@ pub struct RunArgs {
     pub ipv6_enabled: bool,
     /// The network this node's pods are on (ztunnel's `NETWORK`, read
     /// under that name as Istio's chart sets it). A service endpoint on
-    /// another network is not chosen: this agent does not reach other
-    /// networks through their east-west gateways. Pods the mesh knows go
-    /// by their workload's own network; this one is for the others.
+    /// another network is reached through its network gateway (double
+    /// HBONE), or not at all without one. Pods the mesh knows go by their
+    /// workload's own network; this one is for the others.
     /// [default: empty, the default network]
     #[arg(long, env = "NETWORK", default_value = "")]
     pub network: String,

@@ -45,62 +45,86 @@ fn state() -> MeshState {
 }
 
 /// The uids of the endpoints a client (`source`, else one on
-/// `local_network`) may be sent to at `vip`:80, in order.
+/// `local_network`) may be sent to at `vip`:80, in order, `via <gateway>`
+/// after those reached through their network gateway.
 fn chosen(state: &MeshState, vip: &str, source: Option<&str>, local_network: &str) -> Vec<String> {
     let entry = state.services.by_vip(vip.parse().unwrap()).unwrap();
     let source = source.map(|ip| state.workloads.by_ip(ip.parse().unwrap()).unwrap());
     entry
         .candidates(80, 0, source.map(Arc::as_ref), local_network, |_| false)
         .into_iter()
-        .map(|e| e.workload.workload.uid.clone())
+        .map(|e| match e.addr {
+            EndpointAddr::Gateway(gateway) => format!(
+                "{} via {}:{}",
+                e.workload.workload.uid,
+                gateway.address.map(|a| a.to_string()).unwrap_or_default(),
+                gateway.hbone_port
+            ),
+            _ => e.workload.workload.uid.clone(),
+        })
         .collect()
 }
 
 #[test]
-fn only_the_clients_own_network_is_chosen() {
+fn the_clients_network_directly_another_only_through_a_gateway() {
     let state = state();
     // `wrong` is ztunnel's `build_request_wrong_network` (it picks it and
-    // refuses the connection); `lost` and `odd` are dropped by its
-    // `load_balance`; `behind` needs double HBONE, which we do not do.
-    assert_eq!(chosen(&state, "127.0.0.3", Some("127.0.0.1"), ""), ["here"]);
-    assert_eq!(chosen(&state, "127.0.0.3", None, ""), ["here"]);
+    // refuses the connection: we leave it out); `lost` and `odd` are
+    // dropped by its `load_balance`; `behind` is its
+    // `build_request_double_hbone`: through the gateway.
+    let expected = ["here", "behind via 10.22.1.1:15009"];
+    assert_eq!(chosen(&state, "127.0.0.3", Some("127.0.0.1"), ""), expected);
+    assert_eq!(chosen(&state, "127.0.0.3", None, ""), expected);
 }
 
 #[test]
-fn a_service_only_on_another_network_has_no_endpoint_for_us() {
+fn a_service_only_on_another_network_is_reached_through_gateways_alone() {
     let state = state();
     assert!(chosen(&state, "127.0.0.4", Some("127.0.0.1"), "").is_empty());
-    assert!(chosen(&state, "127.0.0.5", Some("127.0.0.1"), "").is_empty());
+    assert_eq!(
+        chosen(&state, "127.0.0.5", Some("127.0.0.1"), ""),
+        ["behind via 10.22.1.1:15009"]
+    );
 }
 
 #[test]
 fn the_network_compared_is_the_clients_workloads_then_the_nodes() {
     let state = state();
     // A client the mesh does not know is on the node's network: on
-    // `remote`, the endpoint there with an address is its own.
+    // `remote`, the endpoint there with an address is its own, `behind`
+    // (no address) is dropped, `here` has no gateway, and `odd` is on
+    // another network now, behind a gateway.
     assert_eq!(chosen(&state, "127.0.0.4", None, "remote"), ["wrong"]);
-    assert!(chosen(&state, "127.0.0.3", None, "remote").contains(&"wrong".to_owned()));
-    assert!(!chosen(&state, "127.0.0.3", None, "remote").contains(&"here".to_owned()));
+    assert_eq!(
+        chosen(&state, "127.0.0.3", None, "remote"),
+        ["wrong", "odd via 10.22.1.1:15009"]
+    );
     // A known client goes by its workload's network whatever the node's.
     assert_eq!(
         chosen(&state, "127.0.0.3", Some("127.0.0.1"), "remote"),
-        ["here"]
+        ["here", "behind via 10.22.1.1:15009"]
     );
 }
 
 #[test]
-fn network_failover_keeps_to_the_reachable_network() {
+fn network_failover_goes_through_the_gateway_when_nothing_here_is_left() {
     // ztunnel `build_request_failover_to_remote`: with the local endpoint
-    // healthy the connection stays here; with it gone, ztunnel goes
-    // through `behind`'s gateway, which we cannot: nothing is chosen.
+    // healthy the connection stays here (the remote one comes after, for
+    // failover); with it gone, through `behind`'s gateway.
     let state = state();
-    assert_eq!(chosen(&state, "127.0.0.6", Some("127.0.0.1"), ""), ["here"]);
+    assert_eq!(
+        chosen(&state, "127.0.0.6", Some("127.0.0.1"), ""),
+        ["here", "behind via 10.22.1.1:15009"]
+    );
     let text = MESH.replace(
         "{uid: here, name: here, namespace: default,",
         "{uid: here, name: here, namespace: default, status: Unhealthy,",
     );
     let sick = MeshState::from_config(&LocalConfig::parse(&text, "sick").unwrap()).unwrap();
-    assert!(chosen(&sick, "127.0.0.6", Some("127.0.0.1"), "").is_empty());
+    assert_eq!(
+        chosen(&sick, "127.0.0.6", Some("127.0.0.1"), ""),
+        ["behind via 10.22.1.1:15009"]
+    );
 }
 
 #[test]

@@ -15,7 +15,9 @@ use ipnet::IpNet;
 
 use super::{EndpointSet, EntryKey, MeshWorkload, Multi, ServiceRef, Values};
 use crate::{
-    config::{HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, WorkloadStatus},
+    config::{
+        HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, Waypoint, WorkloadStatus,
+    },
     identity::Identity,
 };
 
@@ -55,6 +57,10 @@ pub enum EndpointAddr {
     /// with `resolution: DNS`), resolved when the connection is made, and
     /// the target port.
     Hostname(Arc<str>, u16),
+    /// A workload on another network than the client's, reached by double
+    /// HBONE through this network gateway of its (ztunnel
+    /// `src/proxy/outbound.rs` `build_request_through_gateway`).
+    Gateway(Box<Waypoint>),
 }
 
 impl EndpointAddr {
@@ -62,7 +68,7 @@ impl EndpointAddr {
     pub fn ip(&self) -> Option<IpAddr> {
         match self {
             Self::Ip(addr) => Some(addr.ip()),
-            Self::Hostname(..) => None,
+            Self::Hostname(..) | Self::Gateway(_) => None,
         }
     }
 }
@@ -191,17 +197,19 @@ impl ServiceEntry {
                     .and_then(|ports| ports.target(port))
                     .or_else(|| self.service.ports.get(&port).copied().filter(|p| *p != 0))
                     .unwrap_or(port);
-                if !on_reachable_network(&workload.workload, network) {
-                    return None;
-                }
                 // ztunnel `load_balance`: an endpoint needs an IP or a
-                // hostname.
-                let addr = match workload.workload.workload_ips.first() {
-                    Some(ip) => EndpointAddr::Ip(SocketAddr::new(*ip, target)),
-                    None if !workload.workload.hostname.is_empty() => {
-                        EndpointAddr::Hostname(Arc::clone(&workload.workload.hostname), target)
+                // hostname, or, on another network, a gateway (through
+                // which it goes whatever its addresses: `build_request`).
+                let addr = if on_reachable_network(&workload.workload, network) {
+                    match workload.workload.workload_ips.first() {
+                        Some(ip) => EndpointAddr::Ip(SocketAddr::new(*ip, target)),
+                        None if !workload.workload.hostname.is_empty() => {
+                            EndpointAddr::Hostname(Arc::clone(&workload.workload.hostname), target)
+                        }
+                        None => return None,
                     }
-                    None => return None,
+                } else {
+                    EndpointAddr::Gateway(workload.workload.network_gateway.clone()?)
                 };
                 let endpoint = Endpoint {
                     workload: Arc::clone(workload),
@@ -574,19 +582,19 @@ impl DeadEndpoints {
     }
 }
 
-/// Whether a client on `network` can reach `workload` itself: only on
-/// its own network.
+/// Whether a client on `network` can reach `workload` itself, at its
+/// own address: only on its own network.
 ///
 /// ztunnel `src/state.rs` `load_balance` drops an endpoint without an
 /// address unless it is on another network and has a network gateway
 /// (istiod sends a workload's gateway to every client, so a same-network
-/// one must never use it); an endpoint on another network it does pick is
-/// reached through its gateway by double HBONE, and refused without one
-/// (`src/proxy/outbound.rs` `build_request_through_gateway`:
-/// `NoValidDestination`). This agent does not tunnel through gateways, so
-/// every endpoint on another network is left out, gateway or not: a
-/// connection goes to the reachable endpoints rather than failing on an
-/// unreachable one (where ztunnel, picking one by weight, refuses it).
+/// one must never use it); an endpoint on another network that it picks
+/// is reached through its gateway by double HBONE, and refused without
+/// one (`src/proxy/outbound.rs` `build_request_through_gateway`:
+/// `NoValidDestination`). Here an endpoint on another network without a
+/// gateway is left out instead, so the connection goes to a reachable
+/// endpoint rather than failing on that one. A pod address of another
+/// network is no pod to the client (ztunnel keys addresses by network).
 pub fn on_reachable_network(workload: &crate::config::Workload, network: &str) -> bool {
     *workload.network == *network
 }

@@ -154,6 +154,24 @@ pub struct TunnelHop {
     pub alt_identities: Arc<[Identity]>,
     /// The workload.
     pub workload: Arc<MeshWorkload>,
+    /// Set for a workload on another network: this tunnel (`via`, the
+    /// identities) is the outer one, to the workload's network gateway,
+    /// and carries a second one to the workload (double HBONE).
+    pub through: Option<Arc<Through>>,
+}
+
+/// The inner tunnel of double HBONE, inside the outer one to a network
+/// gateway (ztunnel `src/proxy/outbound.rs` `build_request_through_gateway`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Through {
+    /// The CONNECT authority of both tunnels: the service's hostname and
+    /// the port dialled (ztunnel `HboneAddress::SvcHostname`), which the
+    /// gateway routes by.
+    pub authority: String,
+    /// The identities the inner tunnel's far end may present: the
+    /// service's subjectAltNames alone (ztunnel `final_sans`:
+    /// `upstream.service_sans()`).
+    pub identities: Arc<[Identity]>,
 }
 
 impl Hop {
@@ -248,19 +266,31 @@ pub fn plan(
             };
             return outcome(service, action);
         }
-        let hops = endpoints
+        let hops: Vec<Hop> = endpoints
             .into_iter()
-            .map(|e| match e.addr {
-                EndpointAddr::Ip(addr) => hop(source, &e.workload, addr, &entry.alt_identities),
-                EndpointAddr::Hostname(hostname, port) => Hop::Resolve(ResolveHop {
+            .filter_map(|e| match e.addr {
+                EndpointAddr::Ip(addr) => {
+                    Some(hop(source, &e.workload, addr, &entry.alt_identities))
+                }
+                EndpointAddr::Hostname(hostname, port) => Some(Hop::Resolve(ResolveHop {
                     hostname,
                     port,
                     src_identity: source.clone(),
                     alt_identities: Arc::clone(&entry.alt_identities),
                     workload: e.workload,
-                }),
+                })),
+                EndpointAddr::Gateway(gateway) => {
+                    through_gateway(state, source, (entry, dst), e.workload, &gateway, choice)
+                }
             })
             .collect();
+        if hops.is_empty() {
+            let action = Action::Refuse {
+                reason: FailReason::NoEndpoints,
+                detail: format!("service {key} has no endpoint whose network gateway is known"),
+            };
+            return outcome(service, action);
+        }
         return outcome(service, Action::Failover(hops));
     }
     // ztunnel looks a pod address up on the client's network
@@ -349,6 +379,7 @@ fn via_waypoint(
                         dst_identity: workload.identity.clone(),
                         alt_identities: Arc::clone(&target.alt_identities),
                         workload,
+                        through: None,
                     });
                     (choice.is_dead(via.ip()), hop)
                 })
@@ -364,6 +395,46 @@ fn via_waypoint(
     // Stable: live instances first, keeping the balancing order.
     hops.sort_by_key(|(dead, _)| *dead);
     Action::Failover(hops.into_iter().map(|(_, hop)| hop).collect())
+}
+
+/// The double-HBONE hop to `workload`, on another network, through its
+/// network `gateway` for a connection to `service` at `dst`: the outer
+/// tunnel to one of the gateway's instances (the workload at its address,
+/// or the endpoints of the service it names; live ones first), expecting
+/// its identity or its service's subjectAltNames, on the gateway's HBONE
+/// port (ztunnel `src/state.rs` `fetch_network_gateway`; `upstream_sans`:
+/// `workload_and_services_san`). `None` when the mesh knows no instance
+/// (ztunnel: `UnknownNetworkGateway`).
+fn through_gateway(
+    state: &MeshState,
+    source: &Identity,
+    (service, dst): (&ServiceEntry, SocketAddr),
+    workload: Arc<MeshWorkload>,
+    gateway: &Waypoint,
+    choice: &impl EndpointChoice,
+) -> Option<Hop> {
+    let start = state
+        .waypoint_service(gateway)
+        .map_or(0, |entry| choice.start(entry));
+    let target = state.waypoint(gateway, start)?;
+    let (instance, via) = target
+        .instances
+        .iter()
+        .find(|(_, via)| !choice.is_dead(via.ip()))
+        .or_else(|| target.instances.first())?;
+    let through = Through {
+        authority: format!("{}:{}", service.service.hostname, dst.port()),
+        identities: Arc::clone(&service.alt_identities),
+    };
+    Some(Hop::Tunnel(TunnelHop {
+        dst,
+        via: *via,
+        src_identity: source.clone(),
+        dst_identity: instance.identity.clone(),
+        alt_identities: Arc::clone(&target.alt_identities),
+        workload,
+        through: Some(Arc::new(through)),
+    }))
 }
 
 /// The hop to `workload` at `dst`.
@@ -386,6 +457,7 @@ fn hop(
         dst_identity: workload.identity.clone(),
         alt_identities: Arc::clone(alt),
         workload: Arc::clone(workload),
+        through: None,
     })
 }
 

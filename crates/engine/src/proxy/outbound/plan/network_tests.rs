@@ -10,11 +10,14 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use http::HeaderValue;
+
 use super::*;
 use crate::config::LocalConfig;
 
 /// A client on `east`, a pod there and one on `west` (no gateway), both
-/// endpoints of `echo`.
+/// endpoints of `echo`; `remote`'s only endpoint is on `west` without an
+/// address, behind the gateway `gw` (ztunnel `build_request_double_hbone`).
 const MESH: &str = r#"
 workloads:
 - {uid: client, name: client, namespace: shop, workloadIps: [10.1.0.1], network: east}
@@ -22,8 +25,13 @@ workloads:
    services: {'shop/echo': {80: 9000}}}
 - {uid: there, name: there, namespace: shop, serviceAccount: echo, workloadIps: [10.2.0.2], network: west,
    services: {'shop/echo': {80: 9000}}}
+- {uid: far, name: far, namespace: shop, serviceAccount: echo, network: west,
+   networkGateway: {address: 10.2.0.9, hbonePort: 15009}, services: {'shop/remote.shop.svc.cluster.local': {80: 9000}}}
+- {uid: gw, name: gw, namespace: istio-system, serviceAccount: eastwest, workloadIps: [10.2.0.9], network: west}
 services:
 - {name: echo, namespace: shop, hostname: echo, vips: ['/10.96.0.10'], ports: {80: 9000}}
+- {name: remote, namespace: shop, hostname: remote.shop.svc.cluster.local, vips: ['/10.96.0.11'], ports: {80: 9000},
+   subjectAltNames: ['cluster.local/ns/shop/sa/echo']}
 "#;
 
 /// The node's network, nothing dead, balancing from the first endpoint.
@@ -108,4 +116,73 @@ fn a_service_goes_to_its_endpoints_on_the_clients_network_only() {
         ["tunnel 10.2.0.2:9000"]
     );
     assert_eq!(hops("10.9.9.9", "10.96.0.10:80", ""), ["refused"]);
+}
+
+#[test]
+fn an_endpoint_behind_a_network_gateway_is_reached_by_double_hbone() {
+    let state = MeshState::from_config(&LocalConfig::parse(MESH, "networks").unwrap()).unwrap();
+    let source = Identity::new("cluster.local", "shop", "default").unwrap();
+    let plan = plan(
+        &state,
+        &source,
+        "10.1.0.1".parse().unwrap(),
+        "10.96.0.11:80".parse().unwrap(),
+        &OnNetwork(""),
+    );
+    let Action::Failover(hops) = plan.action else {
+        panic!("{plan:?}");
+    };
+    let [Hop::Tunnel(hop)] = hops.as_slice() else {
+        panic!("{hops:?}");
+    };
+    // The outer tunnel: to the gateway's HBONE port, expecting the
+    // gateway; the inner one: the service by name, expecting its SANs.
+    assert_eq!(hop.via, "10.2.0.9:15009".parse::<SocketAddr>().unwrap());
+    assert_eq!(
+        hop.dst_identity.to_uri(),
+        "spiffe://cluster.local/ns/istio-system/sa/eastwest"
+    );
+    assert_eq!(hop.workload.workload.uid, "far");
+    let through = hop.through.as_deref().unwrap();
+    assert_eq!(through.authority, "remote.shop.svc.cluster.local:80");
+    let inner: Vec<String> = through.identities.iter().map(Identity::to_uri).collect();
+    assert_eq!(inner, ["spiffe://cluster.local/ns/shop/sa/echo"]);
+    // Without the gateway in the mesh there is no way there (ztunnel:
+    // `UnknownNetworkGateway`).
+    let text = MESH.replace("workloadIps: [10.2.0.9]", "workloadIps: [10.2.0.8]");
+    let state = MeshState::from_config(&LocalConfig::parse(&text, "no-gw").unwrap()).unwrap();
+    let plan = super::plan(
+        &state,
+        &source,
+        "10.1.0.1".parse().unwrap(),
+        "10.96.0.11:80".parse().unwrap(),
+        &OnNetwork(""),
+    );
+    assert!(matches!(plan.action, Action::Refuse { .. }), "{plan:?}");
+}
+
+#[test]
+fn the_inner_request_names_the_clients_network() {
+    let baggage = HeaderValue::from_static("k8s.namespace.name=shop");
+    let request = crate::proxy::outbound::gateway::inner_request(
+        "remote.shop.svc.cluster.local:80",
+        (
+            "10.1.0.1:40000".parse().unwrap(),
+            Some("remote.shop.svc.cluster.local"),
+        ),
+        (
+            &baggage,
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+        ),
+        "east",
+    )
+    .unwrap();
+    let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
+    assert_eq!(header("x-istio-origin-network"), Some("east"));
+    assert_eq!(header("baggage"), Some("k8s.namespace.name=shop"));
+    assert!(header("forwarded").is_some() && header("traceparent").is_some());
+    assert_eq!(
+        request.uri().to_string(),
+        "remote.shop.svc.cluster.local:80"
+    );
 }
