@@ -72,6 +72,18 @@ impl GatewayStandIn {
     ) -> anyhow::Result<Self> {
         let me = MeshCredentials::issue(ca_dir, namespace, account)?;
         let server = tls::server_config(me.resolver(), Arc::clone(&me.roots), "cluster.local")?;
+        Self::start_with(pod, port, server, me.identity, routes)
+    }
+
+    /// As [`GatewayStandIn::start`], serving TLS with `server` (a
+    /// certificate for `identity` from another CA, e.g. the test istiod's).
+    pub fn start_with(
+        pod: &Pod,
+        port: u16,
+        server: Arc<rustls::ServerConfig>,
+        identity: Identity,
+        routes: &[(&str, IpAddr)],
+    ) -> anyhow::Result<Self> {
         let requests = Arc::new(Mutex::new(Vec::new()));
         let shared = Arc::new(Shared {
             routes: routes
@@ -103,7 +115,7 @@ impl GatewayStandIn {
             }
         });
         Ok(Self {
-            identity: me.identity,
+            identity,
             requests,
             runtime: Some(runtime),
         })

@@ -17,7 +17,7 @@ use dataplane_tests::{
     observe::{scrape, sum_matching},
     traffic::{echo, echo_server, http, wait_until},
 };
-use dataplane_user::config::{LocalConfig, Waypoint, Workload};
+use dataplane_user::config::{LocalConfig, Service, Waypoint, Workload};
 
 #[test]
 fn an_endpoint_on_another_network_without_a_gateway_is_never_chosen() -> anyhow::Result<()> {
@@ -69,14 +69,14 @@ fn an_endpoint_on_another_network_without_a_gateway_is_never_chosen() -> anyhow:
 /// The far service's VIP.
 const FAR_VIP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 96, 0, 20));
 
-#[test]
-fn an_endpoint_behind_a_network_gateway_is_reached_by_double_hbone() -> anyhow::Result<()> {
-    let w = TwoNodes::new("mngw")?;
-    // `far`'s one endpoint, `remote`, is on `west` behind the gateway
-    // `plain` stands in for (node2, a pod of its own, out of the mesh
-    // agents' hands); the client is on `east`.
+/// `w`'s workloads with `client` and `local` on `client_network`,
+/// `remote` on `west` behind the gateway `plain` stands in for (node2, a
+/// pod of its own, out of the agents' hands) as the one endpoint of `far`
+/// (whose subjectAltNames name `remote`), and the gateway's workload.
+fn far_mesh(w: &TwoNodes, client_network: &str) -> (LocalConfig, Service) {
     let mut far = service("far", NAMESPACE, FAR_VIP, &[(80, 9000)]);
-    far.subject_alt_names = vec!["cluster.local/ns/test/sa/remote".to_owned()];
+    // As istiod sends them: SPIFFE URIs (ztunnel ignores any other form).
+    far.subject_alt_names = vec!["spiffe://cluster.local/ns/test/sa/remote".to_owned()];
     let gateway_ip = IpAddr::from(w.plain.ip4);
     let mut workloads = w.workloads();
     for workload in &mut workloads {
@@ -89,7 +89,7 @@ fn an_endpoint_behind_a_network_gateway_is_reached_by_double_hbone() -> anyhow::
             }));
             "west".into()
         } else {
-            "east".into()
+            client_network.into()
         };
     }
     workloads.push(Workload {
@@ -107,6 +107,31 @@ fn an_endpoint_behind_a_network_gateway_is_reached_by_double_hbone() -> anyhow::
         services: vec![far.clone()],
         ..LocalConfig::default()
     };
+    (config, far)
+}
+
+/// Checks what the gateway was asked: `connections` CONNECTs for `far` by
+/// name (ztunnel `HboneAddress::SvcHostname`) with the outer tunnel's
+/// headers, not the inner one's origin network.
+fn asked_by_name(gateway: &GatewayStandIn, far: &Service, connections: u64) {
+    let requests = gateway.requests();
+    assert_eq!(requests.len() as u64, connections, "{requests:?}");
+    for request in &requests {
+        assert_eq!(request.authority, format!("{}:80", far.hostname));
+        for header in ["baggage", "traceparent", "forwarded"] {
+            assert!(request.headers.contains_key(header), "{request:?}");
+        }
+        assert!(
+            !request.headers.contains_key("x-istio-origin-network"),
+            "{request:?}"
+        );
+    }
+}
+
+#[test]
+fn an_endpoint_behind_a_network_gateway_is_reached_by_double_hbone() -> anyhow::Result<()> {
+    let w = TwoNodes::new("mngw")?;
+    let (config, far) = far_mesh(&w, "east");
     let path = w.write(&config)?;
     let _a1 = w.agent("mngw", 1, &path, &["--network", "east"])?;
     let a2 = w.agent("mngw", 2, &path, &["--network", "west"])?;
@@ -125,21 +150,8 @@ fn an_endpoint_behind_a_network_gateway_is_reached_by_double_hbone() -> anyhow::
         echo(&w.client, SocketAddr::new(FAR_VIP, 80), 4096, seed)?;
     }
     assert_eq!(server.drain().len() as u64, CONNECTIONS);
-    // Every one went through the gateway, asked for the service by name
-    // (ztunnel `HboneAddress::SvcHostname`) with the outer tunnel's
-    // headers, not the inner one's origin network.
-    let requests = gateway.requests();
-    assert_eq!(requests.len() as u64, CONNECTIONS, "{requests:?}");
-    for request in &requests {
-        assert_eq!(request.authority, format!("{}:80", far.hostname));
-        assert!(request.headers.contains_key("baggage"), "{request:?}");
-        assert!(request.headers.contains_key("traceparent"), "{request:?}");
-        assert!(request.headers.contains_key("forwarded"), "{request:?}");
-        assert!(
-            !request.headers.contains_key("x-istio-origin-network"),
-            "{request:?}"
-        );
-    }
+    // Every one went through the gateway.
+    asked_by_name(&gateway, &far, CONNECTIONS);
     // The destination's node saw the client's own identity: the inner
     // tunnel's mutual TLS ran between the two nodes, through the gateway.
     let client = "spiffe://cluster.local/ns/test/sa/client";
@@ -151,5 +163,89 @@ fn an_endpoint_behind_a_network_gateway_is_reached_by_double_hbone() -> anyhow::
         );
         Ok(opened >= CONNECTIONS as f64)
     })?;
+    Ok(())
+}
+
+/// The same double HBONE with Istio's stock ztunnel as the client's node
+/// proxy (ignored unless `DATAPLANE_ZTUNNEL` names a ztunnel binary, as
+/// `ztunnel_interop`): the gateway stand-in sees the same outer tunnel
+/// from it as from our engine (the assertions above), and our engine, the
+/// destination's node proxy, serves ztunnel's inner tunnel. istiod (the
+/// test one) sends the workloads' networks and the gateway as istiod does.
+#[test]
+#[ignore = "needs a ztunnel binary in DATAPLANE_ZTUNNEL"]
+fn a_stock_ztunnel_reaches_our_engine_through_the_gateway_as_we_do() -> anyhow::Result<()> {
+    let binary = dataplane_tests::ztunnel::ztunnel_binary()?;
+    let w = TwoNodes::new("mnzt")?;
+    // ztunnel's node is on the default network: ztunnel looks service
+    // VIPs up on its own network, and the test istiod sends them on the
+    // default one.
+    let (config, far) = far_mesh(&w, "");
+    let path = w.write(&config)?;
+    let (rt, pki, mut istiod) = dataplane_tests::istiod::loopback_istiod()?;
+    let served = dataplane_tests::mesh::as_istiod_serves(config);
+    rt.block_on(istiod.publish_mesh(&served, "1"))?;
+
+    // Node2: our engine, its mesh and certificates from istiod; `remote`
+    // is enrolled over the control socket.
+    let dataplane_tests::istiod::AgentFiles { root, token, empty } =
+        dataplane_tests::istiod::AgentFiles::write(w.dir.path(), &pki, "engine-node2-token")?;
+    let mut flags =
+        dataplane_tests::istiod::xds_flags(istiod.addr, &root, &token, "dataplane-node2");
+    flags.extend(["--cert-source", "istio", "--network", "west"].map(str::to_owned));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let a2 = w.agent("mnzt", 2, &empty, &flags)?;
+    let mut spec = dataplane_tests::Agent::spec_for(&w.remote, "remote");
+    spec.service_account = "remote".to_owned();
+    let response = a2.enroll(spec)?;
+    anyhow::ensure!(response.ok, "enrolling remote: {:?}", response.error);
+
+    // Node1: a stock ztunnel serves the client.
+    let istiod1 = rt.block_on(istiod.listen_in(w.n1.netns()))?;
+    let node1 = dataplane_tests::ztunnel::ZtunnelServedNode::start(
+        &w,
+        "mnzt",
+        1,
+        &path,
+        &binary,
+        istiod1,
+        &pki.root_pem,
+    )?;
+
+    // The gateway, with a certificate from istiod's CA.
+    dataplane_user::tls::install_provider();
+    let identity = "spiffe://cluster.local/ns/istio-system/sa/eastwest";
+    let (chain, key) = pki.issue(identity)?;
+    let mut server = rustls::ServerConfig::builder_with_provider(dataplane_user::tls::provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    server.alpn_protocols = vec![b"h2".to_vec()];
+    let gateway = GatewayStandIn::start_with(
+        &w.plain,
+        15008,
+        Arc::new(server),
+        identity.parse()?,
+        &[(far.hostname.as_str(), w.remote.ip4.into())],
+    )?;
+    let server = echo_server(&w.remote, 9000)?;
+
+    const CONNECTIONS: u64 = 2;
+    for seed in 0..CONNECTIONS {
+        echo(&w.client, SocketAddr::new(FAR_VIP, 80), 4096, seed)
+            .map_err(|e| anyhow::anyhow!("{e:#}\nztunnel log:\n{}", node1.ztunnel.log_tail()))?;
+    }
+    assert_eq!(server.drain().len() as u64, CONNECTIONS);
+    asked_by_name(&gateway, &far, CONNECTIONS);
+    let client = "spiffe://cluster.local/ns/test/sa/client";
+    wait_until("our engine to count ztunnel's client's connections", || {
+        let opened = sum_matching(
+            &scrape(&a2)?,
+            "istio_tcp_connections_opened_total",
+            &[("reporter", "destination"), ("source_principal", client)],
+        );
+        Ok(opened >= CONNECTIONS as f64)
+    })?;
+    drop(rt);
     Ok(())
 }
