@@ -331,6 +331,14 @@ pub struct RunArgs {
         action = clap::ArgAction::Set
     )]
     pub ipv6_enabled: bool,
+    /// The network this node's pods are on (ztunnel's `NETWORK`, read
+    /// under that name as Istio's chart sets it). A service endpoint on
+    /// another network is reached through its network gateway (double
+    /// HBONE), or not at all without one. Pods the mesh knows go by their
+    /// workload's own network; this one is for the others.
+    /// [default: empty, the default network]
+    #[arg(long, env = "NETWORK", default_value = "")]
+    pub network: String,
     /// Where the readiness endpoint (`GET /healthz/ready`) listens. Port 0
     /// picks a free port (logged). [default: [::]:15021, or 0.0.0.0:15021
     /// with --ipv6-enabled false]

@@ -50,12 +50,12 @@ pub fn resource(type_url: &str, name: &str, version: &str, body: &impl Message) 
     }
 }
 
-/// A waypoint as istiod names it (`GatewayAddress`: an address on the
-/// default network, or `namespace/hostname`).
-fn gateway_address(waypoint: &Waypoint) -> Option<GatewayAddress> {
+/// A waypoint or network gateway as istiod names it (`GatewayAddress`:
+/// an address on `network`, or `namespace/hostname`).
+fn gateway_address(waypoint: &Waypoint, network: &str) -> Option<GatewayAddress> {
     let destination = match (&waypoint.address, &waypoint.hostname) {
         (Some(ip), _) => gateway_address::Destination::Address(NetworkAddress {
-            network: String::new(),
+            network: network.to_owned(),
             address: ip_bytes(ip),
             length: None,
         }),
@@ -115,7 +115,15 @@ pub fn workload_resource(w: &Workload, version: &str) -> Resource {
                 WorkloadStatus::Healthy => workload::WorkloadStatus::Healthy as i32,
                 WorkloadStatus::Unhealthy => workload::WorkloadStatus::Unhealthy as i32,
             },
-            waypoint: w.waypoint.as_deref().and_then(gateway_address),
+            waypoint: w.waypoint.as_deref().and_then(|g| gateway_address(g, "")),
+            // istiod's network gateway of a pod of another network is on
+            // that network (istio `pilot/pkg/serviceregistry/ambient/
+            // workloads.go` `getNetworkGatewayAddress`).
+            network: w.network.to_string(),
+            network_gateway: w
+                .network_gateway
+                .as_deref()
+                .and_then(|g| gateway_address(g, &w.network)),
             // istiod sets it on the pods of a waypoint whose Gateway (or
             // GatewayClass) is annotated `ambient.istio.io/waypoint-inbound-binding:
             // PROXY/<port>` (istio `pilot/pkg/serviceregistry/ambient/

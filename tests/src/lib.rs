@@ -21,6 +21,7 @@ pub mod cni_kubeapi;
 pub mod counters;
 pub mod dns;
 pub mod external_proxy;
+pub mod gateway;
 pub mod istio_resources;
 pub mod istiod;
 pub mod istiod_kube;

@@ -69,6 +69,9 @@ pub struct MeshContext {
     /// (with a control plane, `--xds`, as ztunnel does) rather than served
     /// in plaintext.
     pub require_known_workloads: bool,
+    /// The node's network (`--network`): a client the mesh does not know
+    /// is on it when a service's endpoints are chosen.
+    pub network: Arc<str>,
     /// TCP keepalive of every proxied socket (`--keepalive`); `None` when
     /// off.
     pub keepalive: Option<crate::proxy::keepalive::Keepalive>,

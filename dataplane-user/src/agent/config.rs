@@ -68,6 +68,10 @@ pub struct AgentConfig {
     /// `IPV6_ENABLED`): in-pod ones dual-stack `[::]` and `[::1]`, else
     /// IPv4 alone, for kernels booted with `ipv6.disable=1`.
     pub ipv6_enabled: bool,
+    /// The network of this node (`--network`, ztunnel's `NETWORK`; shown
+    /// where ztunnel's config dump shows `network`): a client whose
+    /// workload the mesh does not know is on it when endpoints are chosen.
+    pub network: String,
     /// Settings every pod's engine shares (HBONE, certificates, drain).
     pub mesh: MeshConfig,
     /// The connection worker threads.

@@ -86,6 +86,7 @@ pub(super) fn mesh_context(
         handshakes: Arc::new(PendingHandshakes::new(handshakes, Arc::clone(&metrics))),
         hbone_idle_timeout: args.mesh.hbone_idle_timeout,
         require_known_workloads: args.xds.is_some(),
+        network: Arc::from(args.network.as_str()),
         keepalive: args.mesh.keepalive,
         metrics,
         fast_path: Default::default(),

@@ -232,6 +232,7 @@ impl RunArgs {
                 }),
             },
             ipv6_enabled: self.ipv6_enabled,
+            network: self.network,
             mesh: MeshConfig {
                 trust_domain: self.trust_domain,
                 cert_lifetime: self.cert_lifetime,

@@ -30,11 +30,11 @@ use crate::{
 /// dump diff knows which differences are expected.
 pub const NOT_CARRIED: &[&str] = &[
     "workloads[].workloadType: not kept from xDS, left out (ztunnel: `deployment`, `pod`, ...)",
-    "workloads[].nativeTunnel, networkGateway: not kept, left out",
+    "workloads[].nativeTunnel: not kept, left out",
     "workloads[].capacity: not kept, written as ztunnel's default 1",
     "workloads[].networkMode: not kept, written as `Standard`",
-    "workloads[].waypoint / services[].waypoint by address: the gateway's network is not kept, \
-     written empty (`/10.0.0.1`)",
+    "workloads[].waypoint, networkGateway / services[].waypoint by address: the gateway's \
+     network is not kept, written empty (`/10.0.0.1`)",
     "services[].vips: the VIP's network is not kept, written empty (`/10.96.0.10`)",
     "services[].cidrVips, ipFamilies, weightedWaypoints: not kept, left out",
     "services[].subjectAltNames: only the SANs that are SPIFFE identities (the rest are dropped \
@@ -76,6 +76,8 @@ pub struct ZtunnelWorkload {
     workload_ips: Vec<IpAddr>,
     #[serde(skip_serializing_if = "Option::is_none")]
     waypoint: Option<GatewayAddress>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    network_gateway: Option<GatewayAddress>,
     /// `InboundProtocol`: `HBONE` or `TCP`.
     protocol: Protocol,
     network_mode: &'static str,
@@ -370,6 +372,7 @@ fn workload(w: &Workload) -> ZtunnelWorkload {
     ZtunnelWorkload {
         workload_ips: w.workload_ips.clone(),
         waypoint: w.waypoint.as_deref().and_then(gateway),
+        network_gateway: w.network_gateway.as_deref().and_then(gateway),
         protocol: w.protocol,
         // ztunnel's `NetworkMode` variant names.
         network_mode: if w.host_network {

@@ -264,9 +264,9 @@ impl FastPath {
             return;
         }
         let source = state.workloads.by_ip(client.ip()).map(Arc::as_ref);
-        let Some(endpoints) =
-            entry.even_candidates(vip.port(), source, |ip| ctx.mesh.dead.is_dead(ip))
-        else {
+        let Some(endpoints) = entry.even_candidates(vip.port(), source, &ctx.mesh.network, |ip| {
+            ctx.mesh.dead.is_dead(ip)
+        }) else {
             return;
         };
         if endpoints.len() != hops.len() {

@@ -18,6 +18,7 @@ pub mod linger;
 pub mod pool;
 pub mod preface;
 pub mod server;
+pub mod stream_io;
 pub mod wire;
 
 pub use pool::{Dialer, HbonePool, PoolError, PoolKey, StreamSlot, Tunnel};

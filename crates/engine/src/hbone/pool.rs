@@ -82,6 +82,18 @@ pub enum PoolError {
         /// The status.
         status: StatusCode,
     },
+    /// The tunnel inside the one to a network gateway (double HBONE)
+    /// could not be opened: its TLS, HTTP/2 or CONNECT failed.
+    #[error("the tunnel through the network gateway {gateway} to {authority} failed")]
+    Inner {
+        /// The gateway's address.
+        gateway: SocketAddr,
+        /// The requested authority.
+        authority: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What a pooled connection is shared by. Built per connection from
@@ -173,6 +185,16 @@ pub struct Tunnel {
 pub struct StreamSlot(Arc<AtomicUsize>);
 
 impl Tunnel {
+    /// A tunnel on a connection of its own that no pool counts (the inner
+    /// tunnel of double HBONE): its slot counts nothing.
+    pub fn unpooled(send: h2::SendStream<Bytes>, recv: h2::RecvStream) -> Self {
+        Self {
+            send,
+            recv,
+            _slot: StreamSlot(Arc::new(AtomicUsize::new(1))),
+        }
+    }
+
     /// The stream's two halves, and its slot to hold while they are used.
     pub fn into_parts(self) -> (h2::SendStream<Bytes>, h2::RecvStream, StreamSlot) {
         (self.send, self.recv, self._slot)

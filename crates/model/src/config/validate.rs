@@ -52,6 +52,16 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
                 reason,
             ));
         }
+        if let Some(reason) = w.network_gateway.as_deref().and_then(waypoint_problem) {
+            // Same shape as a waypoint (ztunnel parses both as a
+            // `GatewayAddress`), so the same checks.
+            return Err(invalid(
+                format!("workloads[{i}].networkGateway"),
+                &w.uid,
+                1,
+                reason,
+            ));
+        }
         if w.application_tunnel.is_some_and(|t| t.port == Some(0)) {
             // xDS says "unset" with 0; the file says it by leaving it out.
             return Err(invalid(

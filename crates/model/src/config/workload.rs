@@ -183,6 +183,13 @@ pub struct Workload {
     /// The network the workload's IPs belong to (empty: the default one).
     #[serde(default, skip_serializing_if = "str::is_empty")]
     pub network: Arc<str>,
+    /// The east-west gateway a client on another network reaches this
+    /// workload through (istiod's `network_gateway`; ztunnel
+    /// `src/state/workload.rs` `Workload::network_gateway`). Written as a
+    /// waypoint is: an address or a `namespace/hostname`, and the
+    /// gateway's HBONE port (`hbone_mtls_port`). Boxed, as `waypoint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_gateway: Option<Box<Waypoint>>,
     /// Canonical service (`service.istio.io/canonical-name`).
     #[serde(default, skip_serializing_if = "str::is_empty")]
     pub canonical_name: Arc<str>,

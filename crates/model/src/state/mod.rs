@@ -32,7 +32,7 @@ pub use peer::{Peer, ServiceRef};
 pub use provenance::Provenance;
 pub use services::{
     DEAD_ENDPOINT_HOLD, DeadEndpoints, Endpoint, EndpointAddr, ServiceEntry, ServiceIndex,
-    random_index,
+    on_reachable_network, random_index,
 };
 pub use snapshot::MeshState;
 pub use spare::Spare;
@@ -248,6 +248,9 @@ impl WorkloadIndex {
         self.by_key.values()
     }
 }
+
+#[cfg(test)]
+mod network_tests;
 
 #[cfg(test)]
 #[expect(

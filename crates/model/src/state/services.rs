@@ -15,7 +15,9 @@ use ipnet::IpNet;
 
 use super::{EndpointSet, EntryKey, MeshWorkload, Multi, ServiceRef, Values};
 use crate::{
-    config::{HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, WorkloadStatus},
+    config::{
+        HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, Waypoint, WorkloadStatus,
+    },
     identity::Identity,
 };
 
@@ -55,6 +57,10 @@ pub enum EndpointAddr {
     /// with `resolution: DNS`), resolved when the connection is made, and
     /// the target port.
     Hostname(Arc<str>, u16),
+    /// A workload on another network than the client's, reached by double
+    /// HBONE through this network gateway of its (ztunnel
+    /// `src/proxy/outbound.rs` `build_request_through_gateway`).
+    Gateway(Box<Waypoint>),
 }
 
 impl EndpointAddr {
@@ -62,7 +68,7 @@ impl EndpointAddr {
     pub fn ip(&self) -> Option<IpAddr> {
         match self {
             Self::Ip(addr) => Some(addr.ip()),
-            Self::Hostname(..) => None,
+            Self::Hostname(..) | Self::Gateway(_) => None,
         }
     }
 }
@@ -113,9 +119,10 @@ impl ServiceEntry {
         port: u16,
         start: usize,
         source: Option<&MeshWorkload>,
+        local_network: &str,
         is_dead: impl Fn(IpAddr) -> bool,
     ) -> Vec<Endpoint> {
-        let mut ordered = self.ranked(port, start, source);
+        let mut ordered = self.ranked(port, start, source, local_network);
         // Stable: live ones first, then the best locality, keeping the
         // rotation order among equals.
         ordered.sort_by_key(|(rank, e)| (e.dead(&is_dead), std::cmp::Reverse(*rank)));
@@ -132,12 +139,13 @@ impl ServiceEntry {
         &self,
         port: u16,
         source: Option<&MeshWorkload>,
+        local_network: &str,
         is_dead: impl Fn(IpAddr) -> bool,
     ) -> Option<Vec<Endpoint>> {
         if self.endpoints.sums().is_some() {
             return None;
         }
-        let ranked = self.ranked(port, 0, source);
+        let ranked = self.ranked(port, 0, source, local_network);
         let first = ranked.first()?.0;
         ranked
             .into_iter()
@@ -149,16 +157,21 @@ impl ServiceEntry {
 
     /// The endpoints for `port` with their locality rank for `source`,
     /// rotated to begin at `start`; `strict` routing drops the ones that
-    /// do not share every preference.
+    /// do not share every preference, and none on a network the client
+    /// cannot reach is kept (see [`on_reachable_network`]). The client's
+    /// network is its workload's, else `local_network` (the node's,
+    /// `--network`).
     fn ranked(
         &self,
         port: u16,
         start: usize,
         source: Option<&MeshWorkload>,
+        local_network: &str,
     ) -> Vec<(usize, Endpoint)> {
         if self.endpoints.is_empty() {
             return Vec::new();
         }
+        let network = source.map_or(local_network, |s| &*s.workload.network);
         let key = self.service.key();
         let routing = &self.service.routing;
         let wanted = routing.preferences.len();
@@ -185,13 +198,18 @@ impl ServiceEntry {
                     .or_else(|| self.service.ports.get(&port).copied().filter(|p| *p != 0))
                     .unwrap_or(port);
                 // ztunnel `load_balance`: an endpoint needs an IP or a
-                // hostname.
-                let addr = match workload.workload.workload_ips.first() {
-                    Some(ip) => EndpointAddr::Ip(SocketAddr::new(*ip, target)),
-                    None if !workload.workload.hostname.is_empty() => {
-                        EndpointAddr::Hostname(Arc::clone(&workload.workload.hostname), target)
+                // hostname, or, on another network, a gateway (through
+                // which it goes whatever its addresses: `build_request`).
+                let addr = if on_reachable_network(&workload.workload, network) {
+                    match workload.workload.workload_ips.first() {
+                        Some(ip) => EndpointAddr::Ip(SocketAddr::new(*ip, target)),
+                        None if !workload.workload.hostname.is_empty() => {
+                            EndpointAddr::Hostname(Arc::clone(&workload.workload.hostname), target)
+                        }
+                        None => return None,
                     }
-                    None => return None,
+                } else {
+                    EndpointAddr::Gateway(workload.workload.network_gateway.clone()?)
                 };
                 let endpoint = Endpoint {
                     workload: Arc::clone(workload),
@@ -562,6 +580,23 @@ impl DeadEndpoints {
             .map(|until| until.get(&ip).is_some_and(|t| *t > Instant::now()))
             .unwrap_or(false)
     }
+}
+
+/// Whether a client on `network` can reach `workload` itself, at its
+/// own address: only on its own network.
+///
+/// ztunnel `src/state.rs` `load_balance` drops an endpoint without an
+/// address unless it is on another network and has a network gateway
+/// (istiod sends a workload's gateway to every client, so a same-network
+/// one must never use it); an endpoint on another network that it picks
+/// is reached through its gateway by double HBONE, and refused without
+/// one (`src/proxy/outbound.rs` `build_request_through_gateway`:
+/// `NoValidDestination`). Here an endpoint on another network without a
+/// gateway is left out instead, so the connection goes to a reachable
+/// endpoint rather than failing on that one. A pod address of another
+/// network is no pod to the client (ztunnel keys addresses by network).
+pub fn on_reachable_network(workload: &crate::config::Workload, network: &str) -> bool {
+    *workload.network == *network
 }
 
 /// How many of `preferences`, in order, `endpoint` shares with `source`

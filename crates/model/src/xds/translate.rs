@@ -165,6 +165,11 @@ fn workload_of(
         waypoint: w.waypoint.as_ref().and_then(waypoint_of).map(Box::new),
         application_tunnel: w.application_tunnel.as_ref().map(application_tunnel_of),
         network: or(&w.network, ""),
+        network_gateway: w
+            .network_gateway
+            .as_ref()
+            .and_then(waypoint_of)
+            .map(Box::new),
         canonical_name: or(&w.canonical_name, ""),
         canonical_revision: or(&w.canonical_revision, ""),
         workload_name: or(&w.workload_name, ""),

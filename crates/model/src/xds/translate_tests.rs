@@ -88,6 +88,16 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
         })),
         hbone_mtls_port: 15008,
     });
+    // ztunnel `build_request_double_hbone`: a gateway by address, on the
+    // gateway's own HBONE port.
+    web.network_gateway = Some(GatewayAddress {
+        destination: Some(gateway_address::Destination::Address(NetworkAddress {
+            network: "net1".into(),
+            address: vec![10, 22, 1, 1],
+            length: None,
+        })),
+        hbone_mtls_port: 15009,
+    });
     web.services.insert(
         "shop/web.shop.svc.cluster.local".into(),
         PortList {
@@ -192,6 +202,14 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     assert_eq!(
         web.waypoint.as_ref().and_then(|w| w.hostname.as_deref()),
         Some("shop/waypoint.shop.svc.cluster.local")
+    );
+    assert_eq!(
+        web.network_gateway.as_deref(),
+        Some(&config::Waypoint {
+            address: Some([10, 22, 1, 1].into()),
+            hostname: None,
+            hbone_port: 15009,
+        })
     );
     let ports = web.services.get("shop/web.shop.svc.cluster.local");
     assert_eq!(ports.and_then(|p| p.target(80)), Some(8080));

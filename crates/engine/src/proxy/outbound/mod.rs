@@ -6,6 +6,7 @@
 //! connection, one access record when it closes or is refused.
 
 mod connection;
+pub(crate) mod gateway;
 pub mod plan;
 
 use std::{
@@ -19,7 +20,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{Instrument, info_span, warn};
 
 pub use plan::{
-    Action, EndpointChoice, Hop, OutboundPlan, OutboundTrafficPolicy, ResolveHop, TunnelHop, plan,
+    Action, EndpointChoice, Hop, OutboundPlan, OutboundTrafficPolicy, ResolveHop, Through,
+    TunnelHop, plan,
 };
 
 use super::{PodContext, connect_direct, finish, orig_dst::OrigDst, reap, refuse};
@@ -99,6 +101,10 @@ impl EndpointChoice for Live<'_> {
     fn taken_by_kernel(&self, vip: SocketAddr) -> Option<Arc<[IpAddr]>> {
         let fast = self.ctx.mesh.fast_path.get()?;
         fast.taken_by_kernel(self.ctx.netns_cookie, vip)
+    }
+
+    fn network(&self) -> &str {
+        &self.ctx.mesh.network
     }
 }
 
@@ -364,9 +370,10 @@ fn tunnel_failure(err: &PoolError) -> FailReason {
             FailReason::TunnelTimeout
         }
         PoolError::Http2 { .. } => FailReason::TunnelHttp2,
-        PoolError::Dial { .. } | PoolError::Request { .. } | PoolError::Refused { .. } => {
-            FailReason::Tunnel
-        }
+        PoolError::Dial { .. }
+        | PoolError::Request { .. }
+        | PoolError::Refused { .. }
+        | PoolError::Inner { .. } => FailReason::Tunnel,
     }
 }
 
@@ -394,7 +401,11 @@ async fn open_tunnel(
         alt_identities: Arc::clone(&hop.alt_identities),
         dst_addr: hop.via,
     };
-    let authority = hop.dst.to_string();
+    // Through a network gateway, both tunnels ask for the service by name.
+    let authority = match &hop.through {
+        Some(through) => through.authority.clone(),
+        None => hop.dst.to_string(),
+    };
     // What the mesh says of the pod (canonical service and revision, its
     // cluster), as Istio's node proxy fills it in.
     let source = &flow.source;
@@ -409,12 +420,36 @@ async fn open_tunnel(
         })?;
     // One trace id for the connection, whichever hop carries it.
     let traceparent = wire::traceparent(flow.trace.unwrap_or_else(wire::new_trace_id));
-    // Boxed: the dial and handshake state is large and only lives while
-    // the tunnel opens, not for the connection's whole life.
-    Box::pin(
-        ctx.pool
-            .connect(&key, &authority, forwarded, (&baggage, &traceparent), early),
-    )
+    let Some(through) = &hop.through else {
+        // Boxed: the dial and handshake state is large and only lives
+        // while the tunnel opens, not for the connection's whole life.
+        return Box::pin(ctx.pool.connect(
+            &key,
+            &authority,
+            forwarded,
+            (&baggage, &traceparent),
+            early,
+        ))
+        .await;
+    };
+    // The outer tunnel carries no early bytes: they are the inner one's.
+    let outer = Box::pin(ctx.pool.connect(
+        &key,
+        &authority,
+        forwarded,
+        (&baggage, &traceparent),
+        &Bytes::new(),
+    ))
+    .await?;
+    let headers = gateway::InnerHeaders {
+        forwarded,
+        baggage: &baggage,
+        traceparent: &traceparent,
+        origin_network: &ctx.mesh.network,
+    };
+    Box::pin(gateway::open_inner(
+        ctx, hop, through, outer, headers, early,
+    ))
     .await
 }
 

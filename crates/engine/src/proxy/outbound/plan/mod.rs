@@ -36,7 +36,7 @@ use crate::{
     addr::{canonical, is_capture_port},
     config::{RoutingMode, Waypoint},
     identity::Identity,
-    state::{Endpoint, EndpointAddr, MeshState, MeshWorkload, ServiceEntry},
+    state::{Endpoint, EndpointAddr, MeshState, MeshWorkload, ServiceEntry, on_reachable_network},
     telemetry::{FailReason, ServiceRef},
 };
 
@@ -58,6 +58,11 @@ pub trait EndpointChoice {
     fn taken_by_kernel(&self, vip: SocketAddr) -> Option<Arc<[IpAddr]>> {
         let _ = vip;
         None
+    }
+    /// The node's network (`--network`): the client's when the mesh does
+    /// not know its workload.
+    fn network(&self) -> &str {
+        ""
     }
 }
 
@@ -171,6 +176,24 @@ pub struct TunnelHop {
     pub alt_identities: Arc<[Identity]>,
     /// The workload.
     pub workload: Arc<MeshWorkload>,
+    /// Set for a workload on another network: this tunnel (`via`, the
+    /// identities) is the outer one, to the workload's network gateway,
+    /// and carries a second one to the workload (double HBONE).
+    pub through: Option<Arc<Through>>,
+}
+
+/// The inner tunnel of double HBONE, inside the outer one to a network
+/// gateway (ztunnel `src/proxy/outbound.rs` `build_request_through_gateway`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Through {
+    /// The CONNECT authority of both tunnels: the service's hostname and
+    /// the port dialled (ztunnel `HboneAddress::SvcHostname`), which the
+    /// gateway routes by.
+    pub authority: String,
+    /// The identities the inner tunnel's far end may present: the
+    /// service's subjectAltNames alone (ztunnel `final_sans`:
+    /// `upstream.service_sans()`).
+    pub identities: Arc<[Identity]>,
 }
 
 impl Hop {
@@ -256,7 +279,9 @@ pub fn plan(
         let start = choice.start(entry);
         let endpoints = match choice.taken_by_kernel(dst) {
             Some(taken) => others_first(entry, dst.port(), start, client, choice, &taken),
-            None => entry.candidates(dst.port(), start, client, |ip| choice.is_dead(ip)),
+            None => entry.candidates(dst.port(), start, client, choice.network(), |ip| {
+                choice.is_dead(ip)
+            }),
         };
         if endpoints.is_empty() {
             let action = Action::Refuse {
@@ -265,22 +290,46 @@ pub fn plan(
             };
             return outcome(service, action);
         }
-        let hops = endpoints
+        let hops: Vec<Hop> = endpoints
             .into_iter()
-            .map(|e| match e.addr {
-                EndpointAddr::Ip(addr) => hop(source, &e.workload, addr, &entry.alt_identities),
-                EndpointAddr::Hostname(hostname, port) => Hop::Resolve(ResolveHop {
+            .filter_map(|e| match e.addr {
+                EndpointAddr::Ip(addr) => {
+                    Some(hop(source, &e.workload, addr, &entry.alt_identities))
+                }
+                EndpointAddr::Hostname(hostname, port) => Some(Hop::Resolve(ResolveHop {
                     hostname,
                     port,
                     src_identity: source.clone(),
                     alt_identities: Arc::clone(&entry.alt_identities),
                     workload: e.workload,
-                }),
+                })),
+                EndpointAddr::Gateway(gateway) => {
+                    through_gateway(state, source, (entry, dst), e.workload, &gateway, choice)
+                }
             })
             .collect();
+        if hops.is_empty() {
+            let action = Action::Refuse {
+                reason: FailReason::NoEndpoints,
+                detail: format!("service {key} has no endpoint whose network gateway is known"),
+            };
+            return outcome(service, action);
+        }
         return outcome(service, Action::Failover(hops));
     }
-    let action = match state.workloads.by_ip(dst.ip()) {
+    // ztunnel looks a pod address up on the client's network
+    // (`src/proxy/outbound.rs` `build_request`: `fetch_upstream` with the
+    // source workload's network): a pod of another network is no pod to
+    // it, and the connection goes out as dialled.
+    let network = state
+        .workloads
+        .by_ip(src)
+        .map_or(choice.network(), |client| &*client.workload.network);
+    let known = state
+        .workloads
+        .by_ip(dst.ip())
+        .filter(|w| on_reachable_network(&w.workload, network));
+    let action = match known {
         Some(workload) => match &workload.workload.waypoint {
             Some(waypoint) if !state.is_waypoint_peer(waypoint, source) => {
                 let what = format!("workload {}", workload.workload.uid);
@@ -325,7 +374,7 @@ fn others_first(
     // (rotating all of them first would favour whichever follows a run of
     // taken ones).
     let (mut others, kernels): (Vec<_>, Vec<_>) = entry
-        .candidates(port, 0, client, |ip| choice.is_dead(ip))
+        .candidates(port, 0, client, choice.network(), |ip| choice.is_dead(ip))
         .into_iter()
         .partition(|e| !e.addr.ip().is_some_and(|ip| taken.contains(&ip)));
     let live = others
@@ -367,6 +416,7 @@ fn via_waypoint(
                         dst_identity: workload.identity.clone(),
                         alt_identities: Arc::clone(&target.alt_identities),
                         workload,
+                        through: None,
                     });
                     (choice.is_dead(via.ip()), hop)
                 })
@@ -382,6 +432,46 @@ fn via_waypoint(
     // Stable: live instances first, keeping the balancing order.
     hops.sort_by_key(|(dead, _)| *dead);
     Action::Failover(hops.into_iter().map(|(_, hop)| hop).collect())
+}
+
+/// The double-HBONE hop to `workload`, on another network, through its
+/// network `gateway` for a connection to `service` at `dst`: the outer
+/// tunnel to one of the gateway's instances (the workload at its address,
+/// or the endpoints of the service it names; live ones first), expecting
+/// its identity or its service's subjectAltNames, on the gateway's HBONE
+/// port (ztunnel `src/state.rs` `fetch_network_gateway`; `upstream_sans`:
+/// `workload_and_services_san`). `None` when the mesh knows no instance
+/// (ztunnel: `UnknownNetworkGateway`).
+fn through_gateway(
+    state: &MeshState,
+    source: &Identity,
+    (service, dst): (&ServiceEntry, SocketAddr),
+    workload: Arc<MeshWorkload>,
+    gateway: &Waypoint,
+    choice: &impl EndpointChoice,
+) -> Option<Hop> {
+    let start = state
+        .waypoint_service(gateway)
+        .map_or(0, |entry| choice.start(entry));
+    let target = state.waypoint(gateway, start)?;
+    let (instance, via) = target
+        .instances
+        .iter()
+        .find(|(_, via)| !choice.is_dead(via.ip()))
+        .or_else(|| target.instances.first())?;
+    let through = Through {
+        authority: format!("{}:{}", service.service.hostname, dst.port()),
+        identities: Arc::clone(&service.alt_identities),
+    };
+    Some(Hop::Tunnel(TunnelHop {
+        dst,
+        via: *via,
+        src_identity: source.clone(),
+        dst_identity: instance.identity.clone(),
+        alt_identities: Arc::clone(&target.alt_identities),
+        workload,
+        through: Some(Arc::new(through)),
+    }))
 }
 
 /// The hop to `workload` at `dst`.
@@ -404,8 +494,11 @@ fn hop(
         dst_identity: workload.identity.clone(),
         alt_identities: Arc::clone(alt),
         workload: Arc::clone(workload),
+        through: None,
     })
 }
 
+#[cfg(test)]
+mod network_tests;
 #[cfg(test)]
 mod tests;
