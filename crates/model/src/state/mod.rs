@@ -14,6 +14,7 @@ mod endpoints;
 mod interned;
 mod peer;
 mod provenance;
+mod routing;
 mod services;
 mod snapshot;
 mod spare;
@@ -30,9 +31,10 @@ pub use affected::Affected;
 pub use endpoints::EndpointSet;
 pub use peer::{Peer, ServiceRef};
 pub use provenance::Provenance;
+pub use routing::on_reachable_network;
 pub use services::{
     DEAD_ENDPOINT_HOLD, DeadEndpoints, Endpoint, EndpointAddr, ServiceEntry, ServiceIndex,
-    on_reachable_network, random_index,
+    random_index,
 };
 pub use snapshot::MeshState;
 pub use spare::Spare;

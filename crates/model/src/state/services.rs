@@ -15,9 +15,7 @@ use ipnet::IpNet;
 
 use super::{EndpointSet, EntryKey, MeshWorkload, Multi, ServiceRef, Values};
 use crate::{
-    config::{
-        HealthPolicy, LoadBalancing, RoutingMode, RoutingScope, Service, Waypoint, WorkloadStatus,
-    },
+    config::{HealthPolicy, LoadBalancing, RoutingMode, Service, Waypoint, WorkloadStatus},
     identity::Identity,
 };
 
@@ -180,7 +178,7 @@ impl ServiceEntry {
             .filter_map(|workload| {
                 let (matched, rank) = match (routing.mode, source) {
                     (RoutingMode::Strict | RoutingMode::Failover, Some(source)) => {
-                        locality_rank(&routing.preferences, source, workload)
+                        super::routing::locality_rank(&routing.preferences, source, workload)
                     }
                     // Without a known client nothing can be compared:
                     // strict keeps nothing, failover everything.
@@ -200,7 +198,7 @@ impl ServiceEntry {
                 // ztunnel `load_balance`: an endpoint needs an IP or a
                 // hostname, or, on another network, a gateway (through
                 // which it goes whatever its addresses: `build_request`).
-                let addr = if on_reachable_network(&workload.workload, network) {
+                let addr = if super::on_reachable_network(&workload.workload, network) {
                     match workload.workload.workload_ips.first() {
                         Some(ip) => EndpointAddr::Ip(SocketAddr::new(*ip, target)),
                         None if !workload.workload.hostname.is_empty() => {
@@ -580,61 +578,6 @@ impl DeadEndpoints {
             .map(|until| until.get(&ip).is_some_and(|t| *t > Instant::now()))
             .unwrap_or(false)
     }
-}
-
-/// Whether a client on `network` can reach `workload` itself, at its
-/// own address: only on its own network.
-///
-/// ztunnel `src/state.rs` `load_balance` drops an endpoint without an
-/// address unless it is on another network and has a network gateway
-/// (istiod sends a workload's gateway to every client, so a same-network
-/// one must never use it); an endpoint on another network that it picks
-/// is reached through its gateway by double HBONE, and refused without
-/// one (`src/proxy/outbound.rs` `build_request_through_gateway`:
-/// `NoValidDestination`). Here an endpoint on another network without a
-/// gateway is left out instead, so the connection goes to a reachable
-/// endpoint rather than failing on that one. A pod address of another
-/// network is no pod to the client (ztunnel keys addresses by network).
-pub fn on_reachable_network(workload: &crate::config::Workload, network: &str) -> bool {
-    *workload.network == *network
-}
-
-/// How many of `preferences`, in order, `endpoint` shares with `source`
-/// (the count stops at the first difference), and its rank. A leading
-/// `network` preference is Istio's "same network first": a match ranks
-/// above any match of the others, a mismatch is skipped so the others
-/// still rank.
-fn locality_rank(
-    preferences: &[RoutingScope],
-    source: &MeshWorkload,
-    endpoint: &MeshWorkload,
-) -> (usize, usize) {
-    let (s, e) = (&source.workload, &endpoint.workload);
-    let network_first = preferences.first() == Some(&RoutingScope::Network);
-    let (mut matched, mut rank) = (0, 0);
-    for (i, scope) in preferences.iter().enumerate() {
-        let same = match scope {
-            RoutingScope::Region => s.locality().region == e.locality().region,
-            RoutingScope::Zone => s.locality().zone == e.locality().zone,
-            RoutingScope::Subzone => s.locality().subzone == e.locality().subzone,
-            RoutingScope::Node => s.node == e.node,
-            RoutingScope::Cluster => s.cluster_id == e.cluster_id,
-            RoutingScope::Network => s.network == e.network,
-        };
-        if i == 0 && network_first {
-            if same {
-                matched += 1;
-                rank += preferences.len();
-            }
-            continue;
-        }
-        if !same {
-            break;
-        }
-        matched += 1;
-        rank += 1;
-    }
-    (matched, rank)
 }
 
 /// A cheap random index below `n` (at least 1; no `rand` dependency):
