@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use dataplane_user::identity::Identity;
@@ -23,9 +22,6 @@ use tokio::runtime::Runtime;
 
 use crate::stranger::MeshCredentials;
 use crate::topology::Pod;
-
-/// How long any one step may take before the stand-in gives up on it.
-const STEP: Duration = Duration::from_secs(20);
 
 /// One CONNECT the gateway was asked for.
 #[derive(Debug, Clone)]
@@ -98,22 +94,7 @@ impl GatewayStandIn {
             listener.set_nonblocking(true)?;
             Ok::<_, std::io::Error>(listener)
         })??;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
-        let acceptor = tokio_rustls::TlsAcceptor::from(server);
-        runtime.spawn(async move {
-            let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                return;
-            };
-            while let Ok((tcp, _)) = listener.accept().await {
-                let (acceptor, shared) = (acceptor.clone(), Arc::clone(&shared));
-                tokio::spawn(async move {
-                    let _ = serve(tcp, acceptor, shared).await;
-                });
-            }
-        });
+        let runtime = crate::waypoint::serve_connects(listener, server, shared, forward)?;
         Ok(Self {
             identity,
             requests,
@@ -133,23 +114,6 @@ impl Drop for GatewayStandIn {
             runtime.shutdown_background();
         }
     }
-}
-
-async fn serve(
-    tcp: tokio::net::TcpStream,
-    acceptor: tokio_rustls::TlsAcceptor,
-    shared: Arc<Shared>,
-) -> anyhow::Result<()> {
-    let tls = tokio::time::timeout(STEP, acceptor.accept(tcp)).await??;
-    let mut conn = h2::server::handshake(tls).await?;
-    while let Some(request) = conn.accept().await {
-        let (request, respond) = request?;
-        let shared = Arc::clone(&shared);
-        tokio::spawn(async move {
-            let _ = forward(request, respond, shared).await;
-        });
-    }
-    Ok(())
 }
 
 /// Carries one outer tunnel's bytes to the node of its hostname.

@@ -84,22 +84,7 @@ impl WaypointStandIn {
             listener.set_nonblocking(true)?;
             Ok::<_, std::io::Error>(listener)
         })??;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
-        let acceptor = tokio_rustls::TlsAcceptor::from(server);
-        runtime.spawn(async move {
-            let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                return;
-            };
-            while let Ok((tcp, _)) = listener.accept().await {
-                let (acceptor, shared) = (acceptor.clone(), Arc::clone(&shared));
-                tokio::spawn(async move {
-                    let _ = serve(tcp, acceptor, shared).await;
-                });
-            }
-        });
+        let runtime = serve_connects(listener, server, shared, forward)?;
         Ok(Self {
             forwarded,
             identity: me.identity,
@@ -121,21 +106,47 @@ impl Drop for WaypointStandIn {
     }
 }
 
-async fn serve(
-    tcp: tokio::net::TcpStream,
-    acceptor: tokio_rustls::TlsAcceptor,
-    shared: Arc<Shared>,
-) -> anyhow::Result<()> {
-    let tls = tokio::time::timeout(STEP, acceptor.accept(tcp)).await??;
-    let mut conn = h2::server::handshake(tls).await?;
-    while let Some(request) = conn.accept().await {
-        let (request, respond) = request?;
-        let shared = Arc::clone(&shared);
-        tokio::spawn(async move {
-            let _ = forward(request, respond, shared).await;
-        });
-    }
-    Ok(())
+/// Serves the HTTP/2 CONNECTs of every TLS connection `listener` accepts
+/// on a runtime of its own (returned: dropping it stops the server), each
+/// request handed to `forward` on a task of its own: the accept loop of
+/// the test's HBONE stand-ins (waypoints, network gateways).
+pub(crate) fn serve_connects<S, F, Fut>(
+    listener: std::net::TcpListener,
+    server: Arc<rustls::ServerConfig>,
+    shared: Arc<S>,
+    forward: F,
+) -> anyhow::Result<tokio::runtime::Runtime>
+where
+    S: Send + Sync + 'static,
+    F: Fn(Request<RecvStream>, h2::server::SendResponse<Bytes>, Arc<S>) -> Fut
+        + Copy
+        + Send
+        + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(server);
+    runtime.spawn(async move {
+        let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+            return;
+        };
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, shared) = (acceptor.clone(), Arc::clone(&shared));
+            tokio::spawn(async move {
+                let tls = tokio::time::timeout(STEP, acceptor.accept(tcp)).await??;
+                let mut conn = h2::server::handshake(tls).await?;
+                while let Some(request) = conn.accept().await {
+                    let (request, respond) = request?;
+                    tokio::spawn(forward(request, respond, Arc::clone(&shared)));
+                }
+                anyhow::Ok(())
+            });
+        }
+    });
+    Ok(runtime)
 }
 
 /// Carries one CONNECT on to its authority through a new tunnel.
