@@ -15,7 +15,7 @@ use dataplane_tests::{
     gateway::GatewayStandIn,
     mesh::{ECHO_VIP, NAMESPACE, TwoNodes, endpoint_of, service},
     observe::{scrape, sum_matching},
-    traffic::{echo, echo_server, http, wait_until},
+    traffic::{echo, echo_server, http, try_stream, wait_until},
 };
 use dataplane_user::config::{LocalConfig, Service, Waypoint, Workload};
 
@@ -163,6 +163,38 @@ fn an_endpoint_behind_a_network_gateway_is_reached_by_double_hbone() -> anyhow::
         );
         Ok(opened >= CONNECTIONS as f64)
     })?;
+    Ok(())
+}
+
+/// A gateway that opens the outer tunnel to a node that never answers the
+/// inner handshake (a listener on the destination's 15008 that accepts
+/// nothing): the client's connection ends in a reset once the inner
+/// tunnel gives up opening, never held open for ever nor closed cleanly.
+#[test]
+fn a_gateway_whose_far_side_never_answers_ends_in_a_reset() -> anyhow::Result<()> {
+    let w = TwoNodes::new("mnsi")?;
+    let (config, far) = far_mesh(&w, "east");
+    let path = w.write(&config)?;
+    let _a1 = w.agent("mnsi", 1, &path, &["--network", "east"])?;
+    // No agent for the far node: its 15008 completes TCP handshakes from
+    // the backlog and never reads.
+    let far_node = SocketAddr::from((w.remote.ip4, 15008));
+    let _silent = w
+        .remote
+        .netns
+        .run(move || std::net::TcpListener::bind(far_node))??;
+    let gateway = GatewayStandIn::start(
+        &w.plain,
+        15008,
+        &w.shared_ca(),
+        ("istio-system", "eastwest"),
+        &[(far.hostname.as_str(), w.remote.ip4.into())],
+    )?;
+    let far_vip = SocketAddr::new(FAR_VIP, 80).to_string();
+    let out = try_stream(&w.client, &["expect-reset", &far_vip])?;
+    assert_eq!(out.stdout, "reset", "{out:?}");
+    // It did get as far as the gateway.
+    asked_by_name(&gateway, &far, 1);
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 //! one would always reach the same workload behind the gateway).
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -54,9 +55,43 @@ pub fn inner_request(
     Ok(request)
 }
 
+/// Longest the inner tunnel may take to open (its TLS and HTTP/2
+/// handshakes and the CONNECT's answer), as a dial to a node
+/// (`proxy::dialer`): the outer tunnel's keepalive sees a live gateway
+/// even when nothing answers behind it, so without this bound a gateway
+/// that never carries the handshake would hold the client's connection
+/// open for ever.
+const INNER_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Opens the inner tunnel of `hop` inside `outer`, its tunnel to the
-/// gateway, sending the client's `early` bytes behind the request.
+/// gateway, sending the client's `early` bytes behind the request; gives
+/// up after [`INNER_OPEN_TIMEOUT`].
 pub(super) async fn open_inner(
+    ctx: &PodContext,
+    hop: &TunnelHop,
+    through: &Through,
+    outer: Tunnel,
+    headers: InnerHeaders<'_>,
+    early: &Bytes,
+) -> Result<Tunnel, PoolError> {
+    let opening = open_inner_unbounded(ctx, hop, through, outer, headers, early);
+    match tokio::time::timeout(INNER_OPEN_TIMEOUT, opening).await {
+        Ok(opened) => opened,
+        Err(_) => Err(PoolError::Inner {
+            gateway: hop.via,
+            authority: through.authority.clone(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the inner tunnel did not open within {}s",
+                    INNER_OPEN_TIMEOUT.as_secs()
+                ),
+            ),
+        }),
+    }
+}
+
+async fn open_inner_unbounded(
     ctx: &PodContext,
     hop: &TunnelHop,
     through: &Through,
