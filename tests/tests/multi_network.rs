@@ -113,6 +113,24 @@ fn far_mesh(w: &TwoNodes, client_network: &str) -> (LocalConfig, Service) {
 /// Checks what the gateway was asked: `connections` CONNECTs for `far` by
 /// name (ztunnel `HboneAddress::SvcHostname`) with the outer tunnel's
 /// headers, not the inner one's origin network.
+/// Waits until `agent`, the destination's node proxy, counts `connections`
+/// opened by the client pod's own identity (its mutual TLS reached the
+/// destination's node, through the gateway).
+fn counts_the_clients_connections(
+    agent: &dataplane_tests::Agent,
+    connections: u64,
+) -> anyhow::Result<()> {
+    let client = "spiffe://cluster.local/ns/test/sa/client";
+    wait_until("the destination to count the client's connections", || {
+        let opened = sum_matching(
+            &scrape(agent)?,
+            "istio_tcp_connections_opened_total",
+            &[("reporter", "destination"), ("source_principal", client)],
+        );
+        Ok(opened >= connections as f64)
+    })
+}
+
 fn asked_by_name(gateway: &GatewayStandIn, far: &Service, connections: u64) {
     let requests = gateway.requests();
     assert_eq!(requests.len() as u64, connections, "{requests:?}");
@@ -154,15 +172,7 @@ fn an_endpoint_behind_a_network_gateway_is_reached_by_double_hbone() -> anyhow::
     asked_by_name(&gateway, &far, CONNECTIONS);
     // The destination's node saw the client's own identity: the inner
     // tunnel's mutual TLS ran between the two nodes, through the gateway.
-    let client = "spiffe://cluster.local/ns/test/sa/client";
-    wait_until("the destination to count the client's connections", || {
-        let opened = sum_matching(
-            &scrape(&a2)?,
-            "istio_tcp_connections_opened_total",
-            &[("reporter", "destination"), ("source_principal", client)],
-        );
-        Ok(opened >= CONNECTIONS as f64)
-    })?;
+    counts_the_clients_connections(&a2, CONNECTIONS)?;
     Ok(())
 }
 
@@ -269,15 +279,7 @@ fn a_stock_ztunnel_reaches_our_engine_through_the_gateway_as_we_do() -> anyhow::
     }
     assert_eq!(server.drain().len() as u64, CONNECTIONS);
     asked_by_name(&gateway, &far, CONNECTIONS);
-    let client = "spiffe://cluster.local/ns/test/sa/client";
-    wait_until("our engine to count ztunnel's client's connections", || {
-        let opened = sum_matching(
-            &scrape(&a2)?,
-            "istio_tcp_connections_opened_total",
-            &[("reporter", "destination"), ("source_principal", client)],
-        );
-        Ok(opened >= CONNECTIONS as f64)
-    })?;
+    counts_the_clients_connections(&a2, CONNECTIONS)?;
     drop(rt);
     Ok(())
 }

@@ -77,17 +77,26 @@ pub(super) async fn open_inner(
     let opening = open_inner_unbounded(ctx, hop, through, outer, headers, early);
     match tokio::time::timeout(INNER_OPEN_TIMEOUT, opening).await {
         Ok(opened) => opened,
-        Err(_) => Err(PoolError::Inner {
-            gateway: hop.via,
-            authority: through.authority.clone(),
-            source: std::io::Error::new(
+        Err(_) => Err(inner_failed(
+            hop,
+            through,
+            std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!(
                     "the inner tunnel did not open within {}s",
                     INNER_OPEN_TIMEOUT.as_secs()
                 ),
             ),
-        }),
+        )),
+    }
+}
+
+/// The inner tunnel of `hop` through `through`'s gateway failed.
+fn inner_failed(hop: &TunnelHop, through: &Through, source: std::io::Error) -> PoolError {
+    PoolError::Inner {
+        gateway: hop.via,
+        authority: through.authority.clone(),
+        source,
     }
 }
 
@@ -99,11 +108,7 @@ async fn open_inner_unbounded(
     headers: InnerHeaders<'_>,
     early: &Bytes,
 ) -> Result<Tunnel, PoolError> {
-    let failed = |source: std::io::Error| PoolError::Inner {
-        gateway: hop.via,
-        authority: through.authority.clone(),
-        source,
-    };
+    let failed = |source: std::io::Error| inner_failed(hop, through, source);
     let h2_failed = |err: h2::Error| failed(std::io::Error::other(err));
     let request = inner_request(
         &through.authority,
