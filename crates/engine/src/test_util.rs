@@ -13,6 +13,7 @@
 //! `REDIRECT` rule the capture would, so the listeners run as they do in a
 //! pod, on real sockets.
 //!
+//! It needs root (`ip netns`, `iptables`), as the integration tests do.
 //! Set-up failures panic (a fixture that cannot be built is a broken test).
 
 use std::{
@@ -52,8 +53,10 @@ use crate::{
 /// leave alone (the agent's default `--proxy-mark`).
 pub const TEST_MARK: u32 = 0x539;
 
-/// A network namespace of one test, named `dp-tu-<pid>-<n>`; deleted when
-/// dropped (with every socket left in it).
+/// A network namespace of one test, named `dpt-unit-<pid>-<n>`; deleted when
+/// dropped (with every socket left in it). The name follows the integration
+/// tests' `dpt-<tag>-<pid>-<n>`, so their sweep (`tests/src/stale.rs`)
+/// removes one a killed test process left behind.
 #[derive(Debug)]
 pub struct TestNetns {
     name: String,
@@ -66,10 +69,10 @@ impl TestNetns {
     /// # Panics
     ///
     /// When `ip` cannot create or set it up (the tests need root).
-    pub fn new() -> Self {
+    pub fn create() -> Self {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let name = format!(
-            "dp-tu-{}-{}",
+            "dpt-unit-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
@@ -210,7 +213,7 @@ impl TestPodBuilder {
     ///
     /// When any part cannot be set up.
     pub fn build(self) -> TestPod {
-        let netns = TestNetns::new();
+        let netns = TestNetns::create();
         let ca = TestCa::new();
         let (mesh, shutdown) = mesh_context(&ca, &self.config);
         let spiffe = TestCa::identity(&self.namespace, &self.account);

@@ -12,7 +12,9 @@ use std::{sync::Arc, time::Duration};
 
 use rustls::{ClientConfig, ServerConfig};
 
-use crate::identity::{Ca, CertSource, CertStore, DEFAULT_VALIDITY, Identity, TrustBundle};
+use crate::identity::{
+    Ca, CertSource, CertStore, DEFAULT_VALIDITY, Identity, IssuedCert, TrustBundle,
+};
 
 /// The trust domain the fixture's identities are in (Istio's default).
 pub const TRUST_DOMAIN: &str = "cluster.local";
@@ -72,6 +74,19 @@ impl TestCa {
     /// When the namespace or account is not a valid SPIFFE path segment.
     pub fn identity(namespace: &str, account: &str) -> Identity {
         Identity::new(TRUST_DOMAIN, namespace, account).expect("a valid test identity")
+    }
+
+    /// The workload certificate of `identity` (chain and key), issued by
+    /// the store on first use and the same one afterwards, as a pod's
+    /// handshakes present it.
+    ///
+    /// # Panics
+    ///
+    /// When the CA cannot issue it.
+    pub fn certificate(&self, identity: &Identity) -> Arc<IssuedCert> {
+        self.store
+            .get_or_issue(identity)
+            .expect("a certificate from the test CA")
     }
 
     /// HBONE's server configuration presenting `server`'s certificate
