@@ -14,6 +14,8 @@
 //! - [`workers`]: the threads connections run on.
 //! - [`logging`], [`httpd`], [`nofile`]: log set-up, the small HTTP server
 //!   of the agent's ports, the open-file limit.
+//! - `test_util` (feature `test-util`, for tests): a pod's context without
+//!   enrollment or kernel programs.
 //!
 //! It depends on the crates below it (`dataplane-core`,
 //! `dataplane-kernel`, `dataplane-identity`, `dataplane-model`), not on
@@ -34,6 +36,8 @@ pub mod nofile;
 pub mod proxy;
 pub mod relay;
 pub mod telemetry;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;
 pub mod workers;
 
 // The paths these modules were written against in `dataplane-user`.

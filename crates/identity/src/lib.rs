@@ -13,6 +13,8 @@
 //!   trust bundle.
 //! - [`tls`]: HBONE's rustls client and server configurations and their
 //!   SPIFFE verifiers.
+//! - `test_util` (feature `test-util`, for other crates' tests): the
+//!   shared test CA and the configurations it gives.
 //!
 //! It depends on `dataplane-core` and `dataplane-istio-api` (Istio's CA
 //! service) only: nothing of the kernel, the mesh model, the engine or the
@@ -26,4 +28,6 @@ pub mod crypto;
 mod fuzz_seeds;
 pub mod identity;
 pub mod istiod;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;
 pub mod tls;

@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::identity::{Ca, Identity};
+use dataplane_identity::test_util::TestCa;
 
 const MESH: &str = r#"
 workloads:
@@ -203,8 +203,8 @@ fn policies_nest_rules_and_tag_string_matches() {
 
 #[test]
 fn certificates_list_the_leaf_apart_from_the_roots() {
-    let ca = Ca::generate().unwrap();
-    let identity = Identity::new("cluster.local", "shop", "web").unwrap();
+    let ca = TestCa::new().ca;
+    let identity = TestCa::identity("shop", "web");
     let issued = Arc::new(ca.issue(&identity, Duration::from_secs(3600)).unwrap());
     let roots = vec![ca.root_der().clone()];
     let sections = ZtunnelSections::build(

@@ -25,6 +25,8 @@ mod engine;
 pub mod handshakes;
 pub mod inbound;
 pub mod inbound_hbone;
+#[cfg(test)]
+mod listener_tests;
 mod netfilter;
 pub mod orig_dst;
 pub mod outbound;

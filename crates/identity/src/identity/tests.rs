@@ -213,14 +213,7 @@ fn issue_refuses_invalid_identity_and_validity() {
 
 #[test]
 fn store_issues_once_and_rotates_at_half_life() {
-    let ca = Arc::new(Ca::generate().unwrap());
-    let roots = Arc::new(TrustBundle::new(vec![ca.root_der().clone()]).unwrap());
-    let store = CertStore::new(
-        CertSource::Builtin(ca),
-        roots,
-        crate::crypto::provider(),
-        Duration::from_secs(3600),
-    );
+    let store = crate::test_util::TestCa::with_validity(Duration::from_secs(3600)).store;
     let first = store.get_or_issue(&web()).unwrap();
     assert!(Arc::ptr_eq(&first, &store.get_or_issue(&web()).unwrap()));
 
@@ -242,14 +235,7 @@ fn store_issues_once_and_rotates_at_half_life() {
 /// with the built-in CA, issue) the identity again.
 #[test]
 fn a_resolver_of_a_forgotten_identity_presents_its_last_certificate() {
-    let ca = Arc::new(Ca::generate().unwrap());
-    let roots = Arc::new(TrustBundle::new(vec![ca.root_der().clone()]).unwrap());
-    let store = Arc::new(CertStore::new(
-        CertSource::Builtin(ca),
-        roots,
-        crate::crypto::provider(),
-        Duration::from_secs(3600),
-    ));
+    let store = crate::test_util::TestCa::with_validity(Duration::from_secs(3600)).store;
     let resolver = store.resolver(web());
     let presented = resolver.current().unwrap();
     assert_eq!(store.counts(), (1, 1));

@@ -18,27 +18,15 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use super::verify::ServerIdentityVerifier;
 use super::*;
-use crate::identity::{Ca, CertSource, CertStore, Identity, TrustBundle};
+use crate::identity::{Identity, TrustBundle};
 
 const TD: &str = "cluster.local";
 
-/// One CA and the certificates it issues.
-struct Mesh {
-    ca: Arc<Ca>,
-    roots: Arc<TrustBundle>,
-    store: Arc<CertStore>,
-}
+/// One CA and the certificates it issues (the shared test CA).
+type Mesh = crate::test_util::TestCa;
 
 fn mesh(validity: Duration) -> Mesh {
-    let ca = Arc::new(Ca::generate().unwrap());
-    let roots = Arc::new(TrustBundle::new(vec![ca.root_der().clone()]).unwrap());
-    let store = Arc::new(CertStore::new(
-        CertSource::Builtin(ca.clone()),
-        roots.clone(),
-        provider(),
-        validity,
-    ));
-    Mesh { ca, roots, store }
+    Mesh::with_validity(validity)
 }
 
 fn id(td: &str, sa: &str) -> Identity {
