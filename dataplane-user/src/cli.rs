@@ -16,6 +16,7 @@ pub mod proxy_config;
 pub mod run;
 pub mod tls;
 pub mod workers;
+pub mod ztunnel_env;
 
 /// eBPF-accelerated transparent redirection data plane for a service mesh.
 ///

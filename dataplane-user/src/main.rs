@@ -2,7 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use dataplane_user::{
     agent::{self, AgentError, config::WorkersConfig},
     cli::{Cli, Command, PodCommand, RedirectCommand, RunArgs, StateArgs},
@@ -27,7 +26,16 @@ const EXIT_UNREACHABLE: u8 = 4;
 const EXIT_UNHEALTHY: u8 = 5;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // ztunnel's variable names apply as the flags they map onto
+    // (`cli::ztunnel_env`); variables that are not Unicode are none of
+    // them.
+    let env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+        .collect();
+    let cli = match dataplane_user::cli::ztunnel_env::parse(std::env::args_os(), &env) {
+        Ok(cli) => cli,
+        Err(err) => err.exit(),
+    };
     match dispatch(cli) {
         Ok(code) => code,
         Err(err) => {

@@ -56,6 +56,12 @@ VARIANTS = {
         "istio": {"enabled": True, "address": "istiod.istio-system.svc:15012",
                   "certSource": "istio", "clusterId": "east"},
     },
+    # A revision's mesh config, and proxy metadata as Istio's ztunnel chart
+    # renders it.
+    "istio-revision": {
+        "istio": {"enabled": True, "meshConfigMap": "istio-canary",
+                  "proxyMetadata": {"ISTIO_META_DNS_CAPTURE": "false", "POOL_MAX_STREAMS_PER_CONNECTION": "50"}},
+    },
     # In istio-cni's place beside Istio's ztunnel, with a socket directory
     # other than the default so the value is seen to reach the hostPath.
     "ztunnel": {
@@ -85,6 +91,8 @@ BAD_VALUES = [
     {"agent": {"engine": "envoy"}},
     {"ztunnel": {"ackTimeout": "soon"}},
     {"ztunnel": {"socketDir": "relative/dir"}},
+    {"istio": {"meshConfigMap": "Not_A_Name"}},
+    {"istio": {"proxyMetadata": {"ISTIO_META_A": 1}}},
 ]
 
 # Values the schema lets through but the chart refuses to render (`fail`).
@@ -186,6 +194,7 @@ def check_daemonset(docs, problems, where, values):
         problems.append(f"{where}: drain timeout {drain} does not fit in terminationGracePeriodSeconds "
                         f"{pod.get('terminationGracePeriodSeconds', 30)}")
     check_engine(pod, agent, problems, where, values)
+    check_istio(pod, agent, problems, where, values)
     cni_on = values.get("cni", {}).get("enabled", True)
     names = [c["name"] for c in pod["containers"]]
     if cni_on != ("install-cni" in names):
@@ -196,6 +205,33 @@ def check_daemonset(docs, problems, where, values):
         for needed in ("/host/opt/cni/bin", "/host/etc/cni/net.d"):
             if needed not in cmounts:
                 problems.append(f"{where}: install-cni lacks the mount {needed}")
+
+
+def check_istio(pod, agent, problems, where, values):
+    """With istio.enabled, Istio's mesh config (ConfigMap `istio.meshConfigMap`,
+    key `mesh`, optional) is mounted at /etc/istio/config, the agent's
+    --mesh-config default (/etc/istio/config/mesh, where ztunnel reads
+    it), and `istio.proxyMetadata` becomes the agent's environment as Istio's
+    ztunnel chart renders meshConfig.defaultConfig.proxyMetadata."""
+    istio = values.get("istio", {})
+    on = istio.get("enabled", False)
+    want_map = istio.get("meshConfigMap", "istio") if on else ""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mount = next((m for m in agent["volumeMounts"] if m["mountPath"] == "/etc/istio/config"), None)
+    if not want_map:
+        if mount is not None:
+            problems.append(f"{where}: a mesh config mounted without istio.enabled and istio.meshConfigMap")
+        return
+    source = volumes.get(mount["name"], {}).get("configMap") if mount else None
+    want = {"name": want_map, "items": [{"key": "mesh", "path": "mesh"}], "optional": True}
+    if source != want or not mount.get("readOnly"):
+        problems.append(f"{where}: /etc/istio/config is {source!r}, want read-only {want!r}")
+    if any(a.startswith("--mesh-config") for a in agent["args"]):
+        problems.append(f"{where}: --mesh-config named: a missing optional ConfigMap would stop the agent")
+    env = {e["name"]: e.get("value") for e in agent.get("env", [])}
+    for key, value in istio.get("proxyMetadata", {}).items():
+        if env.get(key) != value:
+            problems.append(f"{where}: proxyMetadata {key}={value!r} is {env.get(key)!r} in the agent's environment")
 
 
 def check_engine(pod, agent, problems, where, values):

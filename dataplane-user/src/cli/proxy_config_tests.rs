@@ -144,7 +144,12 @@ fn the_mesh_config_alone_gives_the_defaults() {
     );
     assert_eq!(
         metadata(&config),
-        map(&[("FOO", "foo"), ("FOOBAR", "foobar")])
+        map(&[
+            ("DNS_CAPTURE", "true"),
+            ("DNS_PROXY_ADDR", "localhost:15053"),
+            ("FOO", "foo"),
+            ("FOOBAR", "foobar"),
+        ])
     );
     // The readiness port is not in ProxyConfig.
     assert_eq!(config.endpoints.readiness.port(), 15021);
@@ -173,6 +178,8 @@ fn proxy_config_alone_gives_the_defaults_and_istio_meta_variables_join_it() {
         map(&[
             ("BAR", "bar"),
             ("CLUSTER_ID", "test-cluster"),
+            ("DNS_CAPTURE", "true"),
+            ("DNS_PROXY_ADDR", "localhost:15053"),
             ("FOOBAR", "foobar-overwritten"),
             ("INCLUDE_THIS", "foobar-env"),
             ("NO_PREFIX", "no-prefix"),
@@ -207,6 +214,8 @@ fn proxy_config_wins_over_the_mesh_config_field_by_field() {
         map(&[
             ("BAR", "bar-env"),
             ("CLUSTER_ID", "test-cluster"),
+            ("DNS_CAPTURE", "true"),
+            ("DNS_PROXY_ADDR", "localhost:15053"),
             ("FOO", "foo"),
             ("FOOBAR", "foobar-overwritten"),
             ("INCLUDE_THIS", "foobar-env"),

@@ -3,6 +3,7 @@
 //! 2) before anything starts, and parsing is tested from a list of strings
 //! and a map of environment variables, never the process's.
 
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 
 use super::{AfterHandover as AfterHandoverFlag, CaptureMode, RunArgs};
@@ -12,6 +13,7 @@ use crate::{
         KubeConfig, MeshConfig, RedirectConfig, StateConfig, WorkersConfig,
     },
     cli::{
+        dns::{DNS_CAPTURE_METADATA, DNS_PROXY_ADDR_METADATA},
         engine::EngineArgsError,
         istio::{
             CA_HEADER_PREFIX, CertSourceKind, IstioArgsError, XDS_HEADER_PREFIX, grpc_headers,
@@ -120,9 +122,11 @@ impl RunArgs {
             self.istio.istiod_address = proxy.discovery_address.clone();
         }
         let worker_threads = self.worker_threads.or(proxy.worker_threads());
-        let xds = self
-            .istio
-            .xds_node(self.node.as_deref(), proxy.proxy_metadata.clone())?;
+        let dns = self.dns.to_config(&proxy.proxy_metadata);
+        let xds = self.istio.xds_node(
+            self.node.as_deref(),
+            node_metadata(&proxy.proxy_metadata, &dns),
+        )?;
         let xds_headers = grpc_headers(&env, XDS_HEADER_PREFIX)?;
         let ca_headers = grpc_headers(&env, CA_HEADER_PREFIX)?;
         let istiod = self.istio.istiod_config()?.map(|istiod| IstiodConfig {
@@ -207,7 +211,7 @@ impl RunArgs {
                 fast_path: self.fast_path.is_on(),
             },
             original_source,
-            dns: DnsConfig::from(&self.dns),
+            dns,
             engine: self.engine.to_config(),
             // ztunnel binds its readiness and stats ports on its
             // `bind_wildcard` and its admin port on localhost, the stats
@@ -277,6 +281,29 @@ impl RunArgs {
             after_handover: self.after_handover.into(),
         })
     }
+}
+
+/// The xDS node metadata: the proxy metadata, with the DNS proxy's keys
+/// ztunnel reads from it (`src/config.rs` `DNS_CAPTURE_METADATA`,
+/// `DNS_PROXY_ADDR_METADATA`) set to what this agent does, so istiod sees
+/// the same keys from it as from a ztunnel so configured. The resolver's
+/// address is fixed (the kernel programs steer DNS to port 15053):
+/// `localhost:15053` is ztunnel's form for loopback, IPv6 too when
+/// enabled (`Address::new`).
+fn node_metadata(
+    proxy_metadata: &BTreeMap<String, String>,
+    dns: &DnsConfig,
+) -> BTreeMap<String, String> {
+    let mut metadata = proxy_metadata.clone();
+    metadata.insert(
+        DNS_CAPTURE_METADATA.to_owned(),
+        dns.default_capture.to_string(),
+    );
+    metadata.insert(
+        DNS_PROXY_ADDR_METADATA.to_owned(),
+        format!("localhost:{}", dataplane_common::DNS_PROXY_PORT),
+    );
+    metadata
 }
 
 #[cfg(test)]

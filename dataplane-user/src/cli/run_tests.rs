@@ -126,7 +126,11 @@ fn xds_takes_who_the_agent_is_from_flags_and_the_given_environment() {
     assert_eq!(node.node_name, "node-a");
     assert_eq!(
         node.extra.into_iter().collect::<Vec<_>>(),
-        [("CLUSTER".to_owned(), "east".to_owned())]
+        [
+            ("CLUSTER".to_owned(), "east".to_owned()),
+            ("DNS_CAPTURE".to_owned(), "true".to_owned()),
+            ("DNS_PROXY_ADDR".to_owned(), "localhost:15053".to_owned()),
+        ]
     );
     let istiod = config.istiod.expect("--xds asks istiod");
     assert_eq!(istiod.server_name, "istiod.istio-system.svc");
