@@ -21,7 +21,7 @@
 //!   `getpeername` reports the VIP, as after kube-proxy's translation.
 
 use aya_ebpf::{
-    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, bpf_sock_ops},
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, bpf_sock_ops},
     helpers::{bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns},
     programs::{SockAddrContext, SockOpsContext},
 };
@@ -275,12 +275,14 @@ pub fn on_close(ctx: &SockOpsContext, cookie: u64, tuple: Option<SockTuple>) {
         tuple,
         _pad: [0; 4],
     };
-    // The agent is woken by a batch, not by each record; it drains the
-    // ring on a timer too, so a lone record waits at most that long.
+    // A batch wakes the agent; below it, the ring's adaptive wake-up (no
+    // flag) wakes it only when it had read every record before this one,
+    // so an idle agent sleeps until a record comes and a busy one, which
+    // reads a few and then pauses, is woken about once per pause.
     let wake = if FAST_CLOSED.query(BPF_RB_AVAIL_DATA.into()) >= FAST_CLOSED_WAKE_BYTES {
         BPF_RB_FORCE_WAKEUP
     } else {
-        BPF_RB_NO_WAKEUP
+        0
     };
     let written = match vip {
         Some(vip) => FAST_CLOSED.output::<FastCloseVip>(
