@@ -149,11 +149,24 @@ impl WorkloadIndex {
         touched: &mut dyn FnMut(&str, &EntryKey),
     ) -> Result<(), StateError> {
         let mut removed: Vec<Arc<MeshWorkload>> = Vec::new();
-        for (key, _) in changes {
-            let Some(old) = self.by_key.remove(key) else {
+        for (key, new) in changes {
+            // A workload that keeps its addresses is replaced where it is
+            // (below): each index is walked once, in place on a state no
+            // reader holds, instead of a removal and an insertion that
+            // each walk it and may move its nodes.
+            let stays = matches!(
+                (self.by_key.get(key), new),
+                (Some(old), Some(new)) if old.workload.own_ips() == new.own_ips()
+            );
+            let old = if stays {
+                self.by_key.get(key).cloned()
+            } else {
+                self.by_key.remove(key)
+            };
+            let Some(old) = old else {
                 continue;
             };
-            for ip in old.workload.own_ips() {
+            for ip in old.workload.own_ips().iter().filter(|_| !stays) {
                 let ip = ip.to_canonical();
                 if self.by_ip.get(&ip).is_some_and(|held| held.key == *key) {
                     self.by_ip.remove(&ip);

@@ -315,9 +315,23 @@ impl ServiceIndex {
             let Some(stale) = self.entries.all(key.as_str()).cloned() else {
                 continue;
             };
+            let defs = self.defs.all(key.as_str());
             for (entry, built) in stale.iter() {
+                previous.insert(entry.clone(), Arc::clone(built));
+                // The same definition is indexed under the same VIPs,
+                // ranges, hostname and key: its successor replaces it
+                // where it is (below), one walk of each index, in place on
+                // a state no reader holds.
+                let stays = defs
+                    .and_then(|defs| defs.get(entry))
+                    .is_some_and(|service| Arc::ptr_eq(service, &built.service));
                 for vip in &built.service.vips {
                     old_vip(vip.to_canonical());
+                }
+                if stays {
+                    continue;
+                }
+                for vip in &built.service.vips {
                     self.by_vip.remove(&vip.to_canonical(), entry);
                 }
                 for range in &built.service.cidr_vips {
@@ -326,7 +340,6 @@ impl ServiceIndex {
                 self.by_hostname
                     .remove(built.service.hostname.as_str(), entry);
                 self.entries.remove(key.as_str(), entry);
-                previous.insert(entry.clone(), Arc::clone(built));
             }
         }
         for key in &rebuild {

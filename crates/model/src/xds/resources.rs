@@ -91,6 +91,11 @@ impl<T: IntoModel> PartialEq for Versioned<T> {
     }
 }
 
+/// An equivalence, so that comparing two `Arc`s of one first compares
+/// the pointers (the held maps' diffs compare every value of a leaf a
+/// change went through, nearly all shared).
+impl<T: IntoModel> Eq for Versioned<T> {}
+
 impl<T: IntoModel> std::fmt::Debug for Versioned<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Versioned")
