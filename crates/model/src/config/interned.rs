@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use dataplane_core::intern::Interner;
 
-use super::Locality;
+use super::{Locality, SharedStr};
 
 /// Smallest table size swept.
 const MIN_SWEEP: usize = 256;
@@ -20,6 +20,7 @@ const MIN_SWEEP: usize = 256;
 #[derive(Debug)]
 pub struct Strings {
     strings: Interner<Arc<str>>,
+    names: Interner<SharedStr>,
     localities: Interner<Arc<Locality>>,
 }
 
@@ -27,6 +28,7 @@ impl Default for Strings {
     fn default() -> Self {
         Strings {
             strings: Interner::new(MIN_SWEEP),
+            names: Interner::new(MIN_SWEEP),
             localities: Interner::new(MIN_SWEEP),
         }
     }
@@ -41,6 +43,18 @@ impl Strings {
         }
     }
 
+    /// The held copy of `value` as a workload's field holds it (one
+    /// pointer); the empty string holds nothing.
+    pub fn name(&mut self, value: &str) -> SharedStr {
+        if value.is_empty() {
+            return SharedStr::default();
+        }
+        match self.names.get(value) {
+            Some(held) => held,
+            None => self.names.intern(SharedStr::from(value)),
+        }
+    }
+
     /// The held copy of `locality`; none for an empty one (the usual
     /// single-zone cluster's workloads hold nothing).
     pub fn locality(&mut self, locality: Locality) -> Option<Arc<Locality>> {
@@ -49,12 +63,12 @@ impl Strings {
 
     /// Strings held.
     pub fn len(&self) -> usize {
-        self.strings.len()
+        self.strings.len() + self.names.len()
     }
 
     /// Whether none is held.
     pub fn is_empty(&self) -> bool {
-        self.strings.is_empty()
+        self.strings.is_empty() && self.names.is_empty()
     }
 }
 

@@ -312,9 +312,9 @@ mod tests {
         // An IP that moves to another workload in one change is that
         // workload's; the address left behind is nobody's.
         let mut a = (*before.workloads[0]).clone();
-        a.workload_ips = vec!["10.0.0.3".parse().unwrap()];
+        a.workload_ips = vec!["10.0.0.3".parse().unwrap()].into();
         let mut b = (*before.workloads[1]).clone();
-        b.workload_ips = vec!["10.0.0.1".parse().unwrap()];
+        b.workload_ips = vec!["10.0.0.1".parse().unwrap()].into();
         let new = old.apply(&changed(vec![(0, a), (1, b)])).unwrap();
         assert_eq!(at(&new, "10.0.0.1").workload.uid, "b");
         assert_eq!(at(&new, "10.0.0.3").workload.uid, "a");
@@ -323,7 +323,7 @@ mod tests {
         // Taking another entry's address is refused, and the state in
         // force is left as it was.
         let mut thief = (*before.workloads[1]).clone();
-        thief.workload_ips = vec!["10.0.0.1".parse().unwrap()];
+        thief.workload_ips = vec!["10.0.0.1".parse().unwrap()].into();
         let err = old.apply(&changed(vec![(1, thief)])).unwrap_err();
         assert!(err.to_string().contains("both claim IP 10.0.0.1"), "{err}");
         assert_eq!(at(&old, "10.0.0.1").workload.uid, "a");
