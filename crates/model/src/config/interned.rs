@@ -1,11 +1,12 @@
 //! One copy of each string many workloads repeat: namespaces, service
 //! accounts, the trust domain, node names, cluster and network names,
-//! canonical names and revisions, localities. A workload translated from
-//! istiod holds these as [`Arc<str>`] taken from [`Strings`], so ten
-//! thousand pods of one namespace hold its name once (each field also
-//! shrinks from 24 bytes to 16), and its locality as one shared
-//! [`Locality`] (8 bytes where three strings took 48). Values no workload
-//! holds any more are dropped as [`Interner`] sweeps.
+//! canonical names and revisions, service keys, localities. A workload
+//! translated from istiod holds these as [`SharedStr`] taken from
+//! [`Strings`], so ten thousand pods of one namespace hold its name once
+//! (each field also shrinks from a `String`'s 24 bytes to 8), and its
+//! locality as one shared [`Locality`] (8 bytes where three strings took
+//! 48). Values no workload holds any more are dropped as [`Interner`]
+//! sweeps.
 
 use std::sync::Arc;
 

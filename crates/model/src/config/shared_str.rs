@@ -48,7 +48,9 @@ impl SharedStr {
 impl Shared for SharedStr {
     fn is_shared(&self) -> bool {
         // The empty string is never held by a table, so never swept.
-        self.0.as_ref().is_none_or(|held| Arc::strong_count(held) > 1)
+        self.0
+            .as_ref()
+            .is_none_or(|held| Arc::strong_count(held) > 1)
     }
 }
 
