@@ -191,7 +191,8 @@ mod tests {
         assert!(!SharedStr::ptr_eq(&a, &b));
         assert_eq!(a, b);
         assert_eq!(&*a, "shop");
-        assert!(SharedStr::from("a") < SharedStr::from("b"));
+        let (first, second) = (SharedStr::from("a"), SharedStr::from("b"));
+        assert!(first < second);
         let hash = |s: &dyn Fn(&mut std::hash::DefaultHasher)| {
             let mut h = std::hash::DefaultHasher::new();
             s(&mut h);
