@@ -54,7 +54,7 @@ fn mesh(n: usize) -> LocalConfig {
                 namespace: service.namespace.as_str().into(),
                 service_account: format!("sa{}", i % 500).into(),
                 trust_domain: "cluster.local".into(),
-                workload_ips: vec![workload_ip(i).into()],
+                workload_ips: [workload_ip(i).into()].into(),
                 protocol: Protocol::Hbone,
                 node: format!("node{}", i % 100).into(),
                 services: [(service.key(), service.ports.clone())]

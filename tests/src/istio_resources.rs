@@ -103,14 +103,14 @@ pub fn workload_resource(w: &Workload, version: &str) -> Resource {
                 .iter()
                 .map(|(key, map)| {
                     (
-                        key.clone(),
+                        key.to_owned(),
                         PortList {
                             ports: ports(map.iter()),
                         },
                     )
                 })
                 .collect(),
-            authorization_policies: w.authorization_policies.clone(),
+            authorization_policies: w.authorization_policies.to_vec(),
             status: match w.status {
                 WorkloadStatus::Healthy => workload::WorkloadStatus::Healthy as i32,
                 WorkloadStatus::Unhealthy => workload::WorkloadStatus::Unhealthy as i32,

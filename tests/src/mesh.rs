@@ -27,12 +27,12 @@ pub fn hbone_workload(pod: &Pod, name: &str, node: &str) -> Workload {
         namespace: NAMESPACE.into(),
         service_account: name.into(),
         trust_domain: "cluster.local".into(),
-        workload_ips: vec![pod.ip4.into(), pod.ip6.into()],
+        workload_ips: [pod.ip4.into(), pod.ip6.into()].into(),
         protocol: Protocol::Hbone,
         node: node.into(),
-        netns: Some(pod.netns.path().to_path_buf()),
+        netns: Some(Box::new(pod.netns.path().to_path_buf())),
         services: Default::default(),
-        authorization_policies: Vec::new(),
+        authorization_policies: Box::default(),
         ..Workload::default()
     }
 }

@@ -98,7 +98,7 @@ fn far_mesh(w: &TwoNodes, client_network: &str) -> (LocalConfig, Service) {
         namespace: "istio-system".into(),
         service_account: "eastwest".into(),
         trust_domain: "cluster.local".into(),
-        workload_ips: vec![gateway_ip],
+        workload_ips: [gateway_ip].into(),
         network: "west".into(),
         ..Workload::default()
     });

@@ -122,7 +122,7 @@ fn a_workload_behind_a_waypoint_is_reached_through_it_and_around_it_only_as_poli
     for workload in &mut locked.workloads {
         let workload = std::sync::Arc::make_mut(workload);
         if workload.name == "remote" {
-            workload.authorization_policies = vec![format!("{NAMESPACE}/waypoint-only")];
+            workload.authorization_policies = [format!("{NAMESPACE}/waypoint-only")].into();
         }
     }
     write_config(w.dir.path(), "node2.yaml", &locked)?;

@@ -481,9 +481,8 @@ fn pushed_workloads_are_served_at_the_ack(
                 namespace: NAMESPACE.into(),
                 service_account: prefix.into(),
                 trust_domain: "cluster.local".into(),
-                workload_ips: vec![
-                    std::net::Ipv4Addr::new(10, octet, (i >> 8) as u8, i as u8).into(),
-                ],
+                workload_ips: [std::net::Ipv4Addr::new(10, octet, (i >> 8) as u8, i as u8).into()]
+                    .into(),
                 ..dataplane_user::config::Workload::default()
             };
             padded(workload_resource(&workload, "v1"), pad)

@@ -367,10 +367,10 @@ fn workload(w: &Workload) -> ZtunnelWorkload {
         zone: known.zone.to_string(),
         subzone: known.subzone.to_string(),
     });
-    let mut services: Vec<String> = w.services.keys().cloned().collect();
+    let mut services: Vec<String> = w.services.keys().map(str::to_owned).collect();
     services.sort();
     ZtunnelWorkload {
-        workload_ips: w.workload_ips.clone(),
+        workload_ips: w.workload_ips.to_vec(),
         waypoint: w.waypoint.as_deref().and_then(gateway),
         network_gateway: w.network_gateway.as_deref().and_then(gateway),
         protocol: w.protocol,
@@ -392,7 +392,7 @@ fn workload(w: &Workload) -> ZtunnelWorkload {
         hostname: w.hostname.to_string(),
         node: w.node.to_string(),
         application_tunnel: w.application_tunnel,
-        authorization_policies: w.authorization_policies.clone(),
+        authorization_policies: w.authorization_policies.to_vec(),
         status: w.status,
         cluster_id: match &*w.cluster_id {
             "" => DEFAULT_CLUSTER_ID.to_owned(),

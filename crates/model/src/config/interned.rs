@@ -1,17 +1,18 @@
 //! One copy of each string many workloads repeat: namespaces, service
 //! accounts, the trust domain, node names, cluster and network names,
-//! canonical names and revisions, localities. A workload translated from
-//! istiod holds these as [`Arc<str>`] taken from [`Strings`], so ten
-//! thousand pods of one namespace hold its name once (each field also
-//! shrinks from 24 bytes to 16), and its locality as one shared
-//! [`Locality`] (8 bytes where three strings took 48). Values no workload
-//! holds any more are dropped as [`Interner`] sweeps.
+//! canonical names and revisions, service keys, localities. A workload
+//! translated from istiod holds these as [`SharedStr`] taken from
+//! [`Strings`], so ten thousand pods of one namespace hold its name once
+//! (each field also shrinks from a `String`'s 24 bytes to 8), and its
+//! locality as one shared [`Locality`] (8 bytes where three strings took
+//! 48). Values no workload holds any more are dropped as [`Interner`]
+//! sweeps.
 
 use std::sync::Arc;
 
 use dataplane_core::intern::Interner;
 
-use super::Locality;
+use super::{Locality, SharedStr};
 
 /// Smallest table size swept.
 const MIN_SWEEP: usize = 256;
@@ -20,6 +21,7 @@ const MIN_SWEEP: usize = 256;
 #[derive(Debug)]
 pub struct Strings {
     strings: Interner<Arc<str>>,
+    names: Interner<SharedStr>,
     localities: Interner<Arc<Locality>>,
 }
 
@@ -27,6 +29,7 @@ impl Default for Strings {
     fn default() -> Self {
         Strings {
             strings: Interner::new(MIN_SWEEP),
+            names: Interner::new(MIN_SWEEP),
             localities: Interner::new(MIN_SWEEP),
         }
     }
@@ -41,6 +44,18 @@ impl Strings {
         }
     }
 
+    /// The held copy of `value` as a workload's field holds it (one
+    /// pointer); the empty string holds nothing.
+    pub fn name(&mut self, value: &str) -> SharedStr {
+        if value.is_empty() {
+            return SharedStr::default();
+        }
+        match self.names.get(value) {
+            Some(held) => held,
+            None => self.names.intern(SharedStr::from(value)),
+        }
+    }
+
     /// The held copy of `locality`; none for an empty one (the usual
     /// single-zone cluster's workloads hold nothing).
     pub fn locality(&mut self, locality: Locality) -> Option<Arc<Locality>> {
@@ -49,12 +64,12 @@ impl Strings {
 
     /// Strings held.
     pub fn len(&self) -> usize {
-        self.strings.len()
+        self.strings.len() + self.names.len()
     }
 
     /// Whether none is held.
     pub fn is_empty(&self) -> bool {
-        self.strings.is_empty()
+        self.strings.is_empty() && self.names.is_empty()
     }
 }
 

@@ -11,6 +11,7 @@ pub mod entries;
 pub mod interned;
 pub(crate) mod limits;
 mod schema;
+mod shared_str;
 mod validate;
 mod workload;
 
@@ -20,6 +21,7 @@ pub use schema::{
     Action, HealthPolicy, LoadBalancing, Match, Policy, Routing, RoutingMode, RoutingScope, Scope,
     Service, Visibility, WeightedWaypoint,
 };
+pub use shared_str::SharedStr;
 pub use workload::{
     AppTunnelProtocol, ApplicationTunnel, Locality, Ports, Protocol, ServicePorts, Waypoint,
     Workload, WorkloadStatus,
@@ -225,7 +227,7 @@ mod tests {
         assert_eq!(&*w.trust_domain, "cluster.local");
         assert_eq!(&*w.service_account, "default");
         assert_eq!(w.protocol, Protocol::Hbone);
-        assert_eq!(w.workload_ips, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
+        assert_eq!(*w.workload_ips, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
     }
 
     #[test]

@@ -5,6 +5,8 @@ use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
+use super::SharedStr;
+
 /// Whether a workload speaks HBONE or plain TCP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
@@ -122,16 +124,16 @@ pub struct Workload {
     /// Pod name.
     pub name: String,
     /// Kubernetes namespace.
-    pub namespace: Arc<str>,
+    pub namespace: SharedStr,
     /// Service account (the identity's last component).
     #[serde(default = "default_service_account")]
-    pub service_account: Arc<str>,
+    pub service_account: SharedStr,
     /// SPIFFE trust domain.
     #[serde(default = "default_trust_domain")]
-    pub trust_domain: Arc<str>,
+    pub trust_domain: SharedStr,
     /// Pod IPs.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub workload_ips: Vec<IpAddr>,
+    #[serde(default, skip_serializing_if = "<[IpAddr]>::is_empty")]
+    pub workload_ips: Box<[IpAddr]>,
     /// A DNS name the workload is reached at when it has no IPs (a
     /// ServiceEntry endpoint with `resolution: DNS`, as istiod sends it:
     /// `serviceEntryWorkloadBuilder` in istio
@@ -139,7 +141,7 @@ pub struct Workload {
     /// connection picks it (ztunnel `src/state.rs`
     /// `resolve_on_demand_dns`).
     #[serde(default, skip_serializing_if = "str::is_empty")]
-    pub hostname: Arc<str>,
+    pub hostname: SharedStr,
     /// The pod shares its node's network namespace (`hostNetwork`): its IPs
     /// are the node's, shared with every other such pod, so they name no
     /// workload (ztunnel `WorkloadStore::insert` indexes such workloads by
@@ -156,18 +158,20 @@ pub struct Workload {
     pub protocol: Protocol,
     /// Node the workload runs on.
     #[serde(default, skip_serializing_if = "str::is_empty")]
-    pub node: Arc<str>,
+    pub node: SharedStr,
     /// Network namespace path, for workloads this agent enrolls at start
     /// (standalone mode).
+    /// Boxed: only standalone mode's workloads have one, and inline it
+    /// took 24 of every workload's bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub netns: Option<PathBuf>,
+    pub netns: Option<Box<PathBuf>>,
     /// Services this workload is an endpoint of: `namespace/hostname` ->
     /// service port -> target port.
     #[serde(default, skip_serializing_if = "ServicePorts::is_empty")]
     pub services: ServicePorts,
     /// `namespace/name` of WorkloadSelector-scoped policies that apply.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub authorization_policies: Vec<String>,
+    #[serde(default, skip_serializing_if = "<[String]>::is_empty")]
+    pub authorization_policies: Box<[String]>,
     /// Readiness, as Kubernetes sees it.
     #[serde(default, skip_serializing_if = "WorkloadStatus::is_healthy")]
     pub status: WorkloadStatus,
@@ -182,7 +186,7 @@ pub struct Workload {
     pub application_tunnel: Option<ApplicationTunnel>,
     /// The network the workload's IPs belong to (empty: the default one).
     #[serde(default, skip_serializing_if = "str::is_empty")]
-    pub network: Arc<str>,
+    pub network: SharedStr,
     /// The east-west gateway a client on another network reaches this
     /// workload through (istiod's `network_gateway`; ztunnel
     /// `src/state/workload.rs` `Workload::network_gateway`). Written as a
@@ -192,17 +196,17 @@ pub struct Workload {
     pub network_gateway: Option<Box<Waypoint>>,
     /// Canonical service (`service.istio.io/canonical-name`).
     #[serde(default, skip_serializing_if = "str::is_empty")]
-    pub canonical_name: Arc<str>,
+    pub canonical_name: SharedStr,
     /// Canonical revision (`service.istio.io/canonical-revision`).
     #[serde(default, skip_serializing_if = "str::is_empty")]
-    pub canonical_revision: Arc<str>,
+    pub canonical_revision: SharedStr,
     /// The owning workload (e.g. the Deployment's name), named in
     /// telemetry in place of the pod name when set.
     #[serde(default, skip_serializing_if = "str::is_empty")]
-    pub workload_name: Arc<str>,
+    pub workload_name: SharedStr,
     /// The cluster the workload runs in.
     #[serde(default, skip_serializing_if = "str::is_empty")]
-    pub cluster_id: Arc<str>,
+    pub cluster_id: SharedStr,
     /// Region, zone and subzone; none when unknown. Shared: a cluster has
     /// few, and inline the three strings took 48 bytes of every workload
     /// (`benches/mesh_memory.rs`). Read through [`Workload::locality`].
@@ -248,9 +252,11 @@ impl Workload {
 /// service port -> target port), held as sorted slices. Nearly every
 /// workload is in one or two services with a port or two: two nested
 /// `BTreeMap`s allocated about 600 bytes of eleven-slot nodes for that,
-/// the slices about 50 (`benches/mesh_memory.rs`).
+/// the slices about 50 (`benches/mesh_memory.rs`). A key is a
+/// [`SharedStr`]: the endpoints of a service translated from istiod share
+/// one copy of its name ([`super::interned::Strings::name`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ServicePorts(Vec<(String, Ports)>);
+pub struct ServicePorts(Box<[(SharedStr, Ports)]>);
 
 /// One service's port mapping on a workload, sorted by service port.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -298,13 +304,13 @@ impl ServicePorts {
     }
 
     /// The services' keys, sorted.
-    pub fn keys(&self) -> impl Iterator<Item = &String> {
-        self.0.iter().map(|(key, _)| key)
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(key, _)| key.as_str())
     }
 
     /// Each service's key and port mapping, by key.
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &Ports)> {
-        self.0.iter().map(|(key, ports)| (key, ports))
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Ports)> {
+        self.0.iter().map(|(key, ports)| (key.as_str(), ports))
     }
 
     /// The port mapping for service `key`, if the workload is in it.
@@ -322,21 +328,27 @@ impl ServicePorts {
 
     /// Makes the workload an endpoint of `key` with `ports` (replacing any
     /// mapping it had for it).
-    pub fn insert(&mut self, key: String, ports: Ports) {
-        match self.0.binary_search_by(|(k, _)| k.as_str().cmp(&key)) {
+    pub fn insert(&mut self, key: impl Into<SharedStr>, ports: Ports) {
+        let key = key.into();
+        match self.0.binary_search_by(|(k, _)| k.cmp(&key)) {
             Ok(at) => self.0[at].1 = ports,
-            Err(at) => self.0.insert(at, (key, ports)),
+            Err(at) => {
+                let mut entries = std::mem::take(&mut self.0).into_vec();
+                entries.insert(at, (key, ports));
+                self.0 = entries.into_boxed_slice();
+            }
         }
     }
 }
 
-impl<P: Into<Ports>> FromIterator<(String, P)> for ServicePorts {
+impl<K: Into<SharedStr>, P: Into<Ports>> FromIterator<(K, P)> for ServicePorts {
     /// The last mapping of a key given twice wins, as a map's.
-    fn from_iter<I: IntoIterator<Item = (String, P)>>(iter: I) -> Self {
-        let map: BTreeMap<String, Ports> = iter.into_iter().map(|(k, p)| (k, p.into())).collect();
-        let mut entries: Vec<(String, Ports)> = map.into_iter().collect();
-        entries.shrink_to_fit();
-        Self(entries)
+    fn from_iter<I: IntoIterator<Item = (K, P)>>(iter: I) -> Self {
+        let map: BTreeMap<SharedStr, Ports> = iter
+            .into_iter()
+            .map(|(k, p)| (k.into(), p.into()))
+            .collect();
+        Self(map.into_iter().collect())
     }
 }
 
@@ -346,7 +358,7 @@ impl Serialize for ServicePorts {
         let mut map = serializer.serialize_map(Some(self.0.len()))?;
         for (key, ports) in &self.0 {
             let ports: BTreeMap<u16, u16> = ports.iter().collect();
-            map.serialize_entry(key, &ports)?;
+            map.serialize_entry(key.as_str(), &ports)?;
         }
         map.end()
     }
@@ -359,11 +371,11 @@ impl<'de> Deserialize<'de> for ServicePorts {
     }
 }
 
-fn default_service_account() -> Arc<str> {
+fn default_service_account() -> SharedStr {
     "default".into()
 }
 
-fn default_trust_domain() -> Arc<str> {
+fn default_trust_domain() -> SharedStr {
     "cluster.local".into()
 }
 
@@ -373,10 +385,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_workload_stays_small() {
+        // The mesh holds one per pod: at 10k workloads every 8 bytes here
+        // are 80 KB (`benches/mesh_memory.rs`). Shared strings are one
+        // pointer, rare fields boxed.
+        assert_eq!(size_of::<SharedStr>(), 8);
+        let size = size_of::<Workload>();
+        assert!(size <= 232, "a workload grew to {size} bytes");
+    }
+
+    #[test]
     fn service_ports_read_and_write_as_the_map_they_replace() {
         let text = "b/svc: {80: 8080, 443: 8443}\na/svc: {9090: 9091}\n";
         let ports: ServicePorts = serde_yaml_ng::from_str(text).unwrap();
-        let keys: Vec<&String> = ports.keys().collect();
+        let keys: Vec<&str> = ports.keys().collect();
         assert_eq!(keys, ["a/svc", "b/svc"]);
         let b = ports.get("b/svc").unwrap();
         assert_eq!(
@@ -404,15 +426,11 @@ mod tests {
         );
         ports.insert("a".to_owned(), Ports::from_iter([(80, 2), (80, 1)]));
         ports.insert("r".to_owned(), Ports::default());
-        let all: Vec<(&String, Vec<(u16, u16)>)> =
+        let all: Vec<(&str, Vec<(u16, u16)>)> =
             ports.iter().map(|(k, p)| (k, p.iter().collect())).collect();
         assert_eq!(
             all,
-            [
-                (&"a".to_owned(), vec![(80, 1)]),
-                (&"r".to_owned(), vec![]),
-                (&"s".to_owned(), vec![(81, 3)])
-            ]
+            [("a", vec![(80, 1)]), ("r", vec![]), ("s", vec![(81, 3)])]
         );
     }
 }

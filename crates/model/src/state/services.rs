@@ -202,7 +202,7 @@ impl ServiceEntry {
                     match workload.workload.workload_ips.first() {
                         Some(ip) => EndpointAddr::Ip(SocketAddr::new(*ip, target)),
                         None if !workload.workload.hostname.is_empty() => {
-                            EndpointAddr::Hostname(Arc::clone(&workload.workload.hostname), target)
+                            EndpointAddr::Hostname(Arc::from(&workload.workload.hostname), target)
                         }
                         None => return None,
                     }

@@ -339,7 +339,7 @@ services:
         assert_eq!(before.next_start(), 0);
         let mut joining = (*config.workloads[1]).clone();
         joining.uid = "other-2".into();
-        joining.workload_ips = vec!["10.1.0.13".parse().unwrap()];
+        joining.workload_ips = vec!["10.1.0.13".parse().unwrap()].into();
         let changes = Changes {
             workloads: vec![(EntryKey::xds("other-2"), Some(Arc::new(joining)))],
             ..Changes::default()

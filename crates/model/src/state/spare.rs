@@ -155,7 +155,7 @@ services:
             },
             Changes {
                 workloads: vec![workload(1, &|w| {
-                    w.workload_ips = vec!["10.1.0.12".parse().unwrap()];
+                    w.workload_ips = vec!["10.1.0.12".parse().unwrap()].into();
                 })],
                 ..Changes::default()
             },

@@ -16,7 +16,7 @@
 //! conflict: each keeps it, and a lookup picks one per client.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use imbl::ordmap::DiffItem;
@@ -31,18 +31,24 @@ use crate::config::{
 /// The entries claiming one address, in claim order (the first keeps it).
 /// Nearly always one, held inline: a one-element `Vec` allocated its
 /// element besides (and a `BTreeSet` an eleven-slot node, about 350 bytes
-/// per workload IP; `benches/mesh_memory.rs`).
+/// per workload IP; `benches/mesh_memory.rs`). Several (a conflict) is
+/// rare, so boxed: the enum is then the size of one entry (24 bytes, not
+/// 32), and so is every slot of the claims table.
 #[derive(Debug, Clone)]
+#[expect(
+    clippy::box_collection,
+    reason = "boxed to keep the common one-claimant case one entry wide"
+)]
 enum Claimants {
     /// One claimant.
     One(XdsEntry),
     /// Several (or, only while being emptied, none), sorted.
-    Many(Vec<XdsEntry>),
+    Many(Box<Vec<XdsEntry>>),
 }
 
 impl Default for Claimants {
     fn default() -> Self {
-        Self::Many(Vec::new())
+        Self::Many(Box::default())
     }
 }
 
@@ -53,7 +59,7 @@ impl Claimants {
             Self::One(held) => {
                 let mut many = vec![held.clone(), entry];
                 many.sort();
-                *self = Self::Many(many);
+                *self = Self::Many(Box::new(many));
             }
             Self::Many(many) if many.is_empty() => *self = Self::One(entry),
             Self::Many(many) => {
@@ -66,7 +72,7 @@ impl Claimants {
 
     fn remove(&mut self, entry: &XdsEntry) {
         match self {
-            Self::One(held) if held == entry => *self = Self::Many(Vec::new()),
+            Self::One(held) if held == entry => *self = Self::default(),
             Self::One(_) => {}
             Self::Many(many) => {
                 if let Ok(at) = many.binary_search(entry) {
@@ -94,6 +100,47 @@ impl Claimants {
         match self {
             Self::One(held) => std::slice::from_ref(held).iter(),
             Self::Many(many) => many.iter(),
+        }
+    }
+}
+
+/// Who claims each address: IPv4 and IPv6 addresses apart, so that a
+/// slot of the (nearly all IPv4) table is 32 bytes where one keyed by
+/// `IpAddr` (17 bytes, padded to 24) took 56: 92 bytes a workload at
+/// 10k workloads (`benches/mesh_memory.rs`).
+#[derive(Debug, Default)]
+struct Claims {
+    v4: HashMap<Ipv4Addr, Claimants, foldhash::fast::RandomState>,
+    v6: HashMap<Ipv6Addr, Claimants, foldhash::fast::RandomState>,
+}
+
+impl Claims {
+    fn get(&self, ip: &IpAddr) -> Option<&Claimants> {
+        match ip {
+            IpAddr::V4(ip) => self.v4.get(ip),
+            IpAddr::V6(ip) => self.v6.get(ip),
+        }
+    }
+
+    fn get_mut(&mut self, ip: &IpAddr) -> Option<&mut Claimants> {
+        match ip {
+            IpAddr::V4(ip) => self.v4.get_mut(ip),
+            IpAddr::V6(ip) => self.v6.get_mut(ip),
+        }
+    }
+
+    fn remove(&mut self, ip: &IpAddr) {
+        match ip {
+            IpAddr::V4(ip) => self.v4.remove(ip),
+            IpAddr::V6(ip) => self.v6.remove(ip),
+        };
+    }
+
+    /// The claimants of `ip`, none yet if it had none.
+    fn entry(&mut self, ip: IpAddr) -> &mut Claimants {
+        match ip {
+            IpAddr::V4(ip) => self.v4.entry(ip).or_default(),
+            IpAddr::V6(ip) => self.v6.entry(ip).or_default(),
         }
     }
 }
@@ -192,7 +239,7 @@ pub struct XdsModel {
     /// as translated when it arrived).
     held: XdsResources,
     /// Who claims each address.
-    claims: HashMap<IpAddr, Claimants, foldhash::fast::RandomState>,
+    claims: Claims,
     entries: XdsEntries,
 }
 
@@ -238,7 +285,7 @@ impl XdsModel {
             if let Some(kind) = translated.entry.kind() {
                 let claimant = XdsEntry::new(kind, Arc::clone(name));
                 for ip in translated.entry.addresses() {
-                    self.claims.entry(*ip).or_default().insert(claimant.clone());
+                    self.claims.entry(*ip).insert(claimant.clone());
                     addresses.insert(*ip);
                 }
                 touched.insert(claimant);
@@ -339,7 +386,7 @@ impl XdsModel {
                     Arc::clone(w)
                 } else {
                     Arc::new(config::Workload {
-                        workload_ips: kept,
+                        workload_ips: kept.into(),
                         ..(**w).clone()
                     })
                 };
@@ -366,4 +413,18 @@ impl XdsModel {
 
 fn conflict_note(loser: &str, ip: &IpAddr, owner: &str) -> String {
     format!("{loser}: address {ip} is already {owner}'s; left off until that one goes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_is_one_entry_wide() {
+        // Every workload IP is a slot of the claims table: a claimant set
+        // growing back past one entry's size costs every workload
+        // (`benches/mesh_memory.rs`).
+        assert_eq!(size_of::<Claimants>(), size_of::<XdsEntry>());
+        assert!(size_of::<(Ipv4Addr, Claimants)>() <= 32);
+    }
 }

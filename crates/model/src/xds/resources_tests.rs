@@ -331,7 +331,7 @@ fn the_model_shares_what_arrived_translated() {
     for uid in ["uid-1", "uid-2"] {
         assert!(Arc::ptr_eq(&entries.workloads[uid], &arrived(&held, uid)));
     }
-    assert!(Arc::ptr_eq(
+    assert!(crate::config::SharedStr::ptr_eq(
         &arrived(&held, "uid-1").namespace,
         &arrived(&held, "uid-2").namespace
     ));
@@ -353,7 +353,7 @@ fn the_model_shares_what_arrived_translated() {
     );
     let entries = model.update(&held).clone();
     assert_eq!(
-        entries.workloads["uid-1"].workload_ips,
+        *entries.workloads["uid-1"].workload_ips,
         ["10.1.0.9".parse::<IpAddr>().unwrap()]
     );
 }

@@ -120,9 +120,22 @@ fn workload_of(
         };
         strings.locality(locality)
     });
+    // Each of a service's endpoints holds its key: one copy for all.
+    let services = w
+        .services
+        .iter()
+        .map(|(key, ports)| {
+            let ports: config::Ports = ports
+                .ports
+                .iter()
+                .filter_map(|p| Some((port(p.service_port)?, port(p.target_port)?)))
+                .collect();
+            (strings.name(key), ports)
+        })
+        .collect();
     let mut or = |value: &str, default: &str| match value {
-        "" => strings.get(default),
-        v => strings.get(v),
+        "" => strings.name(default),
+        v => strings.name(v),
     };
     let workload = config::Workload {
         uid: w.uid.clone(),
@@ -145,19 +158,8 @@ fn workload_of(
         },
         node: or(&w.node, ""),
         netns: None,
-        services: w
-            .services
-            .iter()
-            .map(|(key, ports)| {
-                let ports: config::Ports = ports
-                    .ports
-                    .iter()
-                    .filter_map(|p| Some((port(p.service_port)?, port(p.target_port)?)))
-                    .collect();
-                (key.clone(), ports)
-            })
-            .collect(),
-        authorization_policies: w.authorization_policies.clone(),
+        services,
+        authorization_policies: w.authorization_policies.clone().into(),
         status: match workload::WorkloadStatus::try_from(w.status) {
             Ok(workload::WorkloadStatus::Unhealthy) => WorkloadStatus::Unhealthy,
             _ => WorkloadStatus::Healthy,

@@ -391,8 +391,11 @@ fn host_network_pods_share_their_nodes_address_without_owning_it() {
     assert!(out.dropped.is_empty(), "{:?}", out.dropped);
     let c = &out.config;
     assert_eq!(c.workloads.len(), 3);
-    assert!(c.workloads.iter().filter(|w| w.uid != "pod-1").all(|w| w.host_network
-        && w.workload_ips == ["192.168.0.7".parse::<IpAddr>().unwrap()]));
+    assert!(
+        c.workloads.iter().filter(|w| w.uid != "pod-1").all(
+            |w| w.host_network && *w.workload_ips == ["192.168.0.7".parse::<IpAddr>().unwrap()]
+        )
+    );
     let state = MeshState::from_config(c).unwrap();
     assert!(
         state
@@ -455,7 +458,7 @@ fn address_conflicts_resolve_the_same_way_every_time() {
     put_workload(&mut r, twice);
     let out = translate(&r, "xds");
     assert_eq!(
-        out.config.workloads[0].workload_ips,
+        *out.config.workloads[0].workload_ips,
         ["10.0.0.6".parse::<IpAddr>().unwrap()]
     );
     assert!(MeshState::from_config(&out.config).is_ok());

@@ -227,7 +227,7 @@ fn workload(i: usize, services: &[Service], moved: usize) -> Workload {
         namespace: service.namespace.as_str().into(),
         service_account: format!("sa{}", i % 500).into(),
         trust_domain: "cluster.local".into(),
-        workload_ips: vec![Ipv4Addr::new(10, a, b, c).into()],
+        workload_ips: [Ipv4Addr::new(10, a, b, c).into()].into(),
         protocol: Protocol::Hbone,
         node: format!("node{}", (i + moved) % 100).into(),
         services: [(service.key(), service.ports.clone())]
