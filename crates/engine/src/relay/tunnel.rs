@@ -298,9 +298,27 @@ impl Ends {
                 },
                 Backward::Writing { data, len } => {
                     while !data.is_empty() {
-                        let written = match ready!(self.tcp.poll_write_ready(cx)) {
-                            Ok(()) => self.tcp.try_write(data),
-                            Err(err) => Err(err),
+                        let written = match self.tcp.poll_write_ready(cx) {
+                            Poll::Ready(Ok(())) => self.tcp.try_write(data),
+                            Poll::Ready(Err(err)) => Err(err),
+                            // Nothing written yet: the socket may be the
+                            // app's, connected within this turn, whose
+                            // writability the runtime learns only at its
+                            // next look at readiness, after every other
+                            // ready task (the early data would wait for
+                            // it). Written at once instead; the waker
+                            // stays registered for a full buffer.
+                            Poll::Pending if self.received == 0 => {
+                                match socket2::SockRef::from(&*self.tcp)
+                                    .send_with_flags(data, libc::MSG_NOSIGNAL)
+                                {
+                                    Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                                        return Poll::Pending;
+                                    }
+                                    written => written,
+                                }
+                            }
+                            Poll::Pending => return Poll::Pending,
                         };
                         match written {
                             Ok(n) => data.advance(n),
