@@ -39,9 +39,10 @@ const LIVENESS: Duration = Duration::from_secs(10);
 
 /// Records read at once below which the agent pauses [`DRAIN_PERIOD`]
 /// before reading again: the batch the kernel wakes it for
-/// ([`dataplane_common::maps::FAST_CLOSED_WAKE_BYTES`] of 80-byte records),
-/// so a burst is read as fast as it comes.
-const BATCH: usize = (dataplane_common::maps::FAST_CLOSED_WAKE_BYTES / 80) as usize;
+/// ([`dataplane_common::maps::FAST_CLOSED_WAKE_BYTES`] of records), so a
+/// burst is read as fast as it comes.
+const BATCH: usize =
+    dataplane_common::maps::FAST_CLOSED_WAKE_BYTES as usize / size_of::<FastClose>();
 
 /// Reads `ring` until the agent's mesh context is gone.
 pub(super) fn spawn(fast_path: Arc<FastPath>, ring: RingBuf<MapData>, mesh: Weak<MeshContext>) {

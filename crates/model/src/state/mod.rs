@@ -189,22 +189,19 @@ impl WorkloadIndex {
             // (below): each index is walked once, in place on a state no
             // reader holds, instead of a removal and an insertion that
             // each walk it and may move its nodes.
-            let stays = matches!(
-                (self.by_key.get(key), new),
-                (Some(old), Some(new)) if old.workload.own_ips() == new.own_ips()
-            );
-            let old = if stays {
-                self.by_key.get(key).cloned()
-            } else {
-                self.by_key.remove(key)
-            };
-            let Some(old) = old else {
+            let Some(old) = self.by_key.get(key).cloned() else {
                 continue;
             };
-            for ip in old.workload.own_ips().iter().filter(|_| !stays) {
-                let ip = ip.to_canonical();
-                if self.by_ip.get(&ip).is_some_and(|held| held.key == *key) {
-                    self.by_ip.remove(&ip);
+            let stays = new
+                .as_ref()
+                .is_some_and(|new| old.workload.own_ips() == new.own_ips());
+            if !stays {
+                self.by_key.remove(key);
+                for ip in old.workload.own_ips() {
+                    let ip = ip.to_canonical();
+                    if self.by_ip.get(&ip).is_some_and(|held| held.key == *key) {
+                        self.by_ip.remove(&ip);
+                    }
                 }
             }
             for service in old.workload.services.keys() {

@@ -327,12 +327,12 @@ impl ServiceIndex {
                     .is_some_and(|service| Arc::ptr_eq(service, &built.service));
                 for vip in &built.service.vips {
                     old_vip(vip.to_canonical());
+                    if !stays {
+                        self.by_vip.remove(&vip.to_canonical(), entry);
+                    }
                 }
                 if stays {
                     continue;
-                }
-                for vip in &built.service.vips {
-                    self.by_vip.remove(&vip.to_canonical(), entry);
                 }
                 for range in &built.service.cidr_vips {
                     self.by_cidr.remove(range, entry);
