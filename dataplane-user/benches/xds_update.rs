@@ -33,7 +33,7 @@ use dataplane_user::{
     istio_api::{ADDRESS_TYPE, discovery::DeltaDiscoveryResponse},
     sources::{FileIndex, merge_changes, merged_state},
     state::{MeshState, Spare},
-    xds::{XdsEntries, XdsModel, XdsResources, translate},
+    xds::{XdsModel, XdsResources, translate},
 };
 
 #[path = "support/synthetic.rs"]
@@ -128,7 +128,6 @@ struct Agent {
     index: FileIndex,
     model: XdsModel,
     held: Arc<XdsResources>,
-    entries: XdsEntries,
     state: Arc<MeshState>,
     spare: Spare,
     /// Workloads, services and namespaces of the synthetic mesh, and the
@@ -147,13 +146,12 @@ impl Agent {
         services: usize,
     ) -> Option<Self> {
         let mut model = XdsModel::default();
-        let entries = model.update(held).clone();
-        let state = merged_state(file, Some(("xds://bench", &entries))).ok()?;
+        let state = merged_state(file, Some(("xds://bench", model.update(held)))).ok()?;
+        model.taken_in();
         Some(Self {
             index: FileIndex::of(file),
             model,
             held: Arc::clone(held),
-            entries,
             state: Arc::new(state),
             spare: Spare::default(),
             sizes: (n, services, (n / 100).max(1)),
@@ -167,15 +165,20 @@ impl Agent {
     /// Returns the workload count.
     fn push(&mut self, update: &DeltaDiscoveryResponse) -> usize {
         Arc::make_mut(&mut self.held).apply(update);
-        let new = self.model.update(&self.held).clone();
+        self.model.update(&self.held);
         let mut provenance = self.state.provenance.clone();
-        let changes = merge_changes(&self.index, &self.entries, &new, &mut provenance);
+        let changes = merge_changes(
+            &self.index,
+            self.model.entries(),
+            self.model.pending(),
+            &mut provenance,
+        );
         if let Ok((mut next, _)) = self.spare.next(&self.state, &changes) {
             Arc::make_mut(&mut next).provenance = provenance;
             let replaced = std::mem::replace(&mut self.state, next);
             self.spare.keep(replaced, changes, &self.state);
+            self.model.taken_in();
         }
-        self.entries = new;
         self.state.workloads.len()
     }
 

@@ -10,8 +10,9 @@
 //! that shadow istiod's.
 //!
 //! A push from istiod changes only what it names: [`XdsModel`] translates
-//! the resources it changed, [`merge_changes`] turns the entries that
-//! differ into [`Changes`] to the merged configuration, and
+//! the resources it changed and names the entries that changed,
+//! [`merge_changes`] turns those into [`Changes`] to the merged
+//! configuration, and
 //! [`MeshState::apply`] makes the next state from the one in force,
 //! sharing everything else. A change of the file (rare, and it can
 //! shadow any of istiod's entries) builds the state whole. Either is
@@ -23,7 +24,6 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use imbl::ordmap::DiffItem;
 use tokio::sync::{Mutex, watch};
 use tracing::{debug, info, warn};
 
@@ -36,7 +36,9 @@ use crate::logging::Chain;
 use crate::mesh::MeshContext;
 use crate::readiness::{Readiness, Step};
 use crate::state::{Affected, Changes, MeshState, Provenance, Spare, StateError};
-use crate::xds::{XdsEntries, XdsModel, XdsResources, XdsSnapshot, client::AppliedReporter};
+use crate::xds::{
+    ChangedEntries, XdsEntries, XdsModel, XdsResources, XdsSnapshot, client::AppliedReporter,
+};
 
 /// The file's keys and addresses: istiod's entries of the same key are
 /// replaced by the file's, and those claiming its addresses left out.
@@ -111,8 +113,8 @@ pub fn merged_state(
     let mut changes = Changes::of_file(file);
     changes.extend(merge_changes(
         &FileIndex::of(file),
-        &XdsEntries::default(),
         entries,
+        &ChangedEntries::all(entries),
         &mut provenance,
     ));
     let empty = MeshState {
@@ -124,24 +126,23 @@ pub fn merged_state(
     Ok(state)
 }
 
-/// The changes to the merged configuration that istiod's entries going
-/// from `old` to `new` make: each changed entry as the merge keeps it
-/// (`None` when the file replaces it), with `provenance` brought up to
-/// date. Costs what changed: the entries share every node a push did not
-/// touch.
+/// The changes to the merged configuration that the `changed` entries of
+/// istiod's (`entries`, as they now stand) make: each as the merge keeps
+/// it (`None` when gone or when the file replaces it), with `provenance`
+/// brought up to date. Costs what changed: each changed entry is looked
+/// up, nothing else is visited.
 pub fn merge_changes(
     file: &FileIndex,
-    old: &XdsEntries,
-    new: &XdsEntries,
+    entries: &XdsEntries,
+    changed: &ChangedEntries,
     provenance: &mut Provenance,
 ) -> Changes {
     let mut changes = Changes::default();
-    for item in old.workloads.diff(&new.workloads) {
-        let (name, workload) = changed(item);
+    for name in &changed.workloads {
         let entry = XdsEntry::new(EntryKind::Workload, Arc::clone(name));
         provenance.shadows.remove(&entry);
         provenance.merge_dropped.remove(&entry);
-        let kept = workload.filter(|w| {
+        let kept = entries.workloads.get(name).filter(|w| {
             if file.uids.contains(&w.uid) {
                 provenance
                     .shadows
@@ -165,12 +166,11 @@ pub fn merge_changes(
             .workloads
             .push((EntryKey::xds(Arc::clone(name)), kept.cloned()));
     }
-    for item in old.services.diff(&new.services) {
-        let (name, service) = changed(item);
+    for name in &changed.services {
         let entry = XdsEntry::new(EntryKind::Service, Arc::clone(name));
         provenance.shadows.remove(&entry);
         provenance.merge_dropped.remove(&entry);
-        let kept = service.and_then(|s| {
+        let kept = entries.services.get(name).and_then(|s| {
             let key = s.key();
             if file.services.contains(&key) {
                 provenance
@@ -202,11 +202,10 @@ pub fn merge_changes(
             .services
             .push((EntryKey::xds(Arc::clone(name)), kept));
     }
-    for item in old.policies.diff(&new.policies) {
-        let (name, policy) = changed(item);
+    for name in &changed.policies {
         let entry = XdsEntry::new(EntryKind::Policy, Arc::clone(name));
         provenance.shadows.remove(&entry);
-        let kept = policy.filter(|p| {
+        let kept = entries.policies.get(name).filter(|p| {
             let key = p.key();
             let shadowed = file.policies.contains(&key);
             if shadowed {
@@ -220,30 +219,8 @@ pub fn merge_changes(
             .policies
             .push((EntryKey::xds(Arc::clone(name)), kept.cloned()));
     }
-    for item in old.dropped.diff(&new.dropped) {
-        if let DiffItem::Add(_, notes)
-        | DiffItem::Update {
-            new: (_, notes), ..
-        } = item
-        {
-            for note in notes.iter() {
-                warn!(reason = %note, "left out of the mesh state");
-            }
-        }
-    }
-    provenance.xds_dropped = new.dropped.clone();
+    provenance.xds_dropped = entries.dropped.clone();
     changes
-}
-
-/// A diff item's name and new value (`None`: removed).
-fn changed<'a, V>(item: DiffItem<'a, 'a, Arc<str>, V>) -> (&'a Arc<str>, Option<&'a V>) {
-    match item {
-        DiffItem::Add(name, new)
-        | DiffItem::Update {
-            new: (name, new), ..
-        } => (name, Some(new)),
-        DiffItem::Remove(name, _) => (name, None),
-    }
 }
 
 /// The latest version of each source, as the state in force holds them.
@@ -251,10 +228,12 @@ fn changed<'a, V>(item: DiffItem<'a, 'a, Arc<str>, V>) -> (&'a Arc<str>, Option<
 struct Held {
     file: Arc<LocalConfig>,
     file_index: Arc<FileIndex>,
-    xds: Option<(String, XdsEntries)>,
+    /// istiod's name, once its entries are in the state in force.
+    xds: Option<String>,
     /// istiod's resources as translated for the last push (a push
-    /// translates only what it changed); ahead of `xds` when the state
-    /// made from its entries was refused.
+    /// translates only what it changed), with the entries changed since
+    /// the state in force took them in (more than the last push's when a
+    /// state made from them was refused).
     model: XdsModel,
     /// The state the one in force replaced, to make the next from in
     /// place (see [`Spare`]).
@@ -293,7 +272,10 @@ impl ConfigSources {
         let mut held = self.held.lock().await;
         let file = Arc::new(file);
         let index = Arc::new(FileIndex::of(&file));
-        let xds = held.xds.clone();
+        let xds = held
+            .xds
+            .clone()
+            .map(|origin| (origin, held.model.entries().clone()));
         let built = {
             let file = Arc::clone(&file);
             blocking(move || merged_state(&file, xds.as_ref().map(|(o, e)| (o.as_str(), e))))
@@ -301,6 +283,7 @@ impl ConfigSources {
         };
         held.file = Arc::clone(&file);
         held.file_index = index;
+        held.model.taken_in();
         held.spare.clear();
         self.install(
             Arc::new(built),
@@ -331,25 +314,24 @@ impl ConfigSources {
         let file = Arc::clone(&held.file);
         let index = Arc::clone(&held.file_index);
         let previous = self.mesh.state();
-        let old = match &held.xds {
-            Some((name, old)) if *name == origin => Some(old.clone()),
-            _ => None,
-        };
-        let small = small && old.is_some();
+        // The state in force holds istiod's entries but the model's
+        // pending changes: change only those.
+        let incremental = held.xds.as_ref() == Some(&origin);
+        let small = small && incremental;
         let mut model = std::mem::take(&mut held.model);
         let mut spare = std::mem::take(&mut held.spare);
         let made_from = Arc::downgrade(&previous);
         let origin_name = origin.clone();
         let build = move || {
-            let entries = model.update(&resources).clone();
-            let state = match old {
-                // The state in force holds `old`: change only what differs.
-                Some(old) => {
+            model.update(&resources);
+            let entries = model.entries();
+            let state = if incremental {
+                {
                     let mut provenance = previous.provenance.clone();
-                    let changes = merge_changes(&index, &old, &entries, &mut provenance);
+                    let changes = merge_changes(&index, entries, model.pending(), &mut provenance);
                     if changes.is_empty() {
                         let unchanged = (previous, None, 0, Affected::default());
-                        return (model, entries, Ok(unchanged), spare);
+                        return (model, Ok(unchanged), spare);
                     }
                     spare
                         .next(&previous, &changes)
@@ -359,24 +341,28 @@ impl ConfigSources {
                             (state, Some(changes), changed, affected)
                         })
                 }
-                None => merged_state(&file, Some((&origin_name, &entries)))
-                    .map(|s| (Arc::new(s), None, usize::MAX, Affected::everything())),
+            } else {
+                merged_state(&file, Some((&origin_name, entries)))
+                    .map(|s| (Arc::new(s), None, usize::MAX, Affected::everything()))
             };
-            (model, entries, state, spare)
+            (model, state, spare)
         };
         let built = if small {
             Ok(build())
         } else {
             tokio::task::spawn_blocking(build).await
         };
-        // A panic lost the model and the spare: the next push translates
-        // everything.
-        let (model, entries, state, spare) =
-            built.map_err(|err| format!("translating istiod's resources failed: {err}"))?;
+        let (model, state, spare) = built.map_err(|err| {
+            // A panic lost the model and its pending changes: the next
+            // push translates everything and builds the state whole.
+            held.xds = None;
+            format!("translating istiod's resources failed: {err}")
+        })?;
         held.model = model;
         held.spare = spare;
         let (state, changes, changed, affected) = state.map_err(|err| Chain(&err).to_string())?;
-        held.xds = Some((origin, entries));
+        held.model.taken_in();
+        held.xds = Some(origin);
         if changed > 0 {
             let installed = Arc::clone(&state);
             let replaced = self.install(state, changed, &affected, None).await;

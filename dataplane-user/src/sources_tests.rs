@@ -293,17 +293,22 @@ fn a_state_changed_push_by_push_is_the_state_built_whole() {
     let mut rng = Lcg(7);
     let mut resources = XdsResources::default();
     let mut model = XdsModel::default();
-    let mut held = XdsEntries::default();
-    let mut state = merged_state(&file, Some(("xds", &held))).unwrap();
+    let mut state = merged_state(&file, Some(("xds", &XdsEntries::default()))).unwrap();
     let (mut conflicts, mut shadowed, mut untouched) = (0, 0, 0);
     for push in 0..400 {
         // A push changes one to three resources (the client coalesces).
         for _ in 0..=rng.below(3) {
             random_pushes::mutate(&mut resources, &mut rng);
         }
-        let entries = model.update(&resources).clone();
+        model.update(&resources);
         let mut provenance = state.provenance.clone();
-        let changes = merge_changes(&index, &held, &entries, &mut provenance);
+        let changes = merge_changes(&index, model.entries(), model.pending(), &mut provenance);
+        if push % 7 == 3 {
+            // The state made from it refused: the next one takes this
+            // push's changes in with its own.
+            continue;
+        }
+        model.taken_in();
         let (mut next, affected) = state.apply_tracked(&changes).unwrap();
         next.provenance = provenance;
         // Whatever a connection's decision or a fast-path verdict depends
@@ -330,7 +335,6 @@ fn a_state_changed_push_by_push_is_the_state_built_whole() {
         conflicts += usize::from(!next.provenance.dropped().is_empty());
         shadowed += usize::from(!next.provenance.shadows.is_empty());
         state = next;
-        held = entries;
     }
     // The pools are small enough that conflicts and file overrides happen.
     assert!(conflicts > 50, "only {conflicts} pushes had a conflict");

@@ -17,7 +17,7 @@ pub mod translate;
 
 pub use client::{Applied, AppliedReporter, XdsClient, XdsSnapshot, XdsStatus};
 pub use metrics::XdsMetrics;
-pub use model::{XdsEntries, XdsModel};
+pub use model::{ChangedEntries, XdsEntries, XdsModel};
 pub use node::NodeIdentity;
 pub use resources::{Verdict, XdsResources};
 pub use translate::{Translated, translate};

@@ -20,6 +20,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use imbl::ordmap::DiffItem;
+use tracing::warn;
 
 use super::resources::XdsResources;
 use super::translate::{AddressEntry, Translated};
@@ -232,6 +233,46 @@ impl AddressEntry {
     }
 }
 
+/// The names of the entries that changed (were added, replaced or
+/// removed) in a run of updates: what the merge brings into the state,
+/// looking each up in the entries instead of comparing the entries held
+/// before with the new ones (a walk that compared every name of each
+/// changed leaf, cold in the caches).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangedEntries {
+    /// Workloads, by resource name.
+    pub workloads: BTreeSet<Arc<str>>,
+    /// Services, by resource name.
+    pub services: BTreeSet<Arc<str>>,
+    /// Authorization policies, by resource name.
+    pub policies: BTreeSet<Arc<str>>,
+}
+
+impl ChangedEntries {
+    /// Every entry of `entries`: what a state built whole takes in.
+    pub fn all(entries: &XdsEntries) -> Self {
+        Self {
+            workloads: entries.workloads.keys().cloned().collect(),
+            services: entries.services.keys().cloned().collect(),
+            policies: entries.policies.keys().cloned().collect(),
+        }
+    }
+
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.workloads.is_empty() && self.services.is_empty() && self.policies.is_empty()
+    }
+
+    fn note(&mut self, entry: &XdsEntry) {
+        let names = match entry.kind {
+            EntryKind::Workload => &mut self.workloads,
+            EntryKind::Service => &mut self.services,
+            EntryKind::Policy => &mut self.policies,
+        };
+        names.insert(Arc::clone(&entry.name));
+    }
+}
+
 /// istiod's resources translated, kept from one push to the next.
 #[derive(Debug, Default)]
 pub struct XdsModel {
@@ -241,6 +282,10 @@ pub struct XdsModel {
     /// Who claims each address.
     claims: Claims,
     entries: XdsEntries,
+    /// The entries changed since the state last took them in
+    /// ([`Self::taken_in`]): kept across updates whose state was refused,
+    /// so the next state takes their changes in too.
+    pending: ChangedEntries,
 }
 
 impl XdsModel {
@@ -259,6 +304,7 @@ impl XdsModel {
                 } => (name, Some(old), Some(new)),
                 DiffItem::Remove(name, old) => (name, Some(old), None),
             };
+            let mut noted = None;
             if let Some(old) = old {
                 let old = &old.model().entry;
                 if let Some(kind) = old.kind() {
@@ -274,7 +320,8 @@ impl XdsModel {
                     }
                     touched.insert(claimant);
                 }
-                self.entries
+                noted = self
+                    .entries
                     .dropped
                     .remove(&DropKey::Translation(name.to_string()));
             }
@@ -291,10 +338,13 @@ impl XdsModel {
                 touched.insert(claimant);
             }
             if !translated.notes.is_empty() {
-                self.entries.dropped.insert(
-                    DropKey::Translation(name.to_string()),
-                    translated.notes.iter().cloned().collect(),
-                );
+                let notes: Arc<[String]> = translated.notes.iter().cloned().collect();
+                if noted.as_ref() != Some(&notes) {
+                    warn_left_out(&notes);
+                }
+                self.entries
+                    .dropped
+                    .insert(DropKey::Translation(name.to_string()), notes);
             }
         }
         // Whoever else claims a changed address may have won or lost it.
@@ -307,7 +357,7 @@ impl XdsModel {
             self.resolve(entry);
         }
         for item in held.authorizations.diff(&resources.authorizations) {
-            match item {
+            let name = match item {
                 DiffItem::Add(name, new)
                 | DiffItem::Update {
                     new: (name, new), ..
@@ -315,11 +365,14 @@ impl XdsModel {
                     self.entries
                         .policies
                         .insert(name.clone(), Arc::clone(new.model()));
+                    name
                 }
                 DiffItem::Remove(name, _) => {
                     self.entries.policies.remove(name);
+                    name
                 }
-            }
+            };
+            self.pending.policies.insert(Arc::clone(name));
         }
         &self.entries
     }
@@ -329,11 +382,22 @@ impl XdsModel {
         &self.entries
     }
 
+    /// The entries changed since the state last took them in.
+    pub fn pending(&self) -> &ChangedEntries {
+        &self.pending
+    }
+
+    /// The state in force now holds every entry as it stands: the
+    /// changes pending are taken in.
+    pub fn taken_in(&mut self) {
+        self.pending = ChangedEntries::default();
+    }
+
     /// Sets `entry` in the entries from its translation and the claims:
     /// the addresses it is the first claimant of, each once.
     fn resolve(&mut self, entry: &XdsEntry) {
         let note_key = DropKey::Conflict(entry.clone());
-        self.entries.dropped.remove(&note_key);
+        let noted = self.entries.dropped.remove(&note_key);
         let raw = self
             .held
             .addresses
@@ -342,14 +406,13 @@ impl XdsModel {
             .filter(|raw| raw.kind() == Some(entry.kind));
         let Some(raw) = raw else {
             // Gone, or now of another kind (resolved under that one).
-            match entry.kind {
-                EntryKind::Workload => {
-                    self.entries.workloads.remove(&entry.name);
-                }
-                EntryKind::Service => {
-                    self.entries.services.remove(&entry.name);
-                }
-                EntryKind::Policy => {}
+            let gone = match entry.kind {
+                EntryKind::Workload => self.entries.workloads.remove(&entry.name).is_some(),
+                EntryKind::Service => self.entries.services.remove(&entry.name).is_some(),
+                EntryKind::Policy => false,
+            };
+            if gone {
+                self.pending.note(entry);
             }
             return;
         };
@@ -390,7 +453,10 @@ impl XdsModel {
                         ..(**w).clone()
                     })
                 };
-                self.entries.workloads.insert(entry.name.clone(), w);
+                if changes(self.entries.workloads.get(&entry.name), &w) {
+                    self.entries.workloads.insert(entry.name.clone(), w);
+                    self.pending.note(entry);
+                }
             }
             AddressEntry::Service(s) => {
                 let s = if all {
@@ -401,14 +467,35 @@ impl XdsModel {
                         ..(**s).clone()
                     })
                 };
-                self.entries.services.insert(entry.name.clone(), s);
+                if changes(self.entries.services.get(&entry.name), &s) {
+                    self.entries.services.insert(entry.name.clone(), s);
+                    self.pending.note(entry);
+                }
             }
             AddressEntry::Workload(None) | AddressEntry::Neither => {}
         }
         if !notes.is_empty() {
-            self.entries.dropped.insert(note_key, notes.into());
+            let notes: Arc<[String]> = notes.into();
+            if noted.as_ref() != Some(&notes) {
+                warn_left_out(&notes);
+            }
+            self.entries.dropped.insert(note_key, notes);
         }
     }
+}
+
+/// Says what a translation or a conflict newly left out.
+fn warn_left_out(notes: &[String]) {
+    for note in notes {
+        warn!(reason = %note, "left out of the mesh state");
+    }
+}
+
+/// Whether `new` differs from the entry `held` (none: it is new). An equal
+/// one is left as it is: the state keeps sharing it, and the merge is not
+/// told of it.
+fn changes<T: Eq>(held: Option<&Arc<T>>, new: &Arc<T>) -> bool {
+    held.is_none_or(|held| !Arc::ptr_eq(held, new) && **held != **new)
 }
 
 fn conflict_note(loser: &str, ip: &IpAddr, owner: &str) -> String {
