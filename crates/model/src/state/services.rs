@@ -230,6 +230,38 @@ impl ServiceEntry {
     }
 }
 
+/// A service key (`namespace/hostname`) or a hostname as the index holds
+/// it: with a hash of its text, and ordered by that hash first. A lookup
+/// then compares the eight bytes held in each B-tree node it passes, not
+/// texts held elsewhere in memory (cold between two pushes: comparing
+/// them was most of the index's share of a push at 50k workloads); the
+/// texts only when two hashes tie. The hash is seeded the same in every
+/// run, so a mesh's index has the same shape each time; no one depends on
+/// the order, which is the hashes'.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TextKey {
+    hash: u64,
+    text: Box<str>,
+}
+
+impl TextKey {
+    /// `text` as a key.
+    pub fn new(text: &str) -> Self {
+        Self {
+            hash: std::hash::BuildHasher::hash_one(
+                &foldhash::quality::FixedState::with_seed(0x5e41_1ce5),
+                text,
+            ),
+            text: text.into(),
+        }
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
 /// Services by VIP and by hostname, with their endpoints.
 ///
 /// Each workload names its services (`namespace/hostname` keys), so the
@@ -241,19 +273,19 @@ impl ServiceEntry {
 #[derive(Debug, Clone, Default)]
 pub struct ServiceIndex {
     /// Definitions by service key (`namespace/hostname`).
-    defs: Multi<String, Arc<Service>>,
+    defs: Multi<TextKey, Arc<Service>>,
     /// Where each definition is, by entry (to find its key when it goes).
-    def_keys: imbl::OrdMap<EntryKey, String>,
+    def_keys: imbl::OrdMap<EntryKey, TextKey>,
     /// Workloads naming each service key.
-    members: Multi<String, Arc<MeshWorkload>>,
+    members: Multi<TextKey, Arc<MeshWorkload>>,
     /// Built entries by service key.
-    entries: Multi<String, Arc<ServiceEntry>>,
+    entries: Multi<TextKey, Arc<ServiceEntry>>,
     /// Built entries by VIP (services of several namespaces may share one).
     by_vip: Multi<IpAddr, Arc<ServiceEntry>>,
     /// Built entries by VIP range (few services have one: looked up by a
     /// scan, as ztunnel's `by_cidr_vip`).
     by_cidr: Multi<IpNet, Arc<ServiceEntry>>,
-    by_hostname: Multi<String, Arc<ServiceEntry>>,
+    by_hostname: Multi<TextKey, Arc<ServiceEntry>>,
 }
 
 impl ServiceIndex {
@@ -270,36 +302,33 @@ impl ServiceIndex {
     pub(crate) fn apply(
         &mut self,
         changes: &[(EntryKey, Option<Arc<Service>>)],
-        members_touched: &[(String, EntryKey)],
+        members_touched: &[(TextKey, EntryKey)],
         workloads: &super::WorkloadIndex,
         donor: Option<&ServiceIndex>,
         old_vip: &mut dyn FnMut(IpAddr),
-    ) -> std::collections::BTreeSet<String> {
-        let mut rebuild: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-        let mut touched: HashMap<&str, Vec<EntryKey>> = HashMap::new();
+    ) -> std::collections::BTreeSet<TextKey> {
+        let mut rebuild: std::collections::BTreeSet<TextKey> = std::collections::BTreeSet::new();
+        let mut touched: HashMap<&TextKey, Vec<EntryKey>> = HashMap::new();
         for (service, entry) in members_touched {
             match workloads
                 .by_key(entry)
-                .filter(|w| w.workload.services.contains_key(service))
+                .filter(|w| w.workload.services.contains_key(service.as_str()))
             {
                 Some(w) => self
                     .members
                     .insert(service.clone(), entry.clone(), Arc::clone(w)),
-                None => self.members.remove(service.as_str(), entry),
+                None => self.members.remove(service, entry),
             }
             rebuild.insert(service.clone());
-            touched
-                .entry(service.as_str())
-                .or_default()
-                .push(entry.clone());
+            touched.entry(service).or_default().push(entry.clone());
         }
         for (entry, new) in changes {
             if let Some(old) = self.def_keys.remove(entry) {
-                self.defs.remove(old.as_str(), entry);
+                self.defs.remove(&old, entry);
                 rebuild.insert(old);
             }
             if let Some(service) = new {
-                let key = service.key();
+                let key = TextKey::new(&service.key());
                 self.defs
                     .insert(key.clone(), entry.clone(), Arc::clone(service));
                 self.def_keys.insert(entry.clone(), key.clone());
@@ -312,10 +341,10 @@ impl ServiceIndex {
         // decides when that did not change.
         let mut previous: HashMap<EntryKey, Arc<ServiceEntry>> = HashMap::new();
         for key in &rebuild {
-            let Some(stale) = self.entries.all(key.as_str()).cloned() else {
+            let Some(stale) = self.entries.all(key).cloned() else {
                 continue;
             };
-            let defs = self.defs.all(key.as_str());
+            let defs = self.defs.all(key);
             for (entry, built) in stale.iter() {
                 previous.insert(entry.clone(), Arc::clone(built));
                 // The same definition is indexed under the same VIPs,
@@ -338,17 +367,17 @@ impl ServiceIndex {
                     self.by_cidr.remove(range, entry);
                 }
                 self.by_hostname
-                    .remove(built.service.hostname.as_str(), entry);
-                self.entries.remove(key.as_str(), entry);
+                    .remove(&TextKey::new(&built.service.hostname), entry);
+                self.entries.remove(key, entry);
             }
         }
         for key in &rebuild {
-            let Some(defs) = self.defs.all(key.as_str()).cloned() else {
+            let Some(defs) = self.defs.all(key).cloned() else {
                 continue;
             };
-            let members = self.members.all(key.as_str()).cloned();
-            let donated = donor.and_then(|d| d.entries.all(key.as_str()));
-            let touched = touched.get(key.as_str()).map_or(&[][..], Vec::as_slice);
+            let members = self.members.all(key).cloned();
+            let donated = donor.and_then(|d| d.entries.all(key));
+            let touched = touched.get(key).map_or(&[][..], Vec::as_slice);
             for (entry, service) in defs.iter() {
                 let built = match donated
                     .and_then(|all| all.get(entry))
@@ -372,7 +401,7 @@ impl ServiceIndex {
                         .insert(*range, entry.clone(), Arc::clone(&built));
                 }
                 self.by_hostname.insert(
-                    service.hostname.clone(),
+                    TextKey::new(&service.hostname),
                     entry.clone(),
                     Arc::clone(&built),
                 );
@@ -383,7 +412,7 @@ impl ServiceIndex {
     }
 
     /// The VIPs of every service held under the service key `key`.
-    pub fn vips<'a>(&'a self, key: &str) -> impl Iterator<Item = IpAddr> + 'a {
+    pub fn vips<'a>(&'a self, key: &TextKey) -> impl Iterator<Item = IpAddr> + 'a {
         self.entries
             .all(key)
             .into_iter()
@@ -437,20 +466,23 @@ impl ServiceIndex {
     /// The service with this hostname, for no client in particular (of
     /// several, see [`best`]).
     pub fn by_hostname(&self, hostname: &str) -> Option<&Arc<ServiceEntry>> {
-        best(self.by_hostname.all(hostname)?, None)
+        best(self.by_hostname.all(&TextKey::new(hostname))?, None)
     }
 
     /// The service with this hostname for a client (or, for an HBONE
     /// authority, a server) in `namespace`, as [`Self::by_vip_for`]
     /// chooses (ztunnel `ServiceStore::get_best_by_host`).
     pub fn by_hostname_for(&self, hostname: &str, namespace: &str) -> Option<&Arc<ServiceEntry>> {
-        best(self.by_hostname.all(hostname)?, Some(namespace))
+        best(
+            self.by_hostname.all(&TextKey::new(hostname))?,
+            Some(namespace),
+        )
     }
 
     /// The service with the key `namespace/hostname` (ztunnel
     /// `get_by_namespaced_host`).
     pub fn by_key(&self, key: &str) -> Option<&Arc<ServiceEntry>> {
-        self.entries.last(key)
+        self.entries.last(&TextKey::new(key))
     }
 
     /// Number of service definitions.
@@ -466,12 +498,9 @@ impl ServiceIndex {
     /// Each definition held, in entry order (the file's, then istiod's by
     /// resource name), as the state holds it.
     pub fn definitions(&self) -> impl Iterator<Item = Arc<Service>> + '_ {
-        self.def_keys.iter().filter_map(|(entry, key)| {
-            self.defs
-                .all(key.as_str())
-                .and_then(|defs| defs.get(entry))
-                .cloned()
-        })
+        self.def_keys
+            .iter()
+            .filter_map(|(entry, key)| self.defs.all(key).and_then(|defs| defs.get(entry)).cloned())
     }
 }
 

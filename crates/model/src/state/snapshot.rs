@@ -3,7 +3,10 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use super::{Affected, Changes, Provenance, ServiceIndex, ServiceRef, StateError, WorkloadIndex};
+use super::{
+    Affected, Changes, Provenance, ServiceIndex, ServiceRef, StateError, WorkloadIndex,
+    services::TextKey,
+};
 use crate::{
     config::LocalConfig,
     policy::{PolicySet, Request, Target},
@@ -88,7 +91,7 @@ impl MeshState {
             &changes.workloads,
             donor.map(|d| &d.workloads),
             &mut |service, entry| {
-                members.push((service.to_owned(), entry.clone()));
+                members.push((TextKey::new(service), entry.clone()));
             },
         )?;
         let rebuilt = self.services.apply(
