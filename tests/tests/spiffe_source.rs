@@ -142,3 +142,63 @@ fn svids_from_the_workload_api_carry_hbone_and_a_pushed_rotation_is_used() -> Re
     drop((node1, node2));
     Ok(())
 }
+
+#[test]
+fn a_pod_whose_svid_is_not_issued_yet_holds_readiness_until_the_server_sends_it() -> Result<()> {
+    let mesh = TwoNodes::new("csspiffe2")?;
+    let ca_dir = mesh.dir.path().join("spire-ca");
+    let ca = Ca::load_or_generate(&ca_dir)?;
+    let (client, local, remote) = (
+        issue(&ca, "client")?,
+        issue(&ca, "local")?,
+        issue(&ca, "remote")?,
+    );
+    // node2's server knows the agent (it issues it an SVID of another
+    // identity) but has no entry for `remote` yet.
+    let other = issue(&ca, "not-a-pod")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let (node1, node2) = runtime.block_on(async {
+        (
+            WorkloadApiServer::serve(Some(message(&ca, &[&client, &local]))),
+            WorkloadApiServer::serve(Some(message(&ca, &[&other]))),
+        )
+    });
+    let config = mesh.config()?;
+    let flags = |server: &WorkloadApiServer| {
+        [
+            "--cert-source".to_owned(),
+            "spiffe".to_owned(),
+            "--spiffe-endpoint-socket".to_owned(),
+            server.endpoint(),
+        ]
+    };
+    let (f1, f2) = (flags(&node1), flags(&node2));
+    let a1 = mesh.agent("csq", 1, &config, &f1.each_ref().map(String::as_str))?;
+    let a2 = mesh.agent("csq", 2, &config, &f2.each_ref().map(String::as_str))?;
+    wait_ready(&a1)?;
+    wait_until("node2's missing SVID recorded", || {
+        let status = a2.status()?.certificates.context("no certificate status")?;
+        Ok(status.failures > 0)
+    })?;
+    let (code, _) = http(a2.readiness_addr()?, "GET", "/healthz/ready")?;
+    ensure!(code == 503, "node2 is ready without remote's SVID");
+    ensure!(held(&a2, "remote")?.is_none());
+
+    // The entry is registered: the server sends the SVID on the open stream.
+    node2.push(Some(message(&ca, &[&other, &remote])));
+    wait_ready(&a2)?;
+    let (serial, _) = held(&a2, "remote")?.context("no certificate for remote")?;
+    ensure!(serial == remote.serial());
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    echo(&mesh.client, addr(&mesh.remote, 9000), 64 * 1024, 1)?;
+    ensure!(
+        node2.requests() == (1, 0),
+        "the SVID came on the same stream"
+    );
+    drop((a1, a2));
+    drop((node1, node2));
+    Ok(())
+}
