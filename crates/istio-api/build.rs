@@ -1,17 +1,19 @@
 //! Istio's and Envoy's wire types (`proto/`), as Rust with tonic clients
 //! and servers (the servers are for the test control plane in `tests/`).
+//! `spiffe/workload.proto` is the SPIFFE Workload API (X.509 profile).
 //! `zds.proto` declares messages only (ZDS is not gRPC), so it adds no
 //! client or server.
 
 use anyhow::{Context as _, bail};
 
 fn main() -> anyhow::Result<()> {
-    const PROTOS: [&str; 5] = [
+    const PROTOS: [&str; 6] = [
         "proto/envoy/discovery.proto",
         "proto/istio/workload.proto",
         "proto/istio/authorization.proto",
         "proto/istio/ca.proto",
         "proto/istio/zds.proto",
+        "proto/spiffe/workload.proto",
     ];
     println!("cargo:rerun-if-changed=proto");
     if which::which("protoc").is_err() && std::env::var_os("PROTOC").is_none() {

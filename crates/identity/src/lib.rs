@@ -9,12 +9,13 @@
 //! - [`istiod`]: the gRPC channel to istiod over TLS, authenticated with the
 //!   agent's service-account token; xDS and Istio's CA both use it.
 //! - [`identity`]: SPIFFE identities, the certificate sources (built-in CA,
-//!   Istio's CA, mounted files), the store that keeps them fresh, and the
+//!   Istio's CA, mounted files, the SPIFFE Workload API), the store that keeps them fresh, and the
 //!   trust bundle.
 //! - [`tls`]: HBONE's rustls client and server configurations and their
 //!   SPIFFE verifiers.
 //! - `test_util` (feature `test-util`, for other crates' tests): the
-//!   shared test CA and the configurations it gives.
+//!   shared test CA and the configurations it gives; `workload_api_server`
+//!   (same feature): a SPIFFE Workload API server on a unix socket.
 //!
 //! It depends on `dataplane-core` and `dataplane-istio-api` (Istio's CA
 //! service) only: nothing of the kernel, the mesh model, the engine or the
@@ -31,3 +32,5 @@ pub mod istiod;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
 pub mod tls;
+#[cfg(any(test, feature = "test-util"))]
+pub mod workload_api_server;

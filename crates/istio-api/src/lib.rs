@@ -51,3 +51,9 @@ generated!(
     zds,
     "istio.workload.zds"
 );
+generated!(
+    /// The SPIFFE Workload API's X.509 profile (`SpiffeWorkloadAPI`, no
+    /// package): X.509-SVIDs and bundles from e.g. the SPIRE agent.
+    spiffe_workload,
+    "_"
+);

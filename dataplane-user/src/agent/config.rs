@@ -335,6 +335,11 @@ pub enum CertsConfig {
         /// Their directory.
         dir: PathBuf,
     },
+    /// X.509-SVIDs from the SPIFFE Workload API.
+    Spiffe {
+        /// Its socket, `unix:///path`.
+        endpoint: String,
+    },
 }
 
 /// How to reach istiod.

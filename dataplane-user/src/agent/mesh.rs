@@ -13,7 +13,9 @@ use super::{
 };
 use crate::{
     config::LocalConfig,
-    identity::{Ca, CertDir, CertSource, CertStore, IstioCa, RevocationList, TrustBundle},
+    identity::{
+        Ca, CertDir, CertSource, CertStore, IstioCa, RevocationList, TrustBundle, WorkloadApi,
+    },
     mesh::MeshContext,
     proxy::handshakes::{HandshakeLimits, PendingHandshakes},
     state::MeshState,
@@ -32,13 +34,13 @@ pub(super) struct MeshParts {
 
 /// The CA, certificate store (with its rotation task), workload index and
 /// drain signal every pod's engine shares.
-pub(super) fn mesh_context(
+pub(super) async fn mesh_context(
     args: &AgentConfig,
     config: &LocalConfig,
     nofile: crate::nofile::NofileLimit,
 ) -> Result<MeshParts, AgentError> {
     tls::install_provider();
-    let (source, roots) = cert_source(args)?;
+    let (source, roots) = cert_source(args).await?;
     let roots =
         Arc::new(
             TrustBundle::new(roots).map_err(|source_err| AgentError::TrustBundle {
@@ -99,10 +101,16 @@ pub(super) fn mesh_context(
     })
 }
 
+/// How long the agent waits at start for the SPIFFE Workload API's first
+/// answer (SPIRE attests the caller first), before it gives up with the
+/// last attempt's error.
+const SPIFFE_FIRST_ANSWER: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The certificate source `--cert-source` names, and the roots the trust
-/// bundle starts with (the CA's, istiod's root file, or the mounted
-/// `root-cert.pem`).
-fn cert_source(
+/// bundle starts with (the CA's, istiod's root file, the mounted
+/// `root-cert.pem`, or the Workload API's bundle of the mesh's trust
+/// domain).
+async fn cert_source(
     args: &AgentConfig,
 ) -> Result<(CertSource, Vec<rustls::pki_types::CertificateDer<'static>>), AgentError> {
     match &args.certs {
@@ -126,6 +134,13 @@ fn cert_source(
             let dir = CertDir::new(dir.clone());
             let roots = dir.read_roots()?;
             Ok((CertSource::Files(dir), roots))
+        }
+        CertsConfig::Spiffe { endpoint } => {
+            let api = WorkloadApi::new(endpoint)?;
+            let roots = api
+                .first_roots(&args.mesh.trust_domain, SPIFFE_FIRST_ANSWER)
+                .await?;
+            Ok((CertSource::Spiffe(api), roots))
         }
     }
 }

@@ -88,6 +88,9 @@ pub enum AgentError {
         #[source]
         source: crate::identity::TrustBundleError,
     },
+    /// The SPIFFE Workload API gave no trust bundle at start.
+    #[error(transparent)]
+    Spiffe(#[from] crate::identity::WorkloadApiError),
     /// The mounted certificate directory has no usable root bundle.
     #[error(transparent)]
     CertDir(#[from] crate::identity::CertDirError),

@@ -161,7 +161,7 @@ pub async fn start(config: AgentConfig) -> Result<Bound, AgentError> {
         mesh,
         shutdown_tx,
         rotation,
-    } = mesh_context(&args, &config, nofile)?;
+    } = mesh_context(&args, &config, nofile).await?;
     let metrics_task = {
         let metrics = Arc::clone(&mesh.metrics);
         start_endpoint(

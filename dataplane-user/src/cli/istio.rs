@@ -25,6 +25,9 @@ pub enum CertSourceKind {
     Istio,
     /// Certificates mounted as files (`--cert-dir`), e.g. by cert-manager.
     Files,
+    /// X.509-SVIDs from the SPIFFE Workload API (e.g. the SPIRE agent) at
+    /// `--spiffe-endpoint-socket`.
+    Spiffe,
 }
 
 /// How to reach istiod and what to ask it for.
@@ -95,6 +98,12 @@ pub struct IstioArgs {
     /// With `--cert-source files`: the directory of mounted certificates.
     #[arg(long, env = "DATAPLANE_CERT_DIR")]
     pub cert_dir: Option<PathBuf>,
+    /// With `--cert-source spiffe`: the SPIFFE Workload API's socket,
+    /// `unix:///path` (e.g. the SPIRE agent's
+    /// `unix:///run/spire/sockets/agent.sock`). Read from the standard
+    /// `SPIFFE_ENDPOINT_SOCKET`; ignored by the other sources.
+    #[arg(long, env = "SPIFFE_ENDPOINT_SOCKET")]
+    pub spiffe_endpoint_socket: Option<String>,
     /// This agent's pod name, as istiod knows it.
     #[arg(long, env = "DATAPLANE_POD_NAME")]
     pub pod_name: Option<String>,
@@ -253,6 +262,19 @@ impl IstioArgs {
             (CertSourceKind::Files, None) => Err(IstioArgsError::Missing {
                 what: "--cert-source files",
                 needed: "--cert-dir (the directory of mounted certificates)",
+            }),
+            _ => Ok(None),
+        }
+    }
+
+    /// The Workload API's socket with `--cert-source spiffe` (required
+    /// then), `None` otherwise.
+    pub fn spiffe_endpoint(&self) -> Result<Option<String>, IstioArgsError> {
+        match (self.cert_source, &self.spiffe_endpoint_socket) {
+            (CertSourceKind::Spiffe, Some(endpoint)) => Ok(Some(endpoint.clone())),
+            (CertSourceKind::Spiffe, None) => Err(IstioArgsError::Missing {
+                what: "--cert-source spiffe",
+                needed: "--spiffe-endpoint-socket or SPIFFE_ENDPOINT_SOCKET (e.g. unix:///run/spire/sockets/agent.sock)",
             }),
             _ => Ok(None),
         }

@@ -161,6 +161,9 @@ impl RunArgs {
             CertSourceKind::Files => CertsConfig::Files {
                 dir: self.istio.cert_dir()?.unwrap_or_default(),
             },
+            CertSourceKind::Spiffe => CertsConfig::Spiffe {
+                endpoint: self.istio.spiffe_endpoint()?.unwrap_or_default(),
+            },
         };
         // ztunnel (`src/config.rs` `construct_config`) warns in a comment
         // that a connection window no larger than a stream's can deadlock;

@@ -518,3 +518,28 @@ fn ipv6_enabled_takes_true_or_false_and_refuses_anything_else() {
         }
     }
 }
+
+#[test]
+fn the_spiffe_source_needs_its_socket() {
+    let message = refused(&["--cert-source", "spiffe"]);
+    assert!(
+        message.contains("needs --spiffe-endpoint-socket"),
+        "{message}"
+    );
+    let socket = "unix:///run/spire/sockets/agent.sock";
+    let spiffe = config(&[
+        "--cert-source",
+        "spiffe",
+        "--spiffe-endpoint-socket",
+        socket,
+    ])
+    .expect("the spiffe source with its socket is accepted");
+    match spiffe.certs {
+        CertsConfig::Spiffe { endpoint } => assert_eq!(endpoint, socket),
+        other => panic!("expected the SPIFFE source, got {other:?}"),
+    }
+    // Ignored by the other sources (the variable may be set for others).
+    let builtin =
+        config(&["--spiffe-endpoint-socket", socket]).expect("accepted with the built-in CA");
+    assert!(matches!(builtin.certs, CertsConfig::Builtin { .. }));
+}

@@ -4,7 +4,8 @@
 //! A [`CertStore`] holds the current certificate of each identity a local
 //! workload uses, from one [`CertSource`]: the built-in [`Ca`] (a root
 //! loaded from, or generated into, a directory), Istio's CA ([`IstioCa`]),
-//! or mounted files ([`CertDir`]). It keeps them fresh from a task of its
+//! mounted files ([`CertDir`]), or the SPIFFE Workload API
+//! ([`WorkloadApi`]). It keeps them fresh from a task of its
 //! own and hands them to rustls through [`IdentityCertResolver`]. The roots
 //! live in a [`TrustBundle`] every verifier reads per handshake, so a root
 //! rotation swaps them without rebuilding any TLS configuration. The
@@ -21,6 +22,8 @@ mod resolver;
 mod source;
 mod spiffe;
 mod store;
+mod svid;
+mod workload_api;
 
 pub use bundle::{MAX_ROOTS, RootInfo, TrustBundle, TrustBundleError};
 pub use ca::{Ca, CaError, GENERATED_ROOT_NAME, IssuedCert, ROOT_CERT_FILE, ROOT_KEY_FILE};
@@ -34,8 +37,12 @@ pub use resolver::IdentityCertResolver;
 pub use source::{CertSource, CertSourceError, CertSourceStatus, Fetched};
 pub use spiffe::{Identity, IdentityError, IdentityParts};
 pub use store::{CertStore, CertStoreError, DEFAULT_VALIDITY, FILES_POLL};
+pub use svid::MAX_SVIDS;
+pub use workload_api::{MAX_MESSAGE, WorkloadApi, WorkloadApiError};
 
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_sources;
+#[cfg(test)]
+mod tests_workload_api;

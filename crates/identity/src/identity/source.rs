@@ -1,9 +1,11 @@
 //! Where workload certificates come from: one interface over the built-in
-//! CA, Istio's CA and mounted files, chosen by `--cert-source`.
+//! CA, Istio's CA, mounted files and the SPIFFE Workload API, chosen by
+//! `--cert-source`.
 //!
 //! [`super::CertStore`] asks its source for a certificate when an enrolled
 //! workload needs one, again at half-life (CAs) or on every poll (files),
-//! and whenever the trust bundle's roots change. The built-in CA answers at
+//! and whenever the trust bundle's roots change; mounted files and the
+//! Workload API's latest message are read again on every poll. The built-in CA answers at
 //! once (local signing); Istio's CA answers over the network and may fail,
 //! so the store asks from a task of its own, never from the enrollment
 //! actor or a handshake.
@@ -17,6 +19,7 @@ use super::ca::{Ca, CaError, IssuedCert};
 use super::cert_dir::{CertDir, CertDirError};
 use super::istio_ca::{IstioCa, IstioCaError};
 use super::spiffe::Identity;
+use super::workload_api::{WorkloadApi, WorkloadApiError};
 
 /// A source of workload certificates.
 #[derive(Debug, Clone)]
@@ -27,6 +30,8 @@ pub enum CertSource {
     Istio(IstioCa),
     /// A directory of mounted certificates.
     Files(CertDir),
+    /// The SPIFFE Workload API (e.g. the SPIRE agent's socket).
+    Spiffe(WorkloadApi),
 }
 
 /// Why a source gave no certificate.
@@ -38,6 +43,9 @@ pub enum CertSourceError {
     /// Istio's CA was unreachable, refused, or answered something unusable.
     #[error(transparent)]
     Istio(#[from] IstioCaError),
+    /// The SPIFFE Workload API gave no usable SVID.
+    #[error(transparent)]
+    Spiffe(#[from] WorkloadApiError),
     /// The source did not answer in time.
     #[error("{source_name} did not answer within {after:?}; is it overloaded or unreachable?")]
     Timeout {
@@ -85,12 +93,14 @@ pub enum Fetched {
 }
 
 impl CertSource {
-    /// `builtin`, `istio` or `files`, as `--cert-source` names it.
+    /// `builtin`, `istio`, `files` or `spiffe`, as `--cert-source` names
+    /// it.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Builtin(_) => "builtin",
             Self::Istio(_) => "istio",
             Self::Files(_) => "files",
+            Self::Spiffe(_) => "spiffe",
         }
     }
 
@@ -101,7 +111,17 @@ impl CertSource {
             Self::Builtin(_) => "the built-in CA".to_owned(),
             Self::Istio(ca) => format!("Istio's CA at {}", ca.istiod.address),
             Self::Files(dir) => format!("the certificate files in {}", dir.path().display()),
+            Self::Spiffe(api) => {
+                format!("the SPIFFE Workload API at {}", api.path().display())
+            }
         }
+    }
+
+    /// Whether the store reads the source on every poll rather than at
+    /// half-life: mounted files, and the Workload API, whose server pushes
+    /// rotations (the store reads its latest message).
+    pub fn is_polled(&self) -> bool {
+        matches!(self, Self::Files(_) | Self::Spiffe(_))
     }
 
     /// Whether certificates are made locally, fast enough to do it inline
@@ -169,6 +189,7 @@ impl CertSource {
                     fingerprint: Some(fingerprint),
                 })
             }
+            Self::Spiffe(api) => Ok(api.fetch(identity, in_use)?),
         }
     }
 }
@@ -188,7 +209,7 @@ impl CertSourceError {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CertSourceStatus {
-    /// `builtin`, `istio` or `files`.
+    /// `builtin`, `istio`, `files` or `spiffe`.
     pub source: String,
     /// What the source is ("Istio's CA at ...").
     pub description: String,

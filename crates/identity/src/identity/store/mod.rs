@@ -286,9 +286,10 @@ impl CertStore {
             let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
             let held: Vec<&Arc<Current>> =
                 slots.values().filter_map(|s| s.current.as_ref()).collect();
-            let next = match self.source {
-                CertSource::Files(_) => None,
-                _ => held.iter().map(|c| c.issued.refresh_at()).min(),
+            let next = if self.source.is_polled() {
+                None
+            } else {
+                held.iter().map(|c| c.issued.refresh_at()).min()
             };
             (held.len(), slots.len(), next)
         };

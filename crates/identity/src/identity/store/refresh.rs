@@ -17,7 +17,7 @@ use futures::StreamExt as _;
 use tokio::task::JoinHandle;
 
 use super::CertStore;
-use crate::identity::{CertSource, CertSourceError, Fetched, Identity};
+use crate::identity::{CertSourceError, Fetched, Identity};
 
 /// Longest pause between two checks.
 const MAX_CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -127,7 +127,7 @@ impl CertStore {
     /// Identities due for a request, with the digest of the files in use.
     fn due(&self, now: SystemTime, instant: Instant) -> Vec<(Identity, Option<u64>)> {
         let generation = self.bundle.generation();
-        let files = matches!(self.source, CertSource::Files(_));
+        let files = self.source.is_polled();
         let slots = self.slots.read().unwrap_or_else(PoisonError::into_inner);
         slots
             .iter()
@@ -204,7 +204,7 @@ impl CertStore {
     /// Records a failure; the current certificate stays.
     fn refuse(&self, identity: &Identity, error: &CertSourceError, now: SystemTime) {
         let message = error.to_string();
-        let files = matches!(self.source, CertSource::Files(_));
+        let files = self.source.is_polled();
         let mut repeated = false;
         let mut held = false;
         self.with_slot(identity, |slot| {

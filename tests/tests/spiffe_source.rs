@@ -1,0 +1,204 @@
+//! Workload certificates from the SPIFFE Workload API, end to end: two
+//! simulated nodes, one agent per node started with `--cert-source spiffe`,
+//! each pointed at its own Workload API server on a real unix socket (one
+//! per node, as one SPIRE agent runs per node), HBONE between pods with the
+//! X.509-SVIDs those servers sent, and a rotation pushed on the open
+//! stream picked up by the agent.
+//!
+//! The servers are `dataplane_identity::workload_api_server`: they refuse
+//! what SPIRE's agent refuses (no `workload.spiffe.io` header, no identity
+//! issued) and send SVIDs from a real CA, as SPIRE sends them (leaf and
+//! key, the trust domain's bundle). What a peer is presented is read by a
+//! TLS client of our own ([`StrangerTls`]).
+//!
+//! Topology: [`TwoNodes`]: `client` and `local` on node1, `remote` and the
+//! out-of-mesh `plain` on node2.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use dataplane_identity::workload_api_server::{WorkloadApiServer, message};
+use dataplane_tests::{
+    Agent,
+    mesh::{NAMESPACE, TwoNodes, addr},
+    stranger::StrangerTls,
+    traffic::{echo, echo_server, http, wait_until},
+};
+use dataplane_user::identity::{Ca, Identity, IssuedCert};
+
+fn spiffe(sa: &str) -> String {
+    format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/{sa}")
+}
+
+fn issue(ca: &Ca, sa: &str) -> Result<IssuedCert> {
+    let identity = Identity::new("cluster.local", NAMESPACE, sa)?;
+    Ok(ca.issue(&identity, Duration::from_secs(3600))?)
+}
+
+/// `sa`'s certificate in `agent`'s list: serial and source.
+fn held(agent: &Agent, sa: &str) -> Result<Option<(String, String)>> {
+    Ok(agent
+        .certs()?
+        .into_iter()
+        .find(|c| c.identity == spiffe(sa))
+        .map(|c| (c.serial, c.source)))
+}
+
+fn wait_ready(agent: &Agent) -> Result<()> {
+    let readiness = || http(agent.readiness_addr()?, "GET", "/healthz/ready");
+    wait_until("the agent to be ready", || Ok(readiness()?.0 == 200))
+        .with_context(|| format!("readiness: {:?}", readiness()))
+}
+
+#[test]
+fn svids_from_the_workload_api_carry_hbone_and_a_pushed_rotation_is_used() -> Result<()> {
+    let mesh = TwoNodes::new("csspiffe")?;
+    // The SPIRE server's CA: the trust domain's root.
+    let ca_dir = mesh.dir.path().join("spire-ca");
+    let ca = Ca::load_or_generate(&ca_dir)?;
+    let (client, local, remote) = (
+        issue(&ca, "client")?,
+        issue(&ca, "local")?,
+        issue(&ca, "remote")?,
+    );
+    // The servers' tasks run here; dropped last, with the sockets.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let (node1, node2) = runtime.block_on(async {
+        (
+            WorkloadApiServer::serve(Some(message(&ca, &[&client, &local]))),
+            WorkloadApiServer::serve(Some(message(&ca, &[&remote]))),
+        )
+    });
+    let config = mesh.config()?;
+    let flags = |server: &WorkloadApiServer| {
+        [
+            "--cert-source".to_owned(),
+            "spiffe".to_owned(),
+            "--spiffe-endpoint-socket".to_owned(),
+            server.endpoint(),
+        ]
+    };
+    let (f1, f2) = (flags(&node1), flags(&node2));
+    let a1 = mesh.agent("csp", 1, &config, &f1.each_ref().map(String::as_str))?;
+    let a2 = mesh.agent("csp", 2, &config, &f2.each_ref().map(String::as_str))?;
+    wait_ready(&a1)?;
+    wait_ready(&a2)?;
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    let _local = echo_server(&mesh.local, 9000)?;
+    echo(&mesh.client, addr(&mesh.remote, 9000), 256 * 1024, 1)?;
+    echo(&mesh.client, addr(&mesh.local, 9000), 64 * 1024, 2)?;
+
+    // The tunnels used the servers' SVIDs, and nothing else.
+    for (agent, cert, sa) in [
+        (&a1, &client, "client"),
+        (&a1, &local, "local"),
+        (&a2, &remote, "remote"),
+    ] {
+        let (serial, source) =
+            held(agent, sa)?.with_context(|| format!("no certificate for {sa}"))?;
+        ensure!(
+            serial == cert.serial() && source == "spiffe",
+            "{sa}: {serial} from {source}"
+        );
+    }
+    ensure!(
+        held(&a2, "client")?.is_none(),
+        "node2 holds only its pods' SVIDs"
+    );
+    let status = a2.status()?.certificates.context("no certificate status")?;
+    ensure!(status.source == "spiffe" && status.held == 1, "{status:?}");
+    // Each agent opened one stream, always with the security header.
+    ensure!(node1.requests() == (1, 0) && node2.requests() == (1, 0));
+
+    // What `remote` presents to a peer, read by a TLS client of our own.
+    let peer = StrangerTls::new(&ca_dir, "plain", &spiffe("remote"))?;
+    let presented = || -> Result<String> {
+        let tls = peer.connect(&mesh.plain, addr(&mesh.remote, 15008), &[])?;
+        let leaf = tls
+            .conn
+            .peer_certificates()
+            .and_then(|c| c.first().cloned())
+            .context("no server certificate")?;
+        let (_, parsed) = x509_parser::parse_x509_certificate(&leaf)?;
+        Ok(parsed.raw_serial_as_string())
+    };
+    ensure!(presented()? == remote.serial());
+
+    // node2's server rotates `remote` on the open stream.
+    let rotated = issue(&ca, "remote")?;
+    node2.push(Some(message(&ca, &[&rotated])));
+    wait_until("the rotated SVID in use", || {
+        Ok(presented()? == rotated.serial())
+    })?;
+    echo(&mesh.client, addr(&mesh.remote, 9000), 64 * 1024, 3)?;
+    ensure!(
+        node2.requests() == (1, 0),
+        "the rotation came on the same stream"
+    );
+    drop((a1, a2));
+    drop((node1, node2));
+    Ok(())
+}
+
+#[test]
+fn a_pod_whose_svid_is_not_issued_yet_holds_readiness_until_the_server_sends_it() -> Result<()> {
+    let mesh = TwoNodes::new("csspiffe2")?;
+    let ca_dir = mesh.dir.path().join("spire-ca");
+    let ca = Ca::load_or_generate(&ca_dir)?;
+    let (client, local, remote) = (
+        issue(&ca, "client")?,
+        issue(&ca, "local")?,
+        issue(&ca, "remote")?,
+    );
+    // node2's server knows the agent (it issues it an SVID of another
+    // identity) but has no entry for `remote` yet.
+    let other = issue(&ca, "not-a-pod")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let (node1, node2) = runtime.block_on(async {
+        (
+            WorkloadApiServer::serve(Some(message(&ca, &[&client, &local]))),
+            WorkloadApiServer::serve(Some(message(&ca, &[&other]))),
+        )
+    });
+    let config = mesh.config()?;
+    let flags = |server: &WorkloadApiServer| {
+        [
+            "--cert-source".to_owned(),
+            "spiffe".to_owned(),
+            "--spiffe-endpoint-socket".to_owned(),
+            server.endpoint(),
+        ]
+    };
+    let (f1, f2) = (flags(&node1), flags(&node2));
+    let a1 = mesh.agent("csq", 1, &config, &f1.each_ref().map(String::as_str))?;
+    let a2 = mesh.agent("csq", 2, &config, &f2.each_ref().map(String::as_str))?;
+    wait_ready(&a1)?;
+    wait_until("node2's missing SVID recorded", || {
+        let status = a2.status()?.certificates.context("no certificate status")?;
+        Ok(status.failures > 0)
+    })?;
+    let (code, _) = http(a2.readiness_addr()?, "GET", "/healthz/ready")?;
+    ensure!(code == 503, "node2 is ready without remote's SVID");
+    ensure!(held(&a2, "remote")?.is_none());
+
+    // The entry is registered: the server sends the SVID on the open stream.
+    node2.push(Some(message(&ca, &[&other, &remote])));
+    wait_ready(&a2)?;
+    let (serial, _) = held(&a2, "remote")?.context("no certificate for remote")?;
+    ensure!(serial == remote.serial());
+    let _remote = echo_server(&mesh.remote, 9000)?;
+    echo(&mesh.client, addr(&mesh.remote, 9000), 64 * 1024, 1)?;
+    ensure!(
+        node2.requests() == (1, 0),
+        "the SVID came on the same stream"
+    );
+    drop((a1, a2));
+    drop((node1, node2));
+    Ok(())
+}
