@@ -626,6 +626,13 @@ fn conflicting_flags_exit_2_naming_the_flag() -> anyhow::Result<()> {
             none,
             "outboundTrafficPolicy.mode \"BLOCK\"",
         ),
+        // ztunnel's DNS proxy address, which the agent's resolver (where
+        // its kernel programs steer DNS) cannot move to.
+        (
+            &[][..],
+            &[("ISTIO_META_DNS_PROXY_ADDR", "localhost:5353")][..],
+            "DNS_PROXY_ADDR=\"localhost:5353\"",
+        ),
     ] {
         let mut command = Command::new(agent_binary()?);
         command

@@ -89,3 +89,49 @@ fn an_agent_set_up_by_ztunnels_variables_tells_istiod_what_ztunnel_would() -> Re
     rt.block_on(istiod.stop());
     Ok(())
 }
+
+/// ztunnel's inline forms (`src/config.rs` `construct_config`): an
+/// `XDS_ROOT_CA` naming no file is the PEM itself (`RootCert::Static`), an
+/// `AUTH_TOKEN` naming no file the token itself (`AuthSource::StaticToken`,
+/// sent as `Bearer <value>`). The agent verifies istiod with that root and
+/// sends that token.
+#[test]
+fn an_agent_takes_ztunnels_inline_root_and_token() -> Result<()> {
+    let node = Node::new("zinl", 1)?;
+    let dir = TempDir::new("zinl")?;
+    let (rt, pki, mut istiod) = loopback_istiod()?;
+    let AgentFiles { root, empty, .. } = AgentFiles::write(dir.path(), &pki, "unused")?;
+    let root_pem = std::fs::read_to_string(&root).context("reading the test root")?;
+    let xds_address = format!("https://{}", istiod.addr);
+    let empty = empty.display().to_string();
+    let _agent = Agent::start_with_env(
+        "zinl",
+        &node,
+        &[
+            "--xds",
+            "--config",
+            &empty,
+            "--pod-name",
+            "ztunnel-zinl1",
+            "--instance-ip",
+            "127.0.0.1",
+            "--node",
+            "zinl-node",
+        ],
+        &[
+            ("XDS_ADDRESS", &xds_address),
+            ("ALT_XDS_HOSTNAME", SERVER_NAME),
+            ("XDS_ROOT_CA", &root_pem),
+            ("AUTH_TOKEN", "zinl-literal-token"),
+            // A compound duration, as ztunnel's `duration_str` reads it.
+            ("POOL_UNUSED_RELEASE_TIMEOUT", "1m30s"),
+        ],
+    )?;
+    let seen = rt.block_on(istiod.next_request(Duration::from_secs(60)))?;
+    assert_eq!(
+        seen.authorization.as_deref(),
+        Some("Bearer zinl-literal-token")
+    );
+    rt.block_on(istiod.stop());
+    Ok(())
+}

@@ -74,6 +74,16 @@ pub enum FlagError {
     /// An enablement selector is not a valid label selector.
     #[error("--enablement-selectors: {0}; fix it, or leave the flag unset for Istio's selectors")]
     EnablementSelectors(#[source] RuleError),
+    /// The proxy metadata moves the DNS proxy (ztunnel's
+    /// `DNS_PROXY_ADDR`), which this agent's resolver cannot follow: see
+    /// [`check_dns_proxy_addr`].
+    #[error(
+        "DNS_PROXY_ADDR={0:?} (ISTIO_META_DNS_PROXY_ADDR or PROXY_CONFIG proxyMetadata): \
+         this agent's DNS proxy listens on localhost:{port} only, where its kernel programs \
+         steer pods' DNS; remove the setting or set it to localhost:{port}",
+        port = dataplane_common::DNS_PROXY_PORT
+    )]
+    DnsProxyAddr(String),
 }
 
 impl From<CaptureMode> for Capture {
@@ -122,6 +132,7 @@ impl RunArgs {
             self.istio.istiod_address = proxy.discovery_address.clone();
         }
         let worker_threads = self.worker_threads.or(proxy.worker_threads());
+        check_dns_proxy_addr(&proxy.proxy_metadata)?;
         let dns = self.dns.to_config(&proxy.proxy_metadata);
         let xds = self.istio.xds_node(
             self.node.as_deref(),
@@ -283,6 +294,23 @@ impl RunArgs {
             takeover: self.takeover,
             after_handover: self.after_handover.into(),
         })
+    }
+}
+
+/// Refuses a proxy metadata `DNS_PROXY_ADDR` (ztunnel `src/config.rs`:
+/// the DNS proxy's address in the pod, `localhost:<port>` or an
+/// `IP:port`, `Address::new`) other than where this agent's resolver
+/// is. The resolver's port is the one the kernel programs steer captured
+/// DNS to (`AGENT_CONFIG.dns_port`, [`dataplane_common::DNS_PROXY_PORT`]),
+/// shared by every pod and by the agents on either side of a handover,
+/// so one agent's setting cannot move it; reading the value and serving
+/// elsewhere would tell istiod an address nobody answers on.
+fn check_dns_proxy_addr(proxy_metadata: &BTreeMap<String, String>) -> Result<(), FlagError> {
+    match proxy_metadata.get(DNS_PROXY_ADDR_METADATA) {
+        Some(addr) if *addr != format!("localhost:{}", dataplane_common::DNS_PROXY_PORT) => {
+            Err(FlagError::DnsProxyAddr(addr.clone()))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -8,22 +8,37 @@
 //! `construct_config` and the constants above it) and becomes the agent's
 //! own flag: a flag on the command line or its `DATAPLANE_*` variable
 //! wins over the ztunnel name, which wins over the flag's default. A value
-//! ztunnel would accept but this agent cannot honour (an inline PEM root,
-//! a literal token) is refused, naming the variable, rather than read
-//! differently. An empty value counts as unset.
+//! ztunnel would accept but this agent cannot honour (a duration finer
+//! than a millisecond) is refused, naming the variable, rather than read
+//! differently. Values ztunnel takes inline where the flag takes a file
+//! (a PEM root, a token) are written to files under the state directory.
+//! An empty value counts as unset.
 //!
 //! Parsing takes the environment as an argument ([`parse`]), so it is
 //! tested without the process's.
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory as _, FromArgMatches as _, parser::ValueSource};
 
 use super::{Cli, istio::CertSourceKind};
+use crate::agent::config::SYSTEM_ROOTS;
 
 /// How a ztunnel value becomes the flag's value; `Err` says why it cannot.
-type Translate = fn(&str, &[(String, String)]) -> Result<String, String>;
+type Translate = fn(&str, &Context<'_>) -> Result<String, String>;
+
+/// What a translation may look at besides the value.
+struct Context<'a> {
+    /// The whole environment (some values depend on others).
+    env: &'a [(String, String)],
+    /// `--state-dir`, where values given inline are written as the files
+    /// the agent's flags take ([`inline`]).
+    state_dir: Option<&'a Path>,
+}
 
 /// One ztunnel setting the agent has as a flag.
 struct Setting {
@@ -68,22 +83,20 @@ const SETTINGS: &[Setting] = &[
         "--ca-server-name",
         as_is,
     ),
-    // `XDS_ROOT_CA`, `CA_ROOT_CA`: a file, or `SYSTEM` (ztunnel also takes
-    // an inline PEM, refused here).
+    // `XDS_ROOT_CA`, `CA_ROOT_CA`: a file, `SYSTEM`, or the PEM itself.
     setting(
         &["XDS_ROOT_CA"],
         "istiod_root_cert",
         "--istiod-root-cert",
-        root,
+        xds_root,
     ),
     ca_setting(
         &["CA_ROOT_CA"],
         "ca_server_root_cert",
         "--ca-server-root-cert",
-        root,
+        ca_root,
     ),
-    // `AUTH_TOKEN` (`TOKEN_PROVIDER_ENV`): a token file (ztunnel takes
-    // a value naming no file as the token itself, refused here).
+    // `AUTH_TOKEN` (`TOKEN_PROVIDER_ENV`): a token file, or the token.
     setting(&["AUTH_TOKEN"], "istiod_token", "--istiod-token", token),
     setting(
         &["ISTIO_META_CLUSTER_ID", "CLUSTER_ID"],
@@ -257,6 +270,8 @@ fn lookup<'a>(
 /// given neither on the command line nor under its `DATAPLANE_*` name.
 fn ztunnel_flags(run: &clap::ArgMatches, env: &[(String, String)]) -> Result<Vec<String>, String> {
     let istio_ca = run.get_one::<CertSourceKind>("cert_source") == Some(&CertSourceKind::Istio);
+    let state_dir = run.get_one::<PathBuf>("state_dir").map(PathBuf::as_path);
+    let ctx = Context { env, state_dir };
     let mut flags = Vec::new();
     for setting in SETTINGS {
         if setting.istio_ca_only && !istio_ca {
@@ -271,47 +286,55 @@ fn ztunnel_flags(run: &clap::ArgMatches, env: &[(String, String)]) -> Result<Vec
         let Some((variable, value)) = lookup(env, setting.variables) else {
             continue;
         };
-        let translated = (setting.translate)(value, env)
+        let translated = (setting.translate)(value, &ctx)
             .map_err(|reason| format!("environment variable {variable}={value:?}: {reason}"))?;
         flags.push(format!("{}={translated}", setting.flag));
     }
     Ok(flags)
 }
 
-fn as_is(value: &str, _: &[(String, String)]) -> Result<String, String> {
+fn as_is(value: &str, _: &Context<'_>) -> Result<String, String> {
     Ok(value.to_owned())
 }
 
 /// Rust's `bool::from_str`, as ztunnel's `parse::<bool>`.
-fn boolean(value: &str, _: &[(String, String)]) -> Result<String, String> {
+fn boolean(value: &str, _: &Context<'_>) -> Result<String, String> {
     value
         .parse::<bool>()
         .map(|on| on.to_string())
         .map_err(|_| "ztunnel reads `true` or `false` (lowercase)".to_owned())
 }
 
-fn toggle(value: &str, env: &[(String, String)]) -> Result<String, String> {
-    boolean(value, env).map(|on| if on == "true" { "on" } else { "off" }.to_owned())
+fn toggle(value: &str, ctx: &Context<'_>) -> Result<String, String> {
+    boolean(value, ctx).map(|on| if on == "true" { "on" } else { "off" }.to_owned())
 }
 
-fn integer(value: &str, _: &[(String, String)]) -> Result<String, String> {
+fn integer(value: &str, _: &Context<'_>) -> Result<String, String> {
     value
         .parse::<u64>()
         .map(|n| n.to_string())
         .map_err(|_| "not a whole number".to_owned())
 }
 
-/// ztunnel's `duration_str` forms the agent's durations share (`90s`,
-/// `3m`, `500ms`, a bare number of seconds).
-fn duration(value: &str, _: &[(String, String)]) -> Result<String, String> {
-    let parsed = dataplane_core::parse::parse_duration(value)
-        .map_err(|e| format!("{e}; give one number and unit"))?;
+/// A duration as ztunnel reads it: `src/config.rs` `parse_duration` is
+/// `duration_str::parse` (crate `duration-str` 0.21, linked here too;
+/// neither build turns on its grammar features `cn_unit`, `lowercase` or
+/// `no_calc`, so the grammar is ztunnel's exactly: `30s`, `500ms`, `1h30m`, `1m31`,
+/// `1m+30s`, `1m*3`, units `ns` to `y` in any case, a bare number being
+/// seconds). The agent's durations are whole milliseconds, so a finer
+/// remainder is refused rather than rounded.
+fn duration(value: &str, _: &Context<'_>) -> Result<String, String> {
+    let parsed = duration_str::parse(value)
+        .map_err(|e| format!("not a duration as ztunnel reads it (e.g. 30s, 500ms, 1h30m): {e}"))?;
+    if parsed.subsec_nanos() % 1_000_000 != 0 {
+        return Err("finer than a millisecond, which the agent's durations cannot hold".to_owned());
+    }
     Ok(format!("{}ms", parsed.as_millis()))
 }
 
 /// `https://host:port` or `host:port` into `host:port`: the agent speaks
 /// TLS to istiod and its CA, so another scheme is refused.
-fn address(value: &str, _: &[(String, String)]) -> Result<String, String> {
+fn address(value: &str, _: &Context<'_>) -> Result<String, String> {
     let rest = match value.split_once("://") {
         None => value,
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => rest,
@@ -324,29 +347,99 @@ fn address(value: &str, _: &[(String, String)]) -> Result<String, String> {
     Ok(rest.to_owned())
 }
 
-fn root(value: &str, _: &[(String, String)]) -> Result<String, String> {
-    if value.contains("-----BEGIN") {
-        return Err("an inline PEM root is not supported; mount it and give its path".to_owned());
-    }
-    Ok(value.to_owned())
+fn xds_root(value: &str, ctx: &Context<'_>) -> Result<String, String> {
+    root(value, ctx, "xds-root-ca.pem")
 }
 
-fn token(value: &str, _: &[(String, String)]) -> Result<String, String> {
-    if !Path::new(value).exists() {
+fn ca_root(value: &str, ctx: &Context<'_>) -> Result<String, String> {
+    root(value, ctx, "ca-root-ca.pem")
+}
+
+/// `XDS_ROOT_CA`/`CA_ROOT_CA` as ztunnel's `construct_config` reads them
+/// into `RootCert`: a path that exists is the file, `SYSTEM` the system
+/// roots, anything else the PEM itself (`RootCert::Static`), which is
+/// written to `file` under the state directory. A value that is none of
+/// these would fail ztunnel when it loads the roots; it fails here.
+fn root(value: &str, ctx: &Context<'_>, file: &str) -> Result<String, String> {
+    if Path::new(value).exists() || value == SYSTEM_ROOTS {
+        return Ok(value.to_owned());
+    }
+    let certificates = pem::parse_many(value)
+        .map_err(|e| format!("names no file and is not SYSTEM or PEM certificates ({e})"))?;
+    if !certificates.iter().any(|c| c.tag() == "CERTIFICATE") {
+        return Err("names no file and is not SYSTEM or PEM certificates".to_owned());
+    }
+    inline(ctx, file, value)
+}
+
+/// `AUTH_TOKEN` as ztunnel reads it: a path that exists is the token
+/// file (`AuthSource::Token`), anything else the token itself
+/// (`AuthSource::StaticToken`, sent as `Bearer <value>`), written to a
+/// file under the state directory that only the agent can read. ztunnel
+/// fails sending a token that is no HTTP header value; it fails here.
+fn token(value: &str, ctx: &Context<'_>) -> Result<String, String> {
+    if Path::new(value).exists() {
+        return Ok(value.to_owned());
+    }
+    if http::HeaderValue::from_str(value).is_err() {
         return Err(
-            "names no file; ztunnel would send the value itself as the token, which this agent does not (give the token file)"
+            "names no file, and as the token itself it has characters an HTTP header cannot carry"
                 .to_owned(),
         );
     }
-    Ok(value.to_owned())
+    inline(ctx, "auth-token", value)
+}
+
+/// The state directory's subdirectory for values given inline.
+const INLINE_DIR: &str = "ztunnel-env";
+
+/// Writes `contents` to `<state-dir>/ztunnel-env/<file>` (directory 0700,
+/// file 0600: a token is a credential), replacing it whole so an agent
+/// reading it meanwhile sees the old or the new, and returns its path.
+fn inline(ctx: &Context<'_>, file: &str, contents: &str) -> Result<String, String> {
+    let dir = ctx
+        .state_dir
+        .ok_or("no --state-dir to write the inline value under")?
+        .join(INLINE_DIR);
+    let failed = |what: &str, path: &Path, e: std::io::Error| {
+        format!(
+            "writing the inline value to {what} {} failed ({e}); check --state-dir",
+            path.display()
+        )
+    };
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| failed("directory", &dir, e))?;
+    let path = dir.join(file);
+    let staged = dir.join(format!(".{file}.{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut out = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&staged)?;
+        out.write_all(contents.as_bytes())?;
+        out.sync_all()?;
+        fs::rename(&staged, &path)
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&staged);
+        return Err(failed("file", &path, e));
+    }
+    path.into_os_string()
+        .into_string()
+        .map_err(|_| "the state directory's path is not UTF-8".to_owned())
 }
 
 /// `CONNECTION_TERMINATION_DEADLINE` (a duration), or
 /// `TERMINATION_GRACE_PERIOD_SECONDS` less 5 s (less 1 s when at most 10,
 /// never below 1 s), as ztunnel's `self_termination_deadline`.
-fn termination(value: &str, env: &[(String, String)]) -> Result<String, String> {
-    if lookup(env, &["CONNECTION_TERMINATION_DEADLINE"]).is_some() {
-        return duration(value, env);
+fn termination(value: &str, ctx: &Context<'_>) -> Result<String, String> {
+    if lookup(ctx.env, &["CONNECTION_TERMINATION_DEADLINE"]).is_some() {
+        return duration(value, ctx);
     }
     let secs: u64 = value
         .parse()
@@ -357,7 +450,7 @@ fn termination(value: &str, env: &[(String, String)]) -> Result<String, String> 
 
 /// `ZTUNNEL_WORKER_THREADS`: a number (0: one per CPU) or a percentage
 /// of the CPUs, rounded up, at least 1 (ztunnel's `parse_worker_threads`).
-fn worker_threads(value: &str, env: &[(String, String)]) -> Result<String, String> {
+fn worker_threads(value: &str, ctx: &Context<'_>) -> Result<String, String> {
     let threads = match value.strip_suffix('%') {
         Some(percent) => {
             let percent: f64 = percent
@@ -366,11 +459,11 @@ fn worker_threads(value: &str, env: &[(String, String)]) -> Result<String, Strin
             if !(percent > 0.0 && percent <= 100.0) {
                 return Err("percentage must be between 0 and 100".to_owned());
             }
-            let threads = (cpu_count(env)? as f64 * percent / 100.0).ceil();
+            let threads = (cpu_count(ctx.env)? as f64 * percent / 100.0).ceil();
             (threads as usize).max(1)
         }
         None => match value.parse::<usize>() {
-            Ok(0) => cpu_count(env)?,
+            Ok(0) => cpu_count(ctx.env)?,
             Ok(threads) => threads,
             Err(e) => return Err(format!("invalid number: {e}")),
         },

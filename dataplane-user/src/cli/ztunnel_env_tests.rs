@@ -2,7 +2,9 @@
 //! agent's flags, refused when the agent cannot honour them; from argv and
 //! an explicit environment, never the process's.
 
-use std::path::PathBuf;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::parse;
@@ -14,6 +16,38 @@ fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect()
+}
+
+/// A state directory of its own, removed on drop (pass or fail).
+struct StateDir(PathBuf);
+
+impl StateDir {
+    fn new(test: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "dp-zenv-{test}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+
+    fn flag(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The file's contents and permission bits.
+fn written(path: &Path) -> (String, u32) {
+    let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    (std::fs::read_to_string(path).unwrap(), mode)
 }
 
 /// `dataplane run <flags>` parsed with `env`, or clap's message.
@@ -190,11 +224,15 @@ fn the_istio_cas_names_apply_only_with_istios_ca() {
     )
     .unwrap();
     assert!(matches!(config.certs, CertsConfig::Builtin { .. }));
+    // A path that exists is the file, as ztunnel's `RootCert::File`.
+    let state = StateDir::new("ca-root");
+    let csr_root = state.0.join("csr-root.pem");
+    std::fs::write(&csr_root, "mounted").unwrap();
     let config = resolved(
-        &["--cert-source", "istio", "--state-dir", "/tmp/dp"],
+        &["--cert-source", "istio", "--state-dir", state.flag()],
         &env(&[
             ("CA_ADDRESS", "https://istio-csr.cert-manager.svc:443/"),
-            ("CA_ROOT_CA", "/etc/csr-root.pem"),
+            ("CA_ROOT_CA", csr_root.to_str().unwrap()),
             ("ALT_CA_HOSTNAME", "ca.alt"),
         ]),
     )
@@ -204,7 +242,7 @@ fn the_istio_cas_names_apply_only_with_istios_ca() {
     };
     assert_eq!(ca.address, "istio-csr.cert-manager.svc:443");
     assert_eq!(ca.server_name, "ca.alt");
-    assert_eq!(ca.root_cert, PathBuf::from("/etc/csr-root.pem"));
+    assert_eq!(ca.root_cert, csr_root);
 }
 
 #[test]
@@ -213,8 +251,16 @@ fn values_ztunnel_refuses_or_the_agent_cannot_honour_are_refused_by_name() {
         // Rust's `bool::from_str`, as ztunnel's `parse::<bool>`.
         ("IPV6_ENABLED", "True", "lowercase"),
         ("XDS_ADDRESS", "http://istiod:15010", "https://"),
-        ("XDS_ROOT_CA", "-----BEGIN CERTIFICATE-----", "inline PEM"),
-        ("AUTH_TOKEN", "a-literal-token", "token file"),
+        // Neither a file, SYSTEM nor a PEM certificate (ztunnel fails on
+        // it later, loading the roots).
+        ("XDS_ROOT_CA", "/nonexistent/root.pem", "not SYSTEM or PEM"),
+        (
+            "XDS_ROOT_CA",
+            "-----BEGIN CERTIFICATE-----",
+            "not SYSTEM or PEM",
+        ),
+        // No file, and no header value (ztunnel fails sending it).
+        ("AUTH_TOKEN", "two\nlines", "HTTP header"),
         ("ZTUNNEL_WORKER_THREADS", "150%", "between 0 and 100"),
         ("POOL_UNUSED_RELEASE_TIMEOUT", "soon", "not a duration"),
         ("HTTP2_FRAME_SIZE", "1M", "whole number"),
@@ -291,6 +337,149 @@ fn every_ztunnel_name_maps_onto_a_flag_of_run() {
             Some(setting.flag),
             "{:?}",
             setting.variables
+        );
+    }
+}
+
+#[test]
+fn inline_pem_roots_become_files_under_the_state_dir() {
+    let state = StateDir::new("pem");
+    let pem = dataplane_identity::test_util::TestCa::new()
+        .ca
+        .root_pem()
+        .to_owned();
+    let config = resolved(
+        &[
+            "--xds",
+            "--cert-source",
+            "istio",
+            "--state-dir",
+            state.flag(),
+        ],
+        &[
+            chart_env(),
+            env(&[("XDS_ROOT_CA", &pem), ("CA_ROOT_CA", &pem)]),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let dir = state.0.join("ztunnel-env");
+    let istiod_root = &config.istiod.as_ref().unwrap().root_cert;
+    assert_eq!(istiod_root, &dir.join("xds-root-ca.pem"));
+    assert_eq!(written(istiod_root), (pem.clone(), 0o600));
+    let CertsConfig::Istio { ca, .. } = &config.certs else {
+        panic!("expected Istio's CA, got {:?}", config.certs);
+    };
+    assert_eq!(ca.root_cert, dir.join("ca-root-ca.pem"));
+    assert_eq!(written(&ca.root_cert), (pem, 0o600));
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    // SYSTEM stays the system roots, written nowhere.
+    let state = StateDir::new("system");
+    let config = resolved(
+        &["--xds", "--state-dir", state.flag()],
+        &[chart_env(), env(&[("XDS_ROOT_CA", "SYSTEM")])].concat(),
+    )
+    .unwrap();
+    assert_eq!(
+        config.istiod.as_ref().unwrap().root_cert,
+        PathBuf::from("SYSTEM")
+    );
+    assert!(!state.0.join("ztunnel-env").exists());
+}
+
+#[test]
+fn a_token_naming_no_file_is_the_token_itself_as_in_ztunnel() {
+    let state = StateDir::new("token");
+    let config = resolved(
+        &["--xds", "--state-dir", state.flag()],
+        // The last value of a name wins: the chart's `AUTH_TOKEN` is
+        // replaced.
+        &[
+            chart_env(),
+            env(&[("AUTH_TOKEN", "eyJhbGciOi.static.token")]),
+        ]
+        .concat(),
+    )
+    .unwrap();
+    let token = config.istiod.as_ref().unwrap().token_file.clone().unwrap();
+    assert_eq!(token, state.0.join("ztunnel-env/auth-token"));
+    // Only the agent reads a credential.
+    assert_eq!(
+        written(&token),
+        ("eyJhbGciOi.static.token".to_owned(), 0o600)
+    );
+    // A path that exists is the token file.
+    let file = state.0.join("mounted-token");
+    std::fs::write(&file, "t").unwrap();
+    let config = resolved(
+        &["--xds", "--state-dir", state.flag()],
+        &[chart_env(), env(&[("AUTH_TOKEN", file.to_str().unwrap())])].concat(),
+    )
+    .unwrap();
+    assert_eq!(config.istiod.as_ref().unwrap().token_file, Some(file));
+}
+
+#[test]
+fn durations_take_ztunnels_duration_str_grammar() {
+    // ztunnel's `parse_duration` is `duration_str::parse`: compound
+    // terms, sums and products, units in any case, seconds by default.
+    for (value, want) in [
+        ("30s", Duration::from_secs(30)),
+        ("500ms", Duration::from_millis(500)),
+        ("1h30m", Duration::from_secs(5400)),
+        ("1m31", Duration::from_secs(91)),
+        ("1m+30s", Duration::from_secs(90)),
+        ("1m*3", Duration::from_secs(180)),
+        (" 2 min ", Duration::from_secs(120)),
+        ("1H", Duration::from_secs(3600)),
+        ("1d2h", Duration::from_secs(93_600)),
+        ("1500000us", Duration::from_millis(1500)),
+        ("45", Duration::from_secs(45)),
+    ] {
+        let config = resolved(
+            &["--state-dir", "/tmp/dp"],
+            &env(&[("POOL_UNUSED_RELEASE_TIMEOUT", value)]),
+        )
+        .unwrap_or_else(|e| panic!("{value:?}: {e}"));
+        assert_eq!(config.mesh.pool_idle_timeout, want, "{value:?}");
+    }
+    for (value, says) in [
+        ("1h30x", "not a duration"),
+        ("1.5s", "not a duration"),
+        ("-5s", "not a duration"),
+        ("1m+2*3", "not a duration"),
+        ("1h 30 fortnights", "not a duration"),
+        // duration_str takes it; the agent's millisecond durations cannot.
+        ("1500us", "finer than a millisecond"),
+    ] {
+        let error = run_args(&[], &env(&[("KEEPALIVE_TIME", value)])).unwrap_err();
+        assert!(
+            error.contains("KEEPALIVE_TIME") && error.contains(says),
+            "{value:?}: {error}"
+        );
+    }
+}
+
+#[test]
+fn a_dns_proxy_address_the_agent_cannot_serve_is_refused() {
+    // ztunnel's DNS proxy listens where the proxy metadata's
+    // DNS_PROXY_ADDR says; this agent's is where its kernel programs
+    // steer DNS, so only that address is accepted.
+    let flags = ["--xds", "--state-dir", "/tmp/dp"];
+    let with = |value: &str| [chart_env(), env(&[("ISTIO_META_DNS_PROXY_ADDR", value)])].concat();
+    let ok = resolved(&flags, &with("localhost:15053")).unwrap();
+    assert_eq!(
+        ok.xds.as_ref().unwrap().extra["DNS_PROXY_ADDR"],
+        "localhost:15053"
+    );
+    for value in ["localhost:5353", "127.0.0.1:15053", "0.0.0.0:53"] {
+        let error = resolved(&flags, &with(value)).unwrap_err();
+        assert!(
+            error.contains("DNS_PROXY_ADDR") && error.contains(value),
+            "{value}: {error}"
         );
     }
 }
