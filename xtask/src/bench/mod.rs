@@ -48,6 +48,11 @@ pub struct BenchArgs {
     /// conn-rr, bulk-1, bulk-4, bulk-8).
     #[arg(long, value_delimiter = ',')]
     pub workloads: Vec<String>,
+    /// Only these modes (comma-separated: direct, iptables, ebpf, ztunnel)
+    /// [default: all; ztunnel only with a binary]: a shorter run, at the
+    /// cost of the ratios to the modes left out.
+    #[arg(long, value_delimiter = ',')]
+    pub modes: Vec<String>,
     /// Skip agent memory under idle connections.
     #[arg(long)]
     pub no_idle: bool,
@@ -158,6 +163,9 @@ fn run_harness(args: &BenchArgs, release: bool, samples: &Path) -> Result<bool> 
     }
     if args.no_idle {
         command.arg("--no-idle");
+    }
+    if !args.modes.is_empty() {
+        command.args(["--modes", &args.modes.join(",")]);
     }
     // Without it dp-bench takes `DATAPLANE_ZTUNNEL`, or skips ztunnel.
     if let Some(ztunnel) = &args.ztunnel {
