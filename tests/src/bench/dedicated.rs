@@ -322,12 +322,13 @@ impl ZtunnelBuild {
 }
 
 /// `GitRevision` of ztunnel's `version.BuildInfo{...}` line, when it names
-/// a commit.
+/// a commit (with `-dirty` when the tree it was built from had changes,
+/// as ztunnel's `common/scripts/report_build_info.sh` marks it).
 fn git_revision(version: &str) -> Option<String> {
     let rest = version.split("GitRevision:\"").nth(1)?;
     let revision = rest.split('"').next()?;
-    (revision.len() >= 7 && revision.chars().all(|c| c.is_ascii_hexdigit()))
-        .then(|| revision.to_owned())
+    let hash = revision.strip_suffix("-dirty").unwrap_or(revision);
+    (hash.len() >= 7 && hash.chars().all(|c| c.is_ascii_hexdigit())).then(|| revision.to_owned())
 }
 
 /// `HEAD` of the git checkout holding `binary` (e.g. `<src>/out/rust/release/ztunnel`).
@@ -396,6 +397,10 @@ mod tests {
         assert_eq!(
             git_revision(line).as_deref(),
             Some("62d826530e5ce85764e309170205b293efcbc80b")
+        );
+        assert_eq!(
+            git_revision("version.BuildInfo{GitRevision:\"62d826530e5c-dirty\"}").as_deref(),
+            Some("62d826530e5c-dirty")
         );
         assert_eq!(
             git_revision("version.BuildInfo{Version:\"\", GitRevision:\"unknown\"}"),
