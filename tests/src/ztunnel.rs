@@ -100,12 +100,28 @@ impl Ztunnel {
         home: &ZtunnelHome,
         log: &Path,
     ) -> Result<Self> {
+        let env = ztunnel_env(node, home.istiod);
+        Self::start_with_env(binary, netns.path(), cgroup, &env, &home.dir, log)
+    }
+
+    /// Starts `binary` in the network namespace at `netns` and in `cgroup`
+    /// with exactly the environment `env`, in the working directory `dir`
+    /// (where it finds the root and token files of a [`ZtunnelHome`]),
+    /// logging to `log`.
+    pub fn start_with_env(
+        binary: &Path,
+        netns: &Path,
+        cgroup: Cgroup,
+        env: &[(String, String)],
+        dir: &Path,
+        log: &Path,
+    ) -> Result<Self> {
         let mut cmd = Command::new(binary);
-        cmd.env_clear().current_dir(&home.dir);
-        for (name, value) in ztunnel_env(node, home.istiod) {
+        cmd.env_clear().current_dir(dir);
+        for (name, value) in env {
             cmd.env(name, value);
         }
-        let process = spawn_logged_in(cmd, Some(netns.path()), Some(cgroup.path()), log)?;
+        let process = spawn_logged_in(cmd, Some(netns), Some(cgroup.path()), log)?;
         Ok(Self {
             process,
             cgroup,
@@ -273,9 +289,16 @@ pub fn ztunnel_env(node: &ZtunnelNode<'_>, istiod: SocketAddr) -> Vec<(String, S
 /// The body of `GET <path>` on `127.0.0.1:<port>` inside `netns` (HTTP/1.0:
 /// the server closes when done), within `limit`.
 pub fn http_get(netns: &Netns, port: u16, path: &str, limit: Duration) -> Result<String> {
+    http_get_in(netns.path(), port, path, limit)
+}
+
+/// [`http_get`] in the network namespace whose file is `netns` (one the
+/// caller does not own, such as a pod's).
+pub fn http_get_in(netns: &Path, port: u16, path: &str, limit: Duration) -> Result<String> {
     let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
-    let response = netns.run(move || -> Result<Vec<u8>> {
-        let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    let response = dataplane_user::netns::run_in_netns(netns, move || -> Result<Vec<u8>> {
+        let mut stream =
+            TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), limit)?;
         stream.set_read_timeout(Some(limit))?;
         stream.write_all(request.as_bytes())?;
         let mut response = Vec::new();

@@ -8,7 +8,10 @@
 //! node 2 the cross-node servers. A "plain" server is not in the mesh
 //! config (the client's engine passes its traffic through as plain TCP); an
 //! "hbone" server is (the engines tunnel to it). The direct cluster has no
-//! agent and only plain servers.
+//! agent and only plain servers. The ztunnel cluster, built only when a
+//! ztunnel binary is given, has no agent either: a stock ztunnel in each
+//! HBONE pod, in dedicated mode behind the iptables rules
+//! ([`super::dedicated`]), and only HBONE servers.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -17,7 +20,10 @@ use std::{
     time::Duration,
 };
 
-use super::{agent::MeasuredAgent, iptables, process::BenchProcess, sweep::PREFIX};
+use super::{
+    agent::MeasuredAgent, dedicated::DedicatedZtunnels, iptables, process::BenchProcess,
+    sweep::PREFIX,
+};
 use crate::{
     TempDir,
     mesh::{NAMESPACE, config_of, endpoint_of, hbone_workload, service, write_config},
@@ -44,11 +50,15 @@ pub enum Mode {
     Iptables,
     /// Our kernel programs.
     Ebpf,
+    /// Istio's ztunnel in dedicated mode behind the same iptables rules as
+    /// [`Mode::Iptables`], in place of our engine (only with a ztunnel
+    /// binary).
+    Ztunnel,
 }
 
 impl Mode {
     /// Every mode.
-    pub const ALL: [Mode; 3] = [Mode::Direct, Mode::Iptables, Mode::Ebpf];
+    pub const ALL: [Mode; 4] = [Mode::Direct, Mode::Iptables, Mode::Ebpf, Mode::Ztunnel];
 
     /// Its name in reports.
     pub fn name(self) -> &'static str {
@@ -56,6 +66,7 @@ impl Mode {
             Mode::Direct => "direct",
             Mode::Iptables => "iptables",
             Mode::Ebpf => "ebpf",
+            Mode::Ztunnel => "ztunnel",
         }
     }
 
@@ -64,6 +75,7 @@ impl Mode {
             Mode::Direct => "d",
             Mode::Iptables => "i",
             Mode::Ebpf => "e",
+            Mode::Ztunnel => "z",
         }
     }
 }
@@ -127,7 +139,8 @@ impl Protocol {
     /// Whether a cluster of `mode` has a server for it at `placement`.
     pub fn exists(self, mode: Mode, placement: Placement) -> bool {
         match self {
-            Protocol::Plain => true,
+            // ztunnel is compared on the tunnelled path only.
+            Protocol::Plain => mode != Mode::Ztunnel,
             Protocol::Hbone => mode != Mode::Direct,
             Protocol::FastPath | Protocol::FastPathVip => {
                 mode == Mode::Ebpf && placement == Placement::SameNode
@@ -153,8 +166,10 @@ pub struct ModeMesh {
     pub mode: Mode,
     /// Which iptables front end installed the rules (iptables mode).
     pub iptables_backend: Option<&'static str>,
-    // Field order is drop order: agents, servers, pods, then nodes.
+    // Field order is drop order: agents or ztunnels, servers, pods, then
+    // nodes.
     agents: Vec<MeasuredAgent>,
+    ztunnels: Option<DedicatedZtunnels>,
     servers: Vec<ServerPod>,
     client: Pod,
     n1: Node,
@@ -172,6 +187,8 @@ pub struct Binaries {
     pub agent: PathBuf,
     /// The load generator (`dp-load`).
     pub load: PathBuf,
+    /// A stock ztunnel, for [`Mode::Ztunnel`].
+    pub ztunnel: Option<PathBuf>,
 }
 
 impl ModeMesh {
@@ -215,6 +232,7 @@ impl ModeMesh {
             mode,
             iptables_backend: None,
             agents: Vec::new(),
+            ztunnels: None,
             servers,
             client,
             n1,
@@ -225,14 +243,14 @@ impl ModeMesh {
             config: None,
         };
         if mode != Mode::Direct {
-            mesh.enter_mesh()?;
+            mesh.enter_mesh(bins)?;
         }
         Ok(mesh)
     }
 
-    /// Writes the mesh config, installs the iptables rules (iptables mode)
-    /// and starts both agents.
-    fn enter_mesh(&mut self) -> anyhow::Result<()> {
+    /// Writes the mesh config, installs the iptables rules (iptables and
+    /// ztunnel modes) and starts both agents (or the ztunnels).
+    fn enter_mesh(&mut self, bins: &Binaries) -> anyhow::Result<()> {
         // The agents run with the fast path off; only the fast-path server
         // and the client opt in, so every other variant keeps its path.
         let mut client = hbone_workload(&self.client, "client", "node1");
@@ -265,7 +283,7 @@ impl ModeMesh {
         }
         config.services.push(fast);
         self.config = Some(write_config(self.dir.path(), "mesh.yaml", &config)?);
-        if self.mode == Mode::Iptables {
+        if matches!(self.mode, Mode::Iptables | Mode::Ztunnel) {
             let enrolled = std::iter::once(&self.client).chain(
                 self.servers
                     .iter()
@@ -280,11 +298,41 @@ impl ModeMesh {
                 self.iptables_backend = Some(iptables::install(&pod.netns, &rules)?);
             }
         }
-        self.start_agents()
+        if self.mode == Mode::Ztunnel {
+            let binary = bins
+                .ztunnel
+                .as_deref()
+                .ok_or_else(|| anyhow::anyhow!("the ztunnel mode needs a ztunnel binary"))?;
+            let enrolled = std::iter::once(&self.client).chain(
+                self.servers
+                    .iter()
+                    .filter(|s| s.protocol != Protocol::Plain)
+                    .map(|s| &s.pod),
+            );
+            let mut pods = Vec::new();
+            for pod in enrolled {
+                let workload = config
+                    .workloads
+                    .iter()
+                    .find(|w| w.workload_ips.contains(&IpAddr::V4(pod.ip4)))
+                    .ok_or_else(|| anyhow::anyhow!("no workload has {}", pod.ip4))?;
+                pods.push((pod, &**workload));
+            }
+            let tag = format!("{}{}", PREFIX.trim_start_matches("dpt-"), self.mode.tag());
+            self.ztunnels = Some(DedicatedZtunnels::new(binary, &tag, &config, &pods)?);
+        }
+        self.start_proxies()
     }
 
-    /// (Re)starts both agents: fresh processes, fresh memory.
-    pub fn start_agents(&mut self) -> anyhow::Result<()> {
+    /// (Re)starts both agents, or the ztunnels: fresh processes, fresh
+    /// memory.
+    pub fn start_proxies(&mut self) -> anyhow::Result<()> {
+        if let Some(ztunnels) = self.ztunnels.as_mut() {
+            ztunnels.start()?;
+            // Each ztunnel fetches its certificate on its first connection.
+            return self
+                .warm([Placement::SameNode, Placement::CrossNode].map(|p| (p, Protocol::Hbone)));
+        }
         self.agents.clear();
         let config = self
             .config
@@ -325,26 +373,28 @@ impl ModeMesh {
             )?;
             self.agents.push(agent);
         }
-        self.warm_fast_path()
-    }
-
-    /// Opens one connection to each port of the fast-path server through
-    /// the proxy, so the pairs are decided before anything is measured
-    /// (the agents void every verdict when they start).
-    fn warm_fast_path(&self) -> anyhow::Result<()> {
         if !Protocol::FastPath.exists(self.mode, Placement::SameNode) {
             return Ok(());
         }
+        // The agents void every fast-path verdict when they start.
+        self.warm([Protocol::FastPath, Protocol::FastPathVip].map(|p| (Placement::SameNode, p)))
+    }
+
+    /// Opens one connection to each port of each server of `paths` through
+    /// the proxy, so that what a path's first connection settles (a
+    /// fast-path verdict, a certificate) is settled before anything is
+    /// measured.
+    fn warm(&self, paths: [(Placement, Protocol); 2]) -> anyhow::Result<()> {
         // One echoed byte, and one byte into the sink.
         let runs: [(u16, &str, &[&str]); 2] = [
             (ECHO_PORT, "conn", &["1", "1", "1"]),
             (SINK_PORT, "bulk", &["1", "1"]),
         ];
-        let each = [Protocol::FastPath, Protocol::FastPathVip]
+        let each = paths
             .into_iter()
-            .flat_map(|protocol| runs.map(|run| (protocol, run)));
-        for (protocol, (port, verb, rest)) in each {
-            let addr = self.addr(Placement::SameNode, protocol, port)?;
+            .flat_map(|path| runs.map(|run| (path, run)));
+        for ((placement, protocol), (port, verb, rest)) in each {
+            let addr = self.addr(placement, protocol, port)?;
             let mut cmd = Command::new(&self.load_binary);
             cmd.arg(verb).arg(addr.to_string()).args(rest);
             let (netns, cgroup) = self.client_paths();
@@ -405,32 +455,46 @@ impl ModeMesh {
         Ok(SocketAddr::new(ip, port))
     }
 
-    /// The agents (none in direct mode): node 1's, then node 2's.
-    pub fn agents(&self) -> &[MeasuredAgent] {
-        &self.agents
+    /// The resident memory of the proxies of a path to `placement`, in
+    /// bytes: node 1's and node 2's agents, or the ztunnels of the client
+    /// pod and of the HBONE server there.
+    pub fn proxy_rss(&self, placement: Placement) -> anyhow::Result<Vec<u64>> {
+        match &self.ztunnels {
+            Some(ztunnels) => {
+                let server = self.server(placement, Protocol::Hbone)?;
+                Ok(vec![
+                    ztunnels.rss_of(self.client.ip4)?,
+                    ztunnels.rss_of(server.ip4)?,
+                ])
+            }
+            None => self.agents.iter().map(MeasuredAgent::rss).collect(),
+        }
     }
 
-    /// CPU time all agents used so far, in seconds.
+    /// CPU time all agents (or ztunnels) used so far, in seconds.
     pub fn agent_cpu(&self) -> anyhow::Result<f64> {
         let mut usec = 0;
         for agent in &self.agents {
             usec += agent.cpu_usec()?;
         }
+        if let Some(ztunnels) = &self.ztunnels {
+            usec += ztunnels.cpu_usec()?;
+        }
         Ok(usec as f64 / 1e6)
     }
 
-    /// Pids of every agent.
+    /// Pids of every agent (or ztunnel).
     pub fn agent_pids(&self) -> Vec<u32> {
-        self.agents.iter().filter_map(MeasuredAgent::pid).collect()
+        let mut pids: Vec<u32> = self.agents.iter().filter_map(MeasuredAgent::pid).collect();
+        pids.extend(self.ztunnels.iter().flat_map(DedicatedZtunnels::pids));
+        pids
     }
 
-    /// The agents' logs (for error reports).
+    /// The agents' (or ztunnels') logs (for error reports).
     pub fn agent_logs(&self) -> String {
-        self.agents
-            .iter()
-            .map(MeasuredAgent::log_text)
-            .collect::<Vec<_>>()
-            .join("\n")
+        let mut logs: Vec<String> = self.agents.iter().map(MeasuredAgent::log_text).collect();
+        logs.extend(self.ztunnels.iter().map(DedicatedZtunnels::logs));
+        logs.join("\n")
     }
 
     /// The client pod's namespace name (for `ss` checks).

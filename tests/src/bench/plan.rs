@@ -126,8 +126,9 @@ impl Plan {
 }
 
 /// The variants run for each placement: direct, then the engine behind
-/// each capture for each protocol.
-const VARIANTS: [(Mode, Protocol); 7] = [
+/// each capture for each protocol, then ztunnel (when given) on the HBONE
+/// path.
+const VARIANTS: [(Mode, Protocol); 8] = [
     (Mode::Direct, Protocol::Plain),
     (Mode::Iptables, Protocol::Plain),
     (Mode::Ebpf, Protocol::Plain),
@@ -135,6 +136,7 @@ const VARIANTS: [(Mode, Protocol); 7] = [
     (Mode::Ebpf, Protocol::Hbone),
     (Mode::Ebpf, Protocol::FastPath),
     (Mode::Ebpf, Protocol::FastPathVip),
+    (Mode::Ztunnel, Protocol::Hbone),
 ];
 
 /// How many variants a round of one workload runs under `plan`, over both
@@ -149,34 +151,51 @@ pub fn variants_per_workload(plan: &Plan) -> usize {
         .count()
 }
 
-/// The three clusters.
+/// The clusters: one per mode, ztunnel's only with a ztunnel binary.
 #[derive(Debug)]
 pub struct Clusters {
-    /// Direct, iptables, ebpf.
+    /// Direct, iptables, ebpf, and ztunnel when given.
     pub meshes: Vec<ModeMesh>,
     /// Binaries.
     pub bins: Binaries,
 }
 
 impl Clusters {
-    /// Builds all three.
-    pub fn build(bins: Binaries) -> anyhow::Result<Self> {
+    /// The modes that get a cluster with `bins`.
+    pub fn modes(bins: &Binaries) -> Vec<Mode> {
+        Mode::ALL
+            .into_iter()
+            .filter(|m| *m != Mode::Ztunnel || bins.ztunnel.is_some())
+            .collect()
+    }
+
+    /// Builds one cluster for each of `modes` (see [`Clusters::modes`]).
+    pub fn build(bins: Binaries, modes: &[Mode]) -> anyhow::Result<Self> {
         let mut meshes = Vec::new();
-        for mode in Mode::ALL {
+        for &mode in modes {
             signal::check()?;
             meshes.push(ModeMesh::build(mode, &bins)?);
         }
         Ok(Self { meshes, bins })
     }
 
-    fn mesh(&self, mode: Mode) -> &ModeMesh {
-        let index = Mode::ALL.iter().position(|m| *m == mode).unwrap_or(0);
-        &self.meshes[index]
+    /// Whether `mode` has a cluster.
+    pub fn has(&self, mode: Mode) -> bool {
+        self.meshes.iter().any(|m| m.mode == mode)
     }
 
-    fn mesh_mut(&mut self, mode: Mode) -> &mut ModeMesh {
-        let index = Mode::ALL.iter().position(|m| *m == mode).unwrap_or(0);
-        &mut self.meshes[index]
+    fn mesh(&self, mode: Mode) -> anyhow::Result<&ModeMesh> {
+        self.meshes
+            .iter()
+            .find(|m| m.mode == mode)
+            .ok_or_else(|| anyhow::anyhow!("no {} cluster", mode.name()))
+    }
+
+    fn mesh_mut(&mut self, mode: Mode) -> anyhow::Result<&mut ModeMesh> {
+        self.meshes
+            .iter_mut()
+            .find(|m| m.mode == mode)
+            .ok_or_else(|| anyhow::anyhow!("no {} cluster", mode.name()))
     }
 }
 
@@ -188,11 +207,11 @@ pub fn verify_paths(clusters: &Clusters) -> anyhow::Result<Vec<Value>> {
     let mut checks = Vec::new();
     for placement in Placement::ALL {
         for (mode, protocol) in VARIANTS {
-            if !protocol.exists(mode, placement) {
+            if !protocol.exists(mode, placement) || !clusters.has(mode) {
                 continue;
             }
             signal::check()?;
-            let mesh = clusters.mesh(mode);
+            let mesh = clusters.mesh(mode)?;
             let addr = mesh.addr(placement, protocol, ECHO_PORT)?;
             let (netns, cgroup) = mesh.client_paths();
             let mut cmd = Command::new(&clusters.bins.load);
@@ -261,7 +280,7 @@ pub fn run_rounds(
                     signal::check()?;
                     let sample = measure(clusters, plan, workload, mode, placement, protocol)
                         .unwrap_or_else(|e| {
-                            let logs = log_tail(clusters.mesh(mode));
+                            let logs = clusters.mesh(mode).map(log_tail).unwrap_or_default();
                             json!({"ok": false, "error": format!("{e:#}\nagents:\n{logs}")})
                         });
                     let mut sample = sample;
@@ -293,7 +312,7 @@ fn measure(
     placement: Placement,
     protocol: Protocol,
 ) -> anyhow::Result<Value> {
-    let mesh = clusters.mesh(mode);
+    let mesh = clusters.mesh(mode)?;
     let counts = plan.counts;
     let echo = mesh.addr(placement, protocol, ECHO_PORT)?.to_string();
     let sink = mesh.addr(placement, protocol, SINK_PORT)?.to_string();
@@ -392,9 +411,9 @@ pub fn measure_idle(clusters: &mut Clusters, plan: &Plan) -> anyhow::Result<Vec<
             .filter(|p| protocol.exists(mode, *p))
         {
             signal::check()?;
-            clusters.mesh_mut(mode).start_agents()?;
-            let mesh = clusters.mesh(mode);
-            let steps = steps.map(|s| s.min(idle_capacity(placement, protocol)));
+            clusters.mesh_mut(mode)?.start_proxies()?;
+            let mesh = clusters.mesh(mode)?;
+            let steps = steps.map(|s| s.min(idle_capacity(mode, placement, protocol)));
             let result = idle_once(mesh, &clusters.bins, placement, protocol, steps);
             let mut sample = result.unwrap_or_else(
                 |e| json!({"ok": false, "error": format!("{e:#}\nagents:\n{}", log_tail(mesh))}),
@@ -414,10 +433,11 @@ pub fn measure_idle(clusters: &mut Clusters, plan: &Plan) -> anyhow::Result<Vec<
 /// descriptor limit it inherits (often a hard 20,000 in containers, which
 /// even root cannot raise): it holds two sockets per connection when it
 /// has both ends (plain passthrough, or HBONE on one node), one when the
-/// other end is the other node's agent.
-fn idle_capacity(placement: Placement, protocol: Protocol) -> usize {
-    let per_connection = match (placement, protocol) {
-        (Placement::CrossNode, Protocol::Hbone) => 1,
+/// other end is the other node's agent. Each dedicated ztunnel holds one
+/// (its own pod's end; the tunnels to the other are pooled).
+fn idle_capacity(mode: Mode, placement: Placement, protocol: Protocol) -> usize {
+    let per_connection = match (mode, placement, protocol) {
+        (Mode::Ztunnel, _, _) | (_, Placement::CrossNode, Protocol::Hbone) => 1,
         _ => 2,
     };
     let spare = 1000;
@@ -431,9 +451,7 @@ fn idle_once(
     protocol: Protocol,
     steps: [usize; 2],
 ) -> anyhow::Result<Value> {
-    let rss = |mesh: &ModeMesh| -> anyhow::Result<Vec<u64>> {
-        mesh.agents().iter().map(|a| a.rss()).collect()
-    };
+    let rss = |mesh: &ModeMesh| mesh.proxy_rss(placement);
     let base = rss(mesh)?;
     let addr = mesh.addr(placement, protocol, ECHO_PORT)?;
     let (netns, cgroup) = mesh.client_paths();

@@ -4,8 +4,15 @@
 //! debug the harness.
 //!
 //! `dp-bench --out FILE [--quick] [--rounds N] [--workloads a,b] [--no-idle]
-//! [--modes direct,iptables,ebpf]` (a subset of modes is for profiling
-//! one of them: the report's ratios need all three).
+//! [--modes direct,iptables,ebpf,ztunnel] [--ztunnel PATH]` (a subset of
+//! modes is for profiling one of them: the report's ratios need all of
+//! them).
+//!
+//! With a stock ztunnel binary (`--ztunnel PATH`, or `DATAPLANE_ZTUNNEL` as
+//! the interop tests take it) a fourth cluster runs it in dedicated mode
+//! behind iptables REDIRECT (`dataplane_tests::bench::dedicated`), measured
+//! in the same rounds as our modes; without one that cluster is skipped,
+//! and said so.
 //!
 //! Needs root (namespaces, cgroups, bpffs). Everything it creates is named
 //! `dpt-bench...` and removed on exit, on Ctrl-C or SIGTERM; leftovers of a
@@ -18,6 +25,7 @@ use std::{
 };
 
 use dataplane_tests::bench::{
+    dedicated::ZtunnelBuild,
     mesh::{Binaries, Mode},
     plan::{self, Clusters, Counts, Plan, Workload},
     probe, signal, sweep,
@@ -50,6 +58,7 @@ struct Args {
     workloads: Option<Vec<String>>,
     idle: bool,
     modes: Vec<Mode>,
+    ztunnel: Option<PathBuf>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -60,6 +69,9 @@ fn parse_args() -> anyhow::Result<Args> {
         workloads: None,
         idle: true,
         modes: Vec::new(),
+        ztunnel: std::env::var_os("DATAPLANE_ZTUNNEL")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -75,6 +87,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 args.workloads = Some(value()?.split(',').map(str::to_owned).collect())
             }
             "--no-idle" => args.idle = false,
+            "--ztunnel" => args.ztunnel = Some(PathBuf::from(value()?)),
             "--modes" => {
                 for name in value()?.split(',') {
                     let mode = Mode::ALL
@@ -85,7 +98,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 }
             }
             other => anyhow::bail!(
-                "unknown argument {other}; usage: dp-bench --out FILE [--quick] [--rounds N] [--workloads a,b] [--no-idle] [--modes a,b]"
+                "unknown argument {other}; usage: dp-bench --out FILE [--quick] [--rounds N] [--workloads a,b] [--no-idle] [--modes a,b] [--ztunnel PATH]"
             ),
         }
     }
@@ -100,7 +113,26 @@ fn run() -> anyhow::Result<ExitCode> {
         eprintln!("dp-bench: removed {swept} leftovers of killed runs");
     }
     dataplane_tests::process::raise_nofile();
-    let bins = binaries()?;
+    let bins = binaries(args.ztunnel.as_deref())?;
+    let ztunnel = bins.ztunnel.as_deref().map(ZtunnelBuild::of);
+    let modes = if args.modes.is_empty() {
+        Clusters::modes(&bins)
+    } else {
+        args.modes.clone()
+    };
+    match &ztunnel {
+        None if modes.contains(&Mode::Ztunnel) => anyhow::bail!(
+            "--modes ztunnel needs a ztunnel binary: pass --ztunnel PATH or set DATAPLANE_ZTUNNEL"
+        ),
+        None => eprintln!(
+            "dp-bench: no ztunnel binary (--ztunnel PATH or DATAPLANE_ZTUNNEL): the side-by-side with ztunnel is skipped"
+        ),
+        Some(build) => eprintln!(
+            "dp-bench: ztunnel {} at commit {}, dedicated mode behind iptables REDIRECT",
+            build.binary.display(),
+            build.commit.as_deref().unwrap_or("unknown")
+        ),
+    }
     let workloads: Vec<Workload> = match &args.workloads {
         None => Workload::ALL.to_vec(),
         Some(names) => {
@@ -124,11 +156,16 @@ fn run() -> anyhow::Result<ExitCode> {
         },
         workloads,
         idle: args.idle,
-        modes: args.modes.clone(),
+        modes: modes.clone(),
     };
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    eprintln!("dp-bench: building three clusters (direct, iptables, ebpf)");
-    let mut clusters = Clusters::build(bins)?;
+    let names: Vec<&str> = modes.iter().map(|m| m.name()).collect();
+    eprintln!(
+        "dp-bench: building {} clusters ({})",
+        modes.len(),
+        names.join(", ")
+    );
+    let mut clusters = Clusters::build(bins, &modes)?;
     let setup_s = started.elapsed().as_secs_f64();
     let checks = plan::verify_paths(&clusters)?;
     eprintln!(
@@ -187,6 +224,15 @@ fn run() -> anyhow::Result<ExitCode> {
             "machine": machine(),
             "kernel": kernel(),
             "iptables_backend": backend,
+            "modes": names,
+            "ztunnel": ztunnel.as_ref().map(|z| json!({
+                "binary": z.binary.display().to_string(),
+                "commit": z.commit,
+                "version": z.version,
+                "proxy_mode": "dedicated",
+                "capture": "iptables REDIRECT (the iptables mode's rules), PACKET_MARK=1337 exempt",
+                "log_level": "warn",
+            })),
             "load_average_before": load_before.trim(),
             "started_unix": SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as f64 - started.elapsed().as_secs_f64(),
             "setup_s": setup_s,
@@ -234,8 +280,9 @@ fn headline(sample: &Value) -> String {
 }
 
 /// `dataplane` and `dp-load` beside this binary (one cargo target
-/// directory and profile); `$DATAPLANE_BIN` overrides the agent.
-fn binaries() -> anyhow::Result<Binaries> {
+/// directory and profile); `$DATAPLANE_BIN` overrides the agent. A
+/// `ztunnel` given must exist.
+fn binaries(ztunnel: Option<&std::path::Path>) -> anyhow::Result<Binaries> {
     let exe = std::env::current_exe()?;
     let dir = exe
         .parent()
@@ -251,7 +298,18 @@ fn binaries() -> anyhow::Result<Binaries> {
             path.display()
         );
     }
-    Ok(Binaries { agent, load })
+    if let Some(path) = ztunnel {
+        anyhow::ensure!(
+            path.is_file(),
+            "the ztunnel binary {} does not exist: build ztunnel from Istio's sources or drop --ztunnel / DATAPLANE_ZTUNNEL",
+            path.display()
+        );
+    }
+    Ok(Binaries {
+        agent,
+        load,
+        ztunnel: ztunnel.map(std::path::Path::to_path_buf),
+    })
 }
 
 fn machine() -> Value {

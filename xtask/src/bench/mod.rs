@@ -1,7 +1,9 @@
 //! `cargo xtask bench`: kernel-level benchmarks of the data plane (no mesh
 //! vs Istio-style iptables capture vs our eBPF capture, same engine, plain
-//! and HBONE, same-node and cross-node), then criterion micro-benchmarks of
-//! the hot user-space paths, then the report:
+//! and HBONE, same-node and cross-node; and, given a stock ztunnel binary,
+//! ztunnel in dedicated mode behind the same iptables rules, set beside
+//! ours in [`vs_ztunnel`]), then criterion micro-benchmarks of the hot
+//! user-space paths, then the report:
 //!
 //! - a table on stdout, `target/bench/report.md`;
 //! - `target/bench/report.json`: machine, kernel, commit, every sample,
@@ -20,6 +22,7 @@ mod report;
 mod samples;
 mod svg;
 mod targets;
+mod vs_ztunnel;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -45,6 +48,11 @@ pub struct BenchArgs {
     /// conn-rr, bulk-1, bulk-4, bulk-8).
     #[arg(long, value_delimiter = ',')]
     pub workloads: Vec<String>,
+    /// Only these modes (comma-separated: direct, iptables, ebpf, ztunnel)
+    /// [default: all; ztunnel only with a binary]: a shorter run, at the
+    /// cost of the ratios to the modes left out.
+    #[arg(long, value_delimiter = ',')]
+    pub modes: Vec<String>,
     /// Skip agent memory under idle connections.
     #[arg(long)]
     pub no_idle: bool,
@@ -55,8 +63,11 @@ pub struct BenchArgs {
     /// [default: 1000,10000; quick 1000]; `0` skips it.
     #[arg(long, value_delimiter = ',')]
     pub scale: Vec<usize>,
-    /// A stock ztunnel binary: the scale benchmark runs every size against
-    /// it too and sets ours beside it [default: `DATAPLANE_ZTUNNEL`, if set].
+    /// A stock ztunnel binary: the kernel-level benchmarks run it in
+    /// dedicated mode behind iptables REDIRECT beside our modes and report
+    /// ours/ztunnel, and the scale benchmark runs every size against it
+    /// too [default: `DATAPLANE_ZTUNNEL`, if set; without one both skip
+    /// ztunnel].
     #[arg(long, value_name = "PATH")]
     pub ztunnel: Option<PathBuf>,
     /// Skip the criterion micro-benchmarks.
@@ -152,6 +163,13 @@ fn run_harness(args: &BenchArgs, release: bool, samples: &Path) -> Result<bool> 
     }
     if args.no_idle {
         command.arg("--no-idle");
+    }
+    if !args.modes.is_empty() {
+        command.args(["--modes", &args.modes.join(",")]);
+    }
+    // Without it dp-bench takes `DATAPLANE_ZTUNNEL`, or skips ztunnel.
+    if let Some(ztunnel) = &args.ztunnel {
+        command.arg("--ztunnel").arg(ztunnel);
     }
     let _ = std::fs::remove_file(samples);
     println!("+ {}", cmd::display(&command));
@@ -310,6 +328,7 @@ fn render(
     let figures = samples::Figures::from_samples(&samples)?;
     let idle_rows = idle::IdleRow::parse_all(&raw["idle"]);
     let checked = targets::check(&figures, &idle_rows);
+    let side_by_side = vs_ztunnel::rows(&figures, &idle_rows);
     let mut meta = raw["meta"].clone();
     if let Some(obj) = meta.as_object_mut() {
         obj.insert("commit".into(), json!(commit()));
@@ -321,6 +340,7 @@ fn render(
         targets: &checked,
         micro,
         micro_note,
+        vs_ztunnel: &side_by_side,
     };
     let md = report::markdown(&inputs, true);
     write(&out_dir.join("report.md"), &md)?;
@@ -336,6 +356,7 @@ fn render(
     let report_json = json!({
         "meta": meta,
         "targets": targets::to_json(&checked),
+        "vs_ztunnel": vs_ztunnel::to_json(&meta, &side_by_side),
         "summary": summary,
         "samples": raw["samples"],
         "idle": raw["idle"],
@@ -348,6 +369,9 @@ fn render(
         &serde_json::to_string_pretty(&report_json)?,
     )?;
     println!("\n{}", report::markdown(&inputs, false));
+    for line in vs_ztunnel::summary_lines(&side_by_side) {
+        println!("vs ztunnel: {line}");
+    }
     let idle_failed = idle_rows.iter().any(|r| r.error.is_some());
     Ok(figures.failures.is_empty() && !idle_failed)
 }

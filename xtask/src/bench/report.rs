@@ -1,5 +1,5 @@
-//! The report: a header saying what ran where, the targets, one table (and
-//! chart) per workload with every figure as a median and as ratios to
+//! The report: a header saying what ran where, the targets, ours beside a
+//! stock ztunnel (when one ran), one table (and chart) per workload with every figure as a median and as ratios to
 //! direct and ebpf/iptables, agent memory under idle connections, the
 //! micro-benchmarks, and any failure.
 
@@ -30,6 +30,8 @@ pub struct Inputs<'a> {
     pub micro: &'a [MicroResult],
     /// How the micro-benchmarks ran (or why not).
     pub micro_note: &'a str,
+    /// Ours beside ztunnel (empty rows when it did not run).
+    pub vs_ztunnel: &'a [super::vs_ztunnel::Row],
 }
 
 /// Three significant digits, with thousands separators above 1000.
@@ -94,6 +96,7 @@ pub fn markdown(inputs: &Inputs<'_>, charts: bool) -> String {
     let mut md = String::new();
     header(&mut md, inputs.meta);
     targets(&mut md, inputs.targets);
+    md.push_str(&super::vs_ztunnel::markdown(inputs.meta, inputs.vs_ztunnel));
     let counts = &inputs.meta["counts"];
     for workload in &inputs.figures.workloads {
         let metrics = metrics(workload);
@@ -186,7 +189,7 @@ fn header(md: &mut String, meta: &Value) {
     );
     let _ = writeln!(
         md,
-        "- CPU: agent = both agents' cgroups (`cpu.stat`), kernel = system+irq+softirq of the whole machine, machine = every busy CPU second (`/proc/stat`, 10 ms ticks; client and server included); agents log at `warn`; the harness and all it starts run at nice {} to stay ahead of unrelated work on the machine\n",
+        "- CPU: agent = both agents' cgroups (`cpu.stat`; in `ztunnel` rows every ztunnel's), kernel = system+irq+softirq of the whole machine, machine = every busy CPU second (`/proc/stat`, 10 ms ticks; client and server included); agents log at `warn`; the harness and all it starts run at nice {} to stay ahead of unrelated work on the machine\n",
         meta["nice"]
     );
 }
@@ -221,7 +224,7 @@ fn idle_table(md: &mut String, idle: &[IdleRow], charts: bool, nofile: Option<u6
     }
     let _ = writeln!(
         md,
-        "## Agent memory with idle connections\n\nRSS (`VmRSS`) of node 1's / node 2's agent, freshly started, then with idle connections held open through the engine; per connection = growth of both agents / connections. Counts below 10k: the busiest agent holds two sockets per connection and the descriptor limit it inherits (a hard limit root cannot raise here) is {}.\n",
+        "## Agent memory with idle connections\n\nRSS (`VmRSS`) of node 1's / node 2's agent (in `ztunnel` rows: the client pod's / the server pod's ztunnel), freshly started, then with idle connections held open through the engine; per connection = growth of both agents / connections. Counts below 10k: the busiest agent holds two sockets per connection and the descriptor limit it inherits (a hard limit root cannot raise here) is {}.\n",
         nofile.map_or("unknown".into(), |n| thousands(n as i64))
     );
     let _ = writeln!(

@@ -13,7 +13,7 @@ use serde_json::Value;
 pub struct Variant {
     /// `same-node` or `cross-node`.
     pub placement: String,
-    /// `direct`, `iptables` or `ebpf`.
+    /// `direct`, `iptables`, `ebpf` or `ztunnel`.
     pub mode: String,
     /// `plain`, `hbone` or `fast-path`.
     pub protocol: String,
@@ -40,8 +40,8 @@ impl Variant {
     }
 
     /// Rows in report order: placements, then direct, iptables and ebpf
-    /// for plain, then for HBONE, then the fast path, then the fast path
-    /// through a VIP.
+    /// for plain, then iptables, ebpf and ztunnel for HBONE, then the fast
+    /// path, then the fast path through a VIP.
     pub fn order_key(&self) -> (u8, u8, u8) {
         let placement = u8::from(self.placement != "same-node");
         let protocol = match (self.mode.as_str(), self.protocol.as_str()) {
@@ -53,6 +53,7 @@ impl Variant {
         let mode = match self.mode.as_str() {
             "direct" => 0,
             "iptables" => 1,
+            "ztunnel" => 3,
             _ => 2,
         };
         (placement, protocol, mode)

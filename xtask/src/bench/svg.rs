@@ -32,6 +32,7 @@ pub fn color(mode: &str, protocol: &str) -> &'static str {
         ("iptables", "plain") => "#e69f00",
         ("ebpf", "plain") => "#0072b2",
         ("iptables", _) => "#f5d08a",
+        ("ztunnel", _) => "#009e73",
         _ => "#6cc3f0",
     }
 }
