@@ -114,7 +114,7 @@ pub fn merged_state(
     changes.extend(merge_changes(
         &FileIndex::of(file),
         entries,
-        &ChangedEntries::all(entries),
+        &ChangedEntries::everything(),
         &mut provenance,
     ));
     let empty = MeshState {
@@ -138,7 +138,7 @@ pub fn merge_changes(
     provenance: &mut Provenance,
 ) -> Changes {
     let mut changes = Changes::default();
-    for name in &changed.workloads {
+    for name in changed.workloads(entries) {
         let entry = XdsEntry::new(EntryKind::Workload, Arc::clone(name));
         provenance.shadows.remove(&entry);
         provenance.merge_dropped.remove(&entry);
@@ -166,7 +166,7 @@ pub fn merge_changes(
             .workloads
             .push((EntryKey::xds(Arc::clone(name)), kept.cloned()));
     }
-    for name in &changed.services {
+    for name in changed.services(entries) {
         let entry = XdsEntry::new(EntryKind::Service, Arc::clone(name));
         provenance.shadows.remove(&entry);
         provenance.merge_dropped.remove(&entry);
@@ -202,7 +202,7 @@ pub fn merge_changes(
             .services
             .push((EntryKey::xds(Arc::clone(name)), kept));
     }
-    for name in &changed.policies {
+    for name in changed.policies(entries) {
         let entry = XdsEntry::new(EntryKind::Policy, Arc::clone(name));
         provenance.shadows.remove(&entry);
         let kept = entries.policies.get(name).filter(|p| {
