@@ -495,7 +495,7 @@ impl XdsModel {
                         ..(**w).clone()
                     })
                 };
-                if changes(self.entries.workloads.get(&entry.name), &w) {
+                if self.pending.everything || changes(self.entries.workloads.get(&entry.name), &w) {
                     self.entries.workloads.insert(entry.name.clone(), w);
                     self.pending.note(entry);
                 }
@@ -509,7 +509,7 @@ impl XdsModel {
                         ..(**s).clone()
                     })
                 };
-                if changes(self.entries.services.get(&entry.name), &s) {
+                if self.pending.everything || changes(self.entries.services.get(&entry.name), &s) {
                     self.entries.services.insert(entry.name.clone(), s);
                     self.pending.note(entry);
                 }
@@ -535,7 +535,8 @@ fn warn_left_out(notes: &[String]) {
 
 /// Whether `new` differs from the entry `held` (none: it is new). An equal
 /// one is left as it is: the state keeps sharing it, and the merge is not
-/// told of it.
+/// told of it. (Not asked in a first state, where every entry is new: a
+/// lookup of each of 55k names cost it about a sixth more CPU.)
 fn changes<T: Eq>(held: Option<&Arc<T>>, new: &Arc<T>) -> bool {
     held.is_none_or(|held| !Arc::ptr_eq(held, new) && **held != **new)
 }
