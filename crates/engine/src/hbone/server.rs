@@ -526,9 +526,11 @@ fn reject(
     reason: FailReason,
     detail: &str,
 ) {
-    let _ = respond.send_response(status_only(status), true);
     let detail = format!("{} {detail}", status.as_u16());
+    // Counted before the answer leaves, so the peer never learns of the
+    // refusal before this agent's metrics show it.
     flow.refuse(&ctx.metrics, reason, &detail);
+    let _ = respond.send_response(status_only(status), true);
 }
 
 impl ServerContext {

@@ -443,11 +443,13 @@ fn record<E: std::error::Error + 'static>(result: Result<Transferred, E>, open: 
     }
 }
 
-/// Resets the client connection, counts it and writes its record.
+/// Counts the refused connection, writes its record and resets it, in
+/// that order: whoever sees the reset (the client, a test) then finds it
+/// counted in every family.
 fn refuse(stream: TcpStream, flow: &Flow, ctx: &PodContext, reason: FailReason, detail: &str) {
+    flow.refuse(&ctx.mesh.metrics, reason, detail);
     reset_on_close(&stream);
     drop(stream);
-    flow.refuse(&ctx.mesh.metrics, reason, detail);
 }
 
 /// Stops accepting (the listener closes) and lets the connections in flight
