@@ -346,6 +346,19 @@ impl StrangerTls {
         }
         Ok(tls)
     }
+
+    /// The serial number (hex, as `x509_parser` writes it) of the leaf
+    /// certificate the server at `addr` presents to a client in `pod`.
+    pub fn presented_serial(&self, pod: &Pod, addr: SocketAddr) -> anyhow::Result<String> {
+        let tls = self.connect(pod, addr, &[])?;
+        let leaf = tls
+            .conn
+            .peer_certificates()
+            .and_then(|c| c.first().cloned())
+            .ok_or_else(|| anyhow::anyhow!("{addr} presented no certificate"))?;
+        let (_, parsed) = x509_parser::parse_x509_certificate(&leaf)?;
+        Ok(parsed.raw_serial_as_string())
+    }
 }
 
 /// Reads what the server sends until it ends the connection, or `None` if

@@ -75,12 +75,7 @@ fn a_quick_side_by_side_run_measures_ztunnel_on_both_placements() -> Result<()> 
 
     // Each path went through ztunnel: the client pod's connection was
     // redirected to its 15001 and tunnelled to the server's 15008.
-    let checks: Vec<&Value> = samples["meta"]["path_checks"]
-        .as_array()
-        .context("no path checks")?
-        .iter()
-        .filter(|c| c["mode"] == "ztunnel")
-        .collect();
+    let checks = ztunnel_rows(&samples["meta"]["path_checks"], "path checks")?;
     assert_eq!(checks.len(), 2, "{checks:?}");
     for check in &checks {
         assert_eq!(check["protocol"], "hbone");
@@ -90,12 +85,7 @@ fn a_quick_side_by_side_run_measures_ztunnel_on_both_placements() -> Result<()> 
 
     // Every workload ran through ztunnel on both placements, its CPU read
     // from the ztunnels' cgroups.
-    let runs: Vec<&Value> = samples["samples"]
-        .as_array()
-        .context("no samples")?
-        .iter()
-        .filter(|s| s["mode"] == "ztunnel")
-        .collect();
+    let runs = ztunnel_rows(&samples["samples"], "samples")?;
     assert_eq!(runs.len(), 4 * 2, "{runs:?}");
     for run in &runs {
         assert_eq!(run["ok"], true, "{run}");
@@ -107,12 +97,7 @@ fn a_quick_side_by_side_run_measures_ztunnel_on_both_placements() -> Result<()> 
 
     // Memory of both ztunnels of each path, at rest and holding idle
     // connections.
-    let idle: Vec<&Value> = samples["idle"]
-        .as_array()
-        .context("no idle measures")?
-        .iter()
-        .filter(|s| s["mode"] == "ztunnel")
-        .collect();
+    let idle = ztunnel_rows(&samples["idle"], "idle measures")?;
     assert_eq!(idle.len(), 2, "{idle:?}");
     for row in &idle {
         assert_eq!(row["ok"], true, "{row}");
@@ -142,4 +127,15 @@ fn the_ztunnel_mode_is_refused_without_a_binary_before_anything_is_built() -> Re
         "ran with a missing ztunnel binary"
     );
     Ok(())
+}
+
+/// The rows of the array `rows` (named `what` in the error) measured
+/// through ztunnel.
+fn ztunnel_rows<'a>(rows: &'a Value, what: &str) -> anyhow::Result<Vec<&'a Value>> {
+    Ok(rows
+        .as_array()
+        .with_context(|| format!("no {what}"))?
+        .iter()
+        .filter(|row| row["mode"] == "ztunnel")
+        .collect())
 }

@@ -562,16 +562,7 @@ fn mounted_certificates_replaced_on_disk_are_picked_up_and_a_bad_replacement_ref
 
     // What `remote` presents to a peer, read by a TLS client of our own.
     let peer = StrangerTls::new(&ca_dir, "plain", &spiffe("remote"))?;
-    let presented = || -> Result<String> {
-        let tls = peer.connect(&mesh.plain, addr(&mesh.remote, 15008), &[])?;
-        let leaf = tls
-            .conn
-            .peer_certificates()
-            .and_then(|c| c.first().cloned())
-            .context("no server certificate")?;
-        let (_, parsed) = x509_parser::parse_x509_certificate(&leaf)?;
-        Ok(parsed.raw_serial_as_string())
-    };
+    let presented = || peer.presented_serial(&mesh.plain, addr(&mesh.remote, 15008));
     let first = serial(&a2, "remote")?.context("no remote certificate")?;
     ensure!(presented()? == first);
 

@@ -50,6 +50,59 @@ fn wait_ready(agent: &Agent) -> Result<()> {
         .with_context(|| format!("readiness: {:?}", readiness()))
 }
 
+/// One Workload API server per node, each sending its first message's
+/// SVIDs, and an agent per node taking its certificates from its node's
+/// server. Dropped in field order: agents, servers, then the servers'
+/// runtime.
+struct SpiffeNodes {
+    a1: Agent,
+    a2: Agent,
+    node1: WorkloadApiServer,
+    node2: WorkloadApiServer,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl SpiffeNodes {
+    /// Agents `<tag>1` and `<tag>2` on `mesh`'s nodes; node1's server
+    /// sends `first1`, node2's `first2`, both signed by `ca`.
+    fn start(
+        mesh: &TwoNodes,
+        tag: &str,
+        ca: &Ca,
+        first1: &[&IssuedCert],
+        first2: &[&IssuedCert],
+    ) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let (node1, node2) = runtime.block_on(async {
+            (
+                WorkloadApiServer::serve(Some(message(ca, first1))),
+                WorkloadApiServer::serve(Some(message(ca, first2))),
+            )
+        });
+        let config = mesh.config()?;
+        let agent = |node: u8, server: &WorkloadApiServer| {
+            let endpoint = server.endpoint();
+            let flags = [
+                "--cert-source",
+                "spiffe",
+                "--spiffe-endpoint-socket",
+                endpoint.as_str(),
+            ];
+            mesh.agent(tag, node, &config, &flags)
+        };
+        Ok(Self {
+            a1: agent(1, &node1)?,
+            a2: agent(2, &node2)?,
+            node1,
+            node2,
+            _runtime: runtime,
+        })
+    }
+}
+
 #[test]
 fn svids_from_the_workload_api_carry_hbone_and_a_pushed_rotation_is_used() -> Result<()> {
     let mesh = TwoNodes::new("csspiffe")?;
@@ -61,31 +114,10 @@ fn svids_from_the_workload_api_carry_hbone_and_a_pushed_rotation_is_used() -> Re
         issue(&ca, "local")?,
         issue(&ca, "remote")?,
     );
-    // The servers' tasks run here; dropped last, with the sockets.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    let (node1, node2) = runtime.block_on(async {
-        (
-            WorkloadApiServer::serve(Some(message(&ca, &[&client, &local]))),
-            WorkloadApiServer::serve(Some(message(&ca, &[&remote]))),
-        )
-    });
-    let config = mesh.config()?;
-    let flags = |server: &WorkloadApiServer| {
-        [
-            "--cert-source".to_owned(),
-            "spiffe".to_owned(),
-            "--spiffe-endpoint-socket".to_owned(),
-            server.endpoint(),
-        ]
-    };
-    let (f1, f2) = (flags(&node1), flags(&node2));
-    let a1 = mesh.agent("csp", 1, &config, &f1.each_ref().map(String::as_str))?;
-    let a2 = mesh.agent("csp", 2, &config, &f2.each_ref().map(String::as_str))?;
-    wait_ready(&a1)?;
-    wait_ready(&a2)?;
+    let nodes = SpiffeNodes::start(&mesh, "csp", &ca, &[&client, &local], &[&remote])?;
+    let (a1, a2, node1, node2) = (&nodes.a1, &nodes.a2, &nodes.node1, &nodes.node2);
+    wait_ready(a1)?;
+    wait_ready(a2)?;
     let _remote = echo_server(&mesh.remote, 9000)?;
     let _local = echo_server(&mesh.local, 9000)?;
     echo(&mesh.client, addr(&mesh.remote, 9000), 256 * 1024, 1)?;
@@ -93,9 +125,9 @@ fn svids_from_the_workload_api_carry_hbone_and_a_pushed_rotation_is_used() -> Re
 
     // The tunnels used the servers' SVIDs, and nothing else.
     for (agent, cert, sa) in [
-        (&a1, &client, "client"),
-        (&a1, &local, "local"),
-        (&a2, &remote, "remote"),
+        (a1, &client, "client"),
+        (a1, &local, "local"),
+        (a2, &remote, "remote"),
     ] {
         let (serial, source) =
             held(agent, sa)?.with_context(|| format!("no certificate for {sa}"))?;
@@ -105,7 +137,7 @@ fn svids_from_the_workload_api_carry_hbone_and_a_pushed_rotation_is_used() -> Re
         );
     }
     ensure!(
-        held(&a2, "client")?.is_none(),
+        held(a2, "client")?.is_none(),
         "node2 holds only its pods' SVIDs"
     );
     let status = a2.status()?.certificates.context("no certificate status")?;
@@ -115,16 +147,7 @@ fn svids_from_the_workload_api_carry_hbone_and_a_pushed_rotation_is_used() -> Re
 
     // What `remote` presents to a peer, read by a TLS client of our own.
     let peer = StrangerTls::new(&ca_dir, "plain", &spiffe("remote"))?;
-    let presented = || -> Result<String> {
-        let tls = peer.connect(&mesh.plain, addr(&mesh.remote, 15008), &[])?;
-        let leaf = tls
-            .conn
-            .peer_certificates()
-            .and_then(|c| c.first().cloned())
-            .context("no server certificate")?;
-        let (_, parsed) = x509_parser::parse_x509_certificate(&leaf)?;
-        Ok(parsed.raw_serial_as_string())
-    };
+    let presented = || peer.presented_serial(&mesh.plain, addr(&mesh.remote, 15008));
     ensure!(presented()? == remote.serial());
 
     // node2's server rotates `remote` on the open stream.
@@ -138,8 +161,6 @@ fn svids_from_the_workload_api_carry_hbone_and_a_pushed_rotation_is_used() -> Re
         node2.requests() == (1, 0),
         "the rotation came on the same stream"
     );
-    drop((a1, a2));
-    drop((node1, node2));
     Ok(())
 }
 
@@ -156,41 +177,21 @@ fn a_pod_whose_svid_is_not_issued_yet_holds_readiness_until_the_server_sends_it(
     // node2's server knows the agent (it issues it an SVID of another
     // identity) but has no entry for `remote` yet.
     let other = issue(&ca, "not-a-pod")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    let (node1, node2) = runtime.block_on(async {
-        (
-            WorkloadApiServer::serve(Some(message(&ca, &[&client, &local]))),
-            WorkloadApiServer::serve(Some(message(&ca, &[&other]))),
-        )
-    });
-    let config = mesh.config()?;
-    let flags = |server: &WorkloadApiServer| {
-        [
-            "--cert-source".to_owned(),
-            "spiffe".to_owned(),
-            "--spiffe-endpoint-socket".to_owned(),
-            server.endpoint(),
-        ]
-    };
-    let (f1, f2) = (flags(&node1), flags(&node2));
-    let a1 = mesh.agent("csq", 1, &config, &f1.each_ref().map(String::as_str))?;
-    let a2 = mesh.agent("csq", 2, &config, &f2.each_ref().map(String::as_str))?;
-    wait_ready(&a1)?;
+    let nodes = SpiffeNodes::start(&mesh, "csq", &ca, &[&client, &local], &[&other])?;
+    let (a1, a2, node2) = (&nodes.a1, &nodes.a2, &nodes.node2);
+    wait_ready(a1)?;
     wait_until("node2's missing SVID recorded", || {
         let status = a2.status()?.certificates.context("no certificate status")?;
         Ok(status.failures > 0)
     })?;
     let (code, _) = http(a2.readiness_addr()?, "GET", "/healthz/ready")?;
     ensure!(code == 503, "node2 is ready without remote's SVID");
-    ensure!(held(&a2, "remote")?.is_none());
+    ensure!(held(a2, "remote")?.is_none());
 
     // The entry is registered: the server sends the SVID on the open stream.
     node2.push(Some(message(&ca, &[&other, &remote])));
-    wait_ready(&a2)?;
-    let (serial, _) = held(&a2, "remote")?.context("no certificate for remote")?;
+    wait_ready(a2)?;
+    let (serial, _) = held(a2, "remote")?.context("no certificate for remote")?;
     ensure!(serial == remote.serial());
     let _remote = echo_server(&mesh.remote, 9000)?;
     echo(&mesh.client, addr(&mesh.remote, 9000), 64 * 1024, 1)?;
@@ -198,7 +199,5 @@ fn a_pod_whose_svid_is_not_issued_yet_holds_readiness_until_the_server_sends_it(
         node2.requests() == (1, 0),
         "the SVID came on the same stream"
     );
-    drop((a1, a2));
-    drop((node1, node2));
     Ok(())
 }

@@ -18,6 +18,7 @@ mod routing;
 mod services;
 mod snapshot;
 mod spare;
+mod text_key;
 mod waypoints;
 
 use std::{

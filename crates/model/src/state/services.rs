@@ -13,7 +13,10 @@ use std::{
 
 use ipnet::IpNet;
 
-use super::{EndpointSet, EntryKey, MeshWorkload, Multi, ServiceRef, Values};
+use super::{
+    EndpointSet, EntryKey, MeshWorkload, Multi, ServiceRef, Values,
+    text_key::{TextKey, TextProbe},
+};
 use crate::{
     config::{HealthPolicy, LoadBalancing, RoutingMode, Service, Waypoint, WorkloadStatus},
     identity::Identity,
@@ -230,38 +233,6 @@ impl ServiceEntry {
     }
 }
 
-/// A service key (`namespace/hostname`) or a hostname as the index holds
-/// it: with a hash of its text, and ordered by that hash first. A lookup
-/// then compares the eight bytes held in each B-tree node it passes, not
-/// texts held elsewhere in memory (cold between two pushes: comparing
-/// them was most of the index's share of a push at 50k workloads); the
-/// texts only when two hashes tie. The hash is seeded the same in every
-/// run, so a mesh's index has the same shape each time; no one depends on
-/// the order, which is the hashes'.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TextKey {
-    hash: u64,
-    text: Box<str>,
-}
-
-impl TextKey {
-    /// `text` as a key.
-    pub fn new(text: &str) -> Self {
-        Self {
-            hash: std::hash::BuildHasher::hash_one(
-                &foldhash::quality::FixedState::with_seed(0x5e41_1ce5),
-                text,
-            ),
-            text: text.into(),
-        }
-    }
-
-    /// The text.
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-}
-
 /// Services by VIP and by hostname, with their endpoints.
 ///
 /// Each workload names its services (`namespace/hostname` keys), so the
@@ -367,7 +338,7 @@ impl ServiceIndex {
                     self.by_cidr.remove(range, entry);
                 }
                 self.by_hostname
-                    .remove(&TextKey::new(&built.service.hostname), entry);
+                    .remove(TextProbe::new(&built.service.hostname).as_key(), entry);
                 self.entries.remove(key, entry);
             }
         }
@@ -466,7 +437,10 @@ impl ServiceIndex {
     /// The service with this hostname, for no client in particular (of
     /// several, see [`best`]).
     pub fn by_hostname(&self, hostname: &str) -> Option<&Arc<ServiceEntry>> {
-        best(self.by_hostname.all(&TextKey::new(hostname))?, None)
+        best(
+            self.by_hostname.all(TextProbe::new(hostname).as_key())?,
+            None,
+        )
     }
 
     /// The service with this hostname for a client (or, for an HBONE
@@ -474,7 +448,7 @@ impl ServiceIndex {
     /// chooses (ztunnel `ServiceStore::get_best_by_host`).
     pub fn by_hostname_for(&self, hostname: &str, namespace: &str) -> Option<&Arc<ServiceEntry>> {
         best(
-            self.by_hostname.all(&TextKey::new(hostname))?,
+            self.by_hostname.all(TextProbe::new(hostname).as_key())?,
             Some(namespace),
         )
     }
@@ -482,7 +456,7 @@ impl ServiceIndex {
     /// The service with the key `namespace/hostname` (ztunnel
     /// `get_by_namespaced_host`).
     pub fn by_key(&self, key: &str) -> Option<&Arc<ServiceEntry>> {
-        self.entries.last(&TextKey::new(key))
+        self.entries.last(TextProbe::new(key).as_key())
     }
 
     /// Number of service definitions.

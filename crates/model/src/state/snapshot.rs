@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{
     Affected, Changes, Provenance, ServiceIndex, ServiceRef, StateError, WorkloadIndex,
-    services::TextKey,
+    text_key::TextKey,
 };
 use crate::{
     config::LocalConfig,
