@@ -3,7 +3,8 @@
 //! and HBONE, same-node and cross-node; and, given a stock ztunnel binary,
 //! ztunnel in dedicated mode behind the same iptables rules, set beside
 //! ours in [`vs_ztunnel`]), then criterion micro-benchmarks of the hot
-//! user-space paths, then the report:
+//! user-space paths, then the report (with a model of the figures on more
+//! cores, [`scaling`]):
 //!
 //! - a table on stdout, `target/bench/report.md`;
 //! - `target/bench/report.json`: machine, kernel, commit, every sample,
@@ -20,6 +21,7 @@ mod idle;
 mod micro;
 mod report;
 mod samples;
+mod scaling;
 mod svg;
 mod targets;
 mod vs_ztunnel;
@@ -329,6 +331,7 @@ fn render(
     let idle_rows = idle::IdleRow::parse_all(&raw["idle"]);
     let checked = targets::check(&figures, &idle_rows);
     let side_by_side = vs_ztunnel::rows(&figures, &idle_rows);
+    let scaling = scaling::Model::from_run(&figures, &raw["meta"]);
     let mut meta = raw["meta"].clone();
     if let Some(obj) = meta.as_object_mut() {
         obj.insert("commit".into(), json!(commit()));
@@ -341,6 +344,7 @@ fn render(
         micro,
         micro_note,
         vs_ztunnel: &side_by_side,
+        scaling: &scaling,
     };
     let md = report::markdown(&inputs, true);
     write(&out_dir.join("report.md"), &md)?;
@@ -357,6 +361,7 @@ fn render(
         "meta": meta,
         "targets": targets::to_json(&checked),
         "vs_ztunnel": vs_ztunnel::to_json(&meta, &side_by_side),
+        "scaling": scaling.to_json(),
         "summary": summary,
         "samples": raw["samples"],
         "idle": raw["idle"],

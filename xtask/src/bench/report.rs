@@ -1,6 +1,7 @@
 //! The report: a header saying what ran where, the targets, ours beside a
-//! stock ztunnel (when one ran), one table (and chart) per workload with every figure as a median and as ratios to
-//! direct and ebpf/iptables, agent memory under idle connections, the
+//! stock ztunnel (when one ran), the scaling model to 4, 16 and 64 cores,
+//! one table (and chart) per workload with every figure as a median and as
+//! ratios to direct and ebpf/iptables, agent memory under idle connections, the
 //! micro-benchmarks, and any failure.
 
 use std::fmt::Write as _;
@@ -32,6 +33,8 @@ pub struct Inputs<'a> {
     pub micro_note: &'a str,
     /// Ours beside ztunnel (empty rows when it did not run).
     pub vs_ztunnel: &'a [super::vs_ztunnel::Row],
+    /// The scaling model of this run's costs.
+    pub scaling: &'a super::scaling::Model,
 }
 
 /// Three significant digits, with thousands separators above 1000.
@@ -97,6 +100,7 @@ pub fn markdown(inputs: &Inputs<'_>, charts: bool) -> String {
     header(&mut md, inputs.meta);
     targets(&mut md, inputs.targets);
     md.push_str(&super::vs_ztunnel::markdown(inputs.meta, inputs.vs_ztunnel));
+    md.push_str(&inputs.scaling.markdown());
     let counts = &inputs.meta["counts"];
     for workload in &inputs.figures.workloads {
         let metrics = metrics(workload);
