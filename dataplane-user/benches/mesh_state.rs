@@ -49,7 +49,7 @@ fn mesh(n: usize) -> LocalConfig {
         .map(|i| {
             let service = &services[i % services.len()];
             Workload {
-                uid: format!("w{i}"),
+                uid: format!("w{i}").into(),
                 name: format!("w{i}"),
                 namespace: service.namespace.as_str().into(),
                 service_account: format!("sa{}", i % 500).into(),

@@ -44,7 +44,7 @@ use crate::xds::{
 /// replaced by the file's, and those claiming its addresses left out.
 #[derive(Debug, Default)]
 pub struct FileIndex {
-    uids: HashSet<String>,
+    uids: HashSet<Arc<str>>,
     services: HashSet<String>,
     policies: HashSet<String>,
     taken: HashSet<IpAddr>,

@@ -127,7 +127,7 @@ mod random_pushes {
     use std::sync::Arc;
 
     fn held<T: crate::xds::translate::IntoModel>(resource: T) -> Arc<Versioned<T>> {
-        Arc::new(Versioned::new("1", &resource))
+        Arc::new(Versioned::new(&Arc::from(""), "1", &resource))
     }
 
     fn ip(last: u8) -> Vec<u8> {

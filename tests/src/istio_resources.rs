@@ -78,7 +78,7 @@ fn gateway_address(waypoint: &Waypoint, network: &str) -> Option<GatewayAddress>
 pub fn workload_resource(w: &Workload, version: &str) -> Resource {
     let body = Address {
         r#type: Some(address::Type::Workload(workload::Workload {
-            uid: w.uid.clone(),
+            uid: w.uid.to_string(),
             name: w.name.clone(),
             namespace: w.namespace.to_string(),
             addresses: w.workload_ips.iter().map(ip_bytes).collect(),

@@ -22,7 +22,7 @@ pub const NAMESPACE: &str = "test";
 /// `pod` on `node`, enrolled at start by that node's agent.
 pub fn hbone_workload(pod: &Pod, name: &str, node: &str) -> Workload {
     Workload {
-        uid: format!("uid-{name}"),
+        uid: format!("uid-{name}").into(),
         name: name.to_owned(),
         namespace: NAMESPACE.into(),
         service_account: name.into(),

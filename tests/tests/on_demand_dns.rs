@@ -47,7 +47,8 @@ struct World {
 /// host as its hostname, no address, plain TCP.
 fn dns_endpoint(name: &str, host: &str) -> Workload {
     Workload {
-        uid: format!("Kubernetes/networking.istio.io/ServiceEntry/{NAMESPACE}/{name}/{host}"),
+        uid: format!("Kubernetes/networking.istio.io/ServiceEntry/{NAMESPACE}/{name}/{host}")
+            .into(),
         name: name.to_owned(),
         namespace: NAMESPACE.into(),
         hostname: host.into(),

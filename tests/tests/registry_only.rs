@@ -50,7 +50,8 @@ struct World {
 /// address, plain TCP.
 fn dns_endpoint() -> Workload {
     Workload {
-        uid: format!("Kubernetes/networking.istio.io/ServiceEntry/{NAMESPACE}/ext/ext.up.test"),
+        uid: format!("Kubernetes/networking.istio.io/ServiceEntry/{NAMESPACE}/ext/ext.up.test")
+            .into(),
         name: "ext".to_owned(),
         namespace: NAMESPACE.into(),
         hostname: "ext.up.test".into(),

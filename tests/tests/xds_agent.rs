@@ -476,7 +476,7 @@ fn pushed_workloads_are_served_at_the_ack(
     let pushed: Vec<Resource> = (0..n)
         .map(|i| {
             let workload = dataplane_user::config::Workload {
-                uid: format!("uid-{prefix}{i}"),
+                uid: format!("uid-{prefix}{i}").into(),
                 name: format!("{prefix}{i}"),
                 namespace: NAMESPACE.into(),
                 service_account: prefix.into(),

@@ -300,7 +300,7 @@ pub async fn start(config: AgentConfig) -> Result<Bound, AgentError> {
                     node: Some(kube.node.clone()),
                     kubeconfig: kube.kubeconfig.clone(),
                     trust_domain: args.mesh.trust_domain.clone(),
-                    keep: config.workloads.iter().map(|w| w.uid.clone()).collect(),
+                    keep: config.workloads.iter().map(|w| w.uid.to_string()).collect(),
                     rule: kube.rule.clone(),
                 },
                 enroller.clone(),

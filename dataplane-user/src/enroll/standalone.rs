@@ -68,7 +68,7 @@ impl Standalone {
             .filter(|w| self.node.as_ref().is_none_or(|node| **node == *w.node))
             .filter_map(|w| {
                 Some(PodSpec {
-                    uid: w.uid.clone(),
+                    uid: w.uid.to_string(),
                     name: w.name.clone(),
                     namespace: w.namespace.to_string(),
                     service_account: w.service_account.to_string(),

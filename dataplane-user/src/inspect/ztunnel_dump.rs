@@ -380,7 +380,7 @@ fn workload(w: &Workload) -> ZtunnelWorkload {
         } else {
             "Standard"
         },
-        uid: w.uid.clone(),
+        uid: w.uid.to_string(),
         name: w.name.clone(),
         namespace: w.namespace.to_string(),
         trust_domain: w.trust_domain.to_string(),
@@ -429,9 +429,9 @@ fn service(s: &Service, workloads: &[Arc<Workload>]) -> ZtunnelService {
         .filter_map(|w| {
             let ports = w.services.get(&key)?;
             Some((
-                w.uid.clone(),
+                w.uid.to_string(),
                 ZtunnelEndpoint {
-                    workload_uid: w.uid.clone(),
+                    workload_uid: w.uid.to_string(),
                     port: ports.iter().collect(),
                     status: w.status,
                 },

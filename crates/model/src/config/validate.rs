@@ -23,7 +23,7 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
     let mut uids = HashSet::new();
     let mut ips: HashMap<std::net::IpAddr, &str> = HashMap::new();
     for (i, w) in config.workloads.iter().enumerate() {
-        if !uids.insert(w.uid.as_str()) {
+        if !uids.insert(&*w.uid) {
             return Err(invalid(
                 format!("workloads[{i}].uid"),
                 &w.uid,

@@ -119,8 +119,9 @@ static NO_LOCALITY: std::sync::LazyLock<Locality> = std::sync::LazyLock::new(Loc
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Workload {
-    /// Unique id, e.g. `cluster1//v1/Pod/default/web-0`.
-    pub uid: String,
+    /// Unique id, e.g. `cluster1//v1/Pod/default/web-0`. Shared: from
+    /// istiod it is the resource's name, held once for both.
+    pub uid: Arc<str>,
     /// Pod name.
     pub name: String,
     /// Kubernetes namespace.

@@ -235,8 +235,8 @@ impl WorkloadIndex {
                 {
                     return Err(StateError::DuplicateIp {
                         ip,
-                        first: first.workload.uid.clone(),
-                        second: workload.uid.clone(),
+                        first: first.workload.uid.to_string(),
+                        second: workload.uid.to_string(),
                     });
                 }
                 self.by_ip.insert(ip, Arc::clone(&entry));
@@ -257,7 +257,7 @@ impl WorkloadIndex {
             &*workload.service_account,
         )
         .map_err(|source| StateError::Identity {
-            uid: workload.uid.clone(),
+            uid: workload.uid.to_string(),
             source,
         })?;
         let identity = self.interned.identity(identity);
@@ -362,17 +362,17 @@ mod tests {
         let mut b = (*before.workloads[1]).clone();
         b.workload_ips = vec!["10.0.0.1".parse().unwrap()].into();
         let new = old.apply(&changed(vec![(0, a), (1, b)])).unwrap();
-        assert_eq!(at(&new, "10.0.0.1").workload.uid, "b");
-        assert_eq!(at(&new, "10.0.0.3").workload.uid, "a");
+        assert_eq!(&*at(&new, "10.0.0.1").workload.uid, "b");
+        assert_eq!(&*at(&new, "10.0.0.3").workload.uid, "a");
         assert!(new.workloads.by_ip("10.0.0.2".parse().unwrap()).is_none());
-        assert_eq!(at(&old, "10.0.0.1").workload.uid, "a");
+        assert_eq!(&*at(&old, "10.0.0.1").workload.uid, "a");
         // Taking another entry's address is refused, and the state in
         // force is left as it was.
         let mut thief = (*before.workloads[1]).clone();
         thief.workload_ips = vec!["10.0.0.1".parse().unwrap()].into();
         let err = old.apply(&changed(vec![(1, thief)])).unwrap_err();
         assert!(err.to_string().contains("both claim IP 10.0.0.1"), "{err}");
-        assert_eq!(at(&old, "10.0.0.1").workload.uid, "a");
+        assert_eq!(&*at(&old, "10.0.0.1").workload.uid, "a");
         // A removal.
         let gone = Changes {
             workloads: vec![(EntryKey::file(0), None)],

@@ -60,7 +60,7 @@ fn chosen(state: &MeshState, vip: &str, source: Option<&str>, local_network: &st
                 gateway.address.map(|a| a.to_string()).unwrap_or_default(),
                 gateway.hbone_port
             ),
-            _ => e.workload.workload.uid.clone(),
+            _ => e.workload.workload.uid.to_string(),
         })
         .collect()
 }
@@ -133,7 +133,7 @@ fn a_network_gateway_reads_as_a_waypoint_does_and_is_checked_as_one() {
     let behind = state
         .workloads
         .iter()
-        .find(|w| w.workload.uid == "behind")
+        .find(|w| &*w.workload.uid == "behind")
         .unwrap();
     assert_eq!(
         behind.workload.network_gateway.as_deref(),

@@ -129,7 +129,7 @@ services:
                     .map(|s| {
                         s.endpoints()
                             .iter()
-                            .map(|w| w.workload.uid.clone())
+                            .map(|w| w.workload.uid.to_string())
                             .collect()
                     })
                     .unwrap_or_default()

@@ -50,16 +50,28 @@ pub struct Versioned<T: IntoModel> {
 impl<T: IntoModel> Versioned<T> {
     /// `resource` at `version`, translated on its own (its strings not
     /// shared with other resources': for tests and tools).
-    pub fn new(version: impl Into<Box<str>>, resource: &T) -> Self {
+    pub fn new(name: &Arc<str>, version: impl Into<Box<str>>, resource: &T) -> Self {
         let encoded = resource.encode_to_vec();
-        Self::translated(version.into(), &encoded, resource, &mut Strings::default())
+        Self::translated(
+            name,
+            version.into(),
+            &encoded,
+            resource,
+            &mut Strings::default(),
+        )
     }
 
-    fn translated(version: Box<str>, encoded: &[u8], resource: &T, strings: &mut Strings) -> Self {
+    fn translated(
+        name: &Arc<str>,
+        version: Box<str>,
+        encoded: &[u8],
+        resource: &T,
+        strings: &mut Strings,
+    ) -> Self {
         Self {
             version,
             digest: digest(encoded),
-            model: resource.to_model(strings),
+            model: resource.to_model(name, strings),
         }
     }
 
@@ -225,10 +237,9 @@ fn apply_to<T: IntoModel>(
         match checked {
             Ok((body, value)) => {
                 let version = resource.version.as_str().into();
-                held.insert(
-                    Arc::from(name.as_str()),
-                    Arc::new(Versioned::translated(version, body, &value, strings)),
-                );
+                let name = Arc::from(name.as_str());
+                let translated = Versioned::translated(&name, version, body, &value, strings);
+                held.insert(name, Arc::new(translated));
             }
             Err(reason) => rejects.push(format!("{}: {reason}", printable(name))),
         }

@@ -136,7 +136,10 @@ fn an_invalid_resource_is_nacked_and_keeps_what_was_held() {
         &*held.addresses["uid-1"].version, "v1",
         "the good version stays"
     );
-    assert_eq!(*held.addresses["uid-1"], Versioned::new("v1", &good));
+    assert_eq!(
+        *held.addresses["uid-1"],
+        Versioned::new(&"uid-1".into(), "v1", &good)
+    );
     assert_eq!(
         &*held.addresses["uid-2"].version, "v1",
         "the rest of the push applies"
@@ -330,6 +333,9 @@ fn the_model_shares_what_arrived_translated() {
     let entries = model.update(&held).clone();
     for uid in ["uid-1", "uid-2"] {
         assert!(Arc::ptr_eq(&entries.workloads[uid], &arrived(&held, uid)));
+        // The uid is the resource's name, held once.
+        let (name, _) = held.addresses.get_key_value(uid).unwrap();
+        assert!(Arc::ptr_eq(name, &arrived(&held, uid).uid), "{uid}");
     }
     assert!(crate::config::SharedStr::ptr_eq(
         &arrived(&held, "uid-1").namespace,

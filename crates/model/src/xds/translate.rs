@@ -44,8 +44,10 @@ pub trait IntoModel: prost::Message + Default {
     /// The resource in the mesh model (cheap to clone: shared).
     type Model: Clone + std::fmt::Debug + Send + Sync;
 
-    /// Translates `self`, sharing repeated strings through `strings`.
-    fn to_model(&self, strings: &mut Strings) -> Self::Model;
+    /// Translates `self`, held under `name`, sharing repeated strings
+    /// through `strings` (and `name` itself where the model repeats it: a
+    /// workload's uid).
+    fn to_model(&self, name: &Arc<str>, strings: &mut Strings) -> Self::Model;
 }
 
 /// One address resource in the mesh model, before the conflicts between
@@ -72,11 +74,11 @@ pub enum AddressEntry {
 impl IntoModel for Address {
     type Model = AddressModel;
 
-    fn to_model(&self, strings: &mut Strings) -> AddressModel {
+    fn to_model(&self, name: &Arc<str>, strings: &mut Strings) -> AddressModel {
         let mut notes = Vec::new();
         let entry = match &self.r#type {
             Some(address::Type::Workload(w)) => {
-                AddressEntry::Workload(workload_of(w, strings, &mut notes).map(Arc::new))
+                AddressEntry::Workload(workload_of(w, name, strings, &mut notes).map(Arc::new))
             }
             Some(address::Type::Service(s)) => {
                 AddressEntry::Service(Arc::new(service_of(s, &mut notes)))
@@ -93,7 +95,7 @@ impl IntoModel for Address {
 impl IntoModel for Authorization {
     type Model = Arc<Policy>;
 
-    fn to_model(&self, _: &mut Strings) -> Arc<Policy> {
+    fn to_model(&self, _: &Arc<str>, _: &mut Strings) -> Arc<Policy> {
         Arc::new(policy_of(self))
     }
 }
@@ -109,6 +111,7 @@ pub fn translate(resources: &XdsResources, origin: &str) -> Translated {
 
 fn workload_of(
     w: &workload::Workload,
+    name: &Arc<str>,
     strings: &mut Strings,
     dropped: &mut Vec<String>,
 ) -> Option<config::Workload> {
@@ -138,7 +141,12 @@ fn workload_of(
         v => strings.name(v),
     };
     let workload = config::Workload {
-        uid: w.uid.clone(),
+        // istiod names a workload's resource by its uid: one copy for both.
+        uid: if **name == *w.uid {
+            Arc::clone(name)
+        } else {
+            w.uid.as_str().into()
+        },
         name: w.name.clone(),
         namespace: or(&w.namespace, ""),
         service_account: or(&w.service_account, "default"),

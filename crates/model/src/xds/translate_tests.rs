@@ -24,7 +24,7 @@ thread_local! {
 }
 
 fn held<T: IntoModel>(resource: T) -> std::sync::Arc<Versioned<T>> {
-    let held = std::sync::Arc::new(Versioned::new("1", &resource));
+    let held = std::sync::Arc::new(Versioned::new(&"".into(), "1", &resource));
     let at = std::sync::Arc::as_ptr(&held) as usize;
     ENCODED.with(|encoded| encoded.borrow_mut().insert(at, resource.encode_to_vec()));
     held
@@ -191,7 +191,7 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     seed_responses(&r);
     let out = translate(&r, "xds://istiod");
     let c = &out.config;
-    let web = c.workloads.iter().find(|w| w.uid == "web-1").unwrap();
+    let web = c.workloads.iter().find(|w| &*w.uid == "web-1").unwrap();
     assert_eq!(&*web.trust_domain, "example.org");
     assert_eq!(web.protocol, Protocol::Hbone);
     assert_eq!(web.status, WorkloadStatus::Unhealthy);
@@ -214,7 +214,11 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
     let ports = web.services.get("shop/web.shop.svc.cluster.local");
     assert_eq!(ports.and_then(|p| p.target(80)), Some(8080));
     assert_eq!(web.application_tunnel, None);
-    let waypoint = c.workloads.iter().find(|w| w.uid == "waypoint-1").unwrap();
+    let waypoint = c
+        .workloads
+        .iter()
+        .find(|w| &*w.uid == "waypoint-1")
+        .unwrap();
     assert_eq!(
         waypoint.application_tunnel,
         Some(config::ApplicationTunnel {
@@ -222,7 +226,7 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
             port: Some(15088)
         })
     );
-    let legacy = c.workloads.iter().find(|w| w.uid == "legacy").unwrap();
+    let legacy = c.workloads.iter().find(|w| &*w.uid == "legacy").unwrap();
     // Port 0 is istiod's "unset": the port the client asked for.
     assert_eq!(
         legacy.application_tunnel,
@@ -392,7 +396,7 @@ fn host_network_pods_share_their_nodes_address_without_owning_it() {
     let c = &out.config;
     assert_eq!(c.workloads.len(), 3);
     assert!(
-        c.workloads.iter().filter(|w| w.uid != "pod-1").all(
+        c.workloads.iter().filter(|w| &*w.uid != "pod-1").all(
             |w| w.host_network && *w.workload_ips == ["192.168.0.7".parse::<IpAddr>().unwrap()]
         )
     );
@@ -479,7 +483,7 @@ fn a_resource_istiod_did_not_change_is_not_translated_again() {
     r.addresses.remove("c");
     put_workload(&mut r, workload("d", [10, 0, 0, 1]));
     let second = model.update(&r).translated("xds");
-    let uid = |t: &Translated, i: usize| t.config.workloads[i].uid.clone();
+    let uid = |t: &Translated, i: usize| t.config.workloads[i].uid.to_string();
     assert_eq!(
         (0..3).map(|i| uid(&second, i)).collect::<Vec<_>>(),
         ["a", "b", "d"]

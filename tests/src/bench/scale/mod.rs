@@ -222,7 +222,7 @@ fn workload(i: usize, services: &[Service], moved: usize) -> Workload {
     let service = &services[i % services.len()];
     let [_, a, b, c] = u32::try_from(i).unwrap_or(u32::MAX).to_be_bytes();
     Workload {
-        uid: format!("Kubernetes//Pod/{}/w{i}", service.namespace),
+        uid: format!("Kubernetes//Pod/{}/w{i}", service.namespace).into(),
         name: format!("w{i}"),
         namespace: service.namespace.as_str().into(),
         service_account: format!("sa{}", i % 500).into(),

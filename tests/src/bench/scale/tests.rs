@@ -90,7 +90,7 @@ fn the_held_state_must_match_what_istiod_served() -> anyhow::Result<()> {
         workloads: mesh
             .workloads
             .iter()
-            .map(|w| (w.uid.clone(), w.node.to_string()))
+            .map(|w| (w.uid.to_string(), w.node.to_string()))
             .collect(),
         services: mesh.services.len(),
         policies: mesh.policies.len(),

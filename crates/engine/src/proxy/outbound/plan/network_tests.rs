@@ -144,7 +144,7 @@ fn an_endpoint_behind_a_network_gateway_is_reached_by_double_hbone() {
         hop.dst_identity.to_uri(),
         "spiffe://cluster.local/ns/istio-system/sa/eastwest"
     );
-    assert_eq!(hop.workload.workload.uid, "far");
+    assert_eq!(&*hop.workload.workload.uid, "far");
     let through = hop.through.as_deref().unwrap();
     assert_eq!(through.authority, "remote.shop.svc.cluster.local:80");
     let inner: Vec<String> = through.identities.iter().map(Identity::to_uri).collect();

@@ -360,7 +360,7 @@ fn tunnels_present_the_source_pods_identity() {
         panic!("expected a tunnel, got {plan:?}");
     };
     assert_eq!(tunnel.src_identity, source);
-    assert_eq!(tunnel.workload.workload.uid, "a");
+    assert_eq!(&*tunnel.workload.workload.uid, "a");
 }
 
 /// A client in zone-a on node-1 and endpoints spread over zones and nodes
