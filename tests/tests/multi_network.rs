@@ -84,6 +84,7 @@ fn far_mesh(w: &TwoNodes, client_network: &str) -> (LocalConfig, Service) {
             endpoint_of(workload, &far);
             workload.network_gateway = Some(Box::new(Waypoint {
                 address: Some(gateway_ip),
+                network: None,
                 hostname: None,
                 hbone_port: 15008,
             }));
