@@ -278,8 +278,12 @@ impl ConfigSources {
             .map(|origin| (origin, held.model.entries().clone()));
         let built = {
             let file = Arc::clone(&file);
-            blocking(move || merged_state(&file, xds.as_ref().map(|(o, e)| (o.as_str(), e))))
-                .await?
+            let network = Arc::clone(&self.mesh.network);
+            blocking(move || {
+                merged_state(&file, xds.as_ref().map(|(o, e)| (o.as_str(), e)))
+                    .map(|state| state.on_network(&network))
+            })
+            .await?
         };
         held.file = Arc::clone(&file);
         held.file_index = index;
@@ -322,6 +326,9 @@ impl ConfigSources {
         let mut spare = std::mem::take(&mut held.spare);
         let made_from = Arc::downgrade(&previous);
         let origin_name = origin.clone();
+        // A state built whole looks captured traffic up on this node's
+        // network, as the one it replaces did (changes keep it).
+        let network = Arc::clone(&self.mesh.network);
         let build = move || {
             model.update(&resources);
             let entries = model.entries();
@@ -342,8 +349,10 @@ impl ConfigSources {
                         })
                 }
             } else {
-                merged_state(&file, Some((&origin_name, entries)))
-                    .map(|s| (Arc::new(s), None, usize::MAX, Affected::everything()))
+                merged_state(&file, Some((&origin_name, entries))).map(|s| {
+                    let s = s.on_network(&network);
+                    (Arc::new(s), None, usize::MAX, Affected::everything())
+                })
             };
             (model, state, spare)
         };

@@ -177,6 +177,9 @@ mod random_pushes {
                     services,
                     status: rng.below(4) as i32 % 2,
                     authorization_policies,
+                    // Some on another network, at the same addresses:
+                    // claims and the index are by network address.
+                    network: if rng.below(4) == 0 { "east" } else { "" }.into(),
                     ..Default::default()
                 };
                 let address = Address {
@@ -265,8 +268,9 @@ fn observe(state: &MeshState) -> Vec<String> {
         for prefix in ["10.0.0", "10.96.0"] {
             let ip: IpAddr = format!("{prefix}.{last}").parse().unwrap();
             seen.push(format!(
-                "{ip}: workload {:?} service {:?}",
+                "{ip}: workload {:?} on east {:?} service {:?}",
                 state.workloads.by_ip(ip).map(|w| &w.workload.uid),
+                state.workloads.by_addr("east", ip).map(|w| &w.workload.uid),
                 state.services.by_vip(ip).map(|s| &s.service.hostname)
             ));
         }

@@ -58,6 +58,7 @@ pub fn mesh(w: &TwoNodes, wp: &Pod) -> LocalConfig {
         if workload.name == "local" {
             workload.waypoint = Some(Box::new(Waypoint {
                 address: Some(wp.ip4.into()),
+                network: None,
                 hostname: None,
                 hbone_port: 15008,
             }));

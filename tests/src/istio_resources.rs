@@ -51,11 +51,12 @@ pub fn resource(type_url: &str, name: &str, version: &str, body: &impl Message) 
 }
 
 /// A waypoint or network gateway as istiod names it (`GatewayAddress`:
-/// an address on `network`, or `namespace/hostname`).
+/// an address on its own network, else on `network`, or
+/// `namespace/hostname`).
 fn gateway_address(waypoint: &Waypoint, network: &str) -> Option<GatewayAddress> {
     let destination = match (&waypoint.address, &waypoint.hostname) {
         (Some(ip), _) => gateway_address::Destination::Address(NetworkAddress {
-            network: network.to_owned(),
+            network: waypoint.network.as_deref().unwrap_or(network).to_owned(),
             address: ip_bytes(ip),
             length: None,
         }),

@@ -34,6 +34,28 @@ fn an_endpoint_on_another_network_without_a_gateway_is_never_chosen() -> anyhow:
             "east".into()
         };
     }
+    // `west` reuses the addresses of `client` and `local` (overlapping pod
+    // ranges, on no node here): ztunnel keys workloads by network and IP
+    // (`src/state/workload.rs` `WorkloadStore::by_addr`) and looks
+    // captured traffic up on its own network, so node1 still sees its
+    // client on `east` and the choice is unchanged. Were the address
+    // taken for `west`'s, the client would be on `west` and reach
+    // `remote` alone.
+    let shadows: Vec<_> = config
+        .workloads
+        .iter()
+        .filter(|w| w.name == "client" || w.name == "local")
+        .map(|w| {
+            let mut shadow = (**w).clone();
+            shadow.uid = format!("uid-shadow-{}", w.name);
+            shadow.name = format!("shadow-{}", w.name);
+            shadow.service_account = "shadow".into();
+            shadow.node = "elsewhere".into();
+            shadow.network = "west".into();
+            Arc::new(shadow)
+        })
+        .collect();
+    config.workloads.extend(shadows);
     let path = w.write(&config)?;
     let a1 = w.agent("mnet", 1, &path, &["--network", "east"])?;
     let _a2 = w.agent("mnet", 2, &path, &["--network", "west"])?;
@@ -84,6 +106,7 @@ fn far_mesh(w: &TwoNodes, client_network: &str) -> (LocalConfig, Service) {
             endpoint_of(workload, &far);
             workload.network_gateway = Some(Box::new(Waypoint {
                 address: Some(gateway_ip),
+                network: None,
                 hostname: None,
                 hbone_port: 15008,
             }));

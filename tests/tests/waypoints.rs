@@ -34,6 +34,7 @@ fn mesh(w: &TwoNodes, guarded: bool) -> LocalConfig {
             if workload.name == "remote" {
                 workload.waypoint = Some(Box::new(Waypoint {
                     address: Some(w.plain.ip4.into()),
+                    network: None,
                     hostname: None,
                     hbone_port: 15008,
                 }));

@@ -64,7 +64,9 @@ pub(super) async fn mesh_context(
         args.mesh.cert_lifetime,
     ));
     let rotation = Arc::clone(&certs).spawn_rotation();
-    let state = MeshState::from_config(config)?;
+    // Captured traffic is looked up on this node's network (ztunnel
+    // `NETWORK`; `WorkloadIndex::by_ip`).
+    let state = MeshState::from_config(config)?.on_network(&args.network);
     let (shutdown_tx, shutdown) = watch::channel(false);
     let metrics = Arc::new(Metrics::new());
     metrics.set_access_log_sample(args.access_log_sample);

@@ -34,7 +34,8 @@ pub const NOT_CARRIED: &[&str] = &[
     "workloads[].capacity: not kept, written as ztunnel's default 1",
     "workloads[].networkMode: not kept, written as `Standard`",
     "workloads[].waypoint, networkGateway / services[].waypoint by address: the gateway's \
-     network is not kept, written empty (`/10.0.0.1`)",
+     network is written as istiod sent it; one from the config file without a network is \
+     written empty (`/10.0.0.1`)",
     "services[].vips: the VIP's network is not kept, written empty (`/10.96.0.10`)",
     "services[].cidrVips, ipFamilies, weightedWaypoints: not kept, left out",
     "services[].subjectAltNames: only the SANs that are SPIFFE identities (the rest are dropped \
@@ -405,11 +406,12 @@ fn workload(w: &Workload) -> ZtunnelWorkload {
     }
 }
 
-/// `network/ip` with the (unknown) network empty, or `namespace/hostname`
-/// as we already hold it; none if the waypoint names neither.
+/// `network/ip` (the network empty when not given), or
+/// `namespace/hostname` as we already hold it; none if the waypoint
+/// names neither.
 fn gateway(w: &Waypoint) -> Option<GatewayAddress> {
     let destination = match (&w.address, &w.hostname) {
-        (Some(ip), _) => format!("/{ip}"),
+        (Some(ip), _) => format!("{}/{ip}", w.network.as_deref().unwrap_or_default()),
         (None, Some(hostname)) => hostname.clone(),
         (None, None) => return None,
     };

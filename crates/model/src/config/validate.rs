@@ -21,7 +21,11 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
     };
 
     let mut uids = HashSet::new();
-    let mut ips: HashMap<std::net::IpAddr, &str> = HashMap::new();
+    // Unique by network address, as the mesh state indexes them (ztunnel
+    // `src/state/workload.rs` `WorkloadStore::by_addr`): two networks may
+    // use the same pod range.
+    let mut ips: HashMap<(&str, std::net::IpAddr), &str> = HashMap::new();
+    let mut any_network: HashSet<std::net::IpAddr> = HashSet::new();
     for (i, w) in config.workloads.iter().enumerate() {
         if !uids.insert(&*w.uid) {
             return Err(invalid(
@@ -81,14 +85,15 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
             ));
         }
         for ip in w.own_ips() {
-            if let Some(first) = ips.insert(*ip, &w.uid) {
+            any_network.insert(*ip);
+            if let Some(first) = ips.insert((&*w.network, *ip), &w.uid) {
                 return Err(invalid(
                     format!("workloads[{i}].workloadIps"),
                     &ip.to_string(),
                     2,
                     format!(
-                        "IP {ip} is claimed by workloads `{first}` and `{}`; workload IPs must be unique",
-                        w.uid
+                        "IP {ip} is claimed by workloads `{first}` and `{}` on network `{}`; workload IPs must be unique on their network",
+                        w.uid, w.network
                     ),
                 ));
             }
@@ -110,7 +115,7 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
             ));
         }
         for vip in &s.vips {
-            if !vips.insert((*vip, s.namespace.as_str())) || ips.contains_key(vip) {
+            if !vips.insert((*vip, s.namespace.as_str())) || any_network.contains(vip) {
                 return Err(invalid(
                     format!("services[{i}].vips"),
                     &vip.to_string(),

@@ -44,6 +44,12 @@ pub struct Waypoint {
     /// The waypoint's IP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<IpAddr>,
+    /// The network `address` is on (ztunnel `src/state/workload.rs`:
+    /// `gatewayaddress::Destination::Address(NetworkAddress)`; istiod
+    /// sends the gateway's network). Not given: a waypoint's is this
+    /// node's network, a network gateway's its workload's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<SharedStr>,
     /// The waypoint service, `namespace/hostname`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,

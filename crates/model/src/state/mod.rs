@@ -1,15 +1,18 @@
-//! What the agent knows about the mesh: workloads by IP (each with its
+//! What the agent knows about the mesh: workloads by network and IP
+//! ([`WorkloadIndex::by_ip`] on this node's network; each with its
 //! SPIFFE identity and protocol), services by VIP and hostname, and the
 //! authorization policies, as one immutable snapshot ([`MeshState`])
 //! that connections read while the next is made. The next one is the
 //! previous with the entries a change names replaced ([`Changes`],
 //! [`MeshState::apply`]), in persistent maps that share everything else
 //! (see [`crate::config::entries`]), so a push costs what it changes, not what the mesh
-//! holds. Lookups by IP are a B-tree search (about 50 ns at 10k
+//! holds. A lookup is a B-tree search among the few networks, then one
+//! by IP (about 50 ns at 10k
 //! workloads: a hash trie's 10 ns cost 70-130 bytes a workload in its
 //! sparse nodes, `benches/mesh_memory.rs`).
 
 mod affected;
+mod by_addr;
 mod endpoints;
 mod interned;
 mod peer;
@@ -21,10 +24,7 @@ mod spare;
 mod text_key;
 mod waypoints;
 
-use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    sync::Arc,
-};
+use std::{net::IpAddr, sync::Arc};
 
 pub use crate::config::{
     changes::Changes,
@@ -45,18 +45,22 @@ pub use spare::Spare;
 pub use waypoints::WaypointTarget;
 
 use crate::{
-    config::{LocalConfig, Protocol, Workload},
+    config::{LocalConfig, Protocol, SharedStr, Workload},
     identity::{Identity, IdentityError},
 };
 
 /// Errors building the index.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    /// Two workloads claim the same IP.
-    #[error("workloads {first} and {second} both claim IP {ip}; every workload IP must be unique")]
+    /// Two workloads claim the same IP on one network.
+    #[error(
+        "workloads {first} and {second} both claim IP {ip} on network `{network}`; every workload IP must be unique on its network"
+    )]
     DuplicateIp {
         /// The IP.
         ip: IpAddr,
+        /// The network both are on (empty: the default one).
+        network: SharedStr,
         /// The first workload's uid.
         first: String,
         /// The second workload's uid.
@@ -115,43 +119,15 @@ fn workload_peer(workload: &Workload, identity: &Identity) -> Peer {
     }
 }
 
-/// Workloads by IP: IPv4 and IPv6 addresses apart, so that an entry of
-/// the (nearly all IPv4) tree is 16 bytes where one keyed by `IpAddr` (17
-/// bytes, padded to 24) took 32 (`benches/mesh_memory.rs`).
-#[derive(Debug, Clone, Default)]
-struct ByIp {
-    v4: imbl::OrdMap<Ipv4Addr, Arc<MeshWorkload>>,
-    v6: imbl::OrdMap<Ipv6Addr, Arc<MeshWorkload>>,
-}
-
-impl ByIp {
-    fn get(&self, ip: &IpAddr) -> Option<&Arc<MeshWorkload>> {
-        match ip {
-            IpAddr::V4(ip) => self.v4.get(ip),
-            IpAddr::V6(ip) => self.v6.get(ip),
-        }
-    }
-
-    fn insert(&mut self, ip: IpAddr, workload: Arc<MeshWorkload>) {
-        match ip {
-            IpAddr::V4(ip) => self.v4.insert(ip, workload),
-            IpAddr::V6(ip) => self.v6.insert(ip, workload),
-        };
-    }
-
-    fn remove(&mut self, ip: &IpAddr) {
-        match ip {
-            IpAddr::V4(ip) => self.v4.remove(ip),
-            IpAddr::V6(ip) => self.v6.remove(ip),
-        };
-    }
-}
-
-/// Workloads by IP and by entry.
+/// Workloads by network address (network and IP) and by entry.
 #[derive(Debug, Clone, Default)]
 pub struct WorkloadIndex {
-    /// By IP, in a B-tree (see [`Multi`] for why not a hash trie).
-    by_ip: ByIp,
+    /// By network and IP, in B-trees (see [`Multi`] for why not a hash
+    /// trie).
+    by_addr: by_addr::ByAddr,
+    /// This node's network (`--network`, ztunnel's `NETWORK`): the one
+    /// [`Self::by_ip`] looks an address up on.
+    network: SharedStr,
     by_key: imbl::OrdMap<EntryKey, Arc<MeshWorkload>>,
     /// Identities and peers shared by the workloads of this index and of
     /// every index made from it.
@@ -161,11 +137,7 @@ pub struct WorkloadIndex {
 impl WorkloadIndex {
     /// Indexes the config's workloads.
     pub fn from_config(config: &LocalConfig) -> Result<Self, StateError> {
-        let mut index = Self {
-            by_ip: ByIp::default(),
-            by_key: imbl::OrdMap::new(),
-            interned: Arc::default(),
-        };
+        let mut index = Self::default();
         let changes = Changes::of_file(config);
         index.apply(&changes.workloads, None, &mut |_, _| {})?;
         Ok(index)
@@ -193,15 +165,20 @@ impl WorkloadIndex {
             let Some(old) = self.by_key.get(key).cloned() else {
                 continue;
             };
-            let stays = new
-                .as_ref()
-                .is_some_and(|new| old.workload.own_ips() == new.own_ips());
+            let stays = new.as_ref().is_some_and(|new| {
+                old.workload.own_ips() == new.own_ips() && old.workload.network == new.network
+            });
             if !stays {
                 self.by_key.remove(key);
+                let network = &*old.workload.network;
                 for ip in old.workload.own_ips() {
                     let ip = ip.to_canonical();
-                    if self.by_ip.get(&ip).is_some_and(|held| held.key == *key) {
-                        self.by_ip.remove(&ip);
+                    if self
+                        .by_addr
+                        .get(network, &ip)
+                        .is_some_and(|held| held.key == *key)
+                    {
+                        self.by_addr.remove(network, &ip);
                     }
                 }
             }
@@ -227,19 +204,24 @@ impl WorkloadIndex {
                 Some(built) => Arc::clone(built),
                 None => Arc::new(self.entry(key.clone(), workload)?),
             };
+            // Keyed by its network too (ztunnel `WorkloadStore::insert`:
+            // `network_addr(w.network, ip)`): the same IP on two networks
+            // is two pods.
+            let network = &workload.network;
             for ip in workload.own_ips() {
                 // Keyed as looked up: an IPv4-mapped address is its IPv4.
                 let ip = ip.to_canonical();
-                if let Some(first) = self.by_ip.get(&ip)
+                if let Some(first) = self.by_addr.get(network, &ip)
                     && first.key != *key
                 {
                     return Err(StateError::DuplicateIp {
                         ip,
+                        network: network.clone(),
                         first: first.workload.uid.to_string(),
                         second: workload.uid.to_string(),
                     });
                 }
-                self.by_ip.insert(ip, Arc::clone(&entry));
+                self.by_addr.insert(network, ip, Arc::clone(&entry));
             }
             for service in workload.services.keys() {
                 touched(service, key);
@@ -270,9 +252,34 @@ impl WorkloadIndex {
         })
     }
 
-    /// The workload owning `ip`, if any.
+    /// The workload owning `ip` on this node's network ([`Self::network`]),
+    /// if any: how the address of captured traffic (a source, an original
+    /// destination, a connection arriving here) is looked up, as ztunnel
+    /// looks it up on its `NETWORK` (`src/proxy/inbound.rs` and
+    /// `src/proxy/outbound.rs`: `NetworkAddress { network:
+    /// pi.cfg.network, .. }` handed to `src/state.rs`
+    /// `fetch_workload_by_address`, `fetch_address`). A workload of
+    /// another network at the same IP is not it.
     pub fn by_ip(&self, ip: IpAddr) -> Option<&Arc<MeshWorkload>> {
-        self.by_ip.get(&ip.to_canonical())
+        self.by_addr(&self.network, ip)
+    }
+
+    /// The workload owning `ip` on `network` (empty: the default one), if
+    /// any (ztunnel `WorkloadStore::find_address`). Builds nothing: the
+    /// hot paths call it once or twice a connection.
+    pub fn by_addr(&self, network: &str, ip: IpAddr) -> Option<&Arc<MeshWorkload>> {
+        self.by_addr.get(network, &ip.to_canonical())
+    }
+
+    /// Makes `network` this node's: the one [`Self::by_ip`] looks up on.
+    /// Nothing is indexed again: entries are keyed by their own network.
+    pub fn set_network(&mut self, network: &str) {
+        self.network = SharedStr::from(network);
+    }
+
+    /// This node's network, the one [`Self::by_ip`] looks up on.
+    pub fn network(&self) -> &str {
+        &self.network
     }
 
     /// The workload held under `key`.
@@ -299,6 +306,9 @@ impl WorkloadIndex {
 
 #[cfg(test)]
 mod network_tests;
+
+#[cfg(test)]
+mod network_addr_tests;
 
 #[cfg(test)]
 #[expect(

@@ -139,6 +139,7 @@ fn a_network_gateway_reads_as_a_waypoint_does_and_is_checked_as_one() {
         behind.workload.network_gateway.as_deref(),
         Some(&crate::config::Waypoint {
             address: Some([10, 22, 1, 1].into()),
+            network: None,
             hostname: None,
             hbone_port: 15009,
         })

@@ -20,7 +20,7 @@ use crate::{
 pub struct MeshState {
     /// Where the config came from.
     pub origin: String,
-    /// Workloads by IP.
+    /// Workloads by network address (network and IP).
     pub workloads: WorkloadIndex,
     /// Services by VIP and hostname.
     pub services: ServiceIndex,
@@ -108,6 +108,16 @@ impl MeshState {
         }
         self.policies.apply(&changes.policies);
         Ok(affected)
+    }
+
+    /// This state with `network` as this node's (`--network`, ztunnel's
+    /// `NETWORK`): the network addresses of captured traffic are looked
+    /// up on (see [`WorkloadIndex::by_ip`]). States made from it by
+    /// [`Self::apply`] keep it.
+    #[must_use]
+    pub fn on_network(mut self, network: &str) -> Self {
+        self.workloads.set_network(network);
+        self
     }
 
     /// The merged configuration this state holds, in the file's shape

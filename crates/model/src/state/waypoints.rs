@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::{MeshState, MeshWorkload, ServiceEntry};
-use crate::config::Waypoint;
+use crate::config::{Waypoint, Workload};
 use crate::identity::Identity;
 
 /// A waypoint's instances, in the order to try, and who they may be.
@@ -46,8 +46,33 @@ impl MeshState {
 
     /// The instances of `waypoint`, rotated to begin at `start` (the
     /// load-balancing choice); `None` when it names nothing the mesh
-    /// knows.
+    /// knows. An address without a network is on this node's.
     pub fn waypoint(&self, waypoint: &Waypoint, start: usize) -> Option<WaypointTarget> {
+        self.waypoint_on(waypoint, self.workloads.network(), start)
+    }
+
+    /// [`Self::waypoint`] for the network gateway `gateway` of `behind`: an
+    /// address without a network is on `behind`'s (where istiod puts it:
+    /// a gateway of another network's pod is on that network).
+    pub fn network_gateway(
+        &self,
+        gateway: &Waypoint,
+        behind: &Workload,
+        start: usize,
+    ) -> Option<WaypointTarget> {
+        self.waypoint_on(gateway, &behind.network, start)
+    }
+
+    /// The instances of `waypoint`, an address of which is looked up on
+    /// its own network, else on `network` (ztunnel `src/state.rs`
+    /// `fetch_network_gateway` and `fetch_waypoint`: `find_upstream` on
+    /// `Destination::Address`'s network).
+    fn waypoint_on(
+        &self,
+        waypoint: &Waypoint,
+        network: &str,
+        start: usize,
+    ) -> Option<WaypointTarget> {
         let port = waypoint.hbone_port;
         let of_service = |entry: &ServiceEntry| {
             let instances = entry
@@ -67,7 +92,8 @@ impl MeshState {
             return Some(of_service(entry));
         }
         let ip = waypoint.address?;
-        let workload = self.workloads.by_ip(ip)?;
+        let network = waypoint.network.as_deref().unwrap_or(network);
+        let workload = self.workloads.by_addr(network, ip)?;
         Some(WaypointTarget {
             instances: vec![(Arc::clone(workload), SocketAddr::new(ip, port))],
             alt_identities: Arc::default(),

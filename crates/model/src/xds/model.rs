@@ -10,7 +10,8 @@
 //! Conflicts between resources, which istiod's eventual consistency makes
 //! normal for a moment (a pod replaced under the same IP, a service VIP
 //! reassigned), are resolved the same way whatever the order the pushes
-//! came in: of the entries claiming an address, workloads before services
+//! came in: of the entries claiming an address (a network address: pods
+//! of two networks at one IP claim two), workloads before services
 //! and then by resource name, the first keeps it; the others leave it out
 //! until that one goes, and say so. Services sharing a VIP are no
 //! conflict: each keeps it, and a lookup picks one per client.
@@ -25,7 +26,7 @@ use tracing::warn;
 use super::resources::XdsResources;
 use super::translate::{AddressEntry, Translated};
 use crate::config::{
-    self, LocalConfig,
+    self, LocalConfig, SharedStr,
     entries::{DropKey, Dropped, EntryKind, XdsEntry},
 };
 
@@ -105,43 +106,69 @@ impl Claimants {
     }
 }
 
-/// Who claims each address: IPv4 and IPv6 addresses apart, so that a
-/// slot of the (nearly all IPv4) table is 32 bytes where one keyed by
-/// `IpAddr` (17 bytes, padded to 24) took 56: 92 bytes a workload at
-/// 10k workloads (`benches/mesh_memory.rs`).
+/// Who claims each address of one network: IPv4 and IPv6 addresses
+/// apart, so that a slot of the (nearly all IPv4) table is 32 bytes where
+/// one keyed by `IpAddr` (17 bytes, padded to 24) took 56: 92 bytes a
+/// workload at 10k workloads (`benches/mesh_memory.rs`).
 #[derive(Debug, Default)]
-struct Claims {
+struct ClaimsOnNetwork {
     v4: HashMap<Ipv4Addr, Claimants, foldhash::fast::RandomState>,
     v6: HashMap<Ipv6Addr, Claimants, foldhash::fast::RandomState>,
 }
 
+impl ClaimsOnNetwork {
+    fn is_empty(&self) -> bool {
+        self.v4.is_empty() && self.v6.is_empty()
+    }
+}
+
+/// Who claims each network address (network and IP), as the mesh state
+/// keys workloads (ztunnel `src/state/workload.rs` `WorkloadStore::by_addr`):
+/// pods of two networks at one IP are no conflict. A service's VIP is
+/// claimed on the empty network, its network not being kept (see
+/// [`AddressEntry::claim_network`]). A network nobody claims on is
+/// dropped.
+#[derive(Debug, Default)]
+struct Claims {
+    networks: HashMap<SharedStr, ClaimsOnNetwork, foldhash::fast::RandomState>,
+}
+
 impl Claims {
-    fn get(&self, ip: &IpAddr) -> Option<&Claimants> {
+    fn get(&self, network: &str, ip: &IpAddr) -> Option<&Claimants> {
+        let on = self.networks.get(network)?;
         match ip {
-            IpAddr::V4(ip) => self.v4.get(ip),
-            IpAddr::V6(ip) => self.v6.get(ip),
+            IpAddr::V4(ip) => on.v4.get(ip),
+            IpAddr::V6(ip) => on.v6.get(ip),
         }
     }
 
-    fn get_mut(&mut self, ip: &IpAddr) -> Option<&mut Claimants> {
+    fn get_mut(&mut self, network: &str, ip: &IpAddr) -> Option<&mut Claimants> {
+        let on = self.networks.get_mut(network)?;
         match ip {
-            IpAddr::V4(ip) => self.v4.get_mut(ip),
-            IpAddr::V6(ip) => self.v6.get_mut(ip),
+            IpAddr::V4(ip) => on.v4.get_mut(ip),
+            IpAddr::V6(ip) => on.v6.get_mut(ip),
         }
     }
 
-    fn remove(&mut self, ip: &IpAddr) {
-        match ip {
-            IpAddr::V4(ip) => self.v4.remove(ip),
-            IpAddr::V6(ip) => self.v6.remove(ip),
+    fn remove(&mut self, network: &str, ip: &IpAddr) {
+        let Some(on) = self.networks.get_mut(network) else {
+            return;
         };
+        match ip {
+            IpAddr::V4(ip) => on.v4.remove(ip),
+            IpAddr::V6(ip) => on.v6.remove(ip),
+        };
+        if on.is_empty() {
+            self.networks.remove(network);
+        }
     }
 
-    /// The claimants of `ip`, none yet if it had none.
-    fn entry(&mut self, ip: IpAddr) -> &mut Claimants {
+    /// The claimants of `ip` on `network`, none yet if it had none.
+    fn entry(&mut self, network: &SharedStr, ip: IpAddr) -> &mut Claimants {
+        let on = self.networks.entry(network.clone()).or_default();
         match ip {
-            IpAddr::V4(ip) => self.v4.entry(ip).or_default(),
-            IpAddr::V6(ip) => self.v6.entry(ip).or_default(),
+            IpAddr::V4(ip) => on.v4.entry(ip).or_default(),
+            IpAddr::V6(ip) => on.v6.entry(ip).or_default(),
         }
     }
 }
@@ -211,6 +238,15 @@ impl AddressEntry {
             Self::Workload(Some(_)) => Some(EntryKind::Workload),
             Self::Service(_) => Some(EntryKind::Service),
             Self::Workload(None) | Self::Neither => None,
+        }
+    }
+
+    /// The network its addresses are claimed on: a workload's own; the
+    /// empty one for a service, whose VIPs' network is not kept.
+    fn claim_network(&self) -> SharedStr {
+        match self {
+            Self::Workload(Some(w)) => w.network.clone(),
+            _ => SharedStr::default(),
         }
     }
 
@@ -335,7 +371,7 @@ impl XdsModel {
             self.pending = ChangedEntries::everything();
         }
         let mut touched: BTreeSet<XdsEntry> = BTreeSet::new();
-        let mut addresses: HashSet<IpAddr> = HashSet::new();
+        let mut addresses: HashSet<(SharedStr, IpAddr)> = HashSet::new();
         for item in held.addresses.diff(&resources.addresses) {
             let (name, old, new) = match item {
                 DiffItem::Add(name, new) => (name, None, Some(new)),
@@ -350,14 +386,15 @@ impl XdsModel {
                 let old = &old.model().entry;
                 if let Some(kind) = old.kind() {
                     let claimant = XdsEntry::new(kind, Arc::clone(name));
+                    let network = old.claim_network();
                     for ip in old.addresses() {
-                        if let Some(set) = self.claims.get_mut(ip) {
+                        if let Some(set) = self.claims.get_mut(&network, ip) {
                             set.remove(&claimant);
                             if set.is_empty() {
-                                self.claims.remove(ip);
+                                self.claims.remove(&network, ip);
                             }
                         }
-                        addresses.insert(*ip);
+                        addresses.insert((network.clone(), *ip));
                     }
                     touched.insert(claimant);
                 }
@@ -372,9 +409,10 @@ impl XdsModel {
             let translated = new.model();
             if let Some(kind) = translated.entry.kind() {
                 let claimant = XdsEntry::new(kind, Arc::clone(name));
+                let network = translated.entry.claim_network();
                 for ip in translated.entry.addresses() {
-                    self.claims.entry(*ip).insert(claimant.clone());
-                    addresses.insert(*ip);
+                    self.claims.entry(&network, *ip).insert(claimant.clone());
+                    addresses.insert((network.clone(), *ip));
                 }
                 touched.insert(claimant);
             }
@@ -389,8 +427,8 @@ impl XdsModel {
             }
         }
         // Whoever else claims a changed address may have won or lost it.
-        for ip in &addresses {
-            if let Some(set) = self.claims.get(ip) {
+        for (network, ip) in &addresses {
+            if let Some(set) = self.claims.get(network, ip) {
                 touched.extend(set.iter().cloned());
             }
         }
@@ -461,8 +499,9 @@ impl XdsModel {
         let mut notes = Vec::new();
         let mut seen = HashSet::new();
         let mut kept = Vec::with_capacity(raw.addresses().len());
+        let network = raw.claim_network();
         for ip in raw.addresses() {
-            let owner = self.claims.get(ip).and_then(|set| set.first());
+            let owner = self.claims.get(&network, ip).and_then(|set| set.first());
             match owner {
                 // Services in several namespaces may share a VIP; each
                 // client is given the best for it (ztunnel
@@ -558,3 +597,7 @@ mod tests {
         assert!(size_of::<(Ipv4Addr, Claimants)>() <= 32);
     }
 }
+
+#[cfg(test)]
+#[path = "network_claims_tests.rs"]
+mod network_claims_tests;

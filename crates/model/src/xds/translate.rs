@@ -15,8 +15,8 @@ use ipnet::IpNet;
 use super::resources::{XdsResources, ip_from_bytes};
 use crate::config::{
     self, Action, AppTunnelProtocol, ApplicationTunnel, HealthPolicy, LocalConfig, Locality, Match,
-    Policy, Protocol, Routing, RoutingMode, RoutingScope, Scope, Waypoint, WorkloadStatus,
-    interned::Strings,
+    Policy, Protocol, Routing, RoutingMode, RoutingScope, Scope, SharedStr, Waypoint,
+    WorkloadStatus, interned::Strings,
 };
 use crate::identity::Identity;
 use crate::istio_api::{
@@ -136,6 +136,14 @@ fn workload_of(
             (strings.name(key), ports)
         })
         .collect();
+    // The gateways' networks are the workloads' (istiod sends a pod's
+    // network gateway on the pod's network): held once, as those are.
+    let mut name = |value: &str| strings.name(value);
+    let waypoint = w.waypoint.as_ref().and_then(|g| waypoint_of(g, &mut name));
+    let network_gateway = w
+        .network_gateway
+        .as_ref()
+        .and_then(|g| waypoint_of(g, &mut name));
     let mut or = |value: &str, default: &str| match value {
         "" => strings.name(default),
         v => strings.name(v),
@@ -172,14 +180,10 @@ fn workload_of(
             Ok(workload::WorkloadStatus::Unhealthy) => WorkloadStatus::Unhealthy,
             _ => WorkloadStatus::Healthy,
         },
-        waypoint: w.waypoint.as_ref().and_then(waypoint_of).map(Box::new),
+        waypoint: waypoint.map(Box::new),
         application_tunnel: w.application_tunnel.as_ref().map(application_tunnel_of),
         network: or(&w.network, ""),
-        network_gateway: w
-            .network_gateway
-            .as_ref()
-            .and_then(waypoint_of)
-            .map(Box::new),
+        network_gateway: network_gateway.map(Box::new),
         canonical_name: or(&w.canonical_name, ""),
         canonical_revision: or(&w.canonical_revision, ""),
         workload_name: or(&w.workload_name, ""),
@@ -282,13 +286,18 @@ fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> config::Servi
                     .collect(),
             })
             .unwrap_or_default(),
-        waypoint: s.waypoint.as_ref().and_then(waypoint_of),
+        waypoint: s
+            .waypoint
+            .as_ref()
+            .and_then(|g| waypoint_of(g, &mut |n: &str| SharedStr::from(n))),
         weighted_waypoints: s
             .weighted_waypoints
             .iter()
             .filter_map(|w| {
                 Some(config::WeightedWaypoint {
-                    waypoint: waypoint_of(w.destination.as_ref()?)?,
+                    waypoint: waypoint_of(w.destination.as_ref()?, &mut |n: &str| {
+                        SharedStr::from(n)
+                    })?,
                     weight: w.weight,
                 })
             })
@@ -303,19 +312,32 @@ fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> config::Servi
     }
 }
 
-fn waypoint_of(gateway: &GatewayAddress) -> Option<Waypoint> {
+/// A waypoint or network gateway as istiod names it; a network's name is
+/// held as `name` holds it.
+fn waypoint_of(
+    gateway: &GatewayAddress,
+    name: &mut dyn FnMut(&str) -> SharedStr,
+) -> Option<Waypoint> {
     let hbone_port = match port(gateway.hbone_mtls_port) {
         Some(0) | None => dataplane_common::HBONE_PORT,
         Some(p) => p,
     };
-    let (address, hostname) = match gateway.destination.as_ref()? {
-        gateway_address::Destination::Address(a) => (Some(ip_from_bytes(&a.address).ok()?), None),
+    // An address is kept with its network (ztunnel `src/state/workload.rs`
+    // `GatewayAddress`: `Destination::Address(NetworkAddress)`), which
+    // `src/state.rs` `fetch_network_gateway` looks it up on.
+    let (address, network, hostname) = match gateway.destination.as_ref()? {
+        gateway_address::Destination::Address(a) => (
+            Some(ip_from_bytes(&a.address).ok()?),
+            Some(name(&a.network)),
+            None,
+        ),
         gateway_address::Destination::Hostname(h) => {
-            (None, Some(format!("{}/{}", h.namespace, h.hostname)))
+            (None, None, Some(format!("{}/{}", h.namespace, h.hostname)))
         }
     };
     Some(Waypoint {
         address,
+        network,
         hostname,
         hbone_port,
     })

@@ -207,6 +207,7 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
         web.network_gateway.as_deref(),
         Some(&config::Waypoint {
             address: Some([10, 22, 1, 1].into()),
+            network: Some("net1".into()),
             hostname: None,
             hbone_port: 15009,
         })
@@ -609,6 +610,7 @@ fn services_sharing_a_vip_are_chosen_per_client_namespace() {
     // A waypoint named `namespace/hostname` is that namespace's service.
     let waypoint = crate::config::Waypoint {
         address: None,
+        network: None,
         hostname: Some("c/db.example.com".into()),
         hbone_port: 15008,
     };

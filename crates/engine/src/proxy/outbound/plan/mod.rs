@@ -36,7 +36,7 @@ use crate::{
     addr::{canonical, is_capture_port},
     config::{RoutingMode, Waypoint},
     identity::Identity,
-    state::{Endpoint, EndpointAddr, MeshState, MeshWorkload, ServiceEntry, on_reachable_network},
+    state::{Endpoint, EndpointAddr, MeshState, MeshWorkload, ServiceEntry},
     telemetry::{FailReason, ServiceRef},
 };
 
@@ -325,10 +325,7 @@ pub fn plan(
         .workloads
         .by_ip(src)
         .map_or(choice.network(), |client| &*client.workload.network);
-    let known = state
-        .workloads
-        .by_ip(dst.ip())
-        .filter(|w| on_reachable_network(&w.workload, network));
+    let known = state.workloads.by_addr(network, dst.ip());
     let action = match known {
         Some(workload) => match &workload.workload.waypoint {
             Some(waypoint) if !state.is_waypoint_peer(waypoint, source) => {
@@ -453,7 +450,7 @@ fn through_gateway(
     let start = state
         .waypoint_service(gateway)
         .map_or(0, |entry| choice.start(entry));
-    let target = state.waypoint(gateway, start)?;
+    let target = state.network_gateway(gateway, &workload.workload, start)?;
     let (instance, via) = target
         .instances
         .iter()

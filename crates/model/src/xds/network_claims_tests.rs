@@ -1,0 +1,98 @@
+//! The model's address claims are by network address, as the mesh state
+//! keys workloads (ztunnel `src/state/workload.rs` `WorkloadStore::by_addr`):
+//! pods of two networks at one IP are both kept, push by push, and a
+//! second pod at one IP on one network is still a conflict.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "a bad fixture should fail the test loudly"
+)]
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::*;
+use crate::istio_api::workload::{self, Address, TunnelProtocol, address};
+use crate::state::MeshState;
+use crate::xds::resources::{Versioned, XdsResources};
+
+fn put(r: &mut XdsResources, uid: &str, network: &str) {
+    let w = workload::Workload {
+        uid: uid.into(),
+        name: uid.into(),
+        namespace: "shop".into(),
+        addresses: vec![vec![10, 0, 0, 5]],
+        network: network.into(),
+        tunnel_protocol: TunnelProtocol::Hbone as i32,
+        ..Default::default()
+    };
+    let resource = Address {
+        r#type: Some(address::Type::Workload(w)),
+    };
+    r.addresses
+        .insert(uid.into(), Arc::new(Versioned::new("1", &resource)));
+}
+
+/// Who the state, looking captured traffic up on `network`, finds at
+/// 10.0.0.5.
+fn at(model: &XdsModel, network: &str) -> Option<String> {
+    let state = MeshState::from_config(&model.entries().translated("xds").config)
+        .unwrap()
+        .on_network(network);
+    let ip: IpAddr = "10.0.0.5".parse().unwrap();
+    state.workloads.by_ip(ip).map(|w| w.workload.uid.clone())
+}
+
+#[test]
+fn pods_of_two_networks_at_one_ip_are_both_kept_push_by_push() {
+    let mut r = XdsResources::default();
+    let mut model = XdsModel::default();
+    put(&mut r, "east-pod", "east");
+    model.update(&r);
+    put(&mut r, "west-pod", "west");
+    model.update(&r);
+    assert!(
+        model.entries().translated("xds").dropped.is_empty(),
+        "{:?}",
+        model.entries().translated("xds").dropped
+    );
+    assert_eq!(at(&model, "east").as_deref(), Some("east-pod"));
+    assert_eq!(at(&model, "west").as_deref(), Some("west-pod"));
+
+    // A second pod at the address on `west` is a conflict there only.
+    put(&mut r, "west-x", "west");
+    model.update(&r);
+    let dropped = model.entries().translated("xds").dropped;
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert!(
+        dropped[0].starts_with("workload west-x: address 10.0.0.5 is already workload west-pod's"),
+        "{dropped:?}"
+    );
+    assert_eq!(at(&model, "east").as_deref(), Some("east-pod"));
+
+    // `west-pod` goes: `west-x` takes the address, `east-pod` keeps its.
+    r.addresses.remove("west-pod");
+    model.update(&r);
+    assert!(model.entries().translated("xds").dropped.is_empty());
+    assert_eq!(at(&model, "west").as_deref(), Some("west-x"));
+    assert_eq!(at(&model, "east").as_deref(), Some("east-pod"));
+
+    // `east-pod` moves to `west`: it loses there (the name orders
+    // claimants) and `east` is left without a pod at the address.
+    put(&mut r, "east-pod", "west");
+    model.update(&r);
+    assert_eq!(at(&model, "east"), None);
+    assert_eq!(at(&model, "west").as_deref(), Some("east-pod"));
+    let dropped = model.entries().translated("xds").dropped;
+    assert!(
+        dropped.len() == 1 && dropped[0].starts_with("workload west-x: address 10.0.0.5"),
+        "{dropped:?}"
+    );
+
+    // Push by push is what a whole translation makes.
+    let whole = crate::xds::translate(&r, "xds");
+    assert_eq!(
+        whole.config.workloads,
+        model.entries().translated("xds").config.workloads
+    );
+}
