@@ -14,8 +14,8 @@ use std::net::SocketAddr;
 use dataplane_tests::{
     Agent, Responder,
     mesh::{ECHO_VIP, NAMESPACE, TwoNodes, addr, policy, to_ports, to_yaml, write_config_text},
-    observe::{scrape, sum_matching, value},
-    traffic::{echo, echo_server, stream, try_stream, wait_until},
+    observe::{access_records, field, scrape, sum_matching, value},
+    traffic::{echo, echo_server, holding_server, stream, try_stream, wait_until},
 };
 use dataplane_user::{
     config::{Action, LocalConfig, Match, Scope},
@@ -220,19 +220,27 @@ fn tightened_policy_closes_an_open_connection_it_now_denies() -> anyhow::Result<
         |req| req.body.clone(),
     )?;
     let _other = echo_server(&w.remote, 9002)?;
-    // A connection that stays open (the server waits for the client's FIN).
-    let holder = std::thread::scope(|scope| -> anyhow::Result<String> {
+    let _plain_held = holding_server(&w.remote, 9003)?;
+    // Connections that stay open (the servers wait for the client's FIN):
+    // one through a tunnel, one in plaintext from outside the mesh.
+    let (holder, plain_holder) = std::thread::scope(|scope| -> anyhow::Result<_> {
         let held = scope.spawn(|| {
             stream(
                 &w.client,
                 &["hold", &addr(&w.remote, 9000).to_string(), "30"],
             )
         });
-        // The connection is open end to end once the server's agent
-        // counts it; the server holds it until our FIN (or its 10 s read
-        // timeout).
-        wait_until("the tunnel to be up", || {
-            Ok(a2.status()?.connections_open >= 1)
+        let plain_held = scope.spawn(|| {
+            stream(
+                &w.plain,
+                &["hold", &addr(&w.remote, 9003).to_string(), "30"],
+            )
+        });
+        // A connection is open end to end once the server's agent counts
+        // it; the servers hold them until our FIN (or their read
+        // timeouts).
+        wait_until("both connections to be up", || {
+            Ok(a2.status()?.connections_open >= 2)
         })?;
         let mut lockdown = w.echo_config();
         lockdown.policies = vec![policy(
@@ -240,26 +248,32 @@ fn tightened_policy_closes_an_open_connection_it_now_denies() -> anyhow::Result<
             NAMESPACE,
             Scope::Namespace,
             Action::Deny,
-            to_ports(&[9000]),
+            to_ports(&[9000, 9003]),
         )];
         w.write(&lockdown)?;
-        held.join()
-            .map_err(|_| anyhow::anyhow!("holder panicked"))?
+        let join = |held: std::thread::ScopedJoinHandle<'_, anyhow::Result<String>>| {
+            held.join()
+                .map_err(|_| anyhow::anyhow!("holder panicked"))?
+        };
+        Ok((join(held)?, join(plain_held)?))
     })?;
     assert_eq!(holder, "closed", "the denied connection was closed");
+    assert_eq!(plain_holder, "closed", "the denied plaintext was closed");
+    // The agent writes and counts each before it resets it: read at once.
     let log = a2.log_text();
-    assert!(log.contains("policy now denies it"), "{log}");
+    let revoked = access_records(&log, "connection failed")
+        .into_iter()
+        .filter(|r| field(r, "error").contains("policy now denies it"))
+        .count();
+    assert_eq!(revoked, 2, "{log}");
     // Flagged DENY in Istio's closed and failed families, as ztunnel flags
     // a late policy rejection (that the flag reaches the access record too
     // is checked once, by hbone_e2e's NETWORK_POLICY test).
     let failed = "istio_tcp_connections_failed_total";
-    wait_until("the closed connection to be counted", || {
-        Ok(sum_matching(&scrape(&a2)?, failed, &[("response_flags", "DENY")]) >= 1.0)
-    })?;
     let samples = scrape(&a2)?;
     for family in ["istio_tcp_connections_closed_total", failed] {
         let denied = sum_matching(&samples, family, &[("response_flags", "DENY")]);
-        assert_eq!(denied, 1.0, "{family}: {samples:#?}");
+        assert_eq!(denied, 2.0, "{family}: {samples:#?}");
     }
     // Connections the new policy allows are untouched and still work.
     echo(&w.client, addr(&w.remote, 9002), 1024, 8)?;

@@ -23,7 +23,7 @@ use dataplane_tests::{
     mesh::{NAMESPACE, config_of, endpoint_of, hbone_workload, service, write_config},
     observe::{access_records, field, scrape, sum_matching},
     topology::{Node, Pod},
-    traffic::{echo, echo_server, try_stream, wait_until},
+    traffic::{echo, echo_server, try_stream},
 };
 use dataplane_user::config::{Protocol, Workload};
 
@@ -184,10 +184,8 @@ fn registry_only_resets_an_unknown_destination_and_keeps_the_mesh() -> anyhow::R
     let unknown = SocketAddr::new(w.outside.ip4.into(), 9000);
     let out = try_stream(&w.client, &["expect-reset", &unknown.to_string()])?;
     assert_eq!(out.stdout, "reset", "{out:?}");
-    // Counted (after the reset, which is sent first).
-    wait_until("the refusal to be counted", || {
-        Ok(refused(&w.agent)? == (1.0, 1.0))
-    })?;
+    // Counted and written before the reset is sent: read at once.
+    assert_eq!(refused(&w.agent)?, (1.0, 1.0));
     let log = w.agent.log_text();
     let records = access_records(&log, "connection refused");
     let ours: Vec<_> = records

@@ -230,7 +230,7 @@ where
     // moved out) would stay in the task's state, unused, as long as the
     // connection lives.
     let Some(Running {
-        relay,
+        mut relay,
         open,
         _live,
         kill,
@@ -239,9 +239,14 @@ where
         return;
     };
     let result = match kill {
+        // The relay is polled by reference, not moved into the select: a
+        // revoked connection is recorded before the relay (whose drop
+        // resets the app's socket and the stream) goes, so whoever sees
+        // the reset finds it counted.
         Some(kill) => tokio::select! {
-            result = relay => result,
-            // Policy now denies it: recorded as closed by the agent.
+            result = &mut relay => result,
+            // Policy now denies it: recorded as closed by the agent, then
+            // the return drops the relay.
             () = kill.notified() => return open.revoke(),
         },
         None => relay.await,

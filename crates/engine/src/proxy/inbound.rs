@@ -98,9 +98,12 @@ pub(super) async fn serve(listener: TcpListener, ctx: Arc<PodContext>, orig_dst:
                     opened = connect => opened,
                     () = &mut killed => None,
                 };
-                if let Some((relay, open)) = opened {
+                if let Some((mut relay, open)) = opened {
+                    // Polled by reference, not moved into the select: a
+                    // revoked connection is recorded before its relay
+                    // (whose drop resets both sockets) goes.
                     tokio::select! {
-                        result = relay => record(result, open),
+                        result = &mut relay => record(result, open),
                         () = &mut killed => open.revoke(),
                     }
                 }

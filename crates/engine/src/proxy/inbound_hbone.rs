@@ -105,16 +105,26 @@ async fn serve_connection(
             .failed("inbound", FailReason::UnknownWorkload.as_str());
         return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), error = %detail, "connection refused: local workload unknown");
     }
-    let tls = tokio::select! {
-        tls = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => match tls {
-            Ok(Ok(tls)) => tls,
-            Ok(Err(err)) => {
-                ctx.mesh.metrics.failed("inbound", FailReason::TlsHandshake.as_str());
-                return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), error = %err, "TLS handshake refused");
-            }
-            Err(_) => return timed_out(&ctx, peer, "TLS"),
-        },
-        Some(reason) = shed.recv() => return debug!(reason = reason.as_str(), "handshake shed (TLS)"),
+    // The handshake is pinned out of the select, not built inside it: a
+    // select drops its futures before a branch's handler runs, and this
+    // one owns the socket (its drop is the reset). Kept until the handler
+    // returns, a timed-out handshake is counted and written before the
+    // peer sees the reset. Its own block, so it is not kept beside the
+    // connection once done.
+    let tls = {
+        let handshake = tokio::time::timeout_at(deadline, acceptor.accept(stream));
+        tokio::pin!(handshake);
+        tokio::select! {
+            tls = &mut handshake => match tls {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(err)) => {
+                    ctx.mesh.metrics.failed("inbound", FailReason::TlsHandshake.as_str());
+                    return warn!(target: "access", direction = "inbound", protocol = "HBONE", src = %canonical(peer), error = %err, "TLS handshake refused");
+                }
+                Err(_) => return timed_out(&ctx, peer, "TLS"),
+            },
+            Some(reason) = shed.recv() => return debug!(reason = reason.as_str(), "handshake shed (TLS)"),
+        }
     };
     // With revocation lists, the client's chain is checked again whenever
     // they change; a revoked client's connection is reset.
