@@ -47,7 +47,7 @@ fn an_endpoint_on_another_network_without_a_gateway_is_never_chosen() -> anyhow:
         .filter(|w| w.name == "client" || w.name == "local")
         .map(|w| {
             let mut shadow = (**w).clone();
-            shadow.uid = format!("uid-shadow-{}", w.name);
+            shadow.uid = format!("uid-shadow-{}", w.name).into();
             shadow.name = format!("shadow-{}", w.name);
             shadow.service_account = "shadow".into();
             shadow.node = "elsewhere".into();

@@ -39,11 +39,11 @@ fn uid_at(state: &MeshState, network: &str, ip: &str) -> Option<String> {
     state
         .workloads
         .by_addr(network, ip.parse().unwrap())
-        .map(|w| w.workload.uid.clone())
+        .map(|w| w.workload.uid.to_string())
 }
 
 fn uid_of(workload: Option<&Arc<MeshWorkload>>) -> Option<&str> {
-    workload.map(|w| w.workload.uid.as_str())
+    workload.map(|w| &*w.workload.uid)
 }
 
 #[test]
@@ -168,14 +168,14 @@ fn a_gateway_by_address_is_looked_up_on_its_network() {
     let far = state
         .workloads
         .iter()
-        .find(|w| w.workload.uid == "far")
+        .find(|w| &*w.workload.uid == "far")
         .unwrap();
     let gateway = far.workload.network_gateway.as_deref().unwrap();
     assert_eq!(gateway.network, None);
     let instance = |target: Option<WaypointTarget>| {
         target.map(|t| {
             let (w, addr) = &t.instances[0];
-            (w.workload.uid.clone(), addr.to_string())
+            (w.workload.uid.to_string(), addr.to_string())
         })
     };
     // Not named: the network of the workload behind it, not the node's.

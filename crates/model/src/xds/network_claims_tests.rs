@@ -29,8 +29,9 @@ fn put(r: &mut XdsResources, uid: &str, network: &str) {
     let resource = Address {
         r#type: Some(address::Type::Workload(w)),
     };
-    r.addresses
-        .insert(uid.into(), Arc::new(Versioned::new("1", &resource)));
+    let name: Arc<str> = uid.into();
+    let held = Versioned::new(&name, "1", &resource);
+    r.addresses.insert(name, Arc::new(held));
 }
 
 /// Who the state, looking captured traffic up on `network`, finds at
@@ -40,7 +41,10 @@ fn at(model: &XdsModel, network: &str) -> Option<String> {
         .unwrap()
         .on_network(network);
     let ip: IpAddr = "10.0.0.5".parse().unwrap();
-    state.workloads.by_ip(ip).map(|w| w.workload.uid.clone())
+    state
+        .workloads
+        .by_ip(ip)
+        .map(|w| w.workload.uid.to_string())
 }
 
 #[test]

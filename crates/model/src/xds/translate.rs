@@ -111,7 +111,7 @@ pub fn translate(resources: &XdsResources, origin: &str) -> Translated {
 
 fn workload_of(
     w: &workload::Workload,
-    name: &Arc<str>,
+    resource_name: &Arc<str>,
     strings: &mut Strings,
     dropped: &mut Vec<String>,
 ) -> Option<config::Workload> {
@@ -150,8 +150,8 @@ fn workload_of(
     };
     let workload = config::Workload {
         // istiod names a workload's resource by its uid: one copy for both.
-        uid: if **name == *w.uid {
-            Arc::clone(name)
+        uid: if **resource_name == *w.uid {
+            Arc::clone(resource_name)
         } else {
             w.uid.as_str().into()
         },
