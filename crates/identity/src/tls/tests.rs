@@ -520,26 +520,53 @@ async fn tls12_client_is_refused_by_default_and_accepted_with_the_opt_in() {
     assert_eq!(outcomes[1].as_ref().unwrap().peer, Some(client));
 }
 
-/// A revocation list file in a fresh directory, listing nothing yet,
-/// checked by every verifier of `mesh`.
+/// A test's own directory (`dp-crl-<pid>-<name>` under the temporary
+/// directory), removed when dropped, so a failing test leaves nothing
+/// behind either.
+struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("dp-crl-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn join(&self, file: &str) -> std::path::PathBuf {
+        self.0.join(file)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A revocation list file in a fresh directory (kept while the returned
+/// guard lives), listing nothing yet, checked by every verifier of `mesh`.
 fn revocations(
     mesh: &Mesh,
     name: &str,
-) -> (std::path::PathBuf, Arc<crate::identity::RevocationList>) {
-    let dir = std::env::temp_dir().join(format!("dp-crl-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+) -> (
+    std::path::PathBuf,
+    Arc<crate::identity::RevocationList>,
+    ScratchDir,
+) {
+    let dir = ScratchDir::new(name);
     let path = dir.join("ca-crl.pem");
     std::fs::write(&path, mesh.ca.revocation_list(&[], 1).unwrap()).unwrap();
     let list = Arc::new(crate::identity::RevocationList::load(path.clone()).unwrap());
     mesh.roots.set_revocations(Some(list.clone()));
-    (path, list)
+    (path, list, dir)
 }
 
 #[tokio::test]
 async fn a_revoked_client_is_refused_once_the_changed_file_is_read() {
     let mesh = mesh(Duration::from_secs(3600));
     let (server, client, other) = (id(TD, "server"), id(TD, "client"), id(TD, "other"));
-    let (path, list) = revocations(&mesh, "client");
+    let (path, list, _dir) = revocations(&mesh, "client");
     let watch = crate::identity::RevocationList::watch(&list);
     let (addr, accepted) = serve(server_cfg(&mesh, &server), 3).await;
 
@@ -578,7 +605,7 @@ async fn a_revoked_client_is_refused_once_the_changed_file_is_read() {
 async fn a_client_refuses_a_revoked_server() {
     let mesh = mesh(Duration::from_secs(3600));
     let (server, client) = (id(TD, "server"), id(TD, "client"));
-    let (path, list) = revocations(&mesh, "server");
+    let (path, list, _dir) = revocations(&mesh, "server");
     let serial = mesh.store.get_or_issue(&server).unwrap().raw_serial();
     std::fs::write(&path, mesh.ca.revocation_list(&[serial], 2).unwrap()).unwrap();
     assert!(list.reload().unwrap());
@@ -595,10 +622,8 @@ async fn a_client_refuses_a_revoked_server() {
 
 #[test]
 fn revocation_list_files_missing_empty_or_malformed() {
-    let dir = std::env::temp_dir().join(format!("dp-crl-{}-files", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("files");
     let path = dir.join("crl.pem");
-    let _ = std::fs::remove_file(&path);
     // Missing: nothing revoked until it appears.
     let list = crate::identity::RevocationList::load(path.clone()).unwrap();
     assert!(list.is_empty());
@@ -625,8 +650,7 @@ fn revocation_list_files_missing_empty_or_malformed() {
 fn an_oversized_revocation_list_file_is_refused_and_the_loaded_lists_stay() {
     use crate::identity::{Ca, CrlError, MAX_CRL_FILE, RevocationList};
 
-    let dir = std::env::temp_dir().join(format!("dp-crl-{}-oversized", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = ScratchDir::new("oversized");
     let path = dir.join("crl.pem");
     let ca = Ca::generate().unwrap();
     std::fs::write(&path, ca.revocation_list(&[vec![1, 2, 3]], 1).unwrap()).unwrap();
@@ -654,7 +678,6 @@ fn an_oversized_revocation_list_file_is_refused_and_the_loaded_lists_stay() {
     file.set_len(MAX_CRL_FILE as u64).unwrap();
     assert!(list.reload().unwrap());
     assert_eq!((list.len(), list.generation()), (1, 2));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Accepts `count` connections and answers pings on each until the peer's
@@ -707,7 +730,7 @@ async fn serve_until_revoked(
 async fn an_established_connection_is_reset_when_its_peer_is_revoked() {
     let mesh = mesh(Duration::from_secs(3600));
     let (server, client, other) = (id(TD, "server"), id(TD, "client"), id(TD, "other"));
-    let (path, list) = revocations(&mesh, "established");
+    let (path, list, _dir) = revocations(&mesh, "established");
     let addr = serve_until_revoked(
         server_cfg(&mesh, &server),
         list.clone(),
