@@ -30,10 +30,10 @@ use std::{hint::black_box, sync::Arc, time::Duration};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use dataplane_user::{
     config::LocalConfig,
-    istio_api::{ADDRESS_TYPE, discovery::DeltaDiscoveryResponse},
+    istio_api::ADDRESS_TYPE,
     sources::{FileIndex, merge_changes, merged_state},
     state::{MeshState, Spare},
-    xds::{XdsModel, XdsResources, translate},
+    xds::{Response, XdsModel, XdsResources, translate},
 };
 
 #[path = "support/synthetic.rs"]
@@ -163,7 +163,7 @@ impl Agent {
     /// model, the merge with the file and the next state made on the spare
     /// (the state the one in force replaced, which then becomes the spare).
     /// Returns the workload count.
-    fn push(&mut self, update: &DeltaDiscoveryResponse) -> usize {
+    fn push(&mut self, update: &Response) -> usize {
         Arc::make_mut(&mut self.held).apply(update);
         self.model.update(&self.held);
         let mut provenance = self.state.provenance.clone();

@@ -18,6 +18,7 @@ use dataplane_user::istio_api::discovery::{
         AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
     },
 };
+use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use futures::Stream;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::TcpListener;
@@ -245,8 +246,17 @@ impl Shared {
         format!("served-{}", self.nonces)
     }
 
-    /// istiod's answer to a subscription: what the client lacks or holds
-    /// in another version, and the removal of what it holds that is gone.
+    /// istiod's answer to a subscription (istio/istio 86c9f01f,
+    /// `pilot/pkg/xds/delta.go` `processDeltaRequest`, which marks it a
+    /// forced push carrying the client's `initial_resource_versions`):
+    /// - addresses (`pilot/pkg/xds/workload.go` `GenerateDeltas`,
+    ///   `appendAddress`): every resource but those the client holds at
+    ///   the same non-empty version, and the removal of what it holds
+    ///   that is gone (`Subscribed.Difference(have)`);
+    /// - authorizations (`WorkloadRBACGenerator::GenerateDeltas`, forced):
+    ///   every policy, whatever the client holds (they carry no version),
+    ///   and the removal of what it holds that is gone (its watched names,
+    ///   which `deltaWatchedResources` fills from the initial versions).
     fn initial_answer(
         &mut self,
         request: &DeltaDiscoveryRequest,
@@ -258,12 +268,15 @@ impl Shared {
             .cloned()
             .unwrap_or_default();
         let held = &request.initial_resource_versions;
+        let versioned = request.type_url == ADDRESS_TYPE;
         Some(DeltaDiscoveryResponse {
             type_url: request.type_url.clone(),
             nonce: self.nonce(),
             resources: of_type
                 .values()
-                .filter(|r| held.get(&r.name) != Some(&r.version))
+                .filter(|r| {
+                    !versioned || r.version.is_empty() || held.get(&r.name) != Some(&r.version)
+                })
                 .cloned()
                 .collect(),
             removed_resources: held
@@ -351,6 +364,14 @@ impl Publisher {
         resources: Vec<Resource>,
         removed: &[&str],
     ) -> Result<String> {
+        let mut resources = resources;
+        if type_url == AUTHORIZATION_TYPE {
+            // istiod sends policies without a version
+            // (`pilot/pkg/xds/workload.go` `WorkloadRBACGenerator`).
+            for resource in &mut resources {
+                resource.version.clear();
+            }
+        }
         let (pushes, response) = {
             let mut shared = self.0.lock().unwrap_or_else(PoisonError::into_inner);
             let served = shared.served.get_or_insert_with(BTreeMap::new);
@@ -576,7 +597,6 @@ impl TestIstiod {
         mesh: &dataplane_user::config::LocalConfig,
         version: &str,
     ) -> Result<()> {
-        use dataplane_user::istio_api::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
         let addresses = crate::istio_resources::address_resources(mesh, version);
         self.publish(ADDRESS_TYPE, addresses, &[]).await?;
         let policies = crate::istio_resources::authorization_resources(mesh, version);
@@ -632,5 +652,82 @@ impl Drop for TestIstiod {
             accept_loop.abort();
         }
         self.server.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(name: &str, version: &str) -> (String, Resource) {
+        let resource = Resource {
+            name: name.to_owned(),
+            version: version.to_owned(),
+            ..Resource::default()
+        };
+        (name.to_owned(), resource)
+    }
+
+    fn answer(
+        shared: &mut Shared,
+        type_url: &str,
+        held: &[(&str, &str)],
+    ) -> (Vec<String>, Vec<String>) {
+        let request = DeltaDiscoveryRequest {
+            type_url: type_url.to_owned(),
+            initial_resource_versions: held
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..DeltaDiscoveryRequest::default()
+        };
+        let response = shared.initial_answer(&request).unwrap_or_default();
+        let names = response.resources.into_iter().map(|r| r.name).collect();
+        (names, response.removed_resources)
+    }
+
+    /// A resume gets what istiod would send: addresses the client holds
+    /// at their non-empty version are skipped, every policy is sent
+    /// again, and what the client holds that is gone is removed.
+    #[test]
+    fn a_resume_is_answered_by_istiods_rules_per_type() {
+        let mut shared = Shared {
+            served: Some(BTreeMap::from([
+                (
+                    ADDRESS_TYPE.to_owned(),
+                    BTreeMap::from([
+                        served("same", "v1"),
+                        served("newer", "v2"),
+                        served("bare", ""),
+                    ]),
+                ),
+                (
+                    AUTHORIZATION_TYPE.to_owned(),
+                    BTreeMap::from([served("ns/p", "")]),
+                ),
+            ])),
+            ..Shared::default()
+        };
+        let held = [
+            ("same", "v1"),
+            ("newer", "v1"),
+            ("bare", ""),
+            ("gone", "v1"),
+        ];
+        assert_eq!(
+            answer(&mut shared, ADDRESS_TYPE, &held),
+            (
+                vec!["bare".to_owned(), "newer".to_owned()],
+                vec!["gone".to_owned()]
+            )
+        );
+        assert_eq!(
+            answer(
+                &mut shared,
+                AUTHORIZATION_TYPE,
+                &[("ns/p", ""), ("ns/gone", "")]
+            ),
+            (vec!["ns/p".to_owned()], vec!["ns/gone".to_owned()])
+        );
     }
 }

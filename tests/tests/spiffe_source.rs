@@ -35,6 +35,23 @@ fn issue(ca: &Ca, sa: &str) -> Result<IssuedCert> {
     Ok(ca.issue(&identity, Duration::from_secs(3600))?)
 }
 
+/// Where the SPIRE server's CA lives in `mesh`'s directory.
+fn spire_ca_dir(mesh: &TwoNodes) -> std::path::PathBuf {
+    mesh.dir.path().join("spire-ca")
+}
+
+/// The SPIRE server's CA (the trust domain's root) in `mesh`'s directory,
+/// and the SVIDs of the three pods the tests use: client, local, remote.
+fn spire_ca(mesh: &TwoNodes) -> Result<(Ca, [IssuedCert; 3])> {
+    let ca = Ca::load_or_generate(&spire_ca_dir(mesh))?;
+    let svids = [
+        issue(&ca, "client")?,
+        issue(&ca, "local")?,
+        issue(&ca, "remote")?,
+    ];
+    Ok((ca, svids))
+}
+
 /// `sa`'s certificate in `agent`'s list: serial and source.
 fn held(agent: &Agent, sa: &str) -> Result<Option<(String, String)>> {
     Ok(agent
@@ -106,14 +123,7 @@ impl SpiffeNodes {
 #[test]
 fn svids_from_the_workload_api_carry_hbone_and_a_pushed_rotation_is_used() -> Result<()> {
     let mesh = TwoNodes::new("csspiffe")?;
-    // The SPIRE server's CA: the trust domain's root.
-    let ca_dir = mesh.dir.path().join("spire-ca");
-    let ca = Ca::load_or_generate(&ca_dir)?;
-    let (client, local, remote) = (
-        issue(&ca, "client")?,
-        issue(&ca, "local")?,
-        issue(&ca, "remote")?,
-    );
+    let (ca, [client, local, remote]) = spire_ca(&mesh)?;
     let nodes = SpiffeNodes::start(&mesh, "csp", &ca, &[&client, &local], &[&remote])?;
     let (a1, a2, node1, node2) = (&nodes.a1, &nodes.a2, &nodes.node1, &nodes.node2);
     wait_ready(a1)?;
@@ -146,7 +156,7 @@ fn svids_from_the_workload_api_carry_hbone_and_a_pushed_rotation_is_used() -> Re
     ensure!(node1.requests() == (1, 0) && node2.requests() == (1, 0));
 
     // What `remote` presents to a peer, read by a TLS client of our own.
-    let peer = StrangerTls::new(&ca_dir, "plain", &spiffe("remote"))?;
+    let peer = StrangerTls::new(&spire_ca_dir(&mesh), "plain", &spiffe("remote"))?;
     let presented = || peer.presented_serial(&mesh.plain, addr(&mesh.remote, 15008));
     ensure!(presented()? == remote.serial());
 
@@ -167,13 +177,7 @@ fn svids_from_the_workload_api_carry_hbone_and_a_pushed_rotation_is_used() -> Re
 #[test]
 fn a_pod_whose_svid_is_not_issued_yet_holds_readiness_until_the_server_sends_it() -> Result<()> {
     let mesh = TwoNodes::new("csspiffe2")?;
-    let ca_dir = mesh.dir.path().join("spire-ca");
-    let ca = Ca::load_or_generate(&ca_dir)?;
-    let (client, local, remote) = (
-        issue(&ca, "client")?,
-        issue(&ca, "local")?,
-        issue(&ca, "remote")?,
-    );
+    let (ca, [client, local, remote]) = spire_ca(&mesh)?;
     // node2's server knows the agent (it issues it an SVID of another
     // identity) but has no entry for `remote` yet.
     let other = issue(&ca, "not-a-pod")?;

@@ -448,7 +448,8 @@ fn padded(mut resource: Resource, bytes: usize) -> Resource {
 }
 
 /// istiod sends a proxy's whole state in one response, and ztunnel takes
-/// one of up to 200 MiB (`src/xds/client.rs`): a push of 70 MiB (a mesh
+/// one of up to 200 MiB (`src/xds/client.rs`; this agent 512 MiB, held
+/// once as received): a push of 70 MiB (a mesh
 /// of about 300k workloads) is taken and served, not refused at the
 /// 64 MiB this agent once stopped at (its stream then failed and every
 /// reconnect got the same push again).

@@ -12,7 +12,7 @@ use dataplane_user::{
         security::{self, Authorization, Clause, Rule, StringMatch, string_match},
         workload::{self, Address, NetworkAddress, Port, PortList, TunnelProtocol, address},
     },
-    xds::XdsResources,
+    xds::{Response, XdsResources},
 };
 use prost::Message;
 
@@ -34,13 +34,16 @@ pub fn resource(name: String, version: &str, type_url: &str, body: &impl Message
     }
 }
 
-pub fn response(type_url: &str, resources: Vec<Resource>) -> DeltaDiscoveryResponse {
-    DeltaDiscoveryResponse {
+pub fn response(type_url: &str, resources: Vec<Resource>) -> Response {
+    let message = DeltaDiscoveryResponse {
         type_url: type_url.to_owned(),
         resources,
         nonce: "n".to_owned(),
         ..DeltaDiscoveryResponse::default()
-    }
+    };
+    // A message prost encoded always reads back: an empty response
+    // (applies nothing) is unreachable.
+    Response::from_message(&message).unwrap_or_default()
 }
 
 /// Workload `i` at `version`, an endpoint of service `i % services`.

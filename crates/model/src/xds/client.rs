@@ -16,18 +16,17 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 use super::metrics::{Termination, XdsMetrics};
 use super::resources::{Verdict, XdsResources};
+use super::wire::AdsCodec;
 use super::{XdsConfig, XdsError};
 use crate::istio_api::{
     ADDRESS_TYPE, AUTHORIZATION_TYPE,
-    discovery::{
-        DeltaDiscoveryRequest, Status,
-        aggregated_discovery_service_client::AggregatedDiscoveryServiceClient,
-    },
+    discovery::{DeltaDiscoveryRequest, Status},
 };
 
 /// The types subscribed to, in the order they are asked for.
@@ -36,12 +35,17 @@ pub const TYPES: [&str; 2] = [ADDRESS_TYPE, AUTHORIZATION_TYPE];
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest pause between two connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
-/// Largest response accepted from istiod: ztunnel's
-/// (`src/xds/client.rs`, `max_decoding_message_size(200 * 1024 * 1024)`).
-/// istiod sends a proxy's whole first state in one response, about 245
-/// bytes a workload: 64 MiB (this limit before) refused the first push of
-/// a mesh of about 270k workloads that ztunnel takes up to about 850k.
-const MAX_MESSAGE: usize = 200 * 1024 * 1024;
+/// Largest response accepted from istiod. istiod sends a proxy's whole
+/// first state in one response, about 245 bytes a workload, so this
+/// bounds the mesh the agent can join: 512 MiB takes about 2M workloads.
+/// ztunnel's limit (`src/xds/client.rs`,
+/// `max_decoding_message_size(200 * 1024 * 1024)`) refuses the first push
+/// of a mesh past about 850k. A response is held once, as received
+/// ([`super::wire`]), so the bound is the memory it costs.
+const MAX_MESSAGE: usize = 512 * 1024 * 1024;
+/// The delta ADS method (Envoy's `AggregatedDiscoveryService`).
+const ADS_METHOD: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 /// gRPC status code sent in a NACK's `error_detail` (INVALID_ARGUMENT).
 const INVALID_ARGUMENT: i32 = 3;
 /// Answers held for a state not yet applied; past this the oldest goes out
@@ -232,8 +236,7 @@ impl XdsClient {
     /// One stream, from connection to failure.
     async fn stream_once(&mut self) -> Result<(), XdsError> {
         let channel: Channel = self.config.istiod.connect().await?;
-        let mut client =
-            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
+        let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE);
         let (requests, outbound) = mpsc::channel::<DeltaDiscoveryRequest>(16);
         let node = self.config.node.node();
         for type_url in TYPES {
@@ -249,13 +252,21 @@ impl XdsClient {
         }
         let mut request = tonic::Request::new(ReceiverStream::new(outbound));
         self.config.istiod.add_metadata(request.metadata_mut())?;
+        let rpc_failed = |status| XdsError::Rpc {
+            address: self.config.istiod.address.clone(),
+            status: Box::new(status),
+        };
+        client.ready().await.map_err(|err| {
+            rpc_failed(tonic::Status::unavailable(format!(
+                "the connection is not ready: {err}"
+            )))
+        })?;
+        // The generated client's call, with the codec that keeps each
+        // response as received ([`super::wire`]).
         let mut responses = client
-            .delta_aggregated_resources(request)
+            .streaming(request, PathAndQuery::from_static(ADS_METHOD), AdsCodec)
             .await
-            .map_err(|status| XdsError::Rpc {
-                address: self.config.istiod.address.clone(),
-                status: Box::new(status),
-            })?
+            .map_err(rpc_failed)?
             .into_inner();
         info!(address = %self.config.istiod.address, "xDS stream up");
         self.update_status(|s| {
@@ -299,11 +310,11 @@ impl XdsClient {
                     });
                 }
             };
-            debug!(type_url = %response.type_url, resources = response.resources.len(), removed = response.removed_resources.len(), nonce = %response.nonce, "xDS response");
+            debug!(type_url = %response.type_url(), resources = response.resource_count(), removed = response.removed_count(), nonce = %response.nonce(), "xDS response");
             self.metrics.received(&response);
             let verdict = Arc::make_mut(&mut self.resources).apply(&response);
-            let index = TYPES.iter().position(|t| *t == response.type_url);
-            let held = self.resources.held(&response.type_url);
+            let index = TYPES.iter().position(|t| *t == response.type_url());
+            let held = self.resources.held(response.type_url());
             self.update_status(|s| {
                 if let Some(t) = index.and_then(|i| s.types.get_mut(i)) {
                     t.held = held;
@@ -313,14 +324,14 @@ impl XdsClient {
                 self.synced[i] = true;
             }
             self.generation += 1;
-            self.names = self.names.saturating_add(
-                (response.resources.len() + response.removed_resources.len()) as u64,
-            );
+            self.names = self
+                .names
+                .saturating_add((response.resource_count() + response.removed_count()) as u64);
             self.publish();
             let answer = Answer {
                 generation: self.generation,
-                type_url: response.type_url,
-                nonce: response.nonce,
+                type_url: response.type_url().to_owned(),
+                nonce: response.nonce().to_owned(),
                 rejected: match verdict {
                     Verdict::Ack => None,
                     Verdict::Nack(reason) => Some(reason),

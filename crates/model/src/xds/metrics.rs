@@ -9,7 +9,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::istio_api::discovery::DeltaDiscoveryResponse;
+use super::wire::Response;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
@@ -81,18 +81,14 @@ impl XdsMetrics {
     }
 
     /// Counts a response.
-    pub fn received(&self, response: &DeltaDiscoveryResponse) {
+    pub fn received(&self, response: &Response) {
         let labels = UrlLabels {
-            url: response.type_url.clone(),
+            url: response.type_url().to_owned(),
         };
         self.messages.get_or_create(&labels).inc();
-        let bytes: usize = response
-            .resources
-            .iter()
-            .filter_map(|r| r.resource.as_ref())
-            .map(|any| any.value.len())
-            .sum();
-        self.bytes.get_or_create(&labels).inc_by(bytes as u64);
+        self.bytes
+            .get_or_create(&labels)
+            .inc_by(response.body_bytes());
     }
 
     /// Counts a NACK sent for a response of `type_url`.

@@ -5,7 +5,7 @@
 //!
 //! [`node`] says who the agent is (istiod chooses what to send from it),
 //! [`crate::istiod`] dials istiod over TLS verified against the mesh root,
-//! [`resources`] holds what was received and decides ACK or NACK per
+//! [`wire`] reads a response in place, [`resources`] holds what was received and decides ACK or NACK per
 //! response, [`client`] runs the stream and reconnects.
 
 pub mod client;
@@ -14,6 +14,7 @@ pub mod model;
 pub mod node;
 pub mod resources;
 pub mod translate;
+pub mod wire;
 
 pub use client::{Applied, AppliedReporter, XdsClient, XdsSnapshot, XdsStatus};
 pub use metrics::XdsMetrics;
@@ -21,6 +22,7 @@ pub use model::{ChangedEntries, XdsEntries, XdsModel};
 pub use node::NodeIdentity;
 pub use resources::{Verdict, XdsResources};
 pub use translate::{Translated, translate};
+pub use wire::{Response, WireError};
 
 use crate::istiod::{IstiodEndpoint, IstiodError};
 

@@ -24,10 +24,10 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::translate::IntoModel;
+use super::wire::Response;
 use crate::config::interned::Strings;
 use crate::istio_api::{
     ADDRESS_TYPE, AUTHORIZATION_TYPE,
-    discovery::DeltaDiscoveryResponse,
     security::{self, Authorization},
     workload::{
         Address, GatewayAddress, Service, Workload, address, application_tunnel, gateway_address,
@@ -176,10 +176,10 @@ impl XdsResources {
     }
 
     /// Applies one delta response; says whether to ACK or NACK it.
-    pub fn apply(&mut self, response: &DeltaDiscoveryResponse) -> Verdict {
+    pub fn apply(&mut self, response: &Response) -> Verdict {
         let strings = Arc::clone(&self.strings);
         let mut strings = strings.lock().unwrap_or_else(PoisonError::into_inner);
-        let rejects = match response.type_url.as_str() {
+        let rejects = match response.type_url() {
             ADDRESS_TYPE => apply_to(&mut self.addresses, response, check_address, &mut strings),
             AUTHORIZATION_TYPE => apply_to(
                 &mut self.authorizations,
@@ -211,20 +211,21 @@ impl XdsResources {
 /// rejects, each `name: reason`.
 fn apply_to<T: IntoModel>(
     held: &mut Held<T>,
-    response: &DeltaDiscoveryResponse,
+    response: &Response,
     check: fn(&T) -> Result<(), String>,
     strings: &mut Strings,
 ) -> Vec<String> {
     let mut rejects = Vec::new();
-    for resource in &response.resources {
-        let name = &resource.name;
-        let body = match &resource.resource {
+    for resource in response.resources() {
+        let name = resource.name;
+        let body = match resource.body {
             None => Err("no resource body".to_owned()),
-            Some(any) if any.type_url != response.type_url => Err(format!(
+            Some(any) if any.type_url != response.type_url() => Err(format!(
                 "body is a {}, the response is of {}",
-                any.type_url, response.type_url
+                any.type_url,
+                response.type_url()
             )),
-            Some(any) => Ok(any.value.as_slice()),
+            Some(any) => Ok(any.value),
         };
         let checked = body.and_then(|body| {
             if name.is_empty() {
@@ -236,16 +237,16 @@ fn apply_to<T: IntoModel>(
         });
         match checked {
             Ok((body, value)) => {
-                let version = resource.version.as_str().into();
-                let name = Arc::from(name.as_str());
+                let version = resource.version.into();
+                let name = Arc::from(name);
                 let translated = Versioned::translated(&name, version, body, &value, strings);
                 held.insert(name, Arc::new(translated));
             }
             Err(reason) => rejects.push(format!("{}: {reason}", printable(name))),
         }
     }
-    for name in &response.removed_resources {
-        held.remove(name.as_str());
+    for name in response.removed() {
+        held.remove(name);
     }
     rejects
 }

@@ -7,10 +7,11 @@ use prost_types::Any;
 
 use super::*;
 use crate::istio_api::{
-    discovery::Resource,
+    discovery::{DeltaDiscoveryResponse, Resource},
     security::{Clause, Match, Rule},
     workload::NetworkAddress,
 };
+use crate::xds::wire::Response;
 
 fn workload(uid: &str, ip: [u8; 4]) -> Address {
     Address {
@@ -53,14 +54,15 @@ fn resource(name: &str, version: &str, type_url: &str, body: &impl prost::Messag
     }
 }
 
-fn response(type_url: &str, resources: Vec<Resource>, removed: &[&str]) -> DeltaDiscoveryResponse {
-    DeltaDiscoveryResponse {
+fn response(type_url: &str, resources: Vec<Resource>, removed: &[&str]) -> Response {
+    Response::from_message(&DeltaDiscoveryResponse {
         type_url: type_url.into(),
         resources,
         removed_resources: removed.iter().map(|s| (*s).to_owned()).collect(),
         nonce: "n1".into(),
         ..Default::default()
-    }
+    })
+    .unwrap()
 }
 
 #[test]
