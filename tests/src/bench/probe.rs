@@ -58,13 +58,24 @@ impl MachineCpu {
 
 /// Resident set size of `pid`, in bytes (`VmRSS`).
 pub fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    status_bytes(pid, "VmRSS")
+}
+
+/// The most memory `pid` has had resident since it started (`VmHWM`), in
+/// bytes.
+pub fn peak_rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    status_bytes(pid, "VmHWM")
+}
+
+/// A size `/proc/<pid>/status` gives in kB, in bytes.
+fn status_bytes(pid: u32, field: &str) -> anyhow::Result<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kib: u64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no VmRSS for pid {pid}"))?;
+        .ok_or_else(|| anyhow::anyhow!("no {field} for pid {pid}"))?;
     Ok(kib * 1024)
 }
 

@@ -135,6 +135,9 @@ pub struct ScaleResult {
     pub first_state_cpu_ms: f64,
     /// RSS once the first state is in, bytes.
     pub rss_first: u64,
+    /// The most RSS until then (the first push's peak: the response and
+    /// what is built from it), bytes.
+    pub rss_peak_first: u64,
     /// RSS after the churn, bytes.
     pub rss_after_churn: u64,
     /// Updates sent during the churn.
@@ -370,6 +373,7 @@ fn measure(
     let first_state_ms = started.elapsed().as_secs_f64() * 1e3;
     let cpu_first = running.cpu_usec()?;
     let rss_first = running.rss()?;
+    let rss_peak_first = running.peak_rss()?;
 
     let churned = rt.block_on(churn(&mut istiod, &mut running, mesh, settings, limit))?;
     let rss_after_churn = running.rss()?;
@@ -387,6 +391,7 @@ fn measure(
         // itself is in it too, a few ms.
         first_state_cpu_ms: cpu_first as f64 / 1e3,
         rss_first,
+        rss_peak_first,
         rss_after_churn,
         updates: churned.updates,
         acked: churned.latencies.len(),

@@ -44,6 +44,18 @@ impl Running {
         }
     }
 
+    /// The most memory it has had resident since it started, in bytes.
+    pub(super) fn peak_rss(&self) -> anyhow::Result<u64> {
+        match self {
+            Self::Ours { agent, .. } => agent.peak_rss(),
+            Self::Ztunnel { process, .. } => super::super::probe::peak_rss_bytes(
+                process
+                    .pid()
+                    .ok_or_else(|| anyhow::anyhow!("ztunnel not running"))?,
+            ),
+        }
+    }
+
     /// Fails, with its log, if it exited.
     pub(super) fn check_alive(&mut self) -> anyhow::Result<()> {
         match self {

@@ -80,8 +80,14 @@ pub(super) const FIGURES: &[Figure] = &[
         format: ms,
     },
     Figure {
-        name: "RSS after the first state / after churn",
-        values: |r, _| vec![r.rss_first as f64, r.rss_after_churn as f64],
+        name: "RSS: peak to the first state / after it / after churn",
+        values: |r, _| {
+            vec![
+                r.rss_peak_first as f64,
+                r.rss_first as f64,
+                r.rss_after_churn as f64,
+            ]
+        },
         format: megabytes,
     },
     Figure {
@@ -180,17 +186,18 @@ pub(super) fn count(n: usize) -> String {
 /// Our agent alone: one line per size.
 fn ours_table(rows: &[ScaleRow]) -> String {
     let mut out = String::from(
-        "| workloads (services, policies) | first state: time / CPU | RSS first / after churn | CPU per update | push-to-ACK p50 / p99 | RSS / workload | connection set-up p50 / p99 | CPU per probe connection |\n|---|---|---|---|---|---|---|---|\n",
+        "| workloads (services, policies) | first state: time / CPU | RSS peak / first / after churn | CPU per update | push-to-ACK p50 / p99 | RSS / workload | connection set-up p50 / p99 | CPU per probe connection |\n|---|---|---|---|---|---|---|---|\n",
     );
     for row in rows {
         let r = &row.ours;
         out.push_str(&format!(
-            "| {} ({}, {}) | {} / {} | {} / {} | {} | {} / {} | {} | {} / {} | {} |\n",
+            "| {} ({}, {}) | {} / {} | {} / {} / {} | {} | {} / {} | {} | {} / {} | {} |\n",
             count(row.workloads),
             count(row.services),
             count(row.policies),
             ms(r.first_state_ms),
             ms(r.first_state_cpu_ms),
+            megabytes(r.rss_peak_first as f64),
             megabytes(r.rss_first as f64),
             megabytes(r.rss_after_churn as f64),
             ms(r.cpu_per_update_ms),

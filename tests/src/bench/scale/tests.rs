@@ -6,6 +6,7 @@ fn result(scale: f64) -> ScaleResult {
         first_state_ms: 120.0 * scale,
         first_state_cpu_ms: 80.0 * scale,
         rss_first: (27e6 * scale) as u64,
+        rss_peak_first: (31e6 * scale) as u64,
         rss_after_churn: (30e6 * scale) as u64,
         updates: 600,
         acked: 600,
