@@ -373,6 +373,21 @@ pub struct RunArgs {
     /// for this agent's pool) so that clients close first.
     #[arg(long, env = "DATAPLANE_HBONE_IDLE_TIMEOUT", default_value = "3m", value_parser = parse_positive_duration)]
     pub hbone_idle_timeout: std::time::Duration,
+    /// How a pod whose workload takes its tunnels as PROXY (a sandwiched
+    /// waypoint's `applicationTunnel`) gets them: `true`, from and to
+    /// loopback inside the pod (the app listens on localhost, so nothing
+    /// reaches it around the node proxy); `false`, at the pod's own
+    /// address, from the client's as any inbound connection (ztunnel's
+    /// `LOCALHOST_APP_TUNNEL`, read under that name too).
+    #[arg(
+        long,
+        env = "DATAPLANE_LOCALHOST_APP_TUNNEL",
+        default_value_t = true,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub localhost_app_tunnel: bool,
     /// TCP keepalive on every proxied socket: those the in-pod listeners
     /// accept and those the agent dials (ztunnel's `KEEPALIVE_ENABLED`).
     /// Without it an idle connection whose path forgets it (a NAT, a load

@@ -13,7 +13,7 @@ use dataplane_user::config::{AppTunnelProtocol, ApplicationTunnel, LocalConfig, 
 
 use crate::{
     Responder,
-    mesh::{NAMESPACE, TwoNodes, addr, hbone_workload},
+    mesh::{NAMESPACE, TwoNodes, addr, endpoint_of, hbone_workload, service},
     proxy_protocol::{self, PEER_IDENTITY_TLV, ProxyHeader},
     topology::Pod,
     traffic::{echo, echo_server},
@@ -127,6 +127,141 @@ pub fn deliveries_are_ztunnels(w: &TwoNodes, wp: &Pod) -> anyhow::Result<()> {
     assert!(
         asked_on_waypoint.drain().is_empty(),
         "a tunnel reached the waypoint's asked port instead of its tunnel port"
+    );
+    assert!(
+        behind.drain().is_empty(),
+        "the waypoint's traffic went around it"
+    );
+    Ok(())
+}
+
+/// What the waypoint gets when its node's agent runs with
+/// `--localhost-app-tunnel false` (ztunnel's `LOCALHOST_APP_TUNNEL=false`,
+/// `src/proxy/inbound.rs` `serve_connect`: not `localhost_tunnel`, so the
+/// upstream is `find_inbound_upstream`'s address, the pod's own with the
+/// tunnel port): its tunnel listener is on its pod address alone, and
+/// still gets each tunnel behind the PROXY header, from outside loopback.
+pub fn pod_address_deliveries(w: &TwoNodes, wp: &Pod) -> anyhow::Result<()> {
+    let tunnel = proxy_echo(wp, SocketAddr::new(wp.ip4.into(), TUNNEL_PORT))?;
+    let client_id = format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/client");
+    for (n, asked, what) in [
+        (1, addr(wp, APP_PORT), "to the waypoint"),
+        (2, addr(&w.local, APP_PORT), "through the waypoint"),
+    ] {
+        echo(&w.client, asked, 20_000, n)?;
+        let request = tunnel
+            .next_request(LIMIT)
+            .ok_or_else(|| anyhow::anyhow!("{what}: the tunnel listener got no connection"))?;
+        assert!(
+            !request.peer.ip().is_loopback(),
+            "{what}: delivered from {}",
+            request.peer
+        );
+        let (header, rest) = proxy_protocol::parse(&request.body)
+            .map_err(|err| err.context(format!("{what}: no PROXY header first")))?;
+        assert_eq!(header.source.ip(), IpAddr::from(w.client.ip4), "{what}");
+        assert_eq!(header.destination, asked, "{what}");
+        assert_eq!(
+            header.tlv_text(PEER_IDENTITY_TLV),
+            Some(client_id.clone()),
+            "{what}"
+        );
+        assert_eq!(rest.len(), 20_000, "{what}");
+    }
+    assert!(tunnel.drain().is_empty());
+    Ok(())
+}
+
+/// [`mesh`] with a waypoint that takes its tunnels like any workload (no
+/// application tunnel): ztunnel's sandwich case without a tunnel.
+pub fn mesh_without_tunnel(w: &TwoNodes, wp: &Pod) -> LocalConfig {
+    let mut config = mesh(w, wp);
+    for workload in &mut config.workloads {
+        let workload = std::sync::Arc::make_mut(workload);
+        if workload.name == "waypoint" {
+            workload.application_tunnel = None;
+        }
+    }
+    config
+}
+
+/// With [`mesh_without_tunnel`]: `local`'s connection reaches its
+/// waypoint as a tunnel whose authority is `local`, and the waypoint's node
+/// delivers it to the waypoint at the asked port (ztunnel `src/proxy/
+/// inbound.rs` `validate_destination`: the authority's workload names this
+/// workload as its waypoint; `find_inbound_upstream`: the local workload's
+/// address with the authority's port), never around it to `local`.
+pub fn waypoint_without_tunnel_gets_what_it_fronts(w: &TwoNodes, wp: &Pod) -> anyhow::Result<()> {
+    let on_waypoint = echo_server(wp, APP_PORT)?;
+    let behind = echo_server(&w.local, APP_PORT)?;
+    echo(&w.client, addr(&w.local, APP_PORT), 10_000, 1)?;
+    let got = on_waypoint
+        .next_request(LIMIT)
+        .ok_or_else(|| anyhow::anyhow!("the waypoint got no connection"))?;
+    assert_eq!(got.body.len(), 10_000, "bytes before the client's");
+    // The echo server is dual-stack: IPv4 is seen mapped.
+    let local = SocketAddr::new(got.local.ip().to_canonical(), got.local.port());
+    assert_eq!(local, addr(wp, APP_PORT));
+    assert!(
+        behind.drain().is_empty(),
+        "the waypoint's traffic went around it"
+    );
+    Ok(())
+}
+
+/// The VIP of the waypoint service of [`mesh_with_waypoint_service`].
+pub const WAYPOINT_VIP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 96, 0, 88));
+
+/// [`mesh`] where `local`'s waypoint is the service at [`WAYPOINT_VIP`],
+/// whose ports lack the HBONE port (15021 only, as a waypoint's status
+/// port), with two instances on node2: `wp` with its PROXY tunnel, `wp2`
+/// without one.
+pub fn mesh_with_waypoint_service(w: &TwoNodes, wp: &Pod, wp2: &Pod) -> LocalConfig {
+    let mut config = mesh(w, wp);
+    let waypoints = service("waypoint", NAMESPACE, WAYPOINT_VIP, &[(15021, 15021)]);
+    let mut plain = hbone_workload(wp2, "waypoint2", "node2");
+    endpoint_of(&mut plain, &waypoints);
+    for workload in &mut config.workloads {
+        let workload = std::sync::Arc::make_mut(workload);
+        match workload.name.as_str() {
+            "waypoint" => endpoint_of(workload, &waypoints),
+            "local" => {
+                if let Some(waypoint) = workload.waypoint.as_deref_mut() {
+                    waypoint.address = Some(WAYPOINT_VIP);
+                }
+            }
+            _ => {}
+        }
+    }
+    config.workloads.push(plain.into());
+    config.services.push(waypoints);
+    config
+}
+
+/// With [`mesh_with_waypoint_service`]: every connection to `local` goes
+/// to `wp`, the only instance ztunnel would choose (`src/state.rs`
+/// `load_balance` in `ServiceResolutionMode::Waypoint`: without the HBONE
+/// port on the service, only instances with an application tunnel), and
+/// none to `wp2`.
+pub fn only_tunnel_instances_serve_a_portless_waypoint(
+    w: &TwoNodes,
+    wp: &Pod,
+    wp2: &Pod,
+) -> anyhow::Result<()> {
+    let tunnel = proxy_echo(wp, SocketAddr::from(([127, 0, 0, 1], TUNNEL_PORT)))?;
+    let on_wp2 = echo_server(wp2, APP_PORT)?;
+    let behind = echo_server(&w.local, APP_PORT)?;
+    // Round robin or random, four connections would reach both instances
+    // were both offered.
+    for n in 1..=4 {
+        echo(&w.client, addr(&w.local, APP_PORT), 1_000, n)?;
+        let (header, payload) = next_header(&tunnel, "through the waypoint service")?;
+        assert_eq!(header.destination, addr(&w.local, APP_PORT));
+        assert_eq!(payload, 1_000);
+    }
+    assert!(
+        on_wp2.drain().is_empty(),
+        "an instance without a tunnel was chosen"
     );
     assert!(
         behind.drain().is_empty(),

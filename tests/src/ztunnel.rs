@@ -204,6 +204,25 @@ impl ZtunnelServedNode {
         istiod: SocketAddr,
         root_pem: &str,
     ) -> Result<Self> {
+        Self::start_with_env(w, tag, n, config, binary, istiod, root_pem, &[])
+    }
+
+    /// [`Self::start`] with `extra` added to ztunnel's environment (a
+    /// setting a test compares, such as `LOCALHOST_APP_TUNNEL`).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "start's arguments and the one setting more"
+    )]
+    pub fn start_with_env(
+        w: &crate::mesh::TwoNodes,
+        tag: &str,
+        n: u8,
+        config: &Path,
+        binary: &Path,
+        istiod: SocketAddr,
+        root_pem: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<Self> {
         let node = if n == 1 { &w.n1 } else { &w.n2 };
         let name = format!("node{n}");
         let zds = w.dir.path().join(format!("zds{n}.sock"));
@@ -216,7 +235,21 @@ impl ZtunnelServedNode {
         )?;
         let logs = crate::TempDir::new(&format!("{tag}log"))?;
         let home = ZtunnelHome::new(logs.path(), &name, istiod, root_pem)?;
-        let ztunnel = start_ztunnel(binary, node, &name, &zds, &home, logs.path())?;
+        let cgroup = Cgroup::child(node.cgroup(), "zt")?;
+        let site = ZtunnelNode {
+            name: &name,
+            instance_ip: node.bridge_ip4().into(),
+            zds: &zds,
+        };
+        let mut env = ztunnel_env(&site, home.istiod);
+        env.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        let log = logs.path().join(format!("ztunnel-{name}.log"));
+        let ztunnel =
+            Ztunnel::start_with_env(binary, node.netns().path(), cgroup, &env, &home.dir, &log)?;
         wait_captured(&agent, &ztunnel)?;
         Ok(Self {
             ztunnel,

@@ -65,6 +65,10 @@ pub struct MeshContext {
     /// An inbound HBONE connection without an open stream this long is
     /// closed.
     pub hbone_idle_timeout: Duration,
+    /// Whether a PROXY application tunnel is dialled over loopback
+    /// (`--localhost-app-tunnel`, ztunnel's `LOCALHOST_APP_TUNNEL`) rather
+    /// than at the pod's address ([`crate::hbone::app_tunnel`]).
+    pub localhost_app_tunnel: bool,
     /// Whether an enrolled pod the mesh state does not list is refused
     /// (with a control plane, `--xds`, as ztunnel does) rather than served
     /// in plaintext.

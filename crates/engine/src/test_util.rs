@@ -163,6 +163,7 @@ pub fn mesh_context(ca: &TestCa, config: &str) -> (Arc<MeshContext>, watch::Send
         outbound_traffic_policy: OutboundTrafficPolicy::AllowAny,
         handshakes: Arc::new(PendingHandshakes::new(limits, Arc::clone(&metrics))),
         hbone_idle_timeout: Duration::from_secs(60),
+        localhost_app_tunnel: true,
         require_known_workloads: false,
         network: Arc::from(""),
         keepalive: None,

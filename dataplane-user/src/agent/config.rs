@@ -262,6 +262,9 @@ pub struct MeshConfig {
     pub hbone_handshake_timeout: Duration,
     /// Idle time after which an inbound HBONE connection is closed.
     pub hbone_idle_timeout: Duration,
+    /// Whether a PROXY application tunnel is dialled over loopback
+    /// (ztunnel's `LOCALHOST_APP_TUNNEL`).
+    pub localhost_app_tunnel: bool,
     /// TCP keepalive on proxied sockets; `None`: off.
     pub keepalive: Option<Keepalive>,
     /// How the HBONE pool spreads streams over connections.

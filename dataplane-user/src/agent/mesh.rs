@@ -89,6 +89,7 @@ pub(super) async fn mesh_context(
         outbound_traffic_policy: args.mesh.outbound_traffic_policy,
         handshakes: Arc::new(PendingHandshakes::new(handshakes, Arc::clone(&metrics))),
         hbone_idle_timeout: args.mesh.hbone_idle_timeout,
+        localhost_app_tunnel: args.mesh.localhost_app_tunnel,
         require_known_workloads: args.xds.is_some(),
         network: Arc::from(args.network.as_str()),
         keepalive: args.mesh.keepalive,

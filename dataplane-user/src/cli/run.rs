@@ -258,6 +258,7 @@ impl RunArgs {
                 hbone_early_data: self.hbone_early_data.is_on(),
                 hbone_handshake_timeout: self.hbone_handshake_timeout,
                 hbone_idle_timeout: self.hbone_idle_timeout,
+                localhost_app_tunnel: self.localhost_app_tunnel,
                 keepalive: self.keepalive.is_on().then_some(Keepalive {
                     time: self.keepalive_time,
                     interval: self.keepalive_interval,

@@ -194,6 +194,13 @@ const SETTINGS: &[Setting] = &[
         "--original-source",
         toggle,
     ),
+    // `LOCALHOST_APP_TUNNEL`: `parse_default(.., true)`, `parse::<bool>`.
+    setting(
+        &["LOCALHOST_APP_TUNNEL"],
+        "localhost_app_tunnel",
+        "--localhost-app-tunnel",
+        boolean,
+    ),
     // `PACKET_MARK`: the mark of ztunnel's own sockets, which capture
     // skips, as the agent's proxy mark.
     setting(&["PACKET_MARK"], "proxy_mark", "--proxy-mark", integer),

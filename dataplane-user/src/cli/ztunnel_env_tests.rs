@@ -162,6 +162,7 @@ fn knobs_read_as_ztunnel_reads_them() {
         ("ZTUNNEL_WORKER_THREADS", "50%"),
         ("ZTUNNEL_RESOURCE_CPU_LIMIT", "2500m"),
         ("ENABLE_ORIG_SRC", "false"),
+        ("LOCALHOST_APP_TUNNEL", "false"),
         ("PACKET_MARK", "4242"),
         ("CLUSTER_DOMAIN", "corp.example"),
         ("ALT_XDS_HOSTNAME", "istiod.alt"),
@@ -190,6 +191,7 @@ fn knobs_read_as_ztunnel_reads_them() {
     // 50 % of 2.5 CPUs rounded up to 3: 2 threads.
     assert_eq!(config.workers.threads, Some(2));
     assert_eq!(config.original_source.mode, OriginalSourceMode::Off);
+    assert!(!mesh.localhost_app_tunnel);
     assert_eq!(config.redirect.proxy_mark, 4242);
     assert_eq!(config.dns.domain, "corp.example");
 
@@ -206,6 +208,8 @@ fn knobs_read_as_ztunnel_reads_them() {
     )
     .unwrap();
     assert!(config.mesh.keepalive.is_none());
+    // Unset, as ztunnel's `parse_default(LOCALHOST_APP_TUNNEL, true)`.
+    assert!(config.mesh.localhost_app_tunnel);
     assert_eq!(config.mesh.drain_timeout, Duration::from_secs(4));
     assert_eq!(config.workers.threads, Some(6));
 }

@@ -9,9 +9,10 @@
 //!   client asked for (unset: the asked one);
 //! - `protocol: PROXY`: the connection is made over loopback inside the
 //!   pod (ztunnel's `LOCALHOST_APP_TUNNEL`, on by default: the app
-//!   listens on localhost, so only the node proxy reaches it) and starts
-//!   with a PROXY protocol v2 header naming the client (the HBONE
-//!   connection's peer), the destination the client asked for (the
+//!   listens on localhost, so only the node proxy reaches it; off, to the
+//!   pod's own address as any delivery, `--localhost-app-tunnel false`)
+//!   and starts with a PROXY protocol v2 header naming the client (the
+//!   HBONE connection's peer), the destination the client asked for (the
 //!   `:authority`, or for a hostname the service's VIP) and, in TLV
 //!   `0xD0`, the client's SPIFFE identity;
 //! - `protocol: NONE`: the port alone changes.
@@ -19,7 +20,9 @@
 //! The workload gets the destination the client asked for in the header,
 //! so the `:authority` may name another address than the one the tunnel
 //! arrived on (the service or workload behind the waypoint): ztunnel's
-//! `validate_destination` lets that through for such workloads only.
+//! `validate_destination` lets that through for such workloads, and for
+//! a waypoint without a tunnel only when the authority's workload or
+//! service names it as its waypoint (`hbone::server`'s `check`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -43,6 +46,10 @@ pub struct LocalTunnel {
     /// ([`crate::state::MeshState::hostname_vip`]); `None` when the
     /// service has none.
     pub asked: Option<SocketAddr>,
+    /// Whether a PROXY tunnel is dialled over loopback (ztunnel's
+    /// `LOCALHOST_APP_TUNNEL`, `--localhost-app-tunnel`) rather than at
+    /// the pod's address.
+    pub localhost: bool,
 }
 
 /// Where one accepted stream goes.
@@ -53,11 +60,11 @@ pub struct Delivery {
     /// the same `upstream_addr`).
     pub app: SocketAddr,
     /// Where the socket connects: `app`, or loopback at its port for a
-    /// PROXY tunnel.
+    /// PROXY tunnel over loopback.
     pub connect: SocketAddr,
     /// The source to connect from in place of the client's address
-    /// (loopback for a PROXY tunnel, as ztunnel binds it: an app on
-    /// localhost answers only loopback).
+    /// (loopback for a PROXY tunnel over loopback, as ztunnel binds it:
+    /// an app on localhost answers only loopback).
     pub from: Option<IpAddr>,
     /// For a PROXY tunnel, the destination its header names.
     pub proxy_destination: Option<SocketAddr>,
@@ -67,11 +74,16 @@ impl Delivery {
     /// A stream to the app at `app` (on the local workload's address),
     /// asked for as `asked` (the `:authority`'s address, or for a hostname
     /// the service's VIP and port when it has one), through `tunnel` when
-    /// the workload has one.
+    /// the workload has one; a PROXY tunnel over loopback when `localhost`
+    /// (ztunnel `src/proxy/inbound.rs` `serve_connect`: `localhost_tunnel`
+    /// is `cfg.localhost_app_tunnel` and the protocol's
+    /// `supports_localhost_send`, PROXY's alone), else at `app` from the
+    /// client's address, as a delivery without a tunnel.
     pub fn new(
         app: SocketAddr,
         asked: Option<SocketAddr>,
         tunnel: Option<ApplicationTunnel>,
+        localhost: bool,
     ) -> Self {
         let Some(tunnel) = tunnel else {
             return Self {
@@ -88,6 +100,12 @@ impl Delivery {
                 connect: app,
                 from: None,
                 proxy_destination: None,
+            },
+            AppTunnelProtocol::Proxy if !localhost => Self {
+                app,
+                connect: app,
+                from: None,
+                proxy_destination: Some(asked.unwrap_or(app)),
             },
             AppTunnelProtocol::Proxy => {
                 // The family of the app's address, as ztunnel guesses it.

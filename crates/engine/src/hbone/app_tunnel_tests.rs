@@ -62,7 +62,7 @@ fn each_kind_of_tunnel_delivers_where_ztunnel_does() {
     let asked = Some(addr("10.96.0.10:80"));
     // No tunnel: the app as asked, from the client.
     assert_eq!(
-        Delivery::new(app, asked, None),
+        Delivery::new(app, asked, None, true),
         Delivery {
             app,
             connect: app,
@@ -77,7 +77,7 @@ fn each_kind_of_tunnel_delivers_where_ztunnel_does() {
     };
     let moved = addr("10.1.0.9:15088");
     assert_eq!(
-        Delivery::new(app, asked, Some(none)),
+        Delivery::new(app, asked, Some(none), true),
         Delivery {
             app: moved,
             connect: moved,
@@ -91,7 +91,7 @@ fn each_kind_of_tunnel_delivers_where_ztunnel_does() {
         port: Some(15088),
     };
     assert_eq!(
-        Delivery::new(app, asked, Some(proxy)),
+        Delivery::new(app, asked, Some(proxy), true),
         Delivery {
             app: moved,
             connect: addr("127.0.0.1:15088"),
@@ -106,12 +106,24 @@ fn each_kind_of_tunnel_delivers_where_ztunnel_does() {
         port: None,
     };
     assert_eq!(
-        Delivery::new(app6, None, Some(unset)),
+        Delivery::new(app6, None, Some(unset), true),
         Delivery {
             app: app6,
             connect: addr("[::1]:8080"),
             from: Some(IpAddr::V6(Ipv6Addr::LOCALHOST)),
             proxy_destination: Some(app6)
+        }
+    );
+    // PROXY with `LOCALHOST_APP_TUNNEL=false`: at the pod's address and
+    // the tunnel's port, from the client (ztunnel `serve_connect`'s other
+    // branch), still behind the header.
+    assert_eq!(
+        Delivery::new(app, asked, Some(proxy), false),
+        Delivery {
+            app: moved,
+            connect: moved,
+            from: None,
+            proxy_destination: asked
         }
     );
 }

@@ -71,6 +71,11 @@ pub type ServiceAttributor =
 /// authority arriving on this local address; `None` when it has none.
 pub type AppTunnelLookup = Arc<dyn Fn(&Authority, SocketAddr) -> Option<LocalTunnel> + Send + Sync>;
 
+/// Whether the local workload (a tunnel arriving on the given local
+/// address) is the waypoint of the workload or service at the given
+/// address ([`crate::state::MeshState::is_waypoint_of`]).
+pub type WaypointCheck = Arc<dyn Fn(IpAddr, SocketAddr) -> bool + Send + Sync>;
+
 /// Decides whether a connection may proceed; `Err` carries the reason.
 pub type Authorizer = Arc<dyn Fn(&policy::Request<'_>) -> Result<(), String> + Send + Sync>;
 
@@ -93,6 +98,9 @@ pub struct ServerContext {
     pub resolve_authority: AuthorityResolver,
     /// The local workload's application tunnel, looked up per stream.
     pub app_tunnel: AppTunnelLookup,
+    /// Whether this workload is the waypoint of what an authority naming
+    /// another address names, looked up per stream.
+    pub is_waypoint_of: WaypointCheck,
     /// Attributes each stream to a service, for telemetry.
     pub attribute: ServiceAttributor,
     /// Where open tunnels are registered so a policy change can close them.
@@ -467,9 +475,17 @@ fn check(
     let local = canonical(ctx.local).ip();
     let tunnel = (ctx.app_tunnel)(&head.authority, ctx.local);
     // A workload with its own tunnel is told the destination asked for
-    // and decides (a waypoint's is the workload or service behind it);
-    // ztunnel's `validate_destination` lets only those through.
-    if dst.ip() != local && tunnel.is_none() {
+    // and decides (a waypoint's is the workload or service behind it); a
+    // waypoint without one gets the stream when the authority's workload
+    // or service names it as its waypoint (it then matches on L7 alone):
+    // ztunnel `src/proxy/inbound.rs` `validate_destination` lets only
+    // those through, checking an address authority only (a hostname is
+    // resolved on this workload above).
+    if dst.ip() != local
+        && tunnel.is_none()
+        && !(matches!(head.authority, Authority::Addr(_))
+            && (ctx.is_waypoint_of)(dst.ip(), ctx.local))
+    {
         return Err(bad(
             "authority IP is not the IP this connection arrived on".to_owned()
         ));
@@ -483,6 +499,7 @@ fn check(
         asked,
         tunnel.and_then(|t| t.asked),
         tunnel.map(|t| t.tunnel),
+        tunnel.is_none_or(|t| t.localhost),
     );
     if delivery.proxy_destination.is_some() && tunnel.is_some_and(|t| t.asked.is_none()) {
         // PROXY names addresses, not hostnames (ztunnel: `NoIPForService`).

@@ -101,6 +101,7 @@ async fn hbone_server_serving(
                     Some(SocketAddr::new(local.ip(), port))
                 }),
                 app_tunnel: Arc::clone(&app_tunnel),
+                is_waypoint_of: Arc::new(|_, _| false),
                 attribute: Arc::new(|_, _| None),
                 live: None,
                 shutdown,

@@ -168,7 +168,19 @@ async fn serve_connection(
                     Authority::Addr(addr) => Some(canonical(*addr)),
                     Authority::Host { name, port } => state.hostname_vip(name, *port, local.ip()),
                 };
-                Some(LocalTunnel { tunnel, asked })
+                Some(LocalTunnel {
+                    tunnel,
+                    asked,
+                    localhost: ctx.mesh.localhost_app_tunnel,
+                })
+            })
+        },
+        is_waypoint_of: {
+            let ctx = Arc::clone(&ctx);
+            Arc::new(move |target, local| {
+                let state = ctx.mesh.state();
+                ctx.own_workload(&state)
+                    .is_some_and(|own| state.is_waypoint_of(target, own, canonical(local).ip()))
             })
         },
         attribute: {

@@ -192,11 +192,20 @@ impl PodContext {
         &self,
         state: &crate::state::MeshState,
     ) -> Option<crate::config::ApplicationTunnel> {
+        self.own_workload(state)
+            .and_then(|w| w.workload.application_tunnel)
+    }
+
+    /// This pod's workload in `state`: the one the mesh lists under its
+    /// address and identity (as [`Self::own_peer`]).
+    pub fn own_workload<'a>(
+        &self,
+        state: &'a crate::state::MeshState,
+    ) -> Option<&'a Arc<crate::state::MeshWorkload>> {
         self.ips
             .iter()
             .find_map(|ip| state.workloads.by_ip(*ip))
             .filter(|w| w.identity == self.spiffe)
-            .and_then(|w| w.workload.application_tunnel)
     }
 
     /// Where a captured outbound connection really comes from: the capture

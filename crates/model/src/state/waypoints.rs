@@ -14,7 +14,7 @@
 //! endpoints of the service whose VIP it is; named by hostname
 //! (`namespace/hostname`), the endpoints of that service.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use super::{MeshState, MeshWorkload, ServiceEntry};
@@ -48,7 +48,7 @@ impl MeshState {
     /// load-balancing choice); `None` when it names nothing the mesh
     /// knows. An address without a network is on this node's.
     pub fn waypoint(&self, waypoint: &Waypoint, start: usize) -> Option<WaypointTarget> {
-        self.waypoint_on(waypoint, self.workloads.network(), start)
+        self.waypoint_on(waypoint, self.workloads.network(), start, true)
     }
 
     /// [`Self::waypoint`] for the network gateway `gateway` of `behind`: an
@@ -60,24 +60,31 @@ impl MeshState {
         behind: &Workload,
         start: usize,
     ) -> Option<WaypointTarget> {
-        self.waypoint_on(gateway, &behind.network, start)
+        self.waypoint_on(gateway, &behind.network, start, false)
     }
 
     /// The instances of `waypoint`, an address of which is looked up on
     /// its own network, else on `network` (ztunnel `src/state.rs`
     /// `fetch_network_gateway` and `fetch_waypoint`: `find_upstream` on
-    /// `Destination::Address`'s network).
+    /// `Destination::Address`'s network). Of a waypoint's service
+    /// (`as_waypoint`), only the instances ztunnel's `load_balance` keeps
+    /// in `ServiceResolutionMode::Waypoint`: all when the service has
+    /// the HBONE port, else those with an application tunnel (which take
+    /// any port); a gateway's service's are all kept.
     fn waypoint_on(
         &self,
         waypoint: &Waypoint,
         network: &str,
         start: usize,
+        as_waypoint: bool,
     ) -> Option<WaypointTarget> {
         let port = waypoint.hbone_port;
         let of_service = |entry: &ServiceEntry| {
+            let serves_port = !as_waypoint || entry.service.ports.contains_key(&port);
             let instances = entry
                 .endpoints()
                 .rotated(start)
+                .filter(|w| serves_port || w.workload.application_tunnel.is_some())
                 .filter_map(|w| {
                     let ip = *w.workload.workload_ips.first()?;
                     Some((Arc::clone(w), SocketAddr::new(ip, port)))
@@ -100,6 +107,43 @@ impl MeshState {
         })
     }
 
+    /// Whether `local` (the workload a tunnel arrived at, on `local_ip`)
+    /// is the waypoint of the workload or service at `target`: ztunnel
+    /// `src/proxy/inbound.rs` `validate_destination`'s sandwich case
+    /// without an application tunnel (its `lookup_is_destination_this_waypoint`).
+    /// As there, `target` is looked up on `local`'s network, a workload
+    /// before a service VIP (`src/state.rs` `find_address`); its
+    /// `waypoint` (not the weighted ones) resolved, by address a workload
+    /// before a service, by hostname the service; a service is `local`'s
+    /// when `local` is one of its endpoints (`contains_endpoint`), a
+    /// workload when it has `local_ip`.
+    pub fn is_waypoint_of(&self, target: IpAddr, local: &MeshWorkload, local_ip: IpAddr) -> bool {
+        let network = &local.workload.network;
+        let waypoint = match self.workloads.by_addr(network, target) {
+            Some(workload) => workload.workload.waypoint.as_deref(),
+            None => self
+                .services
+                .by_vip(target)
+                .and_then(|entry| entry.service.waypoint.as_ref()),
+        };
+        let Some(waypoint) = waypoint else {
+            return false;
+        };
+        let has_local =
+            |entry: &Arc<ServiceEntry>| entry.endpoints().iter().any(|w| w.key == local.key);
+        match (waypoint.address, waypoint.hostname.as_deref()) {
+            (Some(ip), _) => {
+                let network = waypoint.network.as_deref().unwrap_or(network);
+                match self.workloads.by_addr(network, ip) {
+                    Some(workload) => workload.workload.workload_ips.contains(&local_ip),
+                    None => self.services.by_vip(ip).is_some_and(has_local),
+                }
+            }
+            (None, Some(key)) => self.services.by_key(key).is_some_and(has_local),
+            (None, None) => false,
+        }
+    }
+
     /// Whether `peer` is one of `waypoint`'s instances (by identity).
     pub fn is_waypoint_peer(&self, waypoint: &Waypoint, peer: &Identity) -> bool {
         self.waypoint(waypoint, 0).is_some_and(|target| {
@@ -108,3 +152,7 @@ impl MeshState {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "waypoints_tests.rs"]
+mod tests;

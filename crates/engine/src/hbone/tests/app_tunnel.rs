@@ -25,7 +25,11 @@ async fn proxy_world(vip: bool) -> std::io::Result<(SocketAddr, TcpListener, wat
             head::Authority::Addr(addr) => Some(*addr),
             head::Authority::Host { port, .. } => vip.then(|| SocketAddr::new(VIP.into(), *port)),
         };
-        Some(LocalTunnel { tunnel, asked })
+        Some(LocalTunnel {
+            tunnel,
+            asked,
+            localhost: true,
+        })
     });
     let (stop, shutdown) = watch::channel(false);
     let server = hbone_server_serving(
