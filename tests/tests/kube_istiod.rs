@@ -14,7 +14,9 @@
 //! A Service object's VIP reaches the pod it selects, at the container
 //! port its named `targetPort` resolves to in that pod, and waypoint
 //! labels on the namespace and the pod reach the agent as istiod attaches
-//! them (`services.go`, `waypoints.go`).
+//! them (`services.go`, `waypoints.go`): the server's connections then go
+//! through a waypoint stand-in, the endpoint of the Service the Gateway's
+//! hostname names, until the pod's own `none` label opts it out.
 //!
 //! State is read from the agent's status, config dump and `/metrics`, and
 //! from the API server's objects, never from logs.
@@ -33,8 +35,10 @@ use dataplane_tests::{
     spawn_in,
     topology::{Node, Pod},
     traffic::{echo, echo_server, http, wait_until},
+    waypoint::WaypointStandIn,
 };
 use dataplane_user::control::Request;
+use dataplane_user::identity::Identity;
 use dataplane_user::istio_api::AUTHORIZATION_TYPE;
 use serde_json::{Value, json};
 
@@ -257,8 +261,24 @@ fn a_service_object_reaches_its_pod_and_waypoint_labels_attach_as_istiod_attache
     let mut node = Node::new("kubesvc", 1)?;
     let client_pod = node.add_pod("kubesvc")?;
     let server_pod = node.add_pod("kubesvc")?;
+    let waypoint_pod = node.add_pod("kubesvc")?;
     let client = ApiPod::new(&node, &client_pod, "client")?;
     let mut server = ApiPod::new(&node, &server_pod, "server")?;
+    // The waypoint's pod and Service as istio's gateway controller makes
+    // them: its pod labelled with the Gateway's name (not enrolled: the
+    // agent's pod list leaves it out), its Service managed by the mesh
+    // controller (so it gets no waypoint of its own) and selecting it.
+    let mut waypoint = ApiPod::new(&node, &waypoint_pod, "waypoint")?;
+    waypoint.object["metadata"]["labels"]["gateway.networking.k8s.io/gateway-name"] =
+        "waypoint".into();
+    let waypoint_service = json!({
+        "kind": "Service", "apiVersion": "v1",
+        "metadata": {"name": "waypoint", "namespace": NAMESPACE,
+                     "labels": {"gateway.istio.io/managed": "istio.io-mesh-controller"}},
+        "spec": {"type": "ClusterIP", "clusterIP": "10.96.77.15", "clusterIPs": ["10.96.77.15"],
+                 "selector": {"gateway.networking.k8s.io/gateway-name": "waypoint"},
+                 "ports": [{"name": "mesh", "port": 15008, "targetPort": 15008, "protocol": "TCP"}]}
+    });
     // The server names its port; the Service targets it by that name.
     server.object["spec"]["containers"][0]["ports"] =
         json!([{"name": "web", "containerPort": 9000, "protocol": "TCP"}]);
@@ -274,9 +294,13 @@ fn a_service_object_reaches_its_pod_and_waypoint_labels_attach_as_istiod_attache
 
     let api = FakeApi::start()?;
     api.enforce(Grants::from_chart()?);
-    for pod in [&client, &server] {
+    for pod in [&client, &server, &waypoint] {
         api.set_object(&pod.path, pod.object.clone());
     }
+    api.set_object(
+        &format!("/api/v1/namespaces/{NAMESPACE}/services/waypoint"),
+        waypoint_service,
+    );
     let ns_path = format!("/api/v1/namespaces/{NAMESPACE}");
     api.set_object(&ns_path, namespace.clone());
     api.set_object(
@@ -360,6 +384,29 @@ fn a_service_object_reaches_its_pod_and_waypoint_labels_attach_as_istiod_attache
             entry(&dump, "services", "hostname", &hostname)["waypoint"] == waypoint
                 && entry(&dump, "workloads", "name", &server.name)["waypoint"] == waypoint,
         )
+    })?;
+
+    // The client's connection to the server's pod now goes through the
+    // waypoint (an HBONE stand-in for it in its pod, found as the
+    // endpoint of the Service its hostname names).
+    let standin = WaypointStandIn::start(
+        &waypoint_pod,
+        &dir.path().join("ca"),
+        NAMESPACE,
+        "waypoint",
+        &[(
+            server_pod.ip4.into(),
+            Identity::new("cluster.local", NAMESPACE, "server")?,
+        )],
+    )?;
+    echo(
+        &client_pod,
+        SocketAddr::new(server_pod.ip4.into(), 9000),
+        4096,
+        2,
+    )?;
+    wait_until("the waypoint to have carried the connection", || {
+        Ok(standin.forwarded() >= 1)
     })?;
 
     // The pod's own `none` wins over its namespace's label: the workload
