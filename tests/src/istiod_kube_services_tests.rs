@@ -374,3 +374,90 @@ fn a_waypoints_own_pod_gets_its_inbound_binding_and_no_waypoint() {
     list.push((gateway_path("shop", "wp"), wp));
     assert_eq!(derive_all(list).0.application_tunnel, None);
 }
+
+#[test]
+fn load_balancing_and_ip_families_follow_the_service_then_its_namespace() {
+    use dataplane_user::istio_api::workload::{LoadBalancing, load_balancing::*};
+    let lb = |spec: Value, svc_ann: Value, ns_ann: Value| {
+        let mut svc = service();
+        for (k, v) in spec.as_object().into_iter().flatten() {
+            svc["spec"][k] = v.clone();
+        }
+        svc["metadata"]["annotations"] = svc_ann;
+        let mut list = with(named_pod(), svc);
+        let mut ns = namespace(json!({}));
+        ns["metadata"]["annotations"] = ns_ann;
+        list.push(("/api/v1/namespaces/shop".to_owned(), ns));
+        derive_all(list).1.unwrap_or_default()
+    };
+    let scopes = |s: &[Scope], mode: Mode| LoadBalancing {
+        routing_preference: s.iter().map(|s| *s as i32).collect(),
+        mode: mode as i32,
+        health_policy: HealthPolicy::OnlyHealthy as i32,
+    };
+    let zone = scopes(
+        &[Scope::Network, Scope::Region, Scope::Zone],
+        Mode::Failover,
+    );
+    let node = scopes(
+        &[
+            Scope::Network,
+            Scope::Region,
+            Scope::Zone,
+            Scope::Subzone,
+            Scope::Node,
+        ],
+        Mode::Failover,
+    );
+    let key = "networking.istio.io/traffic-distribution";
+    let none = json!({});
+    assert_eq!(
+        lb(none.clone(), none.clone(), none.clone()).load_balancing,
+        None
+    );
+    // Local internal traffic policy wins over any distribution.
+    let local = json!({"internalTrafficPolicy": "Local", "trafficDistribution": "PreferClose"});
+    assert_eq!(
+        lb(local, none.clone(), none.clone()).load_balancing,
+        Some(scopes(&[Scope::Node], Mode::Strict))
+    );
+    // The spec field, then the Service's annotation, then the namespace's.
+    let spec = json!({"trafficDistribution": "PreferSameNode"});
+    let ann_zone = json!({key: "PreferClose"});
+    assert_eq!(
+        lb(spec, ann_zone.clone(), none.clone()).load_balancing,
+        Some(node.clone())
+    );
+    assert_eq!(
+        lb(
+            none.clone(),
+            ann_zone.clone(),
+            json!({key: "PreferSameNode"})
+        )
+        .load_balancing,
+        Some(zone.clone())
+    );
+    assert_eq!(
+        lb(none.clone(), none.clone(), json!({key: "prefersamenode"})).load_balancing,
+        Some(node)
+    );
+    // An unknown Service annotation is "any", the namespace's unread.
+    assert_eq!(
+        lb(none.clone(), json!({key: "nearby"}), ann_zone).load_balancing,
+        None
+    );
+    // Not-ready endpoints allowed, with or without a preference.
+    let mut all = lb(
+        json!({"publishNotReadyAddresses": true}),
+        none.clone(),
+        none.clone(),
+    );
+    assert_eq!(
+        all.load_balancing.take().map(|l| l.health_policy),
+        Some(HealthPolicy::AllowAll as i32)
+    );
+    let families = |f: Value| lb(json!({"ipFamilies": f}), none.clone(), none.clone()).ip_families;
+    assert_eq!(families(json!(["IPv6"])), IpFamilies::Ipv6Only as i32);
+    assert_eq!(families(json!(["IPv4", "IPv6"])), IpFamilies::Dual as i32);
+    assert_eq!(families(json!([])), IpFamilies::Automatic as i32);
+}
