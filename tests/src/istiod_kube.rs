@@ -1,12 +1,13 @@
-//! istiod's workloads from Kubernetes pods: the test istiod derives each
-//! pod's `istio.workload.Workload` from the pod objects the stand-in API
-//! server holds (the state the agent's reconciler reads and its
-//! `pods/status` patches change), with istiod's own rules, and serves them
-//! live over delta xDS.
+//! istiod's address resources from Kubernetes objects: the test istiod
+//! derives each pod's `istio.workload.Workload` and each Service's
+//! `istio.workload.Service` from the objects the stand-in API server holds
+//! (the state the agent's reconciler reads and its `pods/status` patches
+//! change), with istiod's own rules, and serves them live over delta xDS.
 //!
 //! The rules are istio/istio 86c9f01f,
 //! `pilot/pkg/serviceregistry/ambient/workloads.go` `podWorkloadBuilder`,
-//! and what it calls (cited where used). Above all `setTunnelProtocol`:
+//! `services.go` `serviceServiceBuilder` and `waypoints.go`, and what they
+//! call (cited where used). Above all `setTunnelProtocol`:
 //! only a pod annotated `ambient.istio.io/redirection: enabled` (written by
 //! the node agent once it captures the pod) or labelled
 //! `networking.istio.io/tunnel: http` gets `TunnelProtocol: HBONE`;
@@ -15,20 +16,39 @@
 //! presence of this annotation with this specific value indicates the pod
 //! is captured. Anything else indicates it is not.").
 //!
-//! Filled as istiod fills them: uid, name, namespace, addresses, service
-//! account, node, cluster id, trust domain, status, workload name and type,
-//! canonical name and revision, network mode, tunnel protocol and native
-//! tunnel. Left out, because they come from objects the stand-in does not
-//! hold (istiod reads them from other collections): `services` (Services
-//! and EndpointSlices selecting the pod), `authorization_policies`
-//! (AuthorizationPolicy and PeerAuthentication), `waypoint` and
-//! `application_tunnel` (waypoint labels and Gateways), `locality` (the
-//! Node's topology labels), `network` and `network_gateway` (the mesh's
-//! networks; one unnamed network here, as istiod without them). Tests
-//! publish services and policies to the test istiod directly beside these.
-//! The per-pod `LEGACY_ISTIO_MTLS` rule is left out too: istiod's ambient
-//! index runs with `EnableMtlsTransportProtocol` off
-//! (`pilot/pkg/bootstrap/servicecontroller.go`).
+//! Objects read, by their API paths (see [`Index`]): pods, Services,
+//! namespaces, Gateways and GatewayClasses (`gateway.networking.k8s.io/v1`).
+//!
+//! A workload is filled as istiod fills it: uid, name, namespace,
+//! addresses, service account, node, cluster id, network, trust domain,
+//! status, workload name and type, canonical name and revision, network
+//! mode, tunnel protocol and native tunnel; `services`, from the Services
+//! of its namespace whose selector matches its labels, a named
+//! `targetPort` resolved against its container ports
+//! ([`services`]); `waypoint`, from its `istio.io/use-waypoint` label, else
+//! its namespace's, when that waypoint takes workload traffic; and on a
+//! waypoint's own pod `application_tunnel`, from its Gateway's (or
+//! GatewayClass's) `ambient.istio.io/waypoint-inbound-binding`
+//! ([`waypoints`]). A Service gets its hostname, VIPs on the cluster's
+//! network, ports, load balancing, IP families, `canonical`, and the
+//! waypoint of its label, else its namespace's, when that waypoint takes
+//! service traffic. A waypoint is a Gateway with a status address; its
+//! address is that hostname (`namespace/hostname`), else that IP, on port
+//! 15008, as istiod's gateway controller writes it once the waypoint runs.
+//!
+//! Left out, because they come from objects the stand-in does not hold or
+//! settings it does not model: the `services` of Services without a
+//! selector (istiod finds them through EndpointSlices), ServiceEntries
+//! selecting pods, `authorization_policies` (AuthorizationPolicy and
+//! PeerAuthentication; with `PILOT_AUTO_ALLOW_WAYPOINT_POLICY` off, as by
+//! default, istiod adds no waypoint policies either), the Services'
+//! `weighted_waypoints` (canary waypoints) and `subject_alt_names`,
+//! waypoint namespace selectors with `matchExpressions` (treated as
+//! matching nothing), `locality` (the Node's topology labels) and
+//! `network_gateway` (the mesh's networks). Tests publish policies to the
+//! test istiod directly beside these. The per-pod `LEGACY_ISTIO_MTLS` rule
+//! is left out too: istiod's ambient index runs with
+//! `EnableMtlsTransportProtocol` off (`pilot/pkg/bootstrap/servicecontroller.go`).
 
 use std::collections::BTreeMap;
 use std::hash::{Hash as _, Hasher as _};
@@ -46,6 +66,10 @@ use crate::cni_kubeapi::{FakeApi, Objects};
 use crate::istio_resources::resource;
 use crate::istiod::{Publisher, TestIstiod};
 
+mod services;
+mod waypoints;
+pub use waypoints::{USE_WAYPOINT, USE_WAYPOINT_NAMESPACE};
+
 /// The annotation istio-cni (and our agent) writes on captured pods
 /// (istio/api `annotation.AmbientRedirection`).
 pub const REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
@@ -57,15 +81,24 @@ pub struct Cluster {
     pub id: String,
     /// The mesh config's trust domain.
     pub trust_domain: String,
+    /// istiod's `DOMAIN_SUFFIX`: Services are `<name>.<ns>.svc.<suffix>`.
+    pub domain_suffix: String,
+    /// The cluster's network (istiod's `FetchLocalNetworkID`): on every
+    /// workload, Service VIP and waypoint address it builds.
+    pub network: String,
 }
 
 impl Default for Cluster {
     /// istiod's defaults: `CLUSTER_ID` `Kubernetes`
-    /// (`constants.DefaultClusterName`), trust domain `cluster.local`.
+    /// (`constants.DefaultClusterName`), trust domain and domain suffix
+    /// `cluster.local`, no network (`""`, as istiod without `meshNetworks`
+    /// or a `topology.istio.io/network` label).
     fn default() -> Self {
         Self {
             id: "Kubernetes".to_owned(),
             trust_domain: "cluster.local".to_owned(),
+            domain_suffix: "cluster.local".to_owned(),
+            network: String::new(),
         }
     }
 }
@@ -110,6 +143,7 @@ pub fn pod_workload(pod: &Value, cluster: &Cluster) -> Option<workload::Workload
         name: name.to_owned(),
         namespace: namespace.to_owned(),
         cluster_id: cluster.id.clone(),
+        network: cluster.network.clone(),
         addresses,
         service_account: spec["serviceAccountName"]
             .as_str()
@@ -265,43 +299,127 @@ pub(crate) fn canonical_service(
     )
 }
 
-/// Whether `path` is a pod object's (`/api/v1/namespaces/<ns>/pods/<name>`).
-fn is_pod_path(path: &str) -> bool {
-    let parts: Vec<&str> = path.split('/').collect();
-    matches!(parts.as_slice(), ["", "api", "v1", "namespaces", ns, "pods", name] if !ns.is_empty() && !name.is_empty())
+/// The objects istiod's collections hold, from the API server's paths.
+#[derive(Debug, Default)]
+pub(crate) struct Index<'a> {
+    /// `/api/v1/namespaces/<ns>/pods/<name>`.
+    pub pods: Vec<&'a Value>,
+    /// `/api/v1/namespaces/<ns>/services/<name>`.
+    pub services: Vec<&'a Value>,
+    /// `/api/v1/namespaces/<ns>`, by name.
+    pub namespaces: BTreeMap<&'a str, &'a Value>,
+    /// `/apis/gateway.networking.k8s.io/v1/namespaces/<ns>/gateways/<name>`.
+    pub gateways: Vec<&'a Value>,
+    /// `/apis/gateway.networking.k8s.io/v1/gatewayclasses/<name>`, by name.
+    pub gateway_classes: BTreeMap<&'a str, &'a Value>,
 }
 
-/// The workload resources istiod serves for the pods among `objects`, by
-/// name (the workload's uid). A resource's version is a digest of its
-/// body, so an unchanged pod is never pushed again.
-pub fn pod_workload_resources(objects: &Objects, cluster: &Cluster) -> BTreeMap<String, Resource> {
-    objects
+impl<'a> Index<'a> {
+    /// Sorts `objects` by kind from their paths (a subresource's path,
+    /// `.../pods/<name>/status`, is none of them).
+    pub(crate) fn new(objects: &'a Objects) -> Self {
+        let mut index = Self::default();
+        for (path, object) in objects.iter() {
+            let parts: Vec<&str> = path.split('/').collect();
+            match parts.as_slice() {
+                ["", "api", "v1", "namespaces", ns, kind, name]
+                    if !ns.is_empty() && !name.is_empty() =>
+                {
+                    match *kind {
+                        "pods" => index.pods.push(object),
+                        "services" => index.services.push(object),
+                        _ => {}
+                    }
+                }
+                ["", "api", "v1", "namespaces", ns] if !ns.is_empty() => {
+                    index.namespaces.insert(*ns, object);
+                }
+                [
+                    "",
+                    "apis",
+                    "gateway.networking.k8s.io",
+                    "v1",
+                    "namespaces",
+                    ns,
+                    "gateways",
+                    name,
+                ] if !ns.is_empty() && !name.is_empty() => {
+                    index.gateways.push(object);
+                }
+                [
+                    "",
+                    "apis",
+                    "gateway.networking.k8s.io",
+                    "v1",
+                    "gatewayclasses",
+                    name,
+                ] if !name.is_empty() => {
+                    index.gateway_classes.insert(*name, object);
+                }
+                _ => {}
+            }
+        }
+        index
+    }
+}
+
+/// `body` as an address resource named `name`, its version a digest of
+/// the body, so an unchanged object is never pushed again.
+fn address_resource(name: &str, body: &Address) -> Resource {
+    let mut digest = std::hash::DefaultHasher::new();
+    body.encode_to_vec().hash(&mut digest);
+    let version = format!("{:016x}", digest.finish());
+    resource(ADDRESS_TYPE, name, &version, body)
+}
+
+/// The address resources istiod serves for `objects`, by name: each pod's
+/// workload (name: its uid), with the Services selecting it, its waypoint
+/// or, on a waypoint's own pod, its application tunnel; and each Service
+/// (name: `namespace/hostname`), with its waypoint.
+pub fn address_resources(objects: &Objects, cluster: &Cluster) -> BTreeMap<String, Resource> {
+    let index = Index::new(objects);
+    let waypoints = waypoints::waypoints(&index, cluster);
+    let infos: Vec<services::ServiceInfo> = index
+        .services
         .iter()
-        .filter(|(path, _)| is_pod_path(path))
-        .filter_map(|(_, pod)| pod_workload(pod, cluster))
-        .map(|w| {
+        .filter_map(|svc| services::service_info(svc, &index, &waypoints, cluster))
+        .collect();
+    let mut derived: BTreeMap<String, Resource> = index
+        .pods
+        .iter()
+        .filter_map(|pod| {
+            let mut w = pod_workload(pod, cluster)?;
+            w.services = services::pod_services(pod, &infos);
+            (w.application_tunnel, w.waypoint) =
+                waypoints::for_pod(&pod["metadata"], &index, &waypoints);
             let uid = w.uid.clone();
             let body = Address {
                 r#type: Some(address::Type::Workload(w)),
             };
-            let mut digest = std::hash::DefaultHasher::new();
-            body.encode_to_vec().hash(&mut digest);
-            let version = format!("{:016x}", digest.finish());
-            (uid.clone(), resource(ADDRESS_TYPE, &uid, &version, &body))
+            Some((uid.clone(), address_resource(&uid, &body)))
         })
-        .collect()
+        .collect();
+    for info in infos {
+        let key = format!("{}/{}", info.service.namespace, info.service.hostname);
+        let body = Address {
+            r#type: Some(address::Type::Service(info.service)),
+        };
+        derived.insert(key.clone(), address_resource(&key, &body));
+    }
+    derived
 }
 
-/// The test istiod serving the workloads of a stand-in API server's pods,
+/// The test istiod serving the address resources of a stand-in API
+/// server's objects ([`address_resources`]: pods' workloads, Services),
 /// derived again and pushed (delta xDS: what changed, what went) whenever
-/// the pods change, the agent's own annotation patches included. Stops on
-/// drop.
-pub struct PodWorkloads {
+/// an object changes, the agent's own annotation patches included. Stops
+/// on drop.
+pub struct KubeAddresses {
     task: tokio::task::JoinHandle<()>,
 }
 
-impl PodWorkloads {
-    /// Starts following `api`'s pods on `runtime`, publishing through
+impl KubeAddresses {
+    /// Starts following `api`'s objects on `runtime`, publishing through
     /// `istiod`. The first derivation is published at once (an empty one
     /// too: agents are then answered).
     pub fn start(
@@ -315,7 +433,7 @@ impl PodWorkloads {
     }
 }
 
-impl Drop for PodWorkloads {
+impl Drop for KubeAddresses {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -331,7 +449,7 @@ async fn follow(
     let mut served: Option<BTreeMap<String, Resource>> = None;
     loop {
         let snapshot = objects.borrow_and_update().clone();
-        let derived = pod_workload_resources(&snapshot, &cluster);
+        let derived = address_resources(&snapshot, &cluster);
         let held = served.as_ref();
         let changed: Vec<Resource> = derived
             .values()

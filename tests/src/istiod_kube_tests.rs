@@ -1,5 +1,5 @@
 //! The derivation against istiod's rules, one rule at a time, on the
-//! stand-in API's pod fixture.
+//! stand-in API's pod fixture (Services and waypoints: `services_tests.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -153,11 +153,17 @@ fn names_and_trust_domain_follow_istiod() {
     let other = Cluster {
         id: "east".to_owned(),
         trust_domain: "example.org".to_owned(),
+        network: "east-net".to_owned(),
+        ..Cluster::default()
     };
     let w = pod_workload(&web(), &other).unwrap_or_default();
     assert_eq!(
-        (w.uid.as_str(), w.trust_domain.as_str()),
-        ("east//Pod/shop/web-7d9c8b6f5-x2x4q", "example.org")
+        (w.uid.as_str(), w.trust_domain.as_str(), w.network.as_str()),
+        (
+            "east//Pod/shop/web-7d9c8b6f5-x2x4q",
+            "example.org",
+            "east-net"
+        )
     );
     let mut host = web();
     host["spec"]["hostNetwork"] = true.into();
@@ -175,11 +181,14 @@ fn only_pod_objects_are_served_and_a_change_gets_a_new_version() {
         ]))
     };
     let cluster = Cluster::default();
-    let before = pod_workload_resources(&objects(web()), &cluster);
+    let before = address_resources(&objects(web()), &cluster);
     let uid = "Kubernetes//Pod/shop/web-7d9c8b6f5-x2x4q";
     assert_eq!(before.keys().collect::<Vec<_>>(), vec![uid]);
-    let again = pod_workload_resources(&objects(web()), &cluster);
+    let again = address_resources(&objects(web()), &cluster);
     assert_eq!(before, again, "same pod, same version");
-    let after = pod_workload_resources(&objects(annotated("enabled")), &cluster);
+    let after = address_resources(&objects(annotated("enabled")), &cluster);
     assert_ne!(before[uid].version, after[uid].version);
 }
+
+#[path = "istiod_kube_services_tests.rs"]
+mod services_tests;

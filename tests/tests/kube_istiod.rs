@@ -11,6 +11,13 @@
 //! over HBONE, with mutual TLS and both identities, once the patch is
 //! allowed and istiod pushes the workloads it derives again.
 //!
+//! A Service object's VIP reaches the pod it selects, at the container
+//! port its named `targetPort` resolves to in that pod, and waypoint
+//! labels on the namespace and the pod reach the agent as istiod attaches
+//! them (`services.go`, `waypoints.go`): the server's connections then go
+//! through a waypoint stand-in, the endpoint of the Service the Gateway's
+//! hostname names, until the pod's own `none` label opts it out.
+//!
 //! State is read from the agent's status, config dump and `/metrics`, and
 //! from the API server's objects, never from logs.
 
@@ -22,14 +29,16 @@ use dataplane_tests::{
     Agent, Cgroup, ChildGuard, TempDir,
     cni_kubeapi::{FakeApi, fixture, fixture_namespaces, pod_uid},
     istiod::{TestIstiod, TestPki, loopback_istiod, xds_flags},
-    istiod_kube::{Cluster, PodWorkloads, REDIRECTION_ANNOTATION},
+    istiod_kube::{Cluster, KubeAddresses, REDIRECTION_ANNOTATION, USE_WAYPOINT},
     kube_rbac::Grants,
     observe::{scrape, sum_matching},
     spawn_in,
     topology::{Node, Pod},
-    traffic::{echo, echo_server, wait_until},
+    traffic::{echo, echo_server, http, wait_until},
+    waypoint::WaypointStandIn,
 };
 use dataplane_user::control::Request;
+use dataplane_user::identity::Identity;
 use dataplane_user::istio_api::AUTHORIZATION_TYPE;
 use serde_json::{Value, json};
 
@@ -160,7 +169,7 @@ fn api_enrolled_pods_get_hbone_from_istiod_only_once_the_agent_annotates_them() 
 
     // istiod: workloads from the API's pods, no policies.
     let (rt, pki, istiod) = loopback_istiod()?;
-    let _workloads = PodWorkloads::start(rt.handle(), &api, &istiod, Cluster::default());
+    let _workloads = KubeAddresses::start(rt.handle(), &api, &istiod, Cluster::default());
     rt.block_on(istiod.publish(AUTHORIZATION_TYPE, Vec::new(), &[]))?;
 
     let dir = TempDir::new("kubeistiod")?;
@@ -229,6 +238,197 @@ fn api_enrolled_pods_get_hbone_from_istiod_only_once_the_agent_annotates_them() 
         "only the first connection was plaintext"
     );
     Ok(())
+}
+
+/// ztunnel's `/config_dump` sections from the agent's admin endpoint.
+fn admin_dump(agent: &Agent) -> Result<Value> {
+    let (status, body) = http(agent.admin_addr()?, "GET", "/config_dump")?;
+    ensure!(status == 200, "config dump: {status}: {body}");
+    Ok(serde_json::from_str(&body)?)
+}
+
+/// The entry of `section` (`workloads`, `services`) whose `key` is `value`.
+fn entry(dump: &Value, section: &str, key: &str, value: &str) -> Value {
+    dump[section]
+        .as_array()
+        .and_then(|list| list.iter().find(|e| e[key] == value).cloned())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_service_object_reaches_its_pod_and_waypoint_labels_attach_as_istiod_attaches_them()
+-> Result<()> {
+    let mut node = Node::new("kubesvc", 1)?;
+    let client_pod = node.add_pod("kubesvc")?;
+    let server_pod = node.add_pod("kubesvc")?;
+    let waypoint_pod = node.add_pod("kubesvc")?;
+    let client = ApiPod::new(&node, &client_pod, "client")?;
+    let mut server = ApiPod::new(&node, &server_pod, "server")?;
+    // The waypoint's pod and Service as istio's gateway controller makes
+    // them: its pod labelled with the Gateway's name (not enrolled: the
+    // agent's pod list leaves it out), its Service managed by the mesh
+    // controller (so it gets no waypoint of its own) and selecting it.
+    let mut waypoint = ApiPod::new(&node, &waypoint_pod, "waypoint")?;
+    waypoint.object["metadata"]["labels"]["gateway.networking.k8s.io/gateway-name"] =
+        "waypoint".into();
+    let waypoint_service = json!({
+        "kind": "Service", "apiVersion": "v1",
+        "metadata": {"name": "waypoint", "namespace": NAMESPACE,
+                     "labels": {"gateway.istio.io/managed": "istio.io-mesh-controller"}},
+        "spec": {"type": "ClusterIP", "clusterIP": "10.96.77.15", "clusterIPs": ["10.96.77.15"],
+                 "selector": {"gateway.networking.k8s.io/gateway-name": "waypoint"},
+                 "ports": [{"name": "mesh", "port": 15008, "targetPort": 15008, "protocol": "TCP"}]}
+    });
+    // The server names its port; the Service targets it by that name.
+    server.object["spec"]["containers"][0]["ports"] =
+        json!([{"name": "web", "containerPort": 9000, "protocol": "TCP"}]);
+    let vip = "10.96.77.10";
+    let service = json!({
+        "kind": "Service", "apiVersion": "v1",
+        "metadata": {"name": "server", "namespace": NAMESPACE},
+        "spec": {"type": "ClusterIP", "clusterIP": vip, "clusterIPs": [vip],
+                 "ipFamilies": ["IPv4"], "selector": {"app": "server"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": "web", "protocol": "TCP"}]}
+    });
+    let mut namespace = fixture_namespaces()?["items"][0].clone();
+
+    let api = FakeApi::start()?;
+    api.enforce(Grants::from_chart()?);
+    for pod in [&client, &server, &waypoint] {
+        api.set_object(&pod.path, pod.object.clone());
+    }
+    api.set_object(
+        &format!("/api/v1/namespaces/{NAMESPACE}/services/waypoint"),
+        waypoint_service,
+    );
+    let ns_path = format!("/api/v1/namespaces/{NAMESPACE}");
+    api.set_object(&ns_path, namespace.clone());
+    api.set_object(
+        &format!("/api/v1/namespaces/{NAMESPACE}/services/server"),
+        service,
+    );
+    api.push_list(
+        "/api/v1/pods",
+        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1210"},
+               "items": [client.item(), server.item()]}),
+    );
+    api.push_list("/api/v1/namespaces", fixture_namespaces()?);
+
+    let (rt, pki, istiod) = loopback_istiod()?;
+    let _addresses = KubeAddresses::start(rt.handle(), &api, &istiod, Cluster::default());
+    rt.block_on(istiod.publish(AUTHORIZATION_TYPE, Vec::new(), &[]))?;
+    let dir = TempDir::new("kubesvc")?;
+    let agent = start_agent(&dir, &api, &istiod, &pki, &node)?;
+    let _echo = echo_server(&server_pod, 9000)?;
+
+    // istiod serves the Service with its VIP, and the server's workload
+    // in it at 9000, the port named `web` (the Service says 0: named).
+    let hostname = format!("server.{NAMESPACE}.svc.cluster.local");
+    wait_until("the Service and both HBONE workloads to be held", || {
+        let dump = admin_dump(&agent)?;
+        let svc = entry(&dump, "services", "hostname", &hostname);
+        Ok(
+            svc["endpoints"][server_uid(&server)]["port"] == json!({"80": 9000})
+                && protocol(&agent, &client.name)?.as_deref() == Some("HBONE")
+                && protocol(&agent, &server.name)?.as_deref() == Some("HBONE"),
+        )
+    })?;
+    let dump = admin_dump(&agent)?;
+    let svc = entry(&dump, "services", "hostname", &hostname);
+    ensure!(svc["vips"] == json!([format!("/{vip}")]), "{svc:#}");
+    ensure!(svc["ports"] == json!({"80": 0}), "{svc:#}");
+
+    // The client's connection to the VIP arrives at the server, over
+    // HBONE, as the Service's.
+    echo(&client_pod, SocketAddr::new(vip.parse()?, 80), 4096, 1)?;
+    let to_service = |agent: &Agent| -> Result<f64> {
+        Ok(sum_matching(
+            &scrape(agent)?,
+            "istio_tcp_connections_opened_total",
+            &[
+                ("reporter", "destination"),
+                ("connection_security_policy", "mutual_tls"),
+                ("destination_service", hostname.as_str()),
+            ],
+        ))
+    };
+    wait_until("the connection through the VIP to be counted", || {
+        Ok(to_service(&agent)? >= 1.0)
+    })?;
+
+    // A running waypoint (a Gateway with an address, for all traffic) and
+    // the namespace's label: the Service and the server's workload use
+    // it, at its hostname's port 15008.
+    api.set_object(
+        &format!("/apis/gateway.networking.k8s.io/v1/namespaces/{NAMESPACE}/gateways/waypoint"),
+        json!({
+            "kind": "Gateway", "apiVersion": "gateway.networking.k8s.io/v1",
+            "metadata": {"name": "waypoint", "namespace": NAMESPACE,
+                         "labels": {"istio.io/waypoint-for": "all"}},
+            "spec": {"gatewayClassName": "istio-waypoint",
+                     "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]},
+            "status": {"addresses": [
+                {"type": "Hostname", "value": format!("waypoint.{NAMESPACE}.svc.cluster.local")}
+            ]}
+        }),
+    );
+    namespace["metadata"]["labels"][USE_WAYPOINT] = "waypoint".into();
+    api.set_object(&ns_path, namespace);
+    let waypoint = json!({
+        "destination": format!("{NAMESPACE}/waypoint.{NAMESPACE}.svc.cluster.local"),
+        "hboneMtlsPort": 15008
+    });
+    wait_until("the waypoint on the Service and the server", || {
+        let dump = admin_dump(&agent)?;
+        Ok(
+            entry(&dump, "services", "hostname", &hostname)["waypoint"] == waypoint
+                && entry(&dump, "workloads", "name", &server.name)["waypoint"] == waypoint,
+        )
+    })?;
+
+    // The client's connection to the server's pod now goes through the
+    // waypoint (an HBONE stand-in for it in its pod, found as the
+    // endpoint of the Service its hostname names).
+    let standin = WaypointStandIn::start(
+        &waypoint_pod,
+        &dir.path().join("ca"),
+        NAMESPACE,
+        "waypoint",
+        &[(
+            server_pod.ip4.into(),
+            Identity::new("cluster.local", NAMESPACE, "server")?,
+        )],
+    )?;
+    echo(
+        &client_pod,
+        SocketAddr::new(server_pod.ip4.into(), 9000),
+        4096,
+        2,
+    )?;
+    wait_until("the waypoint to have carried the connection", || {
+        Ok(standin.forwarded() >= 1)
+    })?;
+
+    // The pod's own `none` wins over its namespace's label: the workload
+    // goes without, the Service keeps it.
+    let mut live = api.object(&server.path).context("the server's object")?;
+    live["metadata"]["labels"][USE_WAYPOINT] = "none".into();
+    api.set_object(&server.path, live);
+    wait_until("the server's workload to drop its waypoint", || {
+        let dump = admin_dump(&agent)?;
+        Ok(entry(&dump, "workloads", "name", &server.name)["waypoint"].is_null())
+    })?;
+    let dump = admin_dump(&agent)?;
+    ensure!(
+        entry(&dump, "services", "hostname", &hostname)["waypoint"] == waypoint,
+        "the Service lost its namespace's waypoint"
+    );
+    Ok(())
+}
+
+/// The workload uid istiod gives `pod` (`generatePodUID`).
+fn server_uid(pod: &ApiPod) -> String {
+    format!("Kubernetes//Pod/{NAMESPACE}/{}", pod.name)
 }
 
 /// The node's agent: pods from the API (`--kube`), mesh from istiod
