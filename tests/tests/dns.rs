@@ -70,7 +70,7 @@ fn world_with(
         plain_workload,
     ]);
     let mut dual = service("dual", NAMESPACE, DUAL_VIP4.into(), &[(80, 9000)]);
-    dual.vips.push(DUAL_VIP6.into());
+    dual.vips.push(IpAddr::V6(DUAL_VIP6).into());
     config.services = vec![
         service("echo", NAMESPACE, ECHO_VIP.into(), &[(80, 9000)]),
         dual,
