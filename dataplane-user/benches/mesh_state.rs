@@ -32,7 +32,7 @@ fn mesh(n: usize) -> LocalConfig {
             name: format!("svc{s}"),
             namespace: format!("ns{}", s % namespaces),
             hostname: format!("svc{s}.ns{}.svc.cluster.local", s % namespaces),
-            vips: vec![std::net::IpAddr::from([172, 16, (s >> 8) as u8, s as u8])],
+            vips: vec![std::net::IpAddr::from([172, 16, (s >> 8) as u8, s as u8]).into()],
             ports: BTreeMap::from([(80, 8080)]),
             subject_alt_names: Vec::new(),
             load_balancing: LoadBalancing::default(),

@@ -64,7 +64,7 @@ impl FileIndex {
                 .chain(
                     file.services
                         .iter()
-                        .flat_map(|s| s.vips.iter().map(|ip| ip.to_canonical())),
+                        .flat_map(|s| s.vips.iter().map(|vip| vip.ip)),
                 )
                 .collect(),
         }
@@ -178,13 +178,13 @@ pub fn merge_changes(
                     .insert(entry.clone(), format!("services/{key}"));
                 return None;
             }
-            if !s.vips.iter().any(|vip| file.taken.contains(vip)) {
+            if !s.vips.iter().any(|vip| file.taken.contains(&vip.ip)) {
                 return Some(Arc::clone(s));
             }
             let mut notes = Vec::new();
             let mut kept = (**s).clone();
             kept.vips.retain(|vip| {
-                let free = !file.taken.contains(vip);
+                let free = !file.taken.contains(&vip.ip);
                 if !free {
                     notes.push(format!(
                         "service {key}: VIP {vip} belongs to an entry of the file"

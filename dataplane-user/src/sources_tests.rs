@@ -58,10 +58,16 @@ fn file_entries_win_and_are_marked() {
         .iter()
         .find(|s| s.hostname == "api")
         .unwrap();
-    assert_eq!(api.vips, ["10.96.0.1".parse::<IpAddr>().unwrap()]);
+    assert_eq!(
+        api.vips,
+        ["10.96.0.1".parse::<crate::config::Vip>().unwrap()]
+    );
     // istiod's db service keeps the VIP the file does not hold.
     let db = merged.services.iter().find(|s| s.hostname == "db").unwrap();
-    assert_eq!(db.vips, ["10.96.0.3".parse::<IpAddr>().unwrap()]);
+    assert_eq!(
+        db.vips,
+        ["10.96.0.3".parse::<crate::config::Vip>().unwrap()]
+    );
     let deny_all = merged
         .policies
         .iter()

@@ -154,8 +154,8 @@ pub fn service_resource(s: &Service, version: &str) -> Resource {
                 .vips
                 .iter()
                 .map(|vip| NetworkAddress {
-                    network: String::new(),
-                    address: ip_bytes(vip),
+                    network: vip.network.to_string(),
+                    address: ip_bytes(&vip.ip),
                     length: None,
                 })
                 .collect(),

@@ -44,7 +44,7 @@ pub fn service(name: &str, namespace: &str, vip: IpAddr, ports: &[(u16, u16)]) -
         name: name.to_owned(),
         namespace: namespace.to_owned(),
         hostname: format!("{name}.{namespace}.svc.cluster.local"),
-        vips: vec![vip],
+        vips: vec![vip.into()],
         cidr_vips: Vec::new(),
         weighted_waypoints: Vec::new(),
         ports: ports.iter().copied().collect(),

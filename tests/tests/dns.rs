@@ -70,7 +70,7 @@ fn world_with(
         plain_workload,
     ]);
     let mut dual = service("dual", NAMESPACE, DUAL_VIP4.into(), &[(80, 9000)]);
-    dual.vips.push(DUAL_VIP6.into());
+    dual.vips.push(IpAddr::V6(DUAL_VIP6).into());
     config.services = vec![
         service("echo", NAMESPACE, ECHO_VIP.into(), &[(80, 9000)]),
         dual,
@@ -238,6 +238,36 @@ fn a_shared_hostname_answers_with_the_service_the_pods_namespace_sees() -> anyho
     let reply = query(&w.client, "udp", server, "hidden.up.test.", "A", None)?;
     assert_eq!(a(&reply), [IpAddr::from(UPSTREAM_TAG)], "{reply:?}");
     assert_eq!(upstream.queries(), 1);
+    Ok(())
+}
+
+/// A service with VIPs on several networks answers with the ones on the
+/// client's network only (ztunnel `dns/server.rs` `get_addresses`:
+/// `client.network == vip.network`); one whose VIPs are all another
+/// network's is still the mesh's name, with no record (NODATA), not the
+/// upstream's. The node here is on the default network.
+#[test]
+fn a_service_answers_with_its_vips_on_the_clients_network_only() -> anyhow::Result<()> {
+    let upstream = FakeDns::on_loopback(UPSTREAM_TAG)?;
+    let on = |network: &str, vip: [u8; 4]| dataplane_user::config::Vip::new(network, vip.into());
+    let mut split = service(
+        "split",
+        NAMESPACE,
+        IpAddr::from([10, 96, 0, 41]),
+        &[(80, 80)],
+    );
+    split.vips = vec![on("west", [10, 96, 0, 42]), on("", [10, 96, 0, 41])];
+    let mut far = service("far", NAMESPACE, IpAddr::from([10, 96, 0, 43]), &[(80, 80)]);
+    far.vips = vec![on("west", [10, 96, 0, 43])];
+    let w = world_with("dnsnet", upstream.addr(), vec![split, far])?;
+    let server = asked(ASKED_V4);
+    let name = |svc: &str| format!("{svc}.{NAMESPACE}.svc.cluster.local.");
+    let reply = query(&w.client, "udp", server, &name("split"), "A", None)?;
+    assert_eq!(a(&reply), [IpAddr::from([10, 96, 0, 41])], "{reply:?}");
+    let reply = query(&w.client, "udp", server, &name("far"), "A", None)?;
+    assert_eq!(reply.rcode, "No Error", "{reply:?}");
+    assert!(reply.answers.is_empty(), "{reply:?}");
+    assert_eq!(upstream.queries(), 0);
     Ok(())
 }
 

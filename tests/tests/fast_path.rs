@@ -335,7 +335,7 @@ fn a_service_whose_endpoints_are_all_on_the_node_goes_socket_to_socket() -> anyh
     // `pair` (dual-stack) has both endpoints on node1, `local2` on target
     // port 9001; `echo` has one endpoint on node2.
     let mut pair = service("pair", NAMESPACE, PAIR_VIP, &[(80, 9000)]);
-    pair.vips.push(PAIR_VIP6);
+    pair.vips.push(PAIR_VIP6.into());
     let mut config = w.echo_config();
     for workload in config.workloads.iter_mut().filter(|w| w.name == "local") {
         let workload = std::sync::Arc::make_mut(workload);

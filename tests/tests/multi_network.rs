@@ -56,6 +56,14 @@ fn an_endpoint_on_another_network_without_a_gateway_is_never_chosen() -> anyhow:
         })
         .collect();
     config.workloads.extend(shadows);
+    // The VIPs on the client's network, as istiod sends a service's VIPs
+    // on its cluster's network: ztunnel looks a VIP up on the client's
+    // network only (`src/state.rs` `find_upstream`).
+    for service in &mut config.services {
+        for vip in &mut service.vips {
+            vip.network = "east".into();
+        }
+    }
     let path = w.write(&config)?;
     let a1 = w.agent("mnet", 1, &path, &["--network", "east"])?;
     let _a2 = w.agent("mnet", 2, &path, &["--network", "west"])?;
@@ -99,6 +107,11 @@ fn far_mesh(w: &TwoNodes, client_network: &str) -> (LocalConfig, Service) {
     let mut far = service("far", NAMESPACE, FAR_VIP, &[(80, 9000)]);
     // As istiod sends them: SPIFFE URIs (ztunnel ignores any other form).
     far.subject_alt_names = vec!["spiffe://cluster.local/ns/test/sa/remote".to_owned()];
+    // Its VIP on the client's network, where the client looks it up
+    // (ztunnel `find_upstream`: the VIP keyed by the source's network).
+    for vip in &mut far.vips {
+        vip.network = client_network.into();
+    }
     let gateway_ip = IpAddr::from(w.plain.ip4);
     let mut workloads = w.workloads();
     for workload in &mut workloads {

@@ -36,7 +36,6 @@ pub const NOT_CARRIED: &[&str] = &[
     "workloads[].waypoint, networkGateway / services[].waypoint by address: the gateway's \
      network is written as istiod sent it; one from the config file without a network is \
      written empty (`/10.0.0.1`)",
-    "services[].vips: the VIP's network is not kept, written empty (`/10.96.0.10`)",
     "services[].cidrVips, ipFamilies, weightedWaypoints: not kept, left out",
     "services[].subjectAltNames: only the SANs that are SPIFFE identities (the rest are dropped \
      on arrival)",
@@ -454,7 +453,7 @@ fn service(s: &Service, workloads: &[Arc<Workload>]) -> ZtunnelService {
         name: s.name.clone(),
         namespace: s.namespace.clone(),
         hostname: s.hostname.clone(),
-        vips: s.vips.iter().map(|ip| format!("/{ip}")).collect(),
+        vips: s.vips.iter().map(ToString::to_string).collect(),
         cidr_vips: s
             .cidr_vips
             .iter()

@@ -121,7 +121,19 @@ impl PodResolver {
                         .collect(),
                 )
             } else {
-                Some(entry.service.vips.clone())
+                // The VIPs on the client's network only (ztunnel
+                // `dns/server.rs` `get_addresses`: `client.network ==
+                // vip.network`); a pod of this node is on its network.
+                let network = state.workloads.network();
+                Some(
+                    entry
+                        .service
+                        .vips
+                        .iter()
+                        .filter(|vip| *vip.network == *network)
+                        .map(|vip| vip.ip)
+                        .collect(),
+                )
             }
         });
         drop(state);

@@ -259,7 +259,7 @@ impl FastPath {
             .service
             .vips
             .iter()
-            .any(|v| v.to_canonical() == dialled)
+            .any(|v| v.ip == dialled && v.network == state.workloads.network())
         {
             return;
         }

@@ -13,6 +13,7 @@ pub(crate) mod limits;
 mod schema;
 mod shared_str;
 mod validate;
+mod vip;
 mod workload;
 
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
@@ -22,6 +23,7 @@ pub use schema::{
     Service, Visibility, WeightedWaypoint,
 };
 pub use shared_str::SharedStr;
+pub use vip::{Vip, VipError};
 pub use workload::{
     AppTunnelProtocol, ApplicationTunnel, Locality, Ports, Protocol, ServicePorts, Waypoint,
     Workload, WorkloadStatus,
@@ -392,7 +394,7 @@ policies:
         assert!(web.get("service_account").is_none());
 
         let svc = &json["services"][0];
-        assert_eq!(svc["vips"][0], "/10.96.0.10");
+        assert_eq!(svc["vips"][0], "net1/10.96.0.10");
         assert_eq!(svc["subjectAltNames"][1], "cluster.local/ns/shop/sa/legacy");
         assert_eq!(svc["loadBalancing"], "random");
 

@@ -1,10 +1,10 @@
 //! The shapes of services and authorization policies in the local config
 //! (camelCase, as Istio's node proxy accepts them).
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::collections::BTreeMap;
 
 use ipnet::IpNet;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 /// A service: virtual IPs and ports in front of the workloads that list it.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -17,14 +17,10 @@ pub struct Service {
     /// DNS name, e.g. `web.shop.svc.cluster.local`; also accepted as an
     /// HBONE authority (`hostname:port`).
     pub hostname: String,
-    /// Virtual IPs as `network/ip` (the network may be empty: `/10.96.0.10`).
-    #[serde(
-        default,
-        deserialize_with = "vips",
-        serialize_with = "serialize_vips",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub vips: Vec<IpAddr>,
+    /// Virtual IPs, each on its network, written `network/ip` (the
+    /// network may be empty: `/10.96.0.10`, the default one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vips: Vec<super::Vip>,
     /// Address ranges that are the service's too (a ServiceEntry's
     /// `addresses` given as CIDRs): a destination in one, and at no VIP,
     /// is this service's (ztunnel `ServiceStore::get_best_by_cidr_vip`).
@@ -218,26 +214,6 @@ impl Routing {
     fn is_default(&self) -> bool {
         *self == Self::default()
     }
-}
-
-fn vips<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpAddr>, D::Error> {
-    let raw: Vec<String> = Vec::deserialize(d)?;
-    raw.iter()
-        .map(|v| {
-            let ip = v.rsplit_once('/').map_or(v.as_str(), |(_, ip)| ip);
-            ip.parse().map_err(|_| {
-                serde::de::Error::custom(format!(
-                    "VIP `{v}` is not `network/ip` with a valid IP (e.g. `/10.96.0.10`)"
-                ))
-            })
-        })
-        .collect()
-}
-
-/// Writes VIPs back as `network/ip` with an empty network (`/10.96.0.10`),
-/// the form [`vips`] reads; the network is not kept when parsing.
-fn serialize_vips<S: Serializer>(vips: &[IpAddr], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(vips.iter().map(|ip| format!("/{ip}")))
 }
 
 /// `skip_serializing_if` for flags that default to `false`.

@@ -25,7 +25,6 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
     // `src/state/workload.rs` `WorkloadStore::by_addr`): two networks may
     // use the same pod range.
     let mut ips: HashMap<(&str, std::net::IpAddr), &str> = HashMap::new();
-    let mut any_network: HashSet<std::net::IpAddr> = HashSet::new();
     for (i, w) in config.workloads.iter().enumerate() {
         if !uids.insert(&*w.uid) {
             return Err(invalid(
@@ -85,7 +84,6 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
             ));
         }
         for ip in w.own_ips() {
-            any_network.insert(*ip);
             if let Some(first) = ips.insert((&*w.network, *ip), &w.uid) {
                 return Err(invalid(
                     format!("workloads[{i}].workloadIps"),
@@ -115,15 +113,19 @@ pub(super) fn check(config: &LocalConfig, text: &str) -> Result<(), ConfigError>
             ));
         }
         for vip in &s.vips {
-            if !vips.insert((*vip, s.namespace.as_str())) || any_network.contains(vip) {
+            // Per network, as ztunnel keys both (`NetworkAddress`).
+            if !vips.insert((vip, s.namespace.as_str()))
+                || ips.contains_key(&(&*vip.network, vip.ip))
+            {
                 return Err(invalid(
                     format!("services[{i}].vips"),
                     &vip.to_string(),
                     2,
                     format!(
-                        "VIP {vip} is already used by a workload or by another service of \
-                         namespace `{}` (only services of different namespaces may share one)",
-                        s.namespace
+                        "VIP {} is already used on network `{}` by a workload or by another \
+                         service of namespace `{}` (only services of different namespaces or \
+                         networks may share one)",
+                        vip.ip, vip.network, s.namespace
                     ),
                 ));
             }

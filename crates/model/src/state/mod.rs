@@ -13,6 +13,8 @@
 
 mod affected;
 mod by_addr;
+mod by_vip;
+mod dead;
 mod endpoints;
 mod interned;
 mod peer;
@@ -32,14 +34,12 @@ pub use crate::config::{
 };
 
 pub use affected::Affected;
+pub use dead::{DEAD_ENDPOINT_HOLD, DeadEndpoints, random_index};
 pub use endpoints::EndpointSet;
 pub use peer::{Peer, ServiceRef};
 pub use provenance::Provenance;
 pub use routing::on_reachable_network;
-pub use services::{
-    DEAD_ENDPOINT_HOLD, DeadEndpoints, Endpoint, EndpointAddr, ServiceEntry, ServiceIndex,
-    random_index,
-};
+pub use services::{Endpoint, EndpointAddr, ServiceEntry, ServiceIndex};
 pub use snapshot::MeshState;
 pub use spare::Spare;
 pub use waypoints::WaypointTarget;
@@ -309,6 +309,9 @@ mod network_tests;
 
 #[cfg(test)]
 mod network_addr_tests;
+
+#[cfg(test)]
+mod network_vip_tests;
 
 #[cfg(test)]
 #[expect(

@@ -5,25 +5,24 @@ use std::{
     collections::HashMap,
     net::{IpAddr, SocketAddr},
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::{Duration, Instant},
 };
 
 use ipnet::IpNet;
 
 use super::{
     EndpointSet, EntryKey, MeshWorkload, Multi, ServiceRef, Values,
+    dead::random_index,
     text_key::{TextKey, TextProbe},
 };
 use crate::{
-    config::{HealthPolicy, LoadBalancing, RoutingMode, Service, Waypoint, WorkloadStatus},
+    config::{
+        HealthPolicy, LoadBalancing, RoutingMode, Service, SharedStr, Waypoint, WorkloadStatus,
+    },
     identity::Identity,
 };
-
-/// How long an endpoint whose node did not answer is skipped.
-pub const DEAD_ENDPOINT_HOLD: Duration = Duration::from_secs(30);
 
 /// A service with its endpoints.
 #[derive(Debug)]
@@ -251,8 +250,12 @@ pub struct ServiceIndex {
     members: Multi<TextKey, Arc<MeshWorkload>>,
     /// Built entries by service key.
     entries: Multi<TextKey, Arc<ServiceEntry>>,
-    /// Built entries by VIP (services of several namespaces may share one).
-    by_vip: Multi<IpAddr, Arc<ServiceEntry>>,
+    /// Built entries by network and VIP (services of several namespaces,
+    /// or of several networks, may share one).
+    pub(super) by_vip: super::by_vip::ByVip,
+    /// This node's network: the one a lookup for no client workload in
+    /// particular ([`Self::by_vip`], [`Self::by_vip_for`]) is made on.
+    network: SharedStr,
     /// Built entries by VIP range (few services have one: looked up by a
     /// scan, as ztunnel's `by_cidr_vip`).
     by_cidr: Multi<IpNet, Arc<ServiceEntry>>,
@@ -326,9 +329,9 @@ impl ServiceIndex {
                     .and_then(|defs| defs.get(entry))
                     .is_some_and(|service| Arc::ptr_eq(service, &built.service));
                 for vip in &built.service.vips {
-                    old_vip(vip.to_canonical());
+                    old_vip(vip.ip);
                     if !stays {
-                        self.by_vip.remove(&vip.to_canonical(), entry);
+                        self.by_vip.remove(vip, entry);
                     }
                 }
                 if stays {
@@ -364,8 +367,7 @@ impl ServiceIndex {
                     }),
                 };
                 for vip in &service.vips {
-                    self.by_vip
-                        .insert(vip.to_canonical(), entry.clone(), Arc::clone(&built));
+                    self.by_vip.insert(vip, entry.clone(), Arc::clone(&built));
                 }
                 for range in &service.cidr_vips {
                     self.by_cidr
@@ -382,38 +384,75 @@ impl ServiceIndex {
         rebuild
     }
 
-    /// The VIPs of every service held under the service key `key`.
+    /// The VIPs (any network's) of every service held under the service
+    /// key `key`.
     pub fn vips<'a>(&'a self, key: &TextKey) -> impl Iterator<Item = IpAddr> + 'a {
         self.entries
             .all(key)
             .into_iter()
             .flat_map(|built| built.values())
-            .flat_map(|entry| entry.service.vips.iter().map(|vip| vip.to_canonical()))
+            .flat_map(|entry| entry.service.vips.iter().map(|vip| vip.ip))
     }
 
-    /// The service behind a VIP, for no client in particular (of several,
-    /// see [`best`]).
+    /// Makes `network` this node's: the one [`Self::by_vip`] and
+    /// [`Self::by_vip_for`] look up on. Nothing is indexed again: VIPs are
+    /// keyed by their own network.
+    pub fn set_network(&mut self, network: &str) {
+        self.network = SharedStr::from(network);
+    }
+
+    /// The service behind a VIP on this node's network, for no client in
+    /// particular (of several, see [`best`]).
     pub fn by_vip(&self, ip: IpAddr) -> Option<&Arc<ServiceEntry>> {
-        self.lookup_vip(ip, None)
+        self.lookup_vip(&self.network, ip, None)
     }
 
-    /// The service behind a VIP for a client in `namespace`: one visible
-    /// to it, its own namespace's first (ztunnel
-    /// `ServiceStore::get_best_by_vip`). `None` when none is visible: the
-    /// address is then no service's for this client.
+    /// The service behind a VIP on `network`, for no client in
+    /// particular (of several, see [`best`]).
+    pub fn by_vip_at(&self, network: &str, ip: IpAddr) -> Option<&Arc<ServiceEntry>> {
+        self.lookup_vip(network, ip, None)
+    }
+
+    /// The service behind a VIP on this node's network for a client in
+    /// `namespace`: see [`Self::by_vip_on`].
     pub fn by_vip_for(&self, ip: IpAddr, namespace: &str) -> Option<&Arc<ServiceEntry>> {
-        self.lookup_vip(ip, Some(namespace))
+        self.lookup_vip(&self.network, ip, Some(namespace))
     }
 
-    /// A VIP's service for a client in `namespace` (any client: `None`):
-    /// the best visible one at the address, else the best visible one
-    /// whose VIP range holds it, ranked by the client's namespace, then
-    /// the longest prefix, then `canonical` (ztunnel
-    /// `ServiceStore::get_best_by_vip`, `get_best_by_cidr_vip`); among
-    /// equals the last in entry order, as [`best`].
-    fn lookup_vip(&self, ip: IpAddr, namespace: Option<&str>) -> Option<&Arc<ServiceEntry>> {
+    /// The service behind a VIP on `network` (the client's: a VIP of
+    /// another network at the same IP is not it, ztunnel `find_upstream`)
+    /// for a client in `namespace`: one visible to it, its own
+    /// namespace's first (ztunnel `ServiceStore::get_best_by_vip`).
+    /// `None` when none is visible: the address is then no service's for
+    /// this client.
+    pub fn by_vip_on(
+        &self,
+        network: &str,
+        ip: IpAddr,
+        namespace: &str,
+    ) -> Option<&Arc<ServiceEntry>> {
+        self.lookup_vip(network, ip, Some(namespace))
+    }
+
+    /// A VIP's service on `network` for a client in `namespace` (any
+    /// client: `None`): the best visible one at the network address, else
+    /// the best visible one whose VIP range holds it, ranked by the
+    /// client's namespace, then the longest prefix, then `canonical`
+    /// (ztunnel `ServiceStore::get_best_by_vip`, `get_best_by_cidr_vip`);
+    /// among equals the last in entry order, as [`best`]. (VIP ranges
+    /// carry no network here: any network's match.)
+    fn lookup_vip(
+        &self,
+        network: &str,
+        ip: IpAddr,
+        namespace: Option<&str>,
+    ) -> Option<&Arc<ServiceEntry>> {
         let ip = ip.to_canonical();
-        if let Some(found) = self.by_vip.all(&ip).and_then(|all| best(all, namespace)) {
+        if let Some(found) = self
+            .by_vip
+            .all(network, &ip)
+            .and_then(|all| best(all, namespace))
+        {
             return Some(found);
         }
         if self.by_cidr.is_empty() {
@@ -570,39 +609,4 @@ fn best<'a>(
         .filter(|e| e.service.canonical)
         .last()
         .or_else(|| visible().last())
-}
-
-/// Endpoint IPs that recently failed to answer, skipped for
-/// [`DEAD_ENDPOINT_HOLD`]. Shared across config generations.
-#[derive(Debug, Default)]
-pub struct DeadEndpoints {
-    until: Mutex<HashMap<IpAddr, Instant>>,
-}
-
-impl DeadEndpoints {
-    /// Marks `ip` dead for a while.
-    pub fn mark(&self, ip: IpAddr) {
-        if let Ok(mut until) = self.until.lock() {
-            until.insert(ip, Instant::now() + DEAD_ENDPOINT_HOLD);
-        }
-    }
-
-    /// Whether `ip` is being skipped.
-    pub fn is_dead(&self, ip: IpAddr) -> bool {
-        self.until
-            .lock()
-            .map(|until| until.get(&ip).is_some_and(|t| *t > Instant::now()))
-            .unwrap_or(false)
-    }
-}
-
-/// A cheap random index below `n` (at least 1; no `rand` dependency):
-/// the std hasher's random keys over a counter.
-pub fn random_index(n: usize) -> usize {
-    let n = n.max(1);
-    use std::hash::{BuildHasher, Hasher};
-    static COUNTER: AtomicUsize = AtomicUsize::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_usize(COUNTER.fetch_add(1, Ordering::Relaxed));
-    (h.finish() as usize) % n
 }

@@ -117,6 +117,7 @@ impl MeshState {
     #[must_use]
     pub fn on_network(mut self, network: &str) -> Self {
         self.workloads.set_network(network);
+        self.services.set_network(network);
         self
     }
 
@@ -174,12 +175,17 @@ impl MeshState {
         let entry = self
             .services
             .by_hostname_for(host, &me.workload.namespace)?;
+        // ztunnel ranks the VIPs on the destination's network, IPv4 over
+        // IPv6, over any other network's.
         let vips = &entry.service.vips;
+        let local = |vip: &&crate::config::Vip| vip.network == me.workload.network;
         let vip = vips
             .iter()
-            .find(|ip| ip.is_ipv4())
+            .filter(local)
+            .find(|vip| vip.ip.is_ipv4())
+            .or_else(|| vips.iter().find(local))
             .or_else(|| vips.first())?;
-        Some(SocketAddr::new(*vip, port))
+        Some(SocketAddr::new(vip.ip, port))
     }
 
     /// Who is at `ip`, as far as this state says (an unknown address gives

@@ -34,7 +34,14 @@ impl MeshState {
     /// The service `waypoint` names (by VIP or hostname), if it names one.
     pub fn waypoint_service(&self, waypoint: &Waypoint) -> Option<&Arc<ServiceEntry>> {
         if let Some(ip) = waypoint.address {
-            return self.services.by_vip(ip);
+            // On the waypoint's network when it names one, else this
+            // node's (as its workload is looked up: ztunnel's
+            // `GatewayAddress` carries its network).
+            let network = waypoint
+                .network
+                .as_deref()
+                .unwrap_or(self.workloads.network());
+            return self.services.by_vip_at(network, ip);
         }
         // `namespace/hostname`: the service of that key, whoever else
         // shares the hostname (ztunnel `find_hostname` ->
@@ -123,7 +130,7 @@ impl MeshState {
             Some(workload) => workload.workload.waypoint.as_deref(),
             None => self
                 .services
-                .by_vip(target)
+                .by_vip_at(network, target)
                 .and_then(|entry| entry.service.waypoint.as_ref()),
         };
         let Some(waypoint) = waypoint else {
@@ -136,7 +143,7 @@ impl MeshState {
                 let network = waypoint.network.as_deref().unwrap_or(network);
                 match self.workloads.by_addr(network, ip) {
                     Some(workload) => workload.workload.workload_ips.contains(&local_ip),
-                    None => self.services.by_vip(ip).is_some_and(has_local),
+                    None => self.services.by_vip_at(network, ip).is_some_and(has_local),
                 }
             }
             (None, Some(key)) => self.services.by_key(key).is_some_and(has_local),

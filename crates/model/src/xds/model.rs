@@ -124,10 +124,10 @@ impl ClaimsOnNetwork {
 
 /// Who claims each network address (network and IP), as the mesh state
 /// keys workloads (ztunnel `src/state/workload.rs` `WorkloadStore::by_addr`):
-/// pods of two networks at one IP are no conflict. A service's VIP is
-/// claimed on the empty network, its network not being kept (see
-/// [`AddressEntry::claim_network`]). A network nobody claims on is
-/// dropped.
+/// pods of two networks at one IP are no conflict, nor are two networks'
+/// services at one VIP (ztunnel `ServiceStore::by_vip`, keyed by
+/// `NetworkAddress`; see [`AddressEntry::claimed`]). A network nobody
+/// claims on is dropped.
 #[derive(Debug, Default)]
 struct Claims {
     networks: HashMap<SharedStr, ClaimsOnNetwork, foldhash::fast::RandomState>,
@@ -241,22 +241,23 @@ impl AddressEntry {
         }
     }
 
-    /// The network its addresses are claimed on: a workload's own; the
-    /// empty one for a service, whose VIPs' network is not kept.
-    fn claim_network(&self) -> SharedStr {
-        match self {
-            Self::Workload(Some(w)) => w.network.clone(),
-            _ => SharedStr::default(),
-        }
-    }
-
-    fn addresses(&self) -> &[IpAddr] {
-        match self {
+    /// The network addresses it claims: a workload's IPs on its network,
+    /// a service's VIPs each on its own (istiod merges one service's
+    /// VIPs from several clusters' networks: `multicluster.go`).
+    fn claimed(&self) -> impl Iterator<Item = (&SharedStr, IpAddr)> {
+        let (ips, network): (&[IpAddr], Option<&SharedStr>) = match self {
             // A host-network pod claims none: its IPs are its node's.
-            Self::Workload(Some(w)) => w.own_ips(),
-            Self::Service(s) => &s.vips,
-            Self::Workload(None) | Self::Neither => &[],
-        }
+            Self::Workload(Some(w)) => (w.own_ips(), Some(&w.network)),
+            _ => (&[], None),
+        };
+        let vips = match self {
+            Self::Service(s) => &s.vips[..],
+            _ => &[],
+        };
+        network
+            .into_iter()
+            .flat_map(move |network| ips.iter().map(move |ip| (network, *ip)))
+            .chain(vips.iter().map(|vip| (&vip.network, vip.ip)))
     }
 
     /// It as named in a conflict note.
@@ -386,15 +387,14 @@ impl XdsModel {
                 let old = &old.model().entry;
                 if let Some(kind) = old.kind() {
                     let claimant = XdsEntry::new(kind, Arc::clone(name));
-                    let network = old.claim_network();
-                    for ip in old.addresses() {
-                        if let Some(set) = self.claims.get_mut(&network, ip) {
+                    for (network, ip) in old.claimed() {
+                        if let Some(set) = self.claims.get_mut(network, &ip) {
                             set.remove(&claimant);
                             if set.is_empty() {
-                                self.claims.remove(&network, ip);
+                                self.claims.remove(network, &ip);
                             }
                         }
-                        addresses.insert((network.clone(), *ip));
+                        addresses.insert((network.clone(), ip));
                     }
                     touched.insert(claimant);
                 }
@@ -409,10 +409,9 @@ impl XdsModel {
             let translated = new.model();
             if let Some(kind) = translated.entry.kind() {
                 let claimant = XdsEntry::new(kind, Arc::clone(name));
-                let network = translated.entry.claim_network();
-                for ip in translated.entry.addresses() {
-                    self.claims.entry(&network, *ip).insert(claimant.clone());
-                    addresses.insert((network.clone(), *ip));
+                for (network, ip) in translated.entry.claimed() {
+                    self.claims.entry(network, ip).insert(claimant.clone());
+                    addresses.insert((network.clone(), ip));
                 }
                 touched.insert(claimant);
             }
@@ -498,10 +497,11 @@ impl XdsModel {
         };
         let mut notes = Vec::new();
         let mut seen = HashSet::new();
-        let mut kept = Vec::with_capacity(raw.addresses().len());
-        let network = raw.claim_network();
-        for ip in raw.addresses() {
-            let owner = self.claims.get(&network, ip).and_then(|set| set.first());
+        let mut kept = Vec::new();
+        let mut claimed = 0;
+        for (network, ip) in raw.claimed() {
+            claimed += 1;
+            let owner = self.claims.get(network, &ip).and_then(|set| set.first());
             match owner {
                 // Services in several namespaces may share a VIP; each
                 // client is given the best for it (ztunnel
@@ -517,20 +517,22 @@ impl XdsModel {
                         .get(&owner.name)
                         .map(|held| held.model().entry.label())
                         .unwrap_or_default();
-                    notes.push(conflict_note(&raw.label(), ip, &owner));
+                    notes.push(conflict_note(&raw.label(), &ip, &owner));
                 }
-                _ if !seen.insert(*ip) => notes.push(conflict_note(&raw.label(), ip, &raw.label())),
-                _ => kept.push(*ip),
+                _ if !seen.insert((network, ip)) => {
+                    notes.push(conflict_note(&raw.label(), &ip, &raw.label()));
+                }
+                _ => kept.push((network, ip)),
             }
         }
-        let all = kept.len() == raw.addresses().len();
+        let all = kept.len() == claimed;
         match raw {
             AddressEntry::Workload(Some(w)) => {
                 let w = if all {
                     Arc::clone(w)
                 } else {
                     Arc::new(config::Workload {
-                        workload_ips: kept.into(),
+                        workload_ips: kept.iter().map(|(_, ip)| *ip).collect(),
                         ..(**w).clone()
                     })
                 };
@@ -544,7 +546,10 @@ impl XdsModel {
                     Arc::clone(s)
                 } else {
                     Arc::new(config::Service {
-                        vips: kept,
+                        vips: kept
+                            .iter()
+                            .map(|(network, ip)| config::Vip::new((*network).clone(), *ip))
+                            .collect(),
                         ..(**s).clone()
                     })
                 };

@@ -100,3 +100,64 @@ fn pods_of_two_networks_at_one_ip_are_both_kept_push_by_push() {
         model.entries().translated("xds").config.workloads
     );
 }
+
+/// A service from istiod with its VIP 10.0.0.5 on `network`.
+fn put_service(r: &mut XdsResources, name: &str, network: &str) {
+    let s = workload::Service {
+        name: name.into(),
+        namespace: "shop".into(),
+        hostname: format!("{name}.shop.svc.cluster.local"),
+        addresses: vec![workload::NetworkAddress {
+            network: network.into(),
+            address: vec![10, 0, 0, 5],
+            length: None,
+        }],
+        ..Default::default()
+    };
+    let resource = Address {
+        r#type: Some(address::Type::Service(s)),
+    };
+    let key: Arc<str> = format!("shop/{name}.shop.svc.cluster.local").into();
+    let held = Versioned::new(&key, "1", &resource);
+    r.addresses.insert(key, Arc::new(held));
+}
+
+/// istiod's services keep their VIP's network (ztunnel
+/// `ServiceStore::by_vip` keys by `NetworkAddress`): one VIP on two
+/// networks is two services, each found on its network only; a VIP is
+/// claimed on its own network, so a pod at that IP on another network is
+/// no conflict, and one on the same network is (the workload keeps the
+/// address, as entries are resolved by kind: [`EntryKind`]).
+#[test]
+fn services_of_two_networks_at_one_vip_are_each_found_on_their_own() {
+    let mut r = XdsResources::default();
+    let mut model = XdsModel::default();
+    put_service(&mut r, "east-svc", "east");
+    put_service(&mut r, "west-svc", "west");
+    put(&mut r, "west-pod", "north");
+    model.update(&r);
+    let translated = model.entries().translated("xds");
+    assert!(translated.dropped.is_empty(), "{:?}", translated.dropped);
+    let state = MeshState::from_config(&translated.config).unwrap();
+    let ip: IpAddr = "10.0.0.5".parse().unwrap();
+    let on = |network| {
+        state
+            .services
+            .by_vip_on(network, ip, "shop")
+            .map(|e| e.service.name.clone())
+    };
+    assert_eq!(on("east").as_deref(), Some("east-svc"));
+    assert_eq!(on("west").as_deref(), Some("west-svc"));
+    assert_eq!(on(""), None);
+
+    // A pod at the VIP on `east`: `east-svc` loses it, `west-svc` not.
+    put(&mut r, "east-pod", "east");
+    model.update(&r);
+    let translated = model.entries().translated("xds");
+    assert_eq!(translated.dropped.len(), 1, "{:?}", translated.dropped);
+    let vips = |name: &str| {
+        let service = translated.config.services.iter().find(|s| s.name == name);
+        service.unwrap().vips.len()
+    };
+    assert_eq!((vips("east-svc"), vips("west-svc")), (0, 1));
+}

@@ -248,8 +248,12 @@ fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> config::Servi
             .addresses
             .iter()
             .filter(|a| cidr_of(a).is_none())
-            .filter_map(|a| ip_from_bytes(&a.address).ok())
-            .map(|ip| ip.to_canonical())
+            .filter_map(|a| {
+                // Its network kept: two networks' services may share a
+                // VIP (ztunnel `Service` `vips: Vec<NetworkAddress>`).
+                let ip = ip_from_bytes(&a.address).ok()?;
+                Some(config::Vip::new(a.network.as_str(), ip))
+            })
             .collect(),
         cidr_vips: s.addresses.iter().filter_map(cidr_of).collect(),
         ports: s

@@ -140,7 +140,7 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
             namespace: "shop".into(),
             hostname: "web.shop.svc.cluster.local".into(),
             addresses: vec![NetworkAddress {
-                network: String::new(),
+                network: "net1".into(),
                 address: vec![10, 96, 0, 10],
                 length: None,
             }],
@@ -244,7 +244,11 @@ fn every_field_the_data_plane_acts_on_is_carried_over() {
         ("api.example.com", 0)
     );
     let svc = &c.services[0];
-    assert_eq!(svc.vips, ["10.96.0.10".parse::<IpAddr>().unwrap()]);
+    // The VIP's network is kept (ztunnel keys services by it).
+    assert_eq!(
+        svc.vips,
+        ["net1/10.96.0.10".parse::<config::Vip>().unwrap()]
+    );
     assert_eq!(svc.health_policy, HealthPolicy::AllowAll);
     assert_eq!(svc.routing.mode, RoutingMode::Failover);
     assert_eq!(
@@ -315,7 +319,7 @@ fn cidr_addresses_are_vip_ranges() {
     assert_eq!(
         svc.vips,
         [
-            "198.51.100.1".parse::<IpAddr>().unwrap(),
+            "198.51.100.1".parse::<config::Vip>().unwrap(),
             "198.51.100.2".parse().unwrap()
         ]
     );

@@ -174,7 +174,7 @@ pub fn synthetic_mesh(n: usize) -> LocalConfig {
                 name: format!("svc{s}"),
                 hostname: format!("svc{s}.{namespace}.svc.cluster.local"),
                 namespace,
-                vips: vec![service_vip(s)],
+                vips: vec![service_vip(s).into()],
                 ports: BTreeMap::from([(80, 8080)]),
                 subject_alt_names: Vec::new(),
                 load_balancing: Default::default(),

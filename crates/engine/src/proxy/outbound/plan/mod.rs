@@ -245,10 +245,22 @@ pub fn plan(
         };
         return outcome(None, action);
     }
+    // ztunnel looks a destination up on the client's network
+    // (`src/proxy/outbound.rs` `build_request`: `fetch_upstream` with the
+    // source workload's network; `src/state.rs` `find_upstream` then
+    // `get_best_by_vip` with that network address): another network's
+    // service or pod at the address is not it.
+    let network = state
+        .workloads
+        .by_ip(src)
+        .map_or(choice.network(), |client| &*client.workload.network);
     // The source pod's namespace picks among services sharing the VIP
     // and hides those not visible to it (ztunnel `find_upstream` passes
     // the source workload's; a pod's identity names that namespace).
-    if let Some(entry) = state.services.by_vip_for(dst.ip(), &source.namespace) {
+    if let Some(entry) = state
+        .services
+        .by_vip_on(network, dst.ip(), &source.namespace)
+    {
         let key = entry.service.key();
         let service = Some(Arc::clone(&entry.label));
         if entry.service.routing.mode == RoutingMode::Passthrough {
@@ -317,14 +329,8 @@ pub fn plan(
         }
         return outcome(service, Action::Failover(hops));
     }
-    // ztunnel looks a pod address up on the client's network
-    // (`src/proxy/outbound.rs` `build_request`: `fetch_upstream` with the
-    // source workload's network): a pod of another network is no pod to
-    // it, and the connection goes out as dialled.
-    let network = state
-        .workloads
-        .by_ip(src)
-        .map_or(choice.network(), |client| &*client.workload.network);
+    // A pod of another network is no pod to the client either: the
+    // connection goes out as dialled.
     let known = state.workloads.by_addr(network, dst.ip());
     let action = match known {
         Some(workload) => match &workload.workload.waypoint {

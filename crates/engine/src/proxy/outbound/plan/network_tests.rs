@@ -18,6 +18,8 @@ use crate::config::LocalConfig;
 /// A client on `east`, a pod there and one on `west` (no gateway), both
 /// endpoints of `echo`; `remote`'s only endpoint is on `west` without an
 /// address, behind the gateway `gw` (ztunnel `build_request_double_hbone`).
+/// Each service has its VIP on every network that sees it, as istiod
+/// merges a service's VIPs from its clusters' networks (`multicluster.go`).
 const MESH: &str = r#"
 workloads:
 - {uid: client, name: client, namespace: shop, workloadIps: [10.1.0.1], network: east}
@@ -29,8 +31,8 @@ workloads:
    networkGateway: {address: 10.2.0.9, hbonePort: 15009}, services: {'shop/remote.shop.svc.cluster.local': {80: 9000}}}
 - {uid: gw, name: gw, namespace: istio-system, serviceAccount: eastwest, workloadIps: [10.2.0.9], network: west}
 services:
-- {name: echo, namespace: shop, hostname: echo, vips: ['/10.96.0.10'], ports: {80: 9000}}
-- {name: remote, namespace: shop, hostname: remote.shop.svc.cluster.local, vips: ['/10.96.0.11'], ports: {80: 9000},
+- {name: echo, namespace: shop, hostname: echo, vips: ['east/10.96.0.10', 'west/10.96.0.10', '/10.96.0.10'], ports: {80: 9000}}
+- {name: remote, namespace: shop, hostname: remote.shop.svc.cluster.local, vips: ['east/10.96.0.11', 'west/10.96.0.11'], ports: {80: 9000},
    subjectAltNames: ['cluster.local/ns/shop/sa/echo']}
 "#;
 
