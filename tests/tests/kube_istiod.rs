@@ -45,6 +45,24 @@ use serde_json::{Value, json};
 const NODE: &str = "node-a";
 const NAMESPACE: &str = "shop";
 
+/// istiod on loopback deriving its addresses from `api` (live), which
+/// lists `pods` and the fixture's namespaces; it serves no policies.
+fn kube_fed_istiod(
+    api: &FakeApi,
+    pods: [&ApiPod; 2],
+) -> Result<(tokio::runtime::Runtime, TestPki, TestIstiod, KubeAddresses)> {
+    api.push_list(
+        "/api/v1/pods",
+        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1210"},
+               "items": pods.map(ApiPod::item)}),
+    );
+    api.push_list("/api/v1/namespaces", fixture_namespaces()?);
+    let (rt, pki, istiod) = loopback_istiod()?;
+    let addresses = KubeAddresses::start(rt.handle(), api, &istiod, Cluster::default());
+    rt.block_on(istiod.publish(AUTHORIZATION_TYPE, Vec::new(), &[]))?;
+    Ok((rt, pki, istiod, addresses))
+}
+
 /// One pod of the test: its namespace and cgroup, the sandbox process that
 /// makes the agent find it, and its object in the API.
 struct ApiPod {
@@ -160,17 +178,8 @@ fn api_enrolled_pods_get_hbone_from_istiod_only_once_the_agent_annotates_them() 
     for pod in [&client, &server] {
         api.set_object(&pod.path, pod.object.clone());
     }
-    api.push_list(
-        "/api/v1/pods",
-        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1210"},
-               "items": [client.item(), server.item()]}),
-    );
-    api.push_list("/api/v1/namespaces", fixture_namespaces()?);
-
     // istiod: workloads from the API's pods, no policies.
-    let (rt, pki, istiod) = loopback_istiod()?;
-    let _workloads = KubeAddresses::start(rt.handle(), &api, &istiod, Cluster::default());
-    rt.block_on(istiod.publish(AUTHORIZATION_TYPE, Vec::new(), &[]))?;
+    let (_rt, pki, istiod, _workloads) = kube_fed_istiod(&api, [&client, &server])?;
 
     let dir = TempDir::new("kubeistiod")?;
     let agent = start_agent(&dir, &api, &istiod, &pki, &node)?;
@@ -307,16 +316,7 @@ fn a_service_object_reaches_its_pod_and_waypoint_labels_attach_as_istiod_attache
         &format!("/api/v1/namespaces/{NAMESPACE}/services/server"),
         service,
     );
-    api.push_list(
-        "/api/v1/pods",
-        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1210"},
-               "items": [client.item(), server.item()]}),
-    );
-    api.push_list("/api/v1/namespaces", fixture_namespaces()?);
-
-    let (rt, pki, istiod) = loopback_istiod()?;
-    let _addresses = KubeAddresses::start(rt.handle(), &api, &istiod, Cluster::default());
-    rt.block_on(istiod.publish(AUTHORIZATION_TYPE, Vec::new(), &[]))?;
+    let (_rt, pki, istiod, _addresses) = kube_fed_istiod(&api, [&client, &server])?;
     let dir = TempDir::new("kubesvc")?;
     let agent = start_agent(&dir, &api, &istiod, &pki, &node)?;
     let _echo = echo_server(&server_pod, 9000)?;
