@@ -138,14 +138,6 @@ impl MeasuredAgent {
         probe::rss_bytes(pid)
     }
 
-    /// The most memory it has had resident since it started, in bytes.
-    pub fn peak_rss(&self) -> anyhow::Result<u64> {
-        let pid = self
-            .pid()
-            .ok_or_else(|| anyhow::anyhow!("agent not running"))?;
-        probe::peak_rss_bytes(pid)
-    }
-
     /// Its bpffs directory (`--bpffs`), for `dataplane redirect stats`.
     pub fn bpffs(&self) -> &Path {
         self.bpffs.path()

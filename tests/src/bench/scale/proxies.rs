@@ -32,28 +32,23 @@ impl Running {
         }
     }
 
+    /// Its process id, while it runs.
+    fn pid(&self) -> anyhow::Result<u32> {
+        match self {
+            Self::Ours { agent, .. } => agent.pid(),
+            Self::Ztunnel { process, .. } => process.pid(),
+        }
+        .ok_or_else(|| anyhow::anyhow!("the proxy is not running"))
+    }
+
     /// Its resident memory, in bytes.
     pub(super) fn rss(&self) -> anyhow::Result<u64> {
-        match self {
-            Self::Ours { agent, .. } => agent.rss(),
-            Self::Ztunnel { process, .. } => super::super::probe::rss_bytes(
-                process
-                    .pid()
-                    .ok_or_else(|| anyhow::anyhow!("ztunnel not running"))?,
-            ),
-        }
+        super::super::probe::rss_bytes(self.pid()?)
     }
 
     /// The most memory it has had resident since it started, in bytes.
     pub(super) fn peak_rss(&self) -> anyhow::Result<u64> {
-        match self {
-            Self::Ours { agent, .. } => agent.peak_rss(),
-            Self::Ztunnel { process, .. } => super::super::probe::peak_rss_bytes(
-                process
-                    .pid()
-                    .ok_or_else(|| anyhow::anyhow!("ztunnel not running"))?,
-            ),
-        }
+        super::super::probe::peak_rss_bytes(self.pid()?)
     }
 
     /// Fails, with its log, if it exited.
