@@ -22,6 +22,10 @@ fuzz_target!(|data: &[u8]| {
             response
         }
         (Err(_), Err(_)) => return,
+        // The one refusal prost does not make: a response naming more
+        // entries than its size allows (memory bound; never seen from
+        // istiod, and out of reach of inputs under 16 KiB).
+        (Err(dataplane_user::xds::WireError::TooManyEntries { .. }), Ok(_)) => return,
         (ours, prost) => panic!("the in-place reader and prost disagree: {ours:?} / {prost:?}"),
     };
     let mut held = XdsResources::default();

@@ -16,13 +16,12 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
+use super::grpc::AdsCall;
 use super::metrics::{Termination, XdsMetrics};
 use super::resources::{Verdict, XdsResources};
-use super::wire::AdsCodec;
 use super::{XdsConfig, XdsError};
 use crate::istio_api::{
     ADDRESS_TYPE, AUTHORIZATION_TYPE,
@@ -236,7 +235,6 @@ impl XdsClient {
     /// One stream, from connection to failure.
     async fn stream_once(&mut self) -> Result<(), XdsError> {
         let channel: Channel = self.config.istiod.connect().await?;
-        let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE);
         let (requests, outbound) = mpsc::channel::<DeltaDiscoveryRequest>(16);
         let node = self.config.node.node();
         for type_url in TYPES {
@@ -250,24 +248,22 @@ impl XdsClient {
                 .try_send(initial)
                 .map_err(|_| XdsError::Protocol("request queue full at start".into()))?;
         }
-        let mut request = tonic::Request::new(ReceiverStream::new(outbound));
-        self.config.istiod.add_metadata(request.metadata_mut())?;
-        let rpc_failed = |status| XdsError::Rpc {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        self.config.istiod.add_metadata(&mut metadata)?;
+        // The call framed by hand, so each response is freed with it
+        // ([`super::grpc`]).
+        let mut responses = AdsCall::open(
+            channel,
+            ADS_METHOD,
+            metadata,
+            ReceiverStream::new(outbound),
+            MAX_MESSAGE,
+        )
+        .await
+        .map_err(|status| XdsError::Rpc {
             address: self.config.istiod.address.clone(),
             status: Box::new(status),
-        };
-        client.ready().await.map_err(|err| {
-            rpc_failed(tonic::Status::unavailable(format!(
-                "the connection is not ready: {err}"
-            )))
         })?;
-        // The generated client's call, with the codec that keeps each
-        // response as received ([`super::wire`]).
-        let mut responses = client
-            .streaming(request, PathAndQuery::from_static(ADS_METHOD), AdsCodec)
-            .await
-            .map_err(rpc_failed)?
-            .into_inner();
         info!(address = %self.config.istiod.address, "xDS stream up");
         self.update_status(|s| {
             s.connected_since = Some(SystemTime::now());

@@ -9,6 +9,7 @@
 //! response, [`client`] runs the stream and reconnects.
 
 pub mod client;
+pub mod grpc;
 pub mod metrics;
 pub mod model;
 pub mod node;

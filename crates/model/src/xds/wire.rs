@@ -9,8 +9,8 @@
 //! whole first state in one response (about 245 bytes a workload), so at
 //! a million workloads that copy was ~400 MB and four million
 //! allocations on top of the ~245 MB message. Here a response is the
-//! message ([`Bytes`], shared with the transport's buffer, not copied)
-//! and an 8-byte span per resource; [`Response::resources`] reads each
+//! message ([`Bytes`], as the call's framing cut it, not copied:
+//! [`super::grpc`]) and an 8-byte span per resource; [`Response::resources`] reads each
 //! one as it is needed.
 //!
 //! The framing is checked when the message arrives, as deep as prost's
@@ -20,11 +20,9 @@
 //! reading a resource later cannot fail. A resource body (the `Workload`
 //! or `Authorization` inside the `Any`) is decoded by whoever applies it.
 
-use bytes::{Buf as _, Bytes};
-use tonic::Status;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use bytes::Bytes;
 
-use crate::istio_api::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use crate::istio_api::discovery::DeltaDiscoveryResponse;
 
 /// Deepest nesting of groups skipped in unknown fields (prost's recursion
 /// limit).
@@ -60,7 +58,32 @@ pub enum WireError {
     /// The message is larger than spans can address (4 GiB).
     #[error("message of {0} bytes is too large")]
     TooLarge(usize),
+    /// The message holds more resources and removed names than its size
+    /// allows for ([`MAX_SPAN_BYTES_PER_BYTE`]); prost would read it, into
+    /// memory several times its size.
+    #[error(
+        "message of {len} bytes names over {max} resources and removals; \
+         real ones average far more bytes each"
+    )]
+    TooManyEntries {
+        /// The message's length.
+        len: usize,
+        /// The most entries a message of that length may name.
+        max: usize,
+    },
 }
+
+/// The spans a response keeps may take at most its own size (or, for a
+/// small one, [`MIN_SPAN_ALLOWANCE`]): a resource or removed name
+/// needs 2 bytes on the wire at least (an empty one), but 8 as a span,
+/// so without a bound a 512 MiB message of empty entries would cost 2 GiB
+/// of spans. Real entries are far larger (a removed name is a uid or
+/// `namespace/hostname`; a resource carries a name, a version and an
+/// `Any` with a 40-odd-byte type URL), so no response istiod sends comes
+/// near it.
+const MAX_SPAN_BYTES_PER_BYTE: usize = 1;
+/// The span bytes any response may use, however small.
+const MIN_SPAN_ALLOWANCE: usize = 64 * 1024;
 
 /// Where a field's bytes lie in the message.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -120,8 +143,18 @@ impl Response {
             return Err(WireError::TooLarge(buf.len()));
         }
         let mut response = Self::default();
+        let max_entries = (buf.len() * MAX_SPAN_BYTES_PER_BYTE).max(MIN_SPAN_ALLOWANCE)
+            / std::mem::size_of::<Span>();
         let mut reader = Reader::new(&buf, 0, buf.len());
         while let Some(field) = reader.field(0)? {
+            if response.resources.len() + response.removed.len() >= max_entries
+                && matches!(field.number, 2 | 6)
+            {
+                return Err(WireError::TooManyEntries {
+                    len: buf.len(),
+                    max: max_entries,
+                });
+            }
             match (field.number, field.value) {
                 (2, Value::Bytes(span)) => {
                     let parsed = parse_resource(&buf, span)?;
@@ -146,6 +179,9 @@ impl Response {
                 _ => {}
             }
         }
+        // Pushed one by one, the spans may have up to twice the room.
+        response.resources.shrink_to_fit();
+        response.removed.shrink_to_fit();
         response.buf = buf;
         Ok(response)
     }
@@ -451,57 +487,6 @@ impl<'a> Reader<'a> {
             self.pos = key_at;
             self.field(depth)?;
         }
-    }
-}
-
-/// The ADS stream's codec: requests encoded by prost, responses read as
-/// [`Response`] (the message's bytes kept, not decoded into a copy).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AdsCodec;
-
-/// Encodes requests with prost.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RequestEncoder;
-
-/// Reads responses in place.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ResponseDecoder;
-
-impl Codec for AdsCodec {
-    type Encode = DeltaDiscoveryRequest;
-    type Decode = Response;
-    type Encoder = RequestEncoder;
-    type Decoder = ResponseDecoder;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        RequestEncoder
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        ResponseDecoder
-    }
-}
-
-impl Encoder for RequestEncoder {
-    type Item = DeltaDiscoveryRequest;
-    type Error = Status;
-
-    fn encode(&mut self, item: Self::Item, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        prost::Message::encode(&item, dst)
-            .map_err(|err| Status::internal(format!("encoding an xDS request failed: {err}")))
-    }
-}
-
-impl Decoder for ResponseDecoder {
-    type Item = Response;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Response>, Status> {
-        // Splits the transport's buffer off (no copy).
-        let bytes = src.copy_to_bytes(src.remaining());
-        Response::decode(bytes)
-            .map(Some)
-            .map_err(|err| Status::internal(format!("istiod's xDS response is malformed: {err}")))
     }
 }
 

@@ -207,3 +207,48 @@ fn damaged_responses_are_refused_or_read_as_prost_reads_them() {
         "read {read}, refused {refused}"
     );
 }
+
+#[test]
+fn a_response_of_more_entries_than_its_size_allows_is_refused() {
+    // Empty removed names: 2 bytes on the wire, 8 as spans. Under the
+    // floor (64 KiB of spans, 8192 entries) they are read; past it the
+    // spans would outgrow the message, and it is refused.
+    let of = |n: usize| DeltaDiscoveryResponse {
+        removed_resources: vec![String::new(); n],
+        ..DeltaDiscoveryResponse::default()
+    };
+    let read = Response::from_message(&of(8192)).unwrap();
+    assert_eq!(read.removed_count(), 8192);
+    let err = Response::from_message(&of(8193)).unwrap_err();
+    assert_eq!(
+        err,
+        WireError::TooManyEntries {
+            len: 8193 * 2,
+            max: 8192
+        }
+    );
+    // Resources count too, and a message large enough earns room in
+    // proportion: 40,000 empty resources (80 KB) fit 10,000 spans.
+    let resources = DeltaDiscoveryResponse {
+        resources: vec![Resource::default(); 40_000],
+        ..DeltaDiscoveryResponse::default()
+    };
+    assert!(matches!(
+        Response::from_message(&resources),
+        Err(WireError::TooManyEntries {
+            len: 80_000,
+            max: 10_000
+        })
+    ));
+    // Real resources are far past the bound.
+    let real = DeltaDiscoveryResponse {
+        resources: (0..20_000)
+            .map(|i| resource(&format!("Kubernetes//Pod/shop/web-{i}"), "1", &[]))
+            .collect(),
+        ..DeltaDiscoveryResponse::default()
+    };
+    assert_eq!(
+        Response::from_message(&real).unwrap().resource_count(),
+        20_000
+    );
+}
