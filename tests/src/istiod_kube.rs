@@ -17,36 +17,49 @@
 //! is captured. Anything else indicates it is not.").
 //!
 //! Objects read, by their API paths (see [`Index`]): pods, Services,
-//! namespaces, Gateways and GatewayClasses (`gateway.networking.k8s.io/v1`).
+//! namespaces, Gateways and GatewayClasses (`gateway.networking.k8s.io/v1`),
+//! EndpointSlices (`discovery.k8s.io/v1`) and ServiceEntries
+//! (`networking.istio.io/v1`). The test istiod reads them from the
+//! stand-in server's store as an informer would hold them (not through
+//! its HTTP list/watch, which only the agent uses).
 //!
 //! A workload is filled as istiod fills it: uid, name, namespace,
 //! addresses, service account, node, cluster id, network, trust domain,
 //! status, workload name and type, canonical name and revision, network
 //! mode, tunnel protocol and native tunnel; `services`, from the Services
-//! of its namespace whose selector matches its labels, a named
-//! `targetPort` resolved against its container ports
-//! ([`services`]); `waypoint`, from its `istio.io/use-waypoint` label, else
-//! its namespace's, when that waypoint takes workload traffic; and on a
-//! waypoint's own pod `application_tunnel`, from its Gateway's (or
-//! GatewayClass's) `ambient.istio.io/waypoint-inbound-binding`
-//! ([`waypoints`]). A Service gets its hostname, VIPs on the cluster's
-//! network, ports, load balancing, IP families, `canonical`, and the
-//! waypoint of its label, else its namespace's, when that waypoint takes
-//! service traffic. A waypoint is a Gateway with a status address; its
-//! address is that hostname (`namespace/hostname`), else that IP, on port
-//! 15008, as istiod's gateway controller writes it once the waypoint runs.
+//! and ServiceEntries of its namespace whose selector matches its labels,
+//! a named `targetPort` resolved against its container ports
+//! ([`services`]), and from the Services whose EndpointSlices name the
+//! pod as an endpoint's `targetRef` ([`endpoint_slices`]); `waypoint`,
+//! from its `istio.io/use-waypoint` label, else its namespace's, when that
+//! waypoint takes workload traffic; and on a waypoint's own pod
+//! `application_tunnel`, from its Gateway's (or GatewayClass's)
+//! `ambient.istio.io/waypoint-inbound-binding` ([`waypoints`]). An
+//! EndpointSlice's endpoints that are not pods are workloads of their own
+//! (host network, no identity). A Service gets its hostname, VIPs on the
+//! cluster's network, ports, load balancing, IP families, `canonical`,
+//! the waypoint of its label, else its namespace's, when that waypoint
+//! takes service traffic, and `weighted_waypoints` when a canary waypoint
+//! is named beside it. A ServiceEntry's Services and endpoint workloads
+//! are [`crate::istiod_serviceentry`]'s, with the Service's waypoints, and
+//! one hostname is served once per namespace, a Kubernetes Service
+//! winning over ServiceEntries ([`service_entries`]). A waypoint is a
+//! Gateway with a status address; its address is that hostname
+//! (`namespace/hostname`), else that IP, on port 15008, as istiod's
+//! gateway controller writes it once the waypoint runs.
 //!
 //! Left out, because they come from objects the stand-in does not hold or
-//! settings it does not model: the `services` of Services without a
-//! selector (istiod finds them through EndpointSlices), ServiceEntries
-//! selecting pods, `authorization_policies` (AuthorizationPolicy and
-//! PeerAuthentication; with `PILOT_AUTO_ALLOW_WAYPOINT_POLICY` off, as by
-//! default, istiod adds no waypoint policies either), the Services'
-//! `weighted_waypoints` (canary waypoints) and `subject_alt_names`,
-//! waypoint namespace selectors with `matchExpressions` (treated as
-//! matching nothing), `locality` (the Node's topology labels) and
-//! `network_gateway` (the mesh's networks). Tests publish policies to the
-//! test istiod directly beside these. The per-pod `LEGACY_ISTIO_MTLS` rule
+//! settings it does not model: `authorization_policies`
+//! (AuthorizationPolicy and PeerAuthentication; with
+//! `PILOT_AUTO_ALLOW_WAYPOINT_POLICY` off, as by default, istiod adds no
+//! waypoint policies either), ports' `app_protocol` (our workload API
+//! has no such field), WorkloadEntries, a ServiceEntry endpoint's own
+//! waypoint and policies, the mesh's `serviceEntryVisibility` (every
+//! ServiceEntry is public), waypoint namespace selectors with
+//! `matchExpressions` (treated as matching nothing), `locality` (the
+//! Node's topology labels) and `network_gateway` (the mesh's networks).
+//! Tests publish policies to the test istiod directly beside these. The
+//! per-pod `LEGACY_ISTIO_MTLS` rule
 //! is left out too: istiod's ambient index runs with
 //! `EnableMtlsTransportProtocol` off (`pilot/pkg/bootstrap/servicecontroller.go`).
 
@@ -66,9 +79,14 @@ use crate::cni_kubeapi::{FakeApi, Objects};
 use crate::istio_resources::resource;
 use crate::istiod::{Publisher, TestIstiod};
 
+mod endpoint_slices;
+mod service_entries;
 mod services;
 mod waypoints;
-pub use waypoints::{USE_WAYPOINT, USE_WAYPOINT_NAMESPACE};
+pub use waypoints::{
+    USE_WAYPOINT, USE_WAYPOINT_CANARY, USE_WAYPOINT_CANARY_NAMESPACE, USE_WAYPOINT_CANARY_WEIGHT,
+    USE_WAYPOINT_NAMESPACE,
+};
 
 /// The annotation istio-cni (and our agent) writes on captured pods
 /// (istio/api `annotation.AmbientRedirection`).
@@ -312,14 +330,22 @@ pub(crate) struct Index<'a> {
     pub gateways: Vec<&'a Value>,
     /// `/apis/gateway.networking.k8s.io/v1/gatewayclasses/<name>`, by name.
     pub gateway_classes: BTreeMap<&'a str, &'a Value>,
+    /// `/apis/discovery.k8s.io/v1/namespaces/<ns>/endpointslices/<name>`.
+    pub endpoint_slices: Vec<&'a Value>,
+    /// `/apis/networking.istio.io/v1/namespaces/<ns>/serviceentries/<name>`.
+    pub service_entries: Vec<&'a Value>,
 }
 
 impl<'a> Index<'a> {
     /// Sorts `objects` by kind from their paths (a subresource's path,
-    /// `.../pods/<name>/status`, is none of them).
+    /// `.../pods/<name>/status`, is none of them), each kind in path order
+    /// (so ties istiod breaks by its informers' order break the same way
+    /// every time here).
     pub(crate) fn new(objects: &'a Objects) -> Self {
         let mut index = Self::default();
-        for (path, object) in objects.iter() {
+        let mut sorted: Vec<(&String, &Value)> = objects.iter().collect();
+        sorted.sort_by_key(|(path, _)| *path);
+        for (path, object) in sorted {
             let parts: Vec<&str> = path.split('/').collect();
             match parts.as_slice() {
                 ["", "api", "v1", "namespaces", ns, kind, name]
@@ -334,17 +360,19 @@ impl<'a> Index<'a> {
                 ["", "api", "v1", "namespaces", ns] if !ns.is_empty() => {
                     index.namespaces.insert(*ns, object);
                 }
-                [
-                    "",
-                    "apis",
-                    "gateway.networking.k8s.io",
-                    "v1",
-                    "namespaces",
-                    ns,
-                    "gateways",
-                    name,
-                ] if !ns.is_empty() && !name.is_empty() => {
-                    index.gateways.push(object);
+                ["", "apis", group, "v1", "namespaces", ns, kind, name]
+                    if !ns.is_empty() && !name.is_empty() =>
+                {
+                    match (*group, *kind) {
+                        ("gateway.networking.k8s.io", "gateways") => index.gateways.push(object),
+                        ("discovery.k8s.io", "endpointslices") => {
+                            index.endpoint_slices.push(object);
+                        }
+                        ("networking.istio.io", "serviceentries") => {
+                            index.service_entries.push(object);
+                        }
+                        _ => {}
+                    }
                 }
                 [
                     "",
@@ -379,24 +407,43 @@ fn address_resource(name: &str, body: &Address) -> Resource {
 pub fn address_resources(objects: &Objects, cluster: &Cluster) -> BTreeMap<String, Resource> {
     let index = Index::new(objects);
     let waypoints = waypoints::waypoints(&index, cluster);
-    let infos: Vec<services::ServiceInfo> = index
+    // `ServicesCollection`: Services and ServiceEntries, one per hostname
+    // and namespace.
+    let mut typed: Vec<services::ServiceInfo> = index
         .services
         .iter()
         .filter_map(|svc| services::service_info(svc, &index, &waypoints, cluster))
         .collect();
-    let mut derived: BTreeMap<String, Resource> = index
+    for entry in &index.service_entries {
+        typed.extend(service_entries::infos(entry, &index, &waypoints, cluster));
+    }
+    let infos = services::select_workload_services(typed);
+    // `WorkloadsCollection`: pods', ServiceEntries' and EndpointSlices'.
+    let mut workloads: Vec<workload::Workload> = index
         .pods
         .iter()
         .filter_map(|pod| {
             let mut w = pod_workload(pod, cluster)?;
-            w.services = services::pod_services(pod, &infos);
+            w.services = services::pod_services(pod, &infos, &index.endpoint_slices, cluster);
             (w.application_tunnel, w.waypoint) =
                 waypoints::for_pod(&pod["metadata"], &index, &waypoints);
+            Some(w)
+        })
+        .collect();
+    for entry in &index.service_entries {
+        workloads.extend(service_entries::workloads(entry, &infos, cluster));
+    }
+    for slice in &index.endpoint_slices {
+        workloads.extend(endpoint_slices::slice_workloads(slice, &infos, cluster));
+    }
+    let mut derived: BTreeMap<String, Resource> = workloads
+        .into_iter()
+        .map(|w| {
             let uid = w.uid.clone();
             let body = Address {
                 r#type: Some(address::Type::Workload(w)),
             };
-            Some((uid.clone(), address_resource(&uid, &body)))
+            (uid.clone(), address_resource(&uid, &body))
         })
         .collect();
     for info in infos {

@@ -15,13 +15,13 @@ use serde_json::{Value, json};
 use super::super::*;
 use super::web;
 
-const POD: &str = "/api/v1/namespaces/shop/pods/web-7d9c8b6f5-x2x4q";
-const POD_UID: &str = "Kubernetes//Pod/shop/web-7d9c8b6f5-x2x4q";
-const SERVICE_KEY: &str = "shop/web.shop.svc.cluster.local";
+pub(super) const POD: &str = "/api/v1/namespaces/shop/pods/web-7d9c8b6f5-x2x4q";
+pub(super) const POD_UID: &str = "Kubernetes//Pod/shop/web-7d9c8b6f5-x2x4q";
+pub(super) const SERVICE_KEY: &str = "shop/web.shop.svc.cluster.local";
 
 /// The fixture pod with its container port named `web` (8080/TCP), as a
 /// Deployment exposing it by name declares it.
-fn named_pod() -> Value {
+pub(super) fn named_pod() -> Value {
     let mut pod = web();
     pod["spec"]["containers"][0]["ports"][0]["name"] = "web".into();
     pod
@@ -29,7 +29,7 @@ fn named_pod() -> Value {
 
 /// Service `web` in `shop` selecting `app: web`: 80 to the named port
 /// `web`, 81 to 9001.
-fn service() -> Value {
+pub(super) fn service() -> Value {
     json!({
         "kind": "Service", "apiVersion": "v1",
         "metadata": {"name": "web", "namespace": "shop", "labels": {}},
@@ -46,14 +46,14 @@ fn service() -> Value {
     })
 }
 
-fn namespace(labels: Value) -> Value {
+pub(super) fn namespace(labels: Value) -> Value {
     json!({"kind": "Namespace", "apiVersion": "v1",
            "metadata": {"name": "shop", "labels": labels}})
 }
 
 /// A Gateway that istiod's controller has given a hostname address (a
 /// running waypoint), taking `traffic` traffic.
-fn gateway(namespace: &str, name: &str, traffic: &str) -> Value {
+pub(super) fn gateway(namespace: &str, name: &str, traffic: &str) -> Value {
     json!({
         "kind": "Gateway", "apiVersion": "gateway.networking.k8s.io/v1",
         "metadata": {"name": name, "namespace": namespace,
@@ -67,12 +67,12 @@ fn gateway(namespace: &str, name: &str, traffic: &str) -> Value {
     })
 }
 
-fn gateway_path(namespace: &str, name: &str) -> String {
+pub(super) fn gateway_path(namespace: &str, name: &str) -> String {
     format!("/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/gateways/{name}")
 }
 
 /// The address `gateway(namespace, name, _)` gives its users.
-fn waypoint_address(namespace: &str, name: &str) -> GatewayAddress {
+pub(super) fn waypoint_address(namespace: &str, name: &str) -> GatewayAddress {
     GatewayAddress {
         destination: Some(gateway_address::Destination::Hostname(NamespacedHostname {
             namespace: namespace.to_owned(),
@@ -82,7 +82,7 @@ fn waypoint_address(namespace: &str, name: &str) -> GatewayAddress {
     }
 }
 
-fn objects(list: Vec<(String, Value)>) -> Objects {
+pub(super) fn objects(list: Vec<(String, Value)>) -> Objects {
     Arc::new(list.into_iter().collect::<HashMap<_, _>>())
 }
 
@@ -114,7 +114,7 @@ fn with(pod: Value, svc: Value) -> Vec<(String, Value)> {
     ]
 }
 
-fn port(service: u32, target: u32) -> Port {
+pub(super) fn port(service: u32, target: u32) -> Port {
     Port {
         service_port: service,
         target_port: target,

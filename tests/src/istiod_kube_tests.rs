@@ -192,3 +192,6 @@ fn only_pod_objects_are_served_and_a_change_gets_a_new_version() {
 
 #[path = "istiod_kube_services_tests.rs"]
 mod services_tests;
+
+#[path = "istiod_kube_slices_tests.rs"]
+mod slices_tests;

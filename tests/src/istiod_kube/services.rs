@@ -17,15 +17,35 @@ use super::{Cluster, Index, strings};
 /// `annotation.NetworkingTrafficDistribution`.
 const TRAFFIC_DISTRIBUTION: &str = "networking.istio.io/traffic-distribution";
 
-/// istiod's `model.ServiceInfo` for a Kubernetes Service: the Service it
-/// serves and what the pods' `services` need from the object.
+/// Which object a [`ServiceInfo`] comes from (`ServiceInfo.Source.Kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// A Kubernetes Service.
+    Service,
+    /// A ServiceEntry (one info per host).
+    ServiceEntry,
+}
+
+/// istiod's `model.ServiceInfo`: the Service it serves and what the
+/// workloads' `services` need from the object.
 #[derive(Debug, Clone)]
 pub(crate) struct ServiceInfo {
     pub service: workload::Service,
-    /// `PortNames`: each service port's named `targetPort`, if named.
+    /// `PortNames[port].TargetPortName`: each service port's named
+    /// `targetPort`, if named (a Service's only).
     pub target_port_names: BTreeMap<u32, String>,
-    /// `spec.selector`.
+    /// `PortNames[port].PortName`: each service port's name (`""` when
+    /// unnamed).
+    pub port_names: BTreeMap<u32, String>,
+    /// `LabelSelector`: a Service's `spec.selector`, a ServiceEntry's
+    /// `spec.workloadSelector.labels`.
     pub selector: BTreeMap<String, String>,
+    pub source: Source,
+    /// `CreationTime`, `metadata.creationTimestamp` (RFC 3339, so ordered
+    /// as text; none is Go's zero time, before any).
+    pub created: Option<String>,
+    /// The object's `metadata.name` (a ServiceEntry's, for its workloads).
+    pub object_name: String,
 }
 
 /// `serviceServiceBuilder` (services.go): an ExternalName Service is none;
@@ -45,12 +65,14 @@ pub(crate) fn service_info(
     let (name, namespace) = (meta["name"].as_str()?, meta["namespace"].as_str()?);
     let mut ports = Vec::new();
     let mut target_port_names = BTreeMap::new();
+    let mut port_names = BTreeMap::new();
     for p in spec["ports"]
         .as_array()
         .map(Vec::as_slice)
         .unwrap_or_default()
     {
         let port = u32::try_from(p["port"].as_u64()?).ok()?;
+        port_names.insert(port, p["name"].as_str().unwrap_or_default().to_owned());
         // An IntOrString: `TargetPort.IntVal` is 0 for a named one, and
         // for none (the API server defaults an absent one to the port).
         let target_port = match &p["targetPort"] {
@@ -91,6 +113,7 @@ pub(crate) fn service_info(
             .collect::<Option<_>>()?,
         ports,
         waypoint: waypoint.and_then(|w| w.address.clone()),
+        weighted_waypoints: waypoints::weighted(meta, waypoint, index, waypoints),
         load_balancing: load_balancing(svc, ns.copied()),
         ip_families: ip_families(spec) as i32,
         // "A kubernetes service is always considered to be canonical".
@@ -100,11 +123,64 @@ pub(crate) fn service_info(
     Some(ServiceInfo {
         service,
         target_port_names,
+        port_names,
         selector: strings(&spec["selector"])
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect(),
+        source: Source::Service,
+        created: meta["creationTimestamp"].as_str().map(str::to_owned),
+        object_name: name.to_owned(),
     })
+}
+
+/// `selectWorkloadServices` (services.go), over every info of one
+/// hostname: in each namespace a Kubernetes Service wins, else the oldest
+/// ServiceEntry (the first listed of equally old ones); of the winners,
+/// the Service, else the oldest ServiceEntry not limited to its namespace
+/// (all are public without the mesh's `serviceEntryVisibility`), is
+/// marked `canonical`.
+pub(crate) fn select_workload_services(infos: Vec<ServiceInfo>) -> Vec<ServiceInfo> {
+    // `isBetter`: older, and not displacing a Kubernetes Service.
+    let better =
+        |a: &ServiceInfo, b: &ServiceInfo| a.created < b.created && b.source != Source::Service;
+    let mut by_hostname: BTreeMap<String, Vec<ServiceInfo>> = BTreeMap::new();
+    for info in infos {
+        by_hostname
+            .entry(info.service.hostname.clone())
+            .or_default()
+            .push(info);
+    }
+    let mut selected = Vec::new();
+    for (_, infos) in by_hostname {
+        let mut best: BTreeMap<String, ServiceInfo> = BTreeMap::new();
+        for info in infos {
+            let namespace = info.service.namespace.clone();
+            let replace = info.source == Source::Service
+                || best
+                    .get(&namespace)
+                    .is_none_or(|current| better(&info, current));
+            if replace {
+                best.insert(namespace, info);
+            }
+        }
+        let mut canonical: Option<&ServiceInfo> = None;
+        for info in best.values() {
+            if info.source == Source::Service
+                || canonical.is_none_or(|current| better(info, current))
+            {
+                canonical = Some(info);
+            }
+        }
+        let canonical = canonical.map(|c| c.service.namespace.clone());
+        for (namespace, mut info) in best {
+            if canonical.as_deref() == Some(namespace.as_str()) {
+                info.service.canonical = true;
+            }
+            selected.push(info);
+        }
+    }
+    selected
 }
 
 /// `getVIPs`: `spec.clusterIPs`, else `spec.clusterIP`, without `""` and
@@ -192,16 +268,28 @@ fn ip_families(spec: &Value) -> IpFamilies {
 }
 
 /// `podWorkloadBuilder`'s services lookup then `constructServices`
-/// (workloads.go): the Services of the pod's namespace whose selector is
-/// not empty and matches the pod's labels (`FilterSelectsNonEmpty`), each
-/// keyed `namespace/hostname` with its ports; a named target port is the
-/// pod's TCP container port of that name (`FindPortName`: containers, then
-/// native sidecars, init containers with `restartPolicy: Always`), and a
-/// port the pod does not name is left out of its list.
-pub(crate) fn pod_services(pod: &Value, services: &[ServiceInfo]) -> HashMap<String, PortList> {
+/// (workloads.go). The Services and ServiceEntries (`PILOT_ENABLE_SERVICEENTRY_SELECT_PODS`
+/// is on by default) of the pod's namespace whose selector is not empty
+/// and matches the pod's labels (`FilterSelectsNonEmpty`), then the
+/// Services whose EndpointSlices name the pod
+/// ([`super::endpoint_slices::matching_services_without_selectors`]);
+/// each keyed `namespace/hostname` with its ports.
+///
+/// A Service's named target port is the pod's TCP container port of that
+/// name (`FindPortName`: containers, then native sidecars, init
+/// containers with `restartPolicy: Always`), and a port the pod does not
+/// name is left out of its list. A ServiceEntry has no named target port:
+/// its port's own name is looked up instead, and when the pod has none
+/// its target port (the number, unless set) stays.
+pub(crate) fn pod_services(
+    pod: &Value,
+    services: &[ServiceInfo],
+    slices: &[&Value],
+    cluster: &Cluster,
+) -> HashMap<String, PortList> {
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
     let labels = strings(&pod["metadata"]["labels"]);
-    services
+    let mut matched: Vec<&ServiceInfo> = services
         .iter()
         .filter(|s| s.service.namespace == namespace && !s.selector.is_empty())
         .filter(|s| {
@@ -209,16 +297,31 @@ pub(crate) fn pod_services(pod: &Value, services: &[ServiceInfo]) -> HashMap<Str
                 .iter()
                 .all(|(k, v)| labels.get(k.as_str()) == Some(&v.as_str()))
         })
+        .collect();
+    matched.extend(super::endpoint_slices::matching_services_without_selectors(
+        pod, &matched, services, slices, cluster,
+    ));
+    matched
+        .into_iter()
         .map(|s| {
             let ports = s
                 .service
                 .ports
                 .iter()
                 .filter_map(|port| {
-                    let target_port = match s.target_port_names.get(&port.service_port) {
-                        Some(named) => find_port_name(pod, named)?,
-                        None => port.target_port,
-                    };
+                    let mut target_port = port.target_port;
+                    if let Some(named) = s.target_port_names.get(&port.service_port) {
+                        target_port = find_port_name(pod, named)?;
+                    } else if let (Source::ServiceEntry, Some(name)) =
+                        (s.source, s.port_names.get(&port.service_port))
+                        && !name.is_empty()
+                    {
+                        if let Some(found) = find_port_name(pod, name) {
+                            target_port = found;
+                        } else if target_port == 0 {
+                            target_port = port.service_port;
+                        }
+                    }
                     Some(Port {
                         service_port: port.service_port,
                         target_port,

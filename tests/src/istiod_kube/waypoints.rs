@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use dataplane_user::istio_api::workload::{
-    ApplicationTunnel, GatewayAddress, NamespacedHostname, NetworkAddress, application_tunnel,
-    gateway_address,
+    ApplicationTunnel, GatewayAddress, NamespacedHostname, NetworkAddress, WeightedWaypoint,
+    application_tunnel, gateway_address,
 };
 use serde_json::Value;
 
@@ -319,4 +319,97 @@ pub(crate) fn for_pod(
     let waypoint = for_target(meta, index, waypoints)
         .filter(|w| matches!(w.traffic_type.as_str(), "workload" | "all"));
     (None, waypoint.and_then(|w| w.address.clone()))
+}
+
+/// The label naming a canary waypoint beside the primary one.
+pub const USE_WAYPOINT_CANARY: &str = "istio.io/use-waypoint-canary";
+/// The label naming the canary's namespace when it is not the object's.
+pub const USE_WAYPOINT_CANARY_NAMESPACE: &str = "istio.io/use-waypoint-canary-namespace";
+/// The annotation giving the canary's share, a percentage (default 0).
+pub const USE_WAYPOINT_CANARY_WEIGHT: &str = "istio.io/use-waypoint-canary-weight";
+
+/// `buildWeightedWaypoints`: with a `primary` waypoint and a usable canary,
+/// `[{primary, 100 - weight}, {canary, weight}]`; else none (istiod
+/// reports why in status and keeps the primary alone).
+///
+/// The canary (`ResolveUseWaypointCanary`) is read at the level the
+/// primary came from: the namespace's labels and annotation are consulted
+/// only when the object has no `istio.io/use-waypoint` of its own
+/// (`getUseWaypointCanary`: the object's canary label, else its
+/// namespace's, the canary's namespace from the same labels, defaulting
+/// to the object's; `none` or empty: no canary). The weight
+/// (`getCanaryWeight`) is the object's annotation, else (same rule) its
+/// namespace's, else 0; not an integer in 0..=100 drops the canary. So
+/// does a canary that is the primary, or (`resolveCanaryWaypoint`) one
+/// that does not exist, does not allow the object's namespace or does not
+/// take service traffic.
+pub(crate) fn weighted(
+    meta: &Value,
+    primary: Option<&Waypoint>,
+    index: &Index<'_>,
+    waypoints: &BTreeMap<String, Waypoint>,
+) -> Vec<WeightedWaypoint> {
+    let Some(primary) = primary else {
+        return Vec::new();
+    };
+    let Some(namespace) = meta["namespace"].as_str() else {
+        return Vec::new();
+    };
+    let labels = strings(&meta["labels"]);
+    let annotations = strings(&meta["annotations"]);
+    let ns_meta = match use_waypoint(&labels, namespace).0 {
+        Some(_) => None,
+        None => index.namespaces.get(namespace).map(|ns| &ns["metadata"]),
+    };
+    let ns_labels = ns_meta.map(|m| strings(&m["labels"])).unwrap_or_default();
+    let canary_labels = if !labels.contains_key(USE_WAYPOINT_CANARY)
+        && ns_labels.contains_key(USE_WAYPOINT_CANARY)
+    {
+        &ns_labels
+    } else {
+        &labels
+    };
+    let Some(canary) = canary_labels
+        .get(USE_WAYPOINT_CANARY)
+        .filter(|v| !v.is_empty() && **v != "none")
+    else {
+        return Vec::new();
+    };
+    let canary_ns = canary_labels
+        .get(USE_WAYPOINT_CANARY_NAMESPACE)
+        .copied()
+        .unwrap_or(namespace);
+    let canary_name = format!("{canary_ns}/{canary}");
+    if canary_name == format!("{}/{}", primary.namespace, primary.name) {
+        return Vec::new();
+    }
+    let ns_annotations = ns_meta
+        .map(|m| strings(&m["annotations"]))
+        .unwrap_or_default();
+    let weight = match annotations
+        .get(USE_WAYPOINT_CANARY_WEIGHT)
+        .or_else(|| ns_annotations.get(USE_WAYPOINT_CANARY_WEIGHT))
+    {
+        // Go's `strconv.Atoi`: an optional sign, decimal digits, no spaces.
+        Some(text) => match text.parse::<i64>().ok().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if n <= 100 => n,
+            _ => return Vec::new(),
+        },
+        None => 0,
+    };
+    let Some(canary) = waypoints.get(&canary_name).filter(|w| {
+        w.allows(namespace, index) && matches!(w.traffic_type.as_str(), "service" | "all")
+    }) else {
+        return Vec::new();
+    };
+    vec![
+        WeightedWaypoint {
+            destination: primary.address.clone(),
+            weight: 100 - weight,
+        },
+        WeightedWaypoint {
+            destination: canary.address.clone(),
+            weight,
+        },
+    ]
 }
