@@ -10,8 +10,6 @@ use std::{
     },
 };
 
-use ipnet::IpNet;
-
 use super::{
     EndpointSet, EntryKey, MeshWorkload, Multi, ServiceRef, Values,
     dead::random_index,
@@ -19,7 +17,8 @@ use super::{
 };
 use crate::{
     config::{
-        HealthPolicy, LoadBalancing, RoutingMode, Service, SharedStr, Waypoint, WorkloadStatus,
+        HealthPolicy, LoadBalancing, RoutingMode, Service, SharedStr, VipRange, Waypoint,
+        WorkloadStatus,
     },
     identity::Identity,
 };
@@ -256,9 +255,9 @@ pub struct ServiceIndex {
     /// This node's network: the one a lookup for no client workload in
     /// particular ([`Self::by_vip`], [`Self::by_vip_for`]) is made on.
     network: SharedStr,
-    /// Built entries by VIP range (few services have one: looked up by a
-    /// scan, as ztunnel's `by_cidr_vip`).
-    by_cidr: Multi<IpNet, Arc<ServiceEntry>>,
+    /// Built entries by VIP range on its network (few services have one:
+    /// looked up by a scan, as ztunnel's `by_cidr_vip`).
+    by_cidr: Multi<VipRange, Arc<ServiceEntry>>,
     by_hostname: Multi<TextKey, Arc<ServiceEntry>>,
 }
 
@@ -371,7 +370,7 @@ impl ServiceIndex {
                 }
                 for range in &service.cidr_vips {
                     self.by_cidr
-                        .insert(*range, entry.clone(), Arc::clone(&built));
+                        .insert(range.clone(), entry.clone(), Arc::clone(&built));
                 }
                 self.by_hostname.insert(
                     TextKey::new(&service.hostname),
@@ -439,8 +438,8 @@ impl ServiceIndex {
     /// the best visible one whose VIP range holds it, ranked by the
     /// client's namespace, then the longest prefix, then `canonical`
     /// (ztunnel `ServiceStore::get_best_by_vip`, `get_best_by_cidr_vip`);
-    /// among equals the last in entry order, as [`best`]. (VIP ranges
-    /// carry no network here: any network's match.)
+    /// among equals the last in entry order, as [`best`]. A range is
+    /// matched on its own network only, as a VIP is.
     fn lookup_vip(
         &self,
         network: &str,
@@ -460,8 +459,8 @@ impl ServiceIndex {
         }
         self.by_cidr
             .iter()
-            .filter(|(range, _)| range.contains(&ip))
-            .flat_map(|(range, all)| all.values().map(move |e| (range.prefix_len(), e)))
+            .filter(|(range, _)| range.contains(network, &ip))
+            .flat_map(|(range, all)| all.values().map(move |e| (range.net.prefix_len(), e)))
             .filter(|(_, e)| namespace.is_none_or(|ns| e.service.visible_to(ns)))
             .max_by_key(|(prefix, e)| {
                 (
