@@ -4,8 +4,10 @@
 //! file as parsed, istiod's resources as [`crate::xds::translate`] writes
 //! them. With both, an entry of the file wins over istiod's entry of the
 //! same key (workload uid, service `namespace/hostname`, policy
-//! `namespace/name`), and an istiod workload or VIP that claims an address
-//! a file entry holds is left out: the file is the operator's override.
+//! `namespace/name`), and an istiod workload or VIP that claims a network
+//! address (network and IP, as ztunnel keys both: `NetworkAddress`) a file
+//! entry holds is left out: the file is the operator's override. The same
+//! IP on another network is another address, and kept.
 //! `config-dump` marks every entry with its source and the file entries
 //! that shadow istiod's.
 //!
@@ -28,7 +30,7 @@ use tokio::sync::{Mutex, watch};
 use tracing::{debug, info, warn};
 
 use crate::config::{
-    LocalConfig,
+    LocalConfig, SharedStr,
     entries::{EntryKey, EntryKind, XdsEntry},
 };
 use crate::enroll::Enroller;
@@ -47,7 +49,11 @@ pub struct FileIndex {
     uids: HashSet<Arc<str>>,
     services: HashSet<String>,
     policies: HashSet<String>,
-    taken: HashSet<IpAddr>,
+    /// The network addresses its workloads and VIPs hold: each IP
+    /// (canonical) on its network, as ztunnel keys workloads and services
+    /// (`src/state/workload.rs` `WorkloadStore::by_addr`,
+    /// `src/state/service.rs` `ServiceStore::by_vip`: `NetworkAddress`).
+    taken: HashSet<(SharedStr, IpAddr)>,
 }
 
 impl FileIndex {
@@ -60,14 +66,23 @@ impl FileIndex {
             taken: file
                 .workloads
                 .iter()
-                .flat_map(|w| w.workload_ips.iter().map(|ip| ip.to_canonical()))
+                .flat_map(|w| {
+                    w.own_ips()
+                        .iter()
+                        .map(|ip| (w.network.clone(), ip.to_canonical()))
+                })
                 .chain(
                     file.services
                         .iter()
-                        .flat_map(|s| s.vips.iter().map(|vip| vip.ip)),
+                        .flat_map(|s| s.vips.iter().map(|vip| (vip.network.clone(), vip.ip))),
                 )
                 .collect(),
         }
+    }
+
+    /// Whether a file entry holds `ip` on `network`.
+    fn holds(&self, network: &SharedStr, ip: IpAddr) -> bool {
+        self.taken.contains(&(network.clone(), ip.to_canonical()))
     }
 
     /// The provenance keys of the file's entries.
@@ -149,12 +164,12 @@ pub fn merge_changes(
                     .insert(entry.clone(), format!("workloads/{}", w.uid));
                 return false;
             }
-            let Some(ip) = w.workload_ips.iter().find(|ip| file.taken.contains(ip)) else {
+            let Some(ip) = w.own_ips().iter().find(|ip| file.holds(&w.network, **ip)) else {
                 return true;
             };
             let note = format!(
-                "workload {}: IP {ip} belongs to a workload of the file",
-                w.uid
+                "workload {}: IP {ip} on network `{}` belongs to an entry of the file",
+                w.uid, w.network
             );
             warn!(reason = %note, "left out of the mesh state");
             provenance
@@ -178,13 +193,13 @@ pub fn merge_changes(
                     .insert(entry.clone(), format!("services/{key}"));
                 return None;
             }
-            if !s.vips.iter().any(|vip| file.taken.contains(&vip.ip)) {
+            if !s.vips.iter().any(|vip| file.holds(&vip.network, vip.ip)) {
                 return Some(Arc::clone(s));
             }
             let mut notes = Vec::new();
             let mut kept = (**s).clone();
             kept.vips.retain(|vip| {
-                let free = !file.taken.contains(&vip.ip);
+                let free = !file.holds(&vip.network, vip.ip);
                 if !free {
                     notes.push(format!(
                         "service {key}: VIP {vip} belongs to an entry of the file"

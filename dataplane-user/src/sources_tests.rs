@@ -107,6 +107,59 @@ fn without_istiod_the_file_is_the_state_and_the_dump_is_unmarked() {
     assert_eq!(state.workloads.len(), 3);
 }
 
+/// The file holds network addresses, not bare IPs (ztunnel keys
+/// workloads and services by `NetworkAddress`): istiod's entries at the
+/// same IPs on another network are other addresses and are kept; only
+/// those on the file's networks are left out.
+#[test]
+fn the_file_holds_its_addresses_on_their_own_networks_only() {
+    let file = config(
+        r#"
+workloads:
+- {uid: mine, name: mine, namespace: shop, workloadIps: [10.0.0.9], network: east}
+services:
+- {name: api, namespace: shop, hostname: api, vips: ['east/10.96.0.1']}
+"#,
+        "mesh.yaml",
+    );
+    let xds = XdsEntries::of_config(&config(
+        r#"
+workloads:
+- {uid: twin, name: twin, namespace: shop, workloadIps: [10.0.0.9], network: west}
+- {uid: thief, name: thief, namespace: shop, workloadIps: [10.0.0.9], network: east}
+services:
+- {name: db, namespace: shop, hostname: db, vips: ['west/10.96.0.1', 'east/10.96.0.1', 'north/10.0.0.9']}
+"#,
+        "xds://istiod:15012",
+    ));
+    let state = merged_state(&file, Some(("xds://istiod:15012", &xds))).unwrap();
+    let merged = state.config();
+    let names: Vec<&str> = merged.workloads.iter().map(|w| w.name.as_str()).collect();
+    assert_eq!(names, ["mine", "twin"]);
+    let ip = "10.0.0.9".parse().unwrap();
+    let at = |network| {
+        state
+            .workloads
+            .by_addr(network, ip)
+            .map(|w| w.workload.uid.to_string())
+    };
+    assert_eq!(at("east").as_deref(), Some("mine"));
+    assert_eq!(at("west").as_deref(), Some("twin"));
+    let db = merged.services.iter().find(|s| s.hostname == "db").unwrap();
+    let vips: Vec<String> = db.vips.iter().map(ToString::to_string).collect();
+    assert_eq!(vips, ["west/10.96.0.1", "north/10.0.0.9"]);
+    let dropped = state.provenance.dropped();
+    assert_eq!(dropped.len(), 2, "{dropped:?}");
+    assert!(
+        dropped.iter().any(|d| d.contains("workload thief")),
+        "{dropped:?}"
+    );
+    assert!(
+        dropped.iter().any(|d| d.contains("VIP east/10.96.0.1")),
+        "{dropped:?}"
+    );
+}
+
 /// A small deterministic generator (no `rand` dependency): the same
 /// sequence every run, so a failure reproduces.
 struct Lcg(u64);

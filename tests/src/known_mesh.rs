@@ -115,11 +115,20 @@ pub fn resources(client: &crate::topology::Pod) -> Vec<Vec<Resource>> {
         name: "echo".into(),
         namespace: NAMESPACE.into(),
         hostname: "echo.test.svc.cluster.local".into(),
-        addresses: vec![NetworkAddress {
-            network: String::new(),
-            address: vec![10, 96, 0, 10],
-            length: None,
-        }],
+        addresses: vec![
+            NetworkAddress {
+                network: String::new(),
+                address: vec![10, 96, 0, 10],
+                length: None,
+            },
+            // A range on a network of its own (a ServiceEntry's CIDR
+            // address): the dumps write it with that network.
+            NetworkAddress {
+                network: "east".into(),
+                address: vec![10, 97, 0, 0],
+                length: Some(16),
+            },
+        ],
         ports: vec![Port {
             service_port: 80,
             target_port: 9000,

@@ -82,7 +82,8 @@ fn expected_workloads(ips: [String; 2]) -> Value {
 }
 
 fn expected_services() -> Value {
-    // `Service` (src/state/service.rs): `vips` as `network/ip`, `ports`
+    // `Service` (src/state/service.rs): `vips` as `network/ip`,
+    // `cidrVips` as `NetworkCidr` (`{network, cidr}`, src/state/workload.rs), `ports`
     // and each endpoint's `port` a u16 map (JSON string keys), `endpoints`
     // keyed by workload uid (`EndpointSet`) with the workload's own port
     // list and health, `subjectAltNames`/`canonical`/`visibility` always
@@ -94,6 +95,7 @@ fn expected_services() -> Value {
         "namespace": "test",
         "hostname": "echo.test.svc.cluster.local",
         "vips": ["/10.96.0.10"],
+        "cidrVips": [{"network": "east", "cidr": "10.97.0.0/16"}],
         "ports": {"80": 9000},
         "endpoints": {
             SERVER_A: {"workloadUid": SERVER_A, "port": {"80": 9000}, "status": "Healthy"},

@@ -36,7 +36,7 @@ pub const NOT_CARRIED: &[&str] = &[
     "workloads[].waypoint, networkGateway / services[].waypoint by address: the gateway's \
      network is written as istiod sent it; one from the config file without a network is \
      written empty (`/10.0.0.1`)",
-    "services[].cidrVips, ipFamilies, weightedWaypoints: not kept, left out",
+    "services[].ipFamilies: not kept, left out",
     "services[].subjectAltNames: only the SANs that are SPIFFE identities (the rest are dropped \
      on arrival)",
     "services[].loadBalancer: written when any setting differs from the default (ztunnel: \
@@ -457,9 +457,9 @@ fn service(s: &Service, workloads: &[Arc<Workload>]) -> ZtunnelService {
         cidr_vips: s
             .cidr_vips
             .iter()
-            .map(|net| NetworkCidr {
-                network: String::new(),
-                cidr: net.to_string(),
+            .map(|range| NetworkCidr {
+                network: range.network.to_string(),
+                cidr: range.net.to_string(),
             })
             .collect(),
         ports: s.ports.clone(),

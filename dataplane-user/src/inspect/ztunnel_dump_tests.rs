@@ -164,6 +164,26 @@ fn a_default_service_has_no_load_balancer() {
     assert_eq!(dump["services"][0]["endpoints"], json!({}));
 }
 
+/// `Service.cidr_vips` (`src/state/service.rs`: left out when empty) is
+/// a list of `NetworkCidr` (`src/state/workload.rs`: derived, so
+/// `{network, cidr}`, the cidr as `IpNet` writes itself), each on the
+/// network its range was sent with.
+#[test]
+fn vip_ranges_are_written_as_network_cidrs() {
+    let yaml = "services:\n  - {name: a, namespace: n, hostname: a.n, cidrVips: [east/192.0.2.0/24, 'fd00::/112']}\n";
+    let config = LocalConfig::parse(yaml, "test").unwrap();
+    let dump = serde_json::to_value(ZtunnelSections::build(&config, &[], &[], &[])).unwrap();
+    assert_eq!(
+        dump["services"][0]["cidrVips"],
+        json!([
+            {"network": "east", "cidr": "192.0.2.0/24"},
+            {"network": "", "cidr": "fd00::/112"}
+        ])
+    );
+    assert_eq!(dump["services"][0]["vips"], json!([]));
+    assert_eq!(sections()["services"][0].get("cidrVips"), None);
+}
+
 #[test]
 fn policies_nest_rules_and_tag_string_matches() {
     let dump = sections();

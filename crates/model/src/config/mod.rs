@@ -23,7 +23,7 @@ pub use schema::{
     Service, Visibility, WeightedWaypoint,
 };
 pub use shared_str::SharedStr;
-pub use vip::{Vip, VipError};
+pub use vip::{Vip, VipError, VipRange, VipRangeError};
 pub use workload::{
     AppTunnelProtocol, ApplicationTunnel, Locality, Ports, Protocol, ServicePorts, Waypoint,
     Workload, WorkloadStatus,

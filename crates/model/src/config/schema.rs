@@ -22,10 +22,12 @@ pub struct Service {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub vips: Vec<super::Vip>,
     /// Address ranges that are the service's too (a ServiceEntry's
-    /// `addresses` given as CIDRs): a destination in one, and at no VIP,
-    /// is this service's (ztunnel `ServiceStore::get_best_by_cidr_vip`).
+    /// `addresses` given as CIDRs), each on its network, written
+    /// `network/cidr` (`/192.0.2.0/24` or a bare CIDR: the default one): a
+    /// destination on that network in one, and at no VIP, is this
+    /// service's (ztunnel `ServiceStore::get_best_by_cidr_vip`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub cidr_vips: Vec<IpNet>,
+    pub cidr_vips: Vec<super::VipRange>,
     /// Service port -> target port (0: the endpoint's own mapping decides).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ports: BTreeMap<u16, u16>,

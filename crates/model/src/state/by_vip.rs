@@ -13,7 +13,7 @@
 
 use std::{net::IpAddr, sync::Arc};
 
-use super::{EntryKey, Multi, Values, services::ServiceEntry};
+use super::{EntryKey, Multi, ServiceEntry, Values};
 use crate::config::{SharedStr, Vip};
 
 /// Built service entries by (network, VIP); several on one network

@@ -20,6 +20,7 @@ mod interned;
 mod peer;
 mod provenance;
 mod routing;
+mod service_entry;
 mod services;
 mod snapshot;
 mod spare;
@@ -39,7 +40,8 @@ pub use endpoints::EndpointSet;
 pub use peer::{Peer, ServiceRef};
 pub use provenance::Provenance;
 pub use routing::on_reachable_network;
-pub use services::{Endpoint, EndpointAddr, ServiceEntry, ServiceIndex};
+pub use service_entry::{Endpoint, EndpointAddr, ServiceEntry};
+pub use services::ServiceIndex;
 pub use snapshot::MeshState;
 pub use spare::Spare;
 pub use waypoints::WaypointTarget;
@@ -52,20 +54,6 @@ use crate::{
 /// Errors building the index.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    /// Two workloads claim the same IP on one network.
-    #[error(
-        "workloads {first} and {second} both claim IP {ip} on network `{network}`; every workload IP must be unique on its network"
-    )]
-    DuplicateIp {
-        /// The IP.
-        ip: IpAddr,
-        /// The network both are on (empty: the default one).
-        network: SharedStr,
-        /// The first workload's uid.
-        first: String,
-        /// The second workload's uid.
-        second: String,
-    },
     /// A workload's identity fields do not form a valid SPIFFE identity.
     #[error("workload {uid} has an invalid identity")]
     Identity {
@@ -172,14 +160,9 @@ impl WorkloadIndex {
                 self.by_key.remove(key);
                 let network = &*old.workload.network;
                 for ip in old.workload.own_ips() {
-                    let ip = ip.to_canonical();
-                    if self
-                        .by_addr
-                        .get(network, &ip)
-                        .is_some_and(|held| held.key == *key)
-                    {
-                        self.by_addr.remove(network, &ip);
-                    }
+                    // Its claim only: another claimant of the address is
+                    // found there next (ztunnel `WorkloadByAddr::remove_uid`).
+                    self.by_addr.remove(network, &ip.to_canonical(), key);
                 }
             }
             for service in old.workload.services.keys() {
@@ -206,22 +189,14 @@ impl WorkloadIndex {
             };
             // Keyed by its network too (ztunnel `WorkloadStore::insert`:
             // `network_addr(w.network, ip)`): the same IP on two networks
-            // is two pods.
+            // is two pods. Another workload at the same network address
+            // is no error: both are held (ztunnel `WorkloadByAddr::Many`)
+            // and one found, as `by_addr` picks.
             let network = &workload.network;
             for ip in workload.own_ips() {
                 // Keyed as looked up: an IPv4-mapped address is its IPv4.
-                let ip = ip.to_canonical();
-                if let Some(first) = self.by_addr.get(network, &ip)
-                    && first.key != *key
-                {
-                    return Err(StateError::DuplicateIp {
-                        ip,
-                        network: network.clone(),
-                        first: first.workload.uid.to_string(),
-                        second: workload.uid.to_string(),
-                    });
-                }
-                self.by_addr.insert(network, ip, Arc::clone(&entry));
+                self.by_addr
+                    .insert(network, ip.to_canonical(), Arc::clone(&entry));
             }
             for service in workload.services.keys() {
                 touched(service, key);
@@ -265,10 +240,18 @@ impl WorkloadIndex {
     }
 
     /// The workload owning `ip` on `network` (empty: the default one), if
-    /// any (ztunnel `WorkloadStore::find_address`). Builds nothing: the
+    /// any (ztunnel `WorkloadStore::find_address`): of several claiming
+    /// it, a pod first, then one speaking HBONE, as ztunnel's
+    /// `WorkloadByAddr::get` (see `by_addr::pick`). Builds nothing: the
     /// hot paths call it once or twice a connection.
     pub fn by_addr(&self, network: &str, ip: IpAddr) -> Option<&Arc<MeshWorkload>> {
         self.by_addr.get(network, &ip.to_canonical())
+    }
+
+    /// Every workload claiming `ip` on `network`, in entry order (the
+    /// one [`Self::by_addr`] finds among them).
+    pub fn claimants(&self, network: &str, ip: IpAddr) -> &[Arc<MeshWorkload>] {
+        self.by_addr.all(network, &ip.to_canonical())
     }
 
     /// Makes `network` this node's: the one [`Self::by_ip`] looks up on.
@@ -312,6 +295,9 @@ mod network_addr_tests;
 
 #[cfg(test)]
 mod network_vip_tests;
+
+#[cfg(test)]
+mod claimants_tests;
 
 #[cfg(test)]
 #[expect(
@@ -379,12 +365,13 @@ mod tests {
         assert_eq!(&*at(&new, "10.0.0.3").workload.uid, "a");
         assert!(new.workloads.by_ip("10.0.0.2".parse().unwrap()).is_none());
         assert_eq!(&*at(&old, "10.0.0.1").workload.uid, "a");
-        // Taking another entry's address is refused, and the state in
-        // force is left as it was.
-        let mut thief = (*before.workloads[1]).clone();
-        thief.workload_ips = vec!["10.0.0.1".parse().unwrap()].into();
-        let err = old.apply(&changed(vec![(1, thief)])).unwrap_err();
-        assert!(err.to_string().contains("both claim IP 10.0.0.1"), "{err}");
+        // Another entry's address taken too: both hold it (ztunnel
+        // `WorkloadByAddr::Many`); of two alike, the last in entry order is
+        // found, and the state in force is left as it was.
+        let mut twin = (*before.workloads[1]).clone();
+        twin.workload_ips = vec!["10.0.0.1".parse().unwrap()].into();
+        let new = old.apply(&changed(vec![(1, twin)])).unwrap();
+        assert_eq!(&*at(&new, "10.0.0.1").workload.uid, "b");
         assert_eq!(&*at(&old, "10.0.0.1").workload.uid, "a");
         // A removal.
         let gone = Changes {
@@ -397,16 +384,22 @@ mod tests {
     }
 
     #[test]
-    fn duplicate_ips_are_rejected() {
-        // The config parser rejects this first; the index must too, for
-        // configs assembled in code.
+    fn duplicate_ips_are_held_by_the_index_and_refused_in_the_file() {
+        // A config assembled in code (istiod's entries) may give two
+        // workloads one address: the index holds both.
         let mut merged =
             config("workloads:\n- {uid: a, name: a, namespace: n, workloadIps: [10.0.0.1]}\n");
         let other =
             config("workloads:\n- {uid: b, name: b, namespace: n, workloadIps: [10.0.0.1]}\n");
         merged.workloads.extend(other.workloads);
-        let err = WorkloadIndex::from_config(&merged).unwrap_err();
-        assert!(err.to_string().contains("both claim IP 10.0.0.1"), "{err}");
+        let index = WorkloadIndex::from_config(&merged).unwrap();
+        let claimants: Vec<&str> = index
+            .claimants("", "10.0.0.1".parse().unwrap())
+            .iter()
+            .map(|w| &*w.workload.uid)
+            .collect();
+        assert_eq!(claimants, ["a", "b"]);
+        // The operator's file may not: one of them is a mistake.
         let text = "workloads:\n- {uid: a, name: a, namespace: n, workloadIps: [10.0.0.1]}\n- {uid: b, name: b, namespace: n, workloadIps: [10.0.0.1]}\n";
         let err = dataplane_core::error::Chain(&LocalConfig::parse(text, "cfg.yaml").unwrap_err())
             .to_string();

@@ -135,19 +135,29 @@ fn removing_or_moving_one_leaves_the_other_network_s_pod_in_place() {
 }
 
 #[test]
-fn one_ip_twice_on_one_network_is_still_refused() {
+fn one_ip_twice_on_one_network_is_two_claimants_in_the_state_but_refused_in_the_file() {
     let config = LocalConfig::parse(MESH, "networks").unwrap();
     let state = MeshState::from_config(&config).unwrap();
-    let mut thief = (*config.workloads[2]).clone();
-    thief.network = "west".into();
-    let steals = Changes {
-        workloads: vec![(EntryKey::file(2), Some(Arc::new(thief)))],
+    let mut twin = (*config.workloads[2]).clone();
+    twin.network = "west".into();
+    let joins = Changes {
+        workloads: vec![(EntryKey::file(2), Some(Arc::new(twin)))],
         ..Changes::default()
     };
-    let err = state.apply(&steals).unwrap_err().to_string();
-    assert!(
-        err.contains("both claim IP 10.0.0.1 on network `west`"),
-        "{err}"
+    // Both held on west (ztunnel `WorkloadByAddr::Many`); of two alike,
+    // the last in entry order is found. See `claimants_tests`.
+    let next = state.apply(&joins).unwrap();
+    let ip = "10.0.0.1".parse().unwrap();
+    let uids: Vec<&str> = next
+        .workloads
+        .claimants("west", ip)
+        .iter()
+        .map(|w| &*w.workload.uid)
+        .collect();
+    assert_eq!(uids, ["west-pod", "plain"]);
+    assert_eq!(
+        next.workloads.by_addr("west", ip).map(|w| &*w.workload.uid),
+        Some("plain")
     );
     // And by the parser, naming the entry.
     let text = MESH.replace(

@@ -9,7 +9,7 @@
     reason = "a bad fixture should fail the test loudly"
 )]
 
-use std::sync::Arc;
+use std::{net::IpAddr, sync::Arc};
 
 use super::*;
 use crate::config::{Vip, changes::Changes, entries::EntryKey};
@@ -185,4 +185,53 @@ fn the_file_keeps_each_vips_network() {
     let json = serde_json::to_value(&config).unwrap();
     assert_eq!(json["services"][0]["vips"][0], "east/10.96.0.10");
     assert_eq!(json["services"][2]["vips"][0], "/10.96.0.10");
+}
+
+/// A VIP range (a ServiceEntry's CIDR `addresses`) is its network's only,
+/// as ztunnel's `NetworkCidr`: `ServiceStore::get_best_by_cidr_vip` skips
+/// a range whose network is not the destination's. Here east's /24 is
+/// narrower than west's /16, so a lookup that ignored networks would give
+/// a west client east's range (the longest prefix).
+#[test]
+fn a_vip_range_holds_destinations_of_its_own_network_only() {
+    let text = r#"
+services:
+- {name: east-range, namespace: a, hostname: e.example.com, cidrVips: ['east/192.0.2.0/24']}
+- {name: west-range, namespace: a, hostname: w.example.com, cidrVips: ['west/192.0.0.0/16']}
+- {name: plain-range, namespace: a, hostname: p.example.com, cidrVips: ['198.51.100.0/24']}
+"#;
+    let file = LocalConfig::parse(text, "ranges").unwrap();
+    let state = MeshState::from_config(&file).unwrap();
+    let ip = "192.0.2.7".parse().unwrap();
+    fn on<'a>(state: &'a MeshState, network: &str, ip: IpAddr) -> Option<&'a str> {
+        name(state.services.by_vip_on(network, ip, "a"))
+    }
+    assert_eq!(on(&state, "east", ip), Some("east-range"));
+    assert_eq!(on(&state, "west", ip), Some("west-range"));
+    assert_eq!(on(&state, "", ip), None, "no range of the default network");
+    let plain = "198.51.100.1".parse().unwrap();
+    assert_eq!(on(&state, "", plain), Some("plain-range"));
+    assert_eq!(on(&state, "east", plain), None);
+    // For no client in particular: on the node's network.
+    assert_eq!(name(state.services.by_vip(plain)), Some("plain-range"));
+    let east = state.clone().on_network("east");
+    assert_eq!(name(east.services.by_vip(ip)), Some("east-range"));
+
+    // east's range moves to west: gone from east, and west's clients now
+    // get it (the longer prefix).
+    let mut moved = file.services[0].clone();
+    moved.cidr_vips[0] = "west/192.0.2.0/24".parse().unwrap();
+    let next = state
+        .apply(&Changes {
+            services: vec![(EntryKey::file(0), Some(Arc::new(moved)))],
+            ..Changes::default()
+        })
+        .unwrap();
+    assert_eq!(on(&next, "east", ip), None, "gone from its old network");
+    assert_eq!(on(&next, "west", ip), Some("east-range"));
+    assert_eq!(on(&state, "east", ip), Some("east-range"), "old state kept");
+    // The file form keeps the network.
+    let json = serde_json::to_value(next.config()).unwrap();
+    assert_eq!(json["services"][0]["cidrVips"][0], "west/192.0.2.0/24");
+    assert_eq!(json["services"][2]["cidrVips"][0], "/198.51.100.0/24");
 }

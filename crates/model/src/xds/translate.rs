@@ -207,15 +207,15 @@ fn workload_of(
 }
 
 /// The range a service address covers when it is a CIDR (a prefix length
-/// shorter than the whole address), as ztunnel reads it
-/// (`src/state/service.rs`, `Service::try_from`); host bits are cleared.
-fn cidr_of(address: &workload::NetworkAddress) -> Option<IpNet> {
+/// shorter than the whole address), on the address's network, as ztunnel
+/// reads it (`src/state/service.rs`, `Service::try_from`:
+/// `network_cidr(network, cidr)`); host bits are cleared.
+fn cidr_of(address: &workload::NetworkAddress) -> Option<config::VipRange> {
     let ip = ip_from_bytes(&address.address).ok()?.to_canonical();
     let max = if ip.is_ipv4() { 32 } else { 128 };
     let length = address.length.filter(|l| *l != max)?;
-    IpNet::new(ip, u8::try_from(length).ok()?)
-        .ok()
-        .map(|net| net.trunc())
+    let net = IpNet::new(ip, u8::try_from(length).ok()?).ok()?;
+    Some(config::VipRange::new(address.network.as_str(), net))
 }
 
 fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> config::Service {

@@ -297,6 +297,11 @@ fn cidr_addresses_are_vip_ranges() {
         address: ip.to_vec(),
         length,
     };
+    // A range keeps its network (ztunnel `network_cidr(network, cidr)`).
+    let on_east = NetworkAddress {
+        network: "east".into(),
+        ..address([10, 7, 0, 0], Some(16))
+    };
     let mut r = XdsResources::default();
     put_service(
         &mut r,
@@ -308,6 +313,7 @@ fn cidr_addresses_are_vip_ranges() {
                 address([192, 0, 2, 9], Some(24)),
                 address([198, 51, 100, 1], Some(32)),
                 address([198, 51, 100, 2], None),
+                on_east,
             ],
             ..Default::default()
         },
@@ -315,7 +321,13 @@ fn cidr_addresses_are_vip_ranges() {
     seed_responses(&r);
     let out = translate(&r, "xds://istiod");
     let svc = &out.config.services[0];
-    assert_eq!(svc.cidr_vips, ["192.0.2.0/24".parse::<IpNet>().unwrap()]);
+    assert_eq!(
+        svc.cidr_vips,
+        [
+            "/192.0.2.0/24".parse::<config::VipRange>().unwrap(),
+            "east/10.7.0.0/16".parse().unwrap()
+        ]
+    );
     assert_eq!(
         svc.vips,
         [
