@@ -12,8 +12,9 @@
 //!
 //! A waypoint named by address is the endpoints of the service whose VIP
 //! it is, or the workload at that address; named by hostname
-//! (`namespace/hostname`), the endpoints of that service (ztunnel
-//! `src/state.rs` `find_upstream`, `find_hostname`). A service's instances take HBONE at the port the
+//! (`namespace/hostname`), the endpoints of that service, or else the
+//! workload of that hostname (ztunnel `src/state.rs` `find_upstream`,
+//! `find_hostname`). A service's instances take HBONE at the port the
 //! waypoint's HBONE port maps to, as a port of that service; a workload
 //! at the HBONE port as given (`fetch_waypoint`).
 
@@ -107,16 +108,42 @@ impl MeshState {
         if let Some(entry) = self.waypoint_service(waypoint) {
             return Some(of_service(entry));
         }
-        let ip = waypoint.address?;
-        let network = waypoint.network.as_deref().unwrap_or(network);
-        let workload = self.workloads.by_addr(network, ip)?;
+        let workload = match waypoint.address {
+            Some(ip) => {
+                let network = waypoint.network.as_deref().unwrap_or(network);
+                self.workloads.by_addr(network, ip)?
+            }
+            None => self.workload_by_hostname(waypoint.hostname.as_deref()?)?,
+        };
         // A workload is dialled at the HBONE port as given, whatever
-        // services it is in (ztunnel `find_upstream` for a workload's
-        // address: `UpstreamParts(wl, hbone_mtls_port, None)`), and with
-        // no service's subjectAltNames.
+        // services it is in (ztunnel `fetch_waypoint` and
+        // `fetch_network_gateway`, `Address::Workload`, and `find_upstream`
+        // for a workload's address: `UpstreamParts(wl, hbone_mtls_port,
+        // None)`), and with no service's subjectAltNames.
+        let ip = match waypoint.address {
+            Some(ip) => ip,
+            // By hostname: its first address. ztunnel would resolve the
+            // hostname of a workload without one (`finalize_upstream` ->
+            // `pick_workload_destination_or_resolve`); such a waypoint
+            // has no instance here.
+            None => *workload.workload.workload_ips.first()?,
+        };
         Some(WaypointTarget {
             instances: vec![(Arc::clone(workload), SocketAddr::new(ip, port))],
             alt_identities: Arc::default(),
+        })
+    }
+
+    /// The workload a waypoint's `namespace/hostname` names when no
+    /// service has it: ztunnel `src/state.rs` `find_hostname` falls back
+    /// to the workload of that hostname and namespace, by a scan of every
+    /// workload (an uncommon path, there as here).
+    fn workload_by_hostname(&self, key: &str) -> Option<&Arc<MeshWorkload>> {
+        let (namespace, hostname) = key.split_once('/')?;
+        self.workloads.iter().find(|w| {
+            !w.workload.hostname.is_empty()
+                && *w.workload.hostname == *hostname
+                && *w.workload.namespace == *namespace
         })
     }
 
@@ -127,7 +154,8 @@ impl MeshState {
     /// As there, `target` is looked up on `local`'s network, a workload
     /// before a service VIP (`src/state.rs` `find_address`); its
     /// `waypoint` (not the weighted ones) resolved, by address a workload
-    /// before a service, by hostname the service; a service is `local`'s
+    /// before a service, by hostname the service, else the workload of
+    /// that hostname; a service is `local`'s
     /// when `local` is one of its endpoints (`contains_endpoint`), a
     /// workload when it has `local_ip`.
     pub fn is_waypoint_of(&self, target: IpAddr, local: &MeshWorkload, local_ip: IpAddr) -> bool {
@@ -152,7 +180,14 @@ impl MeshState {
                     None => self.services.by_vip_at(network, ip).is_some_and(has_local),
                 }
             }
-            (None, Some(key)) => self.services.by_key(key).is_some_and(has_local),
+            // ztunnel `find_destination` -> `find_hostname`: the service,
+            // else the workload of that hostname.
+            (None, Some(key)) => match self.services.by_key(key) {
+                Some(entry) => has_local(entry),
+                None => self
+                    .workload_by_hostname(key)
+                    .is_some_and(|workload| workload.workload.workload_ips.contains(&local_ip)),
+            },
             (None, None) => false,
         }
     }

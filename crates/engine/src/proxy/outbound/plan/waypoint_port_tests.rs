@@ -122,3 +122,32 @@ fn a_waypoint_services_instances_are_dialled_at_its_hbone_ports_target() {
         )]
     );
 }
+
+#[test]
+fn a_waypoint_named_by_a_workloads_hostname_is_that_workload_at_the_hbone_port() {
+    let state = state();
+    // No service has the hostname: the workload of it, at 15008 as given
+    // (not its service's mapping), expecting its identity alone.
+    assert_eq!(
+        hops(&state, "client", "10.1.0.40:5432"),
+        [format!(
+            "10.1.0.40:5432 via 10.1.0.50:15008 expecting {ID}wp-w"
+        )]
+    );
+    // Its own connections are a waypoint's: straight to the workload.
+    assert_eq!(
+        hops(&state, "wp-w", "10.1.0.40:5432"),
+        [format!(
+            "10.1.0.40:5432 via 10.1.0.40:15008 expecting {ID}db"
+        )]
+    );
+    // It is the waypoint of what names it (the sandwich check).
+    let wp_w = state
+        .workloads
+        .iter()
+        .find(|w| &*w.workload.uid == "wp-w")
+        .unwrap();
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    assert!(state.is_waypoint_of(ip("10.1.0.40"), wp_w, ip("10.1.0.50")));
+    assert!(!state.is_waypoint_of(ip("10.1.0.20"), wp_w, ip("10.1.0.50")));
+}
