@@ -237,22 +237,41 @@ fn a_waypoint_service_is_reached_at_the_port_its_hbone_port_maps_to() -> anyhow:
 }
 
 /// The same mesh with a stock ztunnel (`DATAPLANE_ZTUNNEL`, ignored
-/// without one) as the client's node proxy, its mesh and certificates
-/// from the test istiod: it asks the waypoint's instance on the mapped
-/// port for the original destination, as the test above expects of our
-/// engine. The stand-in there records the CONNECT and carries it no
-/// further (nothing serves `remote`).
+/// without one) as the client's node proxy: it asks the waypoint's
+/// instance on the mapped port for the original destination, as the test
+/// above expects of our engine.
 #[test]
 #[ignore = "needs a ztunnel binary in DATAPLANE_ZTUNNEL"]
 fn a_stock_ztunnel_reaches_a_waypoint_service_at_the_mapped_port_too() -> anyhow::Result<()> {
-    let binary = ztunnel_binary()?;
     let w = TwoNodes::new("wpz")?;
-    let config = mapped_port_mesh(&w);
+    let dst = addr(&w.remote, 9000);
+    let asked = ztunnel_asks(&w, "wpz", mapped_port_mesh(&w), MAPPED_HBONE_PORT, dst)?;
+    assert_eq!(
+        asked,
+        [dst.to_string()],
+        "ztunnel asked the waypoint at the mapped port"
+    );
+    Ok(())
+}
+
+/// The `:authority`s a stock ztunnel, the client's node proxy under
+/// `config` (its mesh and certificates from the test istiod), asks of
+/// the waypoint `waypoint` (the `plain` pod) when serving `port` there,
+/// for one connection from `client` to `dst`. The stand-in records each
+/// CONNECT and carries it no further (nothing serves the destination).
+fn ztunnel_asks(
+    w: &TwoNodes,
+    tag: &str,
+    config: LocalConfig,
+    port: u16,
+    dst: std::net::SocketAddr,
+) -> anyhow::Result<Vec<String>> {
+    let binary = ztunnel_binary()?;
     let path = w.write(&config)?;
     let (rt, pki, mut istiod) = loopback_istiod()?;
     rt.block_on(istiod.publish_mesh(&as_istiod_serves(config), "1"))?;
     let istiod1 = rt.block_on(istiod.listen_in(w.n1.netns()))?;
-    let node1 = ZtunnelServedNode::start(&w, "wpz", 1, &path, &binary, istiod1, &pki.root_pem)?;
+    let node1 = ZtunnelServedNode::start(w, tag, 1, &path, &binary, istiod1, &pki.root_pem)?;
 
     dataplane_user::tls::install_provider();
     let identity = format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/waypoint");
@@ -264,12 +283,11 @@ fn a_stock_ztunnel_reaches_a_waypoint_service_at_the_mapped_port_too() -> anyhow
     server.alpn_protocols = vec![b"h2".to_vec()];
     let standin = GatewayStandIn::start_with(
         &w.plain,
-        MAPPED_HBONE_PORT,
+        port,
         std::sync::Arc::new(server),
         identity.parse()?,
         &[],
     )?;
-    let dst = addr(&w.remote, 9000);
     // The stand-in answers 503 (no route on): the client sees its
     // connection end, after the CONNECT was recorded (20 s: a hang guard).
     let ended = try_stream(&w.client, &["hold", &dst.to_string(), "20"])?;
@@ -278,13 +296,72 @@ fn a_stock_ztunnel_reaches_a_waypoint_service_at_the_mapped_port_too() -> anyhow
         .into_iter()
         .map(|r| r.authority)
         .collect();
+    if asked.is_empty() {
+        anyhow::bail!(
+            "ztunnel asked the waypoint nothing on port {port} (client: {})\nztunnel log:\n{}",
+            ended.stdout,
+            node1.ztunnel.log_tail()
+        );
+    }
+    drop(rt);
+    Ok(asked)
+}
+
+/// The world's mesh with `remote` behind the waypoint named by the
+/// hostname `waypoint.example.com`, which no service has: the `waypoint`
+/// workload (the `plain` pod) has it.
+fn hostname_workload_mesh(w: &TwoNodes) -> LocalConfig {
+    let mut config = mesh(w, false);
+    for workload in &mut config.workloads {
+        let workload = std::sync::Arc::make_mut(workload);
+        match workload.name.as_str() {
+            "waypoint" => workload.hostname = "waypoint.example.com".into(),
+            "remote" => {
+                workload.waypoint = Some(Box::new(Waypoint {
+                    address: None,
+                    network: None,
+                    hostname: Some(format!("{NAMESPACE}/waypoint.example.com")),
+                    hbone_port: 15008,
+                }));
+            }
+            _ => {}
+        }
+    }
+    config
+}
+
+/// ztunnel `src/state.rs` `find_hostname`: a waypoint hostname no service
+/// has is the workload of that hostname, reached at the HBONE port.
+#[test]
+fn a_waypoint_named_by_a_workloads_hostname_is_that_workload() -> anyhow::Result<()> {
+    let w = TwoNodes::new("wph")?;
+    let (_a1, _a2) = w.agents("wph", &hostname_workload_mesh(&w))?;
+    let remote_identity = Identity::new("cluster.local", NAMESPACE, "remote")?;
+    let standin = WaypointStandIn::start(
+        &w.plain,
+        &w.shared_ca(),
+        NAMESPACE,
+        "waypoint",
+        &[(w.remote.ip4.into(), remote_identity)],
+    )?;
+    let server = echo_server(&w.remote, 9000)?;
+    echo(&w.client, addr(&w.remote, 9000), 10_000, 1)?;
+    assert_eq!(standin.forwarded(), 1, "it went through the waypoint");
+    assert_eq!(server.drain().len(), 1);
+    Ok(())
+}
+
+/// A stock ztunnel as the client's node proxy does the same.
+#[test]
+#[ignore = "needs a ztunnel binary in DATAPLANE_ZTUNNEL"]
+fn a_stock_ztunnel_reaches_a_waypoint_named_by_a_workloads_hostname_too() -> anyhow::Result<()> {
+    let w = TwoNodes::new("wpy")?;
+    let dst = addr(&w.remote, 9000);
+    let asked = ztunnel_asks(&w, "wpy", hostname_workload_mesh(&w), 15008, dst)?;
     assert_eq!(
         asked,
         [dst.to_string()],
-        "ztunnel asked the waypoint at the mapped port (client: {})\nztunnel log:\n{}",
-        ended.stdout,
-        node1.ztunnel.log_tail()
+        "ztunnel asked the waypoint workload"
     );
-    drop(rt);
     Ok(())
 }
