@@ -65,6 +65,18 @@ impl WaypointStandIn {
         account: &str,
         destinations: &[(IpAddr, Identity)],
     ) -> anyhow::Result<Self> {
+        Self::start_on(pod, 15008, ca_dir, (namespace, account), destinations)
+    }
+
+    /// As [`WaypointStandIn::start`], serving `[::]:<port>` (a waypoint
+    /// whose service maps its HBONE port elsewhere).
+    pub fn start_on(
+        pod: &Pod,
+        port: u16,
+        ca_dir: &Path,
+        (namespace, account): (&str, &str),
+        destinations: &[(IpAddr, Identity)],
+    ) -> anyhow::Result<Self> {
         let me = MeshCredentials::issue(ca_dir, namespace, account)?;
         let server = tls::server_config(me.resolver(), Arc::clone(&me.roots), "cluster.local")?;
         let mut clients = HashMap::new();
@@ -79,8 +91,8 @@ impl WaypointStandIn {
             netns: pod.netns.path().to_path_buf(),
             forwarded: Arc::clone(&forwarded),
         });
-        let listener = pod.netns.run(|| {
-            let listener = std::net::TcpListener::bind(SocketAddr::from(([0u16; 8], 15008)))?;
+        let listener = pod.netns.run(move || {
+            let listener = std::net::TcpListener::bind(SocketAddr::from(([0u16; 8], port)))?;
             listener.set_nonblocking(true)?;
             Ok::<_, std::io::Error>(listener)
         })??;

@@ -6,15 +6,26 @@
 //! does not know of the waypoint) is let in or refused by authorization
 //! policy alone, as ztunnel does.
 //!
+//! A waypoint service's instance is dialled at the port the waypoint's
+//! HBONE port maps to as a port of that service (ztunnel `src/state.rs`
+//! `fetch_waypoint` -> `find_upstream_from_service`), which a stock
+//! ztunnel is checked to do as well.
+//!
 //! What went through the waypoint is counted by the stand-in itself;
 //! refusals are what the clients see (a reset) and the destination's
 //! `/metrics`.
 
 use dataplane_tests::{
-    mesh::{NAMESPACE, TwoNodes, addr, hbone_workload, policy, write_config},
+    gateway::GatewayStandIn,
+    istiod::loopback_istiod,
+    mesh::{
+        NAMESPACE, TwoNodes, addr, as_istiod_serves, endpoint_of, hbone_workload, policy, service,
+        write_config,
+    },
     observe::{family, scrape, value},
     traffic::{echo, echo_server, try_stream, wait_until},
     waypoint::WaypointStandIn,
+    ztunnel::{ZtunnelServedNode, ztunnel_binary},
 };
 use dataplane_user::{
     config::{Action, LocalConfig, Match, Scope, Waypoint},
@@ -162,5 +173,195 @@ fn a_workload_behind_a_waypoint_is_reached_through_it_and_around_it_only_as_poli
     echo(&w.client, dst, 100, 5)?;
     assert_eq!(standin.forwarded(), 3);
     assert_eq!(server.drain().len(), 1);
+    Ok(())
+}
+
+/// The VIP of the waypoint service of [`mapped_port_mesh`].
+const WAYPOINT_VIP: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(10, 96, 0, 77));
+/// The port that service maps the HBONE port (15008) to.
+const MAPPED_HBONE_PORT: u16 = 15019;
+
+/// The world's mesh with `remote` behind the waypoint service at
+/// [`WAYPOINT_VIP`] (named by address), whose HBONE port maps to
+/// [`MAPPED_HBONE_PORT`] (the service's and its instance's own mapping,
+/// as istiod sends a Kubernetes service's); its one instance is
+/// `waypoint` (the `plain` pod, not enrolled: the stand-in runs there).
+fn mapped_port_mesh(w: &TwoNodes) -> LocalConfig {
+    let mut config = mesh(w, false);
+    let waypoints = service(
+        "waypoint",
+        NAMESPACE,
+        WAYPOINT_VIP,
+        &[(15008, MAPPED_HBONE_PORT)],
+    );
+    for workload in &mut config.workloads {
+        let workload = std::sync::Arc::make_mut(workload);
+        match workload.name.as_str() {
+            "waypoint" => endpoint_of(workload, &waypoints),
+            "remote" => {
+                workload.waypoint = Some(Box::new(Waypoint {
+                    address: Some(WAYPOINT_VIP),
+                    network: None,
+                    hostname: None,
+                    hbone_port: 15008,
+                }));
+            }
+            _ => {}
+        }
+    }
+    config.services.push(waypoints);
+    config
+}
+
+/// ztunnel `src/state.rs` `fetch_waypoint`: the waypoint service's
+/// instance takes the tunnel on the port 15008 maps to, not on 15008
+/// (where nothing listens here), with the original destination as
+/// `:authority`.
+#[test]
+fn a_waypoint_service_is_reached_at_the_port_its_hbone_port_maps_to() -> anyhow::Result<()> {
+    let w = TwoNodes::new("wpm")?;
+    let (_a1, _a2) = w.agents("wpm", &mapped_port_mesh(&w))?;
+    let remote_identity = Identity::new("cluster.local", NAMESPACE, "remote")?;
+    let standin = WaypointStandIn::start_on(
+        &w.plain,
+        MAPPED_HBONE_PORT,
+        &w.shared_ca(),
+        (NAMESPACE, "waypoint"),
+        &[(w.remote.ip4.into(), remote_identity)],
+    )?;
+    let server = echo_server(&w.remote, 9000)?;
+    echo(&w.client, addr(&w.remote, 9000), 10_000, 1)?;
+    assert_eq!(standin.forwarded(), 1, "it went through the waypoint");
+    assert_eq!(server.drain().len(), 1);
+    Ok(())
+}
+
+/// The same mesh with a stock ztunnel (`DATAPLANE_ZTUNNEL`, ignored
+/// without one) as the client's node proxy: it asks the waypoint's
+/// instance on the mapped port for the original destination, as the test
+/// above expects of our engine.
+#[test]
+#[ignore = "needs a ztunnel binary in DATAPLANE_ZTUNNEL"]
+fn a_stock_ztunnel_reaches_a_waypoint_service_at_the_mapped_port_too() -> anyhow::Result<()> {
+    let w = TwoNodes::new("wpz")?;
+    let dst = addr(&w.remote, 9000);
+    let asked = ztunnel_asks(&w, "wpz", mapped_port_mesh(&w), MAPPED_HBONE_PORT, dst)?;
+    assert_eq!(
+        asked,
+        [dst.to_string()],
+        "ztunnel asked the waypoint at the mapped port"
+    );
+    Ok(())
+}
+
+/// The `:authority`s a stock ztunnel, the client's node proxy under
+/// `config` (its mesh and certificates from the test istiod), asks of
+/// the waypoint `waypoint` (the `plain` pod) when serving `port` there,
+/// for one connection from `client` to `dst`. The stand-in records each
+/// CONNECT and carries it no further (nothing serves the destination).
+fn ztunnel_asks(
+    w: &TwoNodes,
+    tag: &str,
+    config: LocalConfig,
+    port: u16,
+    dst: std::net::SocketAddr,
+) -> anyhow::Result<Vec<String>> {
+    let binary = ztunnel_binary()?;
+    let path = w.write(&config)?;
+    let (rt, pki, mut istiod) = loopback_istiod()?;
+    rt.block_on(istiod.publish_mesh(&as_istiod_serves(config), "1"))?;
+    let istiod1 = rt.block_on(istiod.listen_in(w.n1.netns()))?;
+    let node1 = ZtunnelServedNode::start(w, tag, 1, &path, &binary, istiod1, &pki.root_pem)?;
+
+    dataplane_user::tls::install_provider();
+    let identity = format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/waypoint");
+    let (chain, key) = pki.issue(&identity)?;
+    let mut server = rustls::ServerConfig::builder_with_provider(dataplane_user::tls::provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    server.alpn_protocols = vec![b"h2".to_vec()];
+    let standin = GatewayStandIn::start_with(
+        &w.plain,
+        port,
+        std::sync::Arc::new(server),
+        identity.parse()?,
+        &[],
+    )?;
+    // The stand-in answers 503 (no route on): the client sees its
+    // connection end, after the CONNECT was recorded (20 s: a hang guard).
+    let ended = try_stream(&w.client, &["hold", &dst.to_string(), "20"])?;
+    let asked: Vec<String> = standin
+        .requests()
+        .into_iter()
+        .map(|r| r.authority)
+        .collect();
+    if asked.is_empty() {
+        anyhow::bail!(
+            "ztunnel asked the waypoint nothing on port {port} (client: {})\nztunnel log:\n{}",
+            ended.stdout,
+            node1.ztunnel.log_tail()
+        );
+    }
+    drop(rt);
+    Ok(asked)
+}
+
+/// The world's mesh with `remote` behind the waypoint named by the
+/// hostname `waypoint.example.com`, which no service has: the `waypoint`
+/// workload (the `plain` pod) has it.
+fn hostname_workload_mesh(w: &TwoNodes) -> LocalConfig {
+    let mut config = mesh(w, false);
+    for workload in &mut config.workloads {
+        let workload = std::sync::Arc::make_mut(workload);
+        match workload.name.as_str() {
+            "waypoint" => workload.hostname = "waypoint.example.com".into(),
+            "remote" => {
+                workload.waypoint = Some(Box::new(Waypoint {
+                    address: None,
+                    network: None,
+                    hostname: Some(format!("{NAMESPACE}/waypoint.example.com")),
+                    hbone_port: 15008,
+                }));
+            }
+            _ => {}
+        }
+    }
+    config
+}
+
+/// ztunnel `src/state.rs` `find_hostname`: a waypoint hostname no service
+/// has is the workload of that hostname, reached at the HBONE port.
+#[test]
+fn a_waypoint_named_by_a_workloads_hostname_is_that_workload() -> anyhow::Result<()> {
+    let w = TwoNodes::new("wph")?;
+    let (_a1, _a2) = w.agents("wph", &hostname_workload_mesh(&w))?;
+    let remote_identity = Identity::new("cluster.local", NAMESPACE, "remote")?;
+    let standin = WaypointStandIn::start(
+        &w.plain,
+        &w.shared_ca(),
+        NAMESPACE,
+        "waypoint",
+        &[(w.remote.ip4.into(), remote_identity)],
+    )?;
+    let server = echo_server(&w.remote, 9000)?;
+    echo(&w.client, addr(&w.remote, 9000), 10_000, 1)?;
+    assert_eq!(standin.forwarded(), 1, "it went through the waypoint");
+    assert_eq!(server.drain().len(), 1);
+    Ok(())
+}
+
+/// A stock ztunnel as the client's node proxy does the same.
+#[test]
+#[ignore = "needs a ztunnel binary in DATAPLANE_ZTUNNEL"]
+fn a_stock_ztunnel_reaches_a_waypoint_named_by_a_workloads_hostname_too() -> anyhow::Result<()> {
+    let w = TwoNodes::new("wpy")?;
+    let dst = addr(&w.remote, 9000);
+    let asked = ztunnel_asks(&w, "wpy", hostname_workload_mesh(&w), 15008, dst)?;
+    assert_eq!(
+        asked,
+        [dst.to_string()],
+        "ztunnel asked the waypoint workload"
+    );
     Ok(())
 }

@@ -10,15 +10,19 @@
 //! does the rest). An ALLOW policy naming the waypoint's principal keeps
 //! everyone else out.
 //!
-//! A waypoint named by address is the workload at that address, or the
-//! endpoints of the service whose VIP it is; named by hostname
-//! (`namespace/hostname`), the endpoints of that service.
+//! A waypoint named by address is the endpoints of the service whose VIP
+//! it is, or the workload at that address; named by hostname
+//! (`namespace/hostname`), the endpoints of that service, or else the
+//! workload of that hostname (ztunnel `src/state.rs` `find_upstream`,
+//! `find_hostname`). A service's instances take HBONE at the port the
+//! waypoint's HBONE port maps to, as a port of that service; a workload
+//! at the HBONE port as given (`fetch_waypoint`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use super::{MeshState, MeshWorkload, ServiceEntry};
-use crate::config::{Waypoint, Workload};
+use crate::config::{Service, Waypoint, Workload};
 use crate::identity::Identity;
 
 /// A waypoint's instances, in the order to try, and who they may be.
@@ -73,11 +77,9 @@ impl MeshState {
     /// The instances of `waypoint`, an address of which is looked up on
     /// its own network, else on `network` (ztunnel `src/state.rs`
     /// `fetch_network_gateway` and `fetch_waypoint`: `find_upstream` on
-    /// `Destination::Address`'s network). Of a waypoint's service
-    /// (`as_waypoint`), only the instances ztunnel's `load_balance` keeps
-    /// in `ServiceResolutionMode::Waypoint`: all when the service has
-    /// the HBONE port, else those with an application tunnel (which take
-    /// any port); a gateway's service's are all kept.
+    /// `Destination::Address`'s network). A service's instances are
+    /// dialled at the port its HBONE port maps to ([`service_hbone_port`]);
+    /// a workload's at the HBONE port as given.
     fn waypoint_on(
         &self,
         waypoint: &Waypoint,
@@ -87,14 +89,15 @@ impl MeshState {
     ) -> Option<WaypointTarget> {
         let port = waypoint.hbone_port;
         let of_service = |entry: &ServiceEntry| {
-            let serves_port = !as_waypoint || entry.service.ports.contains_key(&port);
+            let key = entry.service.key();
             let instances = entry
                 .endpoints()
                 .rotated(start)
-                .filter(|w| serves_port || w.workload.application_tunnel.is_some())
                 .filter_map(|w| {
                     let ip = *w.workload.workload_ips.first()?;
-                    Some((Arc::clone(w), SocketAddr::new(ip, port)))
+                    let target =
+                        service_hbone_port(&entry.service, &key, &w.workload, port, as_waypoint)?;
+                    Some((Arc::clone(w), SocketAddr::new(ip, target)))
                 })
                 .collect();
             WaypointTarget {
@@ -105,12 +108,42 @@ impl MeshState {
         if let Some(entry) = self.waypoint_service(waypoint) {
             return Some(of_service(entry));
         }
-        let ip = waypoint.address?;
-        let network = waypoint.network.as_deref().unwrap_or(network);
-        let workload = self.workloads.by_addr(network, ip)?;
+        let workload = match waypoint.address {
+            Some(ip) => {
+                let network = waypoint.network.as_deref().unwrap_or(network);
+                self.workloads.by_addr(network, ip)?
+            }
+            None => self.workload_by_hostname(waypoint.hostname.as_deref()?)?,
+        };
+        // A workload is dialled at the HBONE port as given, whatever
+        // services it is in (ztunnel `fetch_waypoint` and
+        // `fetch_network_gateway`, `Address::Workload`, and `find_upstream`
+        // for a workload's address: `UpstreamParts(wl, hbone_mtls_port,
+        // None)`), and with no service's subjectAltNames.
+        let ip = match waypoint.address {
+            Some(ip) => ip,
+            // By hostname: its first address. ztunnel would resolve the
+            // hostname of a workload without one (`finalize_upstream` ->
+            // `pick_workload_destination_or_resolve`); such a waypoint
+            // has no instance here.
+            None => *workload.workload.workload_ips.first()?,
+        };
         Some(WaypointTarget {
             instances: vec![(Arc::clone(workload), SocketAddr::new(ip, port))],
             alt_identities: Arc::default(),
+        })
+    }
+
+    /// The workload a waypoint's `namespace/hostname` names when no
+    /// service has it: ztunnel `src/state.rs` `find_hostname` falls back
+    /// to the workload of that hostname and namespace, by a scan of every
+    /// workload (an uncommon path, there as here).
+    fn workload_by_hostname(&self, key: &str) -> Option<&Arc<MeshWorkload>> {
+        let (namespace, hostname) = key.split_once('/')?;
+        self.workloads.iter().find(|w| {
+            !w.workload.hostname.is_empty()
+                && *w.workload.hostname == *hostname
+                && *w.workload.namespace == *namespace
         })
     }
 
@@ -121,7 +154,8 @@ impl MeshState {
     /// As there, `target` is looked up on `local`'s network, a workload
     /// before a service VIP (`src/state.rs` `find_address`); its
     /// `waypoint` (not the weighted ones) resolved, by address a workload
-    /// before a service, by hostname the service; a service is `local`'s
+    /// before a service, by hostname the service, else the workload of
+    /// that hostname; a service is `local`'s
     /// when `local` is one of its endpoints (`contains_endpoint`), a
     /// workload when it has `local_ip`.
     pub fn is_waypoint_of(&self, target: IpAddr, local: &MeshWorkload, local_ip: IpAddr) -> bool {
@@ -146,7 +180,14 @@ impl MeshState {
                     None => self.services.by_vip_at(network, ip).is_some_and(has_local),
                 }
             }
-            (None, Some(key)) => self.services.by_key(key).is_some_and(has_local),
+            // ztunnel `find_destination` -> `find_hostname`: the service,
+            // else the workload of that hostname.
+            (None, Some(key)) => match self.services.by_key(key) {
+                Some(entry) => has_local(entry),
+                None => self
+                    .workload_by_hostname(key)
+                    .is_some_and(|workload| workload.workload.workload_ips.contains(&local_ip)),
+            },
             (None, None) => false,
         }
     }
@@ -158,6 +199,49 @@ impl MeshState {
                 || target.alt_identities.contains(peer)
         })
     }
+}
+
+/// The port a waypoint's (or network gateway's) service instance `workload`
+/// takes HBONE at, for the waypoint's HBONE port `port` taken as a port of
+/// `service` (keyed `key`); `None` when it is not one of the instances.
+///
+/// ztunnel `src/state.rs` `find_upstream_from_service` with
+/// `svc_port = hbone_mtls_port`: the endpoint's own mapping of that port
+/// (the workload's `services[key]`), else the service's target port when
+/// not 0, else, for an instance with an application tunnel that has a
+/// port, the HBONE port itself; otherwise none. Which instances it
+/// considers is `load_balance`'s filter: for a waypoint
+/// (`ServiceResolutionMode::Waypoint`) those of a service with the port
+/// and those with an application tunnel; for a network gateway
+/// (`Standard`) none unless the service has the port, and then those with
+/// a target port for it, of the service's or their own. ztunnel draws
+/// one of those it considers and fails the connection when that one has
+/// no port; here such an instance is left out of the turn instead.
+fn service_hbone_port(
+    service: &Service,
+    key: &str,
+    workload: &Workload,
+    port: u16,
+    as_waypoint: bool,
+) -> Option<u16> {
+    let of_service = service.ports.get(&port).copied();
+    let own = workload
+        .services
+        .get(key)
+        .and_then(|ports| ports.target(port));
+    let considered = if as_waypoint {
+        of_service.is_some() || workload.application_tunnel.is_some()
+    } else {
+        of_service.is_some_and(|target| target != 0 || own.is_some())
+    };
+    if !considered {
+        return None;
+    }
+    own.or(of_service.filter(|target| *target != 0))
+        .or_else(|| {
+            let tunnel_port = workload.application_tunnel.as_ref()?.port;
+            tunnel_port.map(|_| port)
+        })
 }
 
 #[cfg(test)]

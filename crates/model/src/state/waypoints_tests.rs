@@ -93,3 +93,39 @@ fn a_workload_is_the_waypoint_of_what_names_it_and_of_nothing_else() {
     assert!(!is("10.0.0.6", &plain, "10.0.0.2"));
     assert!(!is("10.9.9.9", &plain, "10.0.0.2"));
 }
+
+/// `g` on network `far` is behind the gateway service `gw` (by hostname),
+/// whose HBONE port maps to 15443 (ztunnel `fetch_network_gateway`:
+/// `find_upstream_from_service` in `ServiceResolutionMode::Standard`);
+/// `gw-none` lacks the port, so none of its instances is one.
+const GATEWAYS: &str = r#"
+workloads:
+- {uid: gw-1, name: gw-1, namespace: istio-system, serviceAccount: eastwest, workloadIps: [10.2.0.9], network: far,
+   services: {istio-system/gw: {15021: 15021}, istio-system/gw-none: {15021: 15021}}}
+- {uid: g, name: g, namespace: a, network: far,
+   networkGateway: {hostname: istio-system/gw, hbonePort: 15008}}
+- {uid: h, name: h, namespace: a, network: far,
+   networkGateway: {hostname: istio-system/gw-none, hbonePort: 15008}}
+services:
+- {name: gw, namespace: istio-system, hostname: gw, vips: ['far/10.96.9.1'], ports: {15008: 15443}}
+- {name: gw-none, namespace: istio-system, hostname: gw-none, vips: ['far/10.96.9.2'], ports: {15021: 15021}}
+"#;
+
+#[test]
+fn a_gateway_service_is_dialled_at_its_hbone_ports_target() {
+    let state = MeshState::from_config(&LocalConfig::parse(GATEWAYS, "gateways").unwrap()).unwrap();
+    let gateway_of = |uid: &str| {
+        let behind = state.workloads.iter().find(|w| &*w.workload.uid == uid);
+        let behind = &behind.unwrap().workload;
+        let gateway = behind.network_gateway.as_deref().unwrap();
+        let target = state.network_gateway(gateway, behind, 0).unwrap();
+        let vias: Vec<String> = target
+            .instances
+            .iter()
+            .map(|(_, via)| via.to_string())
+            .collect();
+        vias
+    };
+    assert_eq!(gateway_of("g"), ["10.2.0.9:15443"]);
+    assert!(gateway_of("h").is_empty());
+}

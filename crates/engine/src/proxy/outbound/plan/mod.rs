@@ -505,3 +505,5 @@ fn hop(
 mod network_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod waypoint_port_tests;
