@@ -8,13 +8,15 @@
 //! what changed.
 //!
 //! Conflicts between resources, which istiod's eventual consistency makes
-//! normal for a moment (a pod replaced under the same IP, a service VIP
-//! reassigned), are resolved the same way whatever the order the pushes
-//! came in: of the entries claiming an address (a network address: pods
-//! of two networks at one IP claim two), workloads before services
-//! and then by resource name, the first keeps it; the others leave it out
-//! until that one goes, and say so. Services sharing a VIP are no
-//! conflict: each keeps it, and a lookup picks one per client.
+//! normal for a moment (a service VIP reassigned to a pod), are resolved
+//! the same way whatever the order the pushes came in: of a workload and
+//! a service claiming an address (a network address: pods of two
+//! networks at one IP claim two), the workload keeps it; the service
+//! leaves it out until the workload goes, and says so. Entries of one
+//! kind sharing an address are no conflict: workloads at one IP (a pod
+//! replaced under it, a pod and its WorkloadEntry) are all held and the
+//! state finds the best (ztunnel `WorkloadByAddr`), services sharing a
+//! VIP each keep it and a lookup picks one per client.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -30,7 +32,8 @@ use crate::config::{
     entries::{DropKey, Dropped, EntryKind, XdsEntry},
 };
 
-/// The entries claiming one address, in claim order (the first keeps it).
+/// The entries claiming one address, in claim order (the first keeps it
+/// from entries of the other kind).
 /// Nearly always one, held inline: a one-element `Vec` allocated its
 /// element besides (and a `BTreeSet` an eleven-slot node, about 350 bytes
 /// per workload IP; `benches/mesh_memory.rs`). Several (a conflict) is
@@ -503,14 +506,14 @@ impl XdsModel {
             claimed += 1;
             let owner = self.claims.get(network, &ip).and_then(|set| set.first());
             match owner {
-                // Services in several namespaces may share a VIP; each
-                // client is given the best for it (ztunnel
-                // `ServiceStore::get_best_by_vip`).
-                Some(owner)
-                    if owner != entry
-                        && !(owner.kind == EntryKind::Service
-                            && entry.kind == EntryKind::Service) =>
-                {
+                // Entries of one kind may share an address: services in
+                // several namespaces a VIP, each client given the best for
+                // it (ztunnel `ServiceStore::get_best_by_vip`); workloads
+                // an IP (a pod replaced under it, a pod and a
+                // WorkloadEntry), the state holding them all and finding
+                // the best (ztunnel `WorkloadByAddr::get`). A workload's
+                // address is no service's.
+                Some(owner) if owner != entry && owner.kind != entry.kind => {
                     let owner = self
                         .held
                         .addresses
