@@ -12,11 +12,14 @@ pub mod engine;
 pub mod install_cni;
 pub mod istio;
 pub mod original_source;
+mod pod;
 pub mod proxy_config;
 pub mod run;
 pub mod tls;
 pub mod workers;
 pub mod ztunnel_env;
+
+pub use pod::{PodAddArgs, PodCommand};
 
 /// eBPF-accelerated transparent redirection data plane for a service mesh.
 ///
@@ -103,90 +106,6 @@ pub enum Command {
     /// binary, write its kubeconfig, insert it into the primary CNI
     /// configuration, and keep it there.
     InstallCni(Box<install_cni::InstallCniArgs>),
-}
-
-/// `dataplane pod ...`
-#[derive(Debug, Subcommand)]
-pub enum PodCommand {
-    /// Enroll a pod: its TCP traffic is captured from now on. Idempotent.
-    Add(Box<PodAddArgs>),
-    /// Unenroll a pod by uid or network namespace. Idempotent.
-    Remove {
-        /// Which agent instance.
-        #[command(flatten)]
-        state: StateArgs,
-        /// The pod's uid.
-        #[arg(long, required_unless_present = "netns", conflicts_with = "netns")]
-        uid: Option<String>,
-        /// The pod's network namespace path.
-        #[arg(long)]
-        netns: Option<PathBuf>,
-    },
-    /// List enrolled pods.
-    List {
-        /// Which agent instance.
-        #[command(flatten)]
-        state: StateArgs,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
-    },
-}
-
-/// `dataplane pod add` options.
-#[derive(Debug, Clone, Args)]
-pub struct PodAddArgs {
-    /// Which agent instance.
-    #[command(flatten)]
-    pub state: StateArgs,
-    /// Unique id of the pod (e.g. its Kubernetes uid).
-    #[arg(long)]
-    pub uid: String,
-    /// Pod name.
-    #[arg(long)]
-    pub name: String,
-    /// Kubernetes namespace.
-    #[arg(long)]
-    pub namespace: String,
-    /// Service account.
-    #[arg(long, default_value = "default")]
-    pub service_account: String,
-    /// SPIFFE trust domain of the pod's identity.
-    #[arg(long, default_value = "cluster.local")]
-    pub trust_domain: String,
-    /// Network namespace path (e.g. /var/run/netns/NAME or /proc/PID/ns/net).
-    #[arg(long)]
-    pub netns: PathBuf,
-    /// A pod IP (repeat for dual-stack).
-    #[arg(long = "ip", required = true)]
-    pub ips: Vec<std::net::IpAddr>,
-    /// Node-side address toward the pod: kubelet probes from it are not
-    /// captured.
-    #[arg(long)]
-    pub node_addr: Option<std::net::IpAddr>,
-    /// Outbound destination port never captured (repeatable).
-    #[arg(long = "exclude-outbound-port")]
-    pub exclude_outbound_ports: Vec<u16>,
-    /// Outbound destination CIDR never captured (repeatable).
-    #[arg(long = "exclude-outbound-cidr")]
-    pub exclude_outbound_cidrs: Vec<ipnet::IpNet>,
-    /// Inbound port never captured (repeatable).
-    #[arg(long = "exclude-inbound-port")]
-    pub exclude_inbound_ports: Vec<u16>,
-    /// Capture none of the pod's inbound connections (Istio's
-    /// `ambient.istio.io/bypass-inbound-capture`); outbound and DNS stay
-    /// captured and HBONE tunnels still reach it.
-    #[arg(long)]
-    pub bypass_inbound_capture: bool,
-    /// Capture the pod's DNS (`true`/`false`) [default: the agent's
-    /// `--dns-capture`].
-    #[arg(long = "dns-capture")]
-    pub dns_capture: Option<bool>,
-    /// Allow the same-node fast path for the pod (`true`/`false`)
-    /// [default: its workload's `fastPath`, else the agent's
-    /// `--fast-path`].
-    #[arg(long = "fast-path")]
-    pub fast_path: Option<bool>,
 }
 
 /// `dataplane redirect ...`
@@ -665,86 +584,4 @@ fn parse_u32(s: &str) -> Result<u32, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
-
-    #[test]
-    fn cli_is_consistent() {
-        Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn durations_parse() {
-        assert!(parse_positive_duration("0s").is_err());
-        assert_eq!(
-            parse_positive_duration("2s"),
-            Ok(std::time::Duration::from_secs(2))
-        );
-    }
-
-    /// The command `argv` parses into.
-    fn command(argv: &[&str]) -> Command {
-        match Cli::try_parse_from(argv) {
-            Ok(cli) => cli.command,
-            Err(e) => panic!("`{}` does not parse: {e}", argv.join(" ")),
-        }
-    }
-
-    /// The flags that components no longer own reach them unchanged.
-    #[test]
-    fn run_flags_convert_into_component_types() {
-        let Command::Run(args) = command(&[
-            "dataplane",
-            "run",
-            "--threading",
-            "shared",
-            "--dns-capture=false",
-            "--dns-upstream",
-            "10.96.0.10,[fd00::a]:53",
-            "--dns-domain",
-            "example.org.",
-        ]) else {
-            panic!("`dataplane run` parsed as another command");
-        };
-        assert_eq!(
-            crate::workers::Threading::from(args.threading),
-            crate::workers::Threading::Shared
-        );
-        assert_eq!(
-            crate::dns::DnsConfig::from(&args.dns),
-            crate::dns::DnsConfig {
-                default_capture: false,
-                upstream: vec!["10.96.0.10".to_owned(), "[fd00::a]:53".to_owned()],
-                domain: "example.org.".to_owned(),
-            }
-        );
-    }
-
-    #[test]
-    fn install_cni_flags_convert_into_the_installer_config() {
-        let Command::InstallCni(args) = command(&[
-            "dataplane",
-            "install-cni",
-            "--on-agent-unreachable",
-            "pass",
-            "--once",
-        ]) else {
-            panic!("`dataplane install-cni` parsed as another command");
-        };
-        let config = crate::cni::install::InstallConfig::from(*args);
-        assert_eq!(
-            config.on_agent_unreachable,
-            crate::cni::spec::UnreachablePolicy::Pass
-        );
-        assert!(config.once);
-        assert_eq!(config.resync, std::time::Duration::from_secs(10));
-    }
-
-    #[test]
-    fn proxy_mark_accepts_hex_and_decimal() {
-        assert_eq!(parse_u32("0x539"), Ok(0x539));
-        assert_eq!(parse_u32("1337"), Ok(1337));
-        assert!(parse_u32("mark").is_err());
-    }
-}
+mod tests;
