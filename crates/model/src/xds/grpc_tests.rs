@@ -125,6 +125,10 @@ enum End {
     Bare,
     /// A trailers-only answer: the status in the headers, no body.
     HeadersOnly(u16),
+    /// Trailers without a `grpc-status`.
+    TrailersWithoutStatus,
+    /// An HTTP status other than 200, no body.
+    HttpStatus(u16),
 }
 
 /// What the server saw of the request.
@@ -157,10 +161,16 @@ async fn serve(frames: Vec<Vec<u8>>, end: End) -> (SocketAddr, tokio::task::Join
             body.flow_control().release_capacity(data.len()).unwrap();
             first_request.extend_from_slice(&data);
         }
+        let status = match end {
+            End::HttpStatus(status) => status,
+            _ => 200,
+        };
         let mut head = http::Response::builder()
-            .status(200)
+            .status(status)
             .header("content-type", "application/grpc");
-        if let End::HeadersOnly(code) = end {
+        if let End::HttpStatus(_) = end {
+            respond.send_response(head.body(()).unwrap(), true).unwrap();
+        } else if let End::HeadersOnly(code) = end {
             head = head.header("grpc-status", code.to_string());
             respond.send_response(head.body(()).unwrap(), true).unwrap();
         } else {
@@ -172,9 +182,11 @@ async fn serve(frames: Vec<Vec<u8>>, end: End) -> (SocketAddr, tokio::task::Join
                 let end_stream = matches!(end, End::Bare) && i == last;
                 send.send_data(frame.into(), end_stream).unwrap();
             }
-            if let End::Trailers(code) = end {
+            if let End::Trailers(_) | End::TrailersWithoutStatus = end {
                 let mut trailers = http::HeaderMap::new();
-                trailers.insert("grpc-status", code.to_string().parse().unwrap());
+                if let End::Trailers(code) = end {
+                    trailers.insert("grpc-status", code.to_string().parse().unwrap());
+                }
                 trailers.insert("grpc-message", "test%20end".parse().unwrap());
                 send.send_trailers(trailers).unwrap();
             }
@@ -261,6 +273,28 @@ async fn a_trailers_only_answer_is_its_status() {
     let (addr, server) = serve(Vec::new(), End::HeadersOnly(7)).await;
     let status = call(addr).await.unwrap_err();
     assert_eq!(status.code(), Code::PermissionDenied);
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn trailers_without_a_status_or_an_http_error_end_the_call_with_an_error() {
+    let (addr, server) = serve(
+        vec![framed(&response("n-1", 1), 0)],
+        End::TrailersWithoutStatus,
+    )
+    .await;
+    let mut ads = call(addr).await.unwrap();
+    assert!(ads.message().await.unwrap().is_some());
+    let status = ads.message().await.unwrap_err();
+    assert_eq!(status.code(), Code::Unknown, "{status}");
+    assert!(status.message().contains("no grpc-status"), "{status}");
+    drop(ads);
+    server.await.unwrap();
+
+    let (addr, server) = serve(Vec::new(), End::HttpStatus(503)).await;
+    let status = call(addr).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unknown, "{status}");
+    assert!(status.message().contains("HTTP status 503"), "{status}");
     server.await.unwrap();
 }
 
