@@ -43,6 +43,7 @@ fn mesh(n: usize) -> LocalConfig {
             visibility: Default::default(),
             cidr_vips: Vec::new(),
             weighted_waypoints: Vec::new(),
+            ip_families: None,
         })
         .collect();
     let workloads = (0..n)

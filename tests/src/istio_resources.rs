@@ -7,8 +7,8 @@
 //! matches.
 
 use dataplane_user::config::{
-    Action, AppTunnelProtocol, LocalConfig, Policy, Protocol, Scope, Service, Waypoint, Workload,
-    WorkloadStatus,
+    Action, AppTunnelProtocol, IpFamily, LocalConfig, Policy, Protocol, Scope, Service, Waypoint,
+    Workload, WorkloadStatus,
 };
 use dataplane_user::istio_api::{
     ADDRESS_TYPE, AUTHORIZATION_TYPE,
@@ -161,6 +161,12 @@ pub fn service_resource(s: &Service, version: &str) -> Resource {
                 .collect(),
             ports: ports(s.ports.iter().map(|(p, t)| (*p, *t))),
             subject_alt_names: s.subject_alt_names.clone(),
+            ip_families: match s.ip_families {
+                None => workload::IpFamilies::Automatic,
+                Some(IpFamily::IPv4) => workload::IpFamilies::Ipv4Only,
+                Some(IpFamily::IPv6) => workload::IpFamilies::Ipv6Only,
+                Some(IpFamily::Dual) => workload::IpFamilies::Dual,
+            } as i32,
             ..Default::default()
         })),
     };

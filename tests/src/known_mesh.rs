@@ -148,6 +148,7 @@ pub fn resources(client: &crate::topology::Pod) -> Vec<Vec<Resource>> {
             mode: load_balancing::Mode::Failover as i32,
             health_policy: load_balancing::HealthPolicy::AllowAll as i32,
         }),
+        ip_families: workload::IpFamilies::Dual as i32,
         canonical: true,
         visibility: workload::service::Visibility::Namespace as i32,
         ..Default::default()

@@ -45,6 +45,7 @@ pub mod upgrade;
 pub mod waypoint;
 pub mod zds_client;
 pub mod ztunnel;
+pub mod ztunnel_client;
 
 use std::{
     path::{Path, PathBuf},

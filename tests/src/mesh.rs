@@ -47,6 +47,7 @@ pub fn service(name: &str, namespace: &str, vip: IpAddr, ports: &[(u16, u16)]) -
         vips: vec![vip.into()],
         cidr_vips: Vec::new(),
         weighted_waypoints: Vec::new(),
+        ip_families: None,
         ports: ports.iter().copied().collect(),
         subject_alt_names: Vec::new(),
         load_balancing: LoadBalancing::default(),

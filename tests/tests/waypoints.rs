@@ -16,16 +16,11 @@
 //! `/metrics`.
 
 use dataplane_tests::{
-    gateway::GatewayStandIn,
-    istiod::loopback_istiod,
-    mesh::{
-        NAMESPACE, TwoNodes, addr, as_istiod_serves, endpoint_of, hbone_workload, policy, service,
-        write_config,
-    },
+    mesh::{NAMESPACE, TwoNodes, addr, endpoint_of, hbone_workload, policy, service, write_config},
     observe::{family, scrape, value},
     traffic::{echo, echo_server, try_stream, wait_until},
     waypoint::WaypointStandIn,
-    ztunnel::{ZtunnelServedNode, ztunnel_binary},
+    ztunnel_client::ztunnel_asks,
 };
 use dataplane_user::{
     config::{Action, LocalConfig, Match, Scope, Waypoint},
@@ -245,66 +240,19 @@ fn a_waypoint_service_is_reached_at_the_port_its_hbone_port_maps_to() -> anyhow:
 fn a_stock_ztunnel_reaches_a_waypoint_service_at_the_mapped_port_too() -> anyhow::Result<()> {
     let w = TwoNodes::new("wpz")?;
     let dst = addr(&w.remote, 9000);
-    let asked = ztunnel_asks(&w, "wpz", mapped_port_mesh(&w), MAPPED_HBONE_PORT, dst)?;
+    let asked = ztunnel_asks(
+        &w,
+        "wpz",
+        mapped_port_mesh(&w),
+        ("waypoint", MAPPED_HBONE_PORT),
+        dst,
+    )?;
     assert_eq!(
         asked,
         [dst.to_string()],
         "ztunnel asked the waypoint at the mapped port"
     );
     Ok(())
-}
-
-/// The `:authority`s a stock ztunnel, the client's node proxy under
-/// `config` (its mesh and certificates from the test istiod), asks of
-/// the waypoint `waypoint` (the `plain` pod) when serving `port` there,
-/// for one connection from `client` to `dst`. The stand-in records each
-/// CONNECT and carries it no further (nothing serves the destination).
-fn ztunnel_asks(
-    w: &TwoNodes,
-    tag: &str,
-    config: LocalConfig,
-    port: u16,
-    dst: std::net::SocketAddr,
-) -> anyhow::Result<Vec<String>> {
-    let binary = ztunnel_binary()?;
-    let path = w.write(&config)?;
-    let (rt, pki, mut istiod) = loopback_istiod()?;
-    rt.block_on(istiod.publish_mesh(&as_istiod_serves(config), "1"))?;
-    let istiod1 = rt.block_on(istiod.listen_in(w.n1.netns()))?;
-    let node1 = ZtunnelServedNode::start(w, tag, 1, &path, &binary, istiod1, &pki.root_pem)?;
-
-    dataplane_user::tls::install_provider();
-    let identity = format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/waypoint");
-    let (chain, key) = pki.issue(&identity)?;
-    let mut server = rustls::ServerConfig::builder_with_provider(dataplane_user::tls::provider())
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)?;
-    server.alpn_protocols = vec![b"h2".to_vec()];
-    let standin = GatewayStandIn::start_with(
-        &w.plain,
-        port,
-        std::sync::Arc::new(server),
-        identity.parse()?,
-        &[],
-    )?;
-    // The stand-in answers 503 (no route on): the client sees its
-    // connection end, after the CONNECT was recorded (20 s: a hang guard).
-    let ended = try_stream(&w.client, &["hold", &dst.to_string(), "20"])?;
-    let asked: Vec<String> = standin
-        .requests()
-        .into_iter()
-        .map(|r| r.authority)
-        .collect();
-    if asked.is_empty() {
-        anyhow::bail!(
-            "ztunnel asked the waypoint nothing on port {port} (client: {})\nztunnel log:\n{}",
-            ended.stdout,
-            node1.ztunnel.log_tail()
-        );
-    }
-    drop(rt);
-    Ok(asked)
 }
 
 /// The world's mesh with `remote` behind the waypoint named by the
@@ -357,7 +305,13 @@ fn a_waypoint_named_by_a_workloads_hostname_is_that_workload() -> anyhow::Result
 fn a_stock_ztunnel_reaches_a_waypoint_named_by_a_workloads_hostname_too() -> anyhow::Result<()> {
     let w = TwoNodes::new("wpy")?;
     let dst = addr(&w.remote, 9000);
-    let asked = ztunnel_asks(&w, "wpy", hostname_workload_mesh(&w), 15008, dst)?;
+    let asked = ztunnel_asks(
+        &w,
+        "wpy",
+        hostname_workload_mesh(&w),
+        ("waypoint", 15008),
+        dst,
+    )?;
     assert_eq!(
         asked,
         [dst.to_string()],

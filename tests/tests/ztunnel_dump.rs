@@ -87,7 +87,8 @@ fn expected_services() -> Value {
     // and each endpoint's `port` a u16 map (JSON string keys), `endpoints`
     // keyed by workload uid (`EndpointSet`) with the workload's own port
     // list and health, `subjectAltNames`/`canonical`/`visibility` always
-    // written, `ipFamilies` left out for `Automatic`; `LoadBalancer` enums
+    // written, `ipFamilies` by variant name and left out for `Automatic`
+    // (`Option<IpFamily>`); `LoadBalancer` enums
     // by variant name (`LoadBalancerScopes`, `LoadBalancerMode`,
     // `LoadBalancerHealthPolicy`).
     json!([{
@@ -108,6 +109,7 @@ fn expected_services() -> Value {
             "mode": "Failover",
             "healthPolicy": "AllowAll"
         },
+        "ipFamilies": "Dual",
         "canonical": true,
         "visibility": "Namespace"
     }])

@@ -162,6 +162,9 @@ pub struct ZtunnelService {
     weighted_waypoints: Vec<WeightedWaypoint>,
     #[serde(skip_serializing_if = "Option::is_none")]
     load_balancer: Option<LoadBalancer>,
+    /// `Option<IpFamily>`: `Dual`, `IPv4` or `IPv6`; absent for automatic.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ip_families: Option<crate::config::IpFamily>,
     canonical: bool,
     /// Always written, `Public` by default (`Visibility`).
     visibility: &'static str,
@@ -477,6 +480,7 @@ fn service(s: &Service, workloads: &[Arc<Workload>]) -> ZtunnelService {
             })
             .collect(),
         load_balancer,
+        ip_families: s.ip_families,
         canonical: s.canonical,
         visibility: match s.visibility {
             crate::config::Visibility::Public => "Public",

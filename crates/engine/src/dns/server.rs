@@ -8,7 +8,7 @@
 //! takes are sent truncated (TC) so it asks again over TCP, where answers
 //! go up to 64 KiB.
 
-use std::{sync::Arc, time::Duration};
+use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use hickory_proto::op::{Message, OpCode, ResponseCode};
 use tokio::{
@@ -18,6 +18,8 @@ use tokio::{
     time::{Instant, timeout},
 };
 use tracing::debug;
+
+use crate::state::MeshState;
 
 use super::{
     DnsError, DnsSettings,
@@ -101,40 +103,7 @@ impl PodResolver {
         let state = self.settings.mesh.state();
         let (domain, ipv6) = (&self.settings.domain, self.settings.ipv6);
         let decision = decide(&request, &self.namespace, domain, ipv6, |host| {
-            // Only the services visible to the pod's namespace, its own
-            // first (ztunnel `dns/server.rs` `find_server`).
-            let entry = state.services.by_hostname_for(host, &self.namespace)?;
-            if entry.service.vips.is_empty() {
-                // Without a VIP only a Kubernetes headless service is
-                // answered; any other (a ServiceEntry without addresses)
-                // is asked upstream, where its name is real (ztunnel
-                // `find_server`, by the same domain test).
-                if !is_cluster_service(&entry.service.hostname, &self.settings.domain) {
-                    return None;
-                }
-                // Headless: the endpoints' own addresses.
-                Some(
-                    entry
-                        .endpoints()
-                        .iter()
-                        .flat_map(|w| w.workload.workload_ips.iter().copied())
-                        .collect(),
-                )
-            } else {
-                // The VIPs on the client's network only (ztunnel
-                // `dns/server.rs` `get_addresses`: `client.network ==
-                // vip.network`); a pod of this node is on its network.
-                let network = state.workloads.network();
-                Some(
-                    entry
-                        .service
-                        .vips
-                        .iter()
-                        .filter(|vip| *vip.network == *network)
-                        .map(|vip| vip.ip)
-                        .collect(),
-                )
-            }
+            mesh_addresses(&state, host, &self.namespace, domain)
         });
         drop(state);
         let (kind, reply) = match decision {
@@ -347,10 +316,122 @@ fn reset(stream: TcpStream) {
     let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
 }
 
+/// The addresses the mesh answers for `host` to a pod of `namespace` in
+/// the cluster domain `domain`; `None` when the mesh does not answer for
+/// it (ztunnel `src/dns/server.rs` `find_server`, `get_addresses`,
+/// `service_family_allowed`).
+fn mesh_addresses(
+    state: &MeshState,
+    host: &str,
+    namespace: &str,
+    domain: &str,
+) -> Option<Vec<IpAddr>> {
+    // Only the services visible to the pod's namespace, its own first.
+    let entry = state.services.by_hostname_for(host, namespace)?;
+    // A single-family service has no record of the other family, which
+    // matters for a headless one whose pods are dual-stack.
+    let families = entry.service.ip_families;
+    let allowed = move |ip: &IpAddr| families.is_none_or(|f| f.accepts(*ip));
+    if entry.service.vips.is_empty() {
+        // Without a VIP only a Kubernetes headless service is answered;
+        // any other (a ServiceEntry without addresses) is asked upstream,
+        // where its name is real (by the same domain test).
+        if !is_cluster_service(&entry.service.hostname, domain) {
+            return None;
+        }
+        // Headless: the endpoints' own addresses.
+        return Some(
+            entry
+                .endpoints()
+                .iter()
+                .flat_map(|w| w.workload.workload_ips.iter().copied())
+                .filter(allowed)
+                .collect(),
+        );
+    }
+    // The VIPs on the client's network only (`client.network ==
+    // vip.network`); a pod of this node is on its network.
+    let network = state.workloads.network();
+    Some(
+        entry
+            .service
+            .vips
+            .iter()
+            .filter(|vip| *vip.network == *network)
+            .map(|vip| vip.ip)
+            .filter(allowed)
+            .collect(),
+    )
+}
+
 /// Whether `hostname` is a Kubernetes Service's (`*.svc.<domain>`), as
 /// ztunnel tells them from ServiceEntries (`dns/server.rs` `find_server`).
 fn is_cluster_service(hostname: &str, domain: &str) -> bool {
     hostname
         .strip_suffix(domain)
         .is_some_and(|rest| rest.ends_with(".svc."))
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "test inputs are fixed")]
+mod tests {
+    use super::*;
+    use crate::config::LocalConfig;
+
+    /// `web` and `db` are served by a dual-stack pod; `web` has a VIP of
+    /// each family, `db` is headless; each comes in every `ipFamilies`.
+    fn state() -> MeshState {
+        let mut text = String::from(
+            "workloads:\n- {uid: p, name: p, namespace: a, workloadIps: [10.0.0.2, 'fd00::2'], services: {",
+        );
+        let families = [
+            ("auto", ""),
+            ("v4", "IPv4"),
+            ("v6", "IPv6"),
+            ("dual", "Dual"),
+        ];
+        for (name, _) in families {
+            text.push_str(&format!(
+                "a/web-{name}.a.svc.cluster.local: {{}}, a/db-{name}.a.svc.cluster.local: {{}}, "
+            ));
+        }
+        text.push_str("}}\nservices:\n");
+        for (i, (name, family)) in families.iter().enumerate() {
+            let family = if family.is_empty() {
+                String::new()
+            } else {
+                format!(", ipFamilies: {family}")
+            };
+            text.push_str(&format!(
+                "- {{name: web-{name}, namespace: a, hostname: web-{name}.a.svc.cluster.local, \
+                 vips: ['/10.96.0.{i}', '/fd00:96::{i}'], ports: {{80: 80}}{family}}}\n\
+                 - {{name: db-{name}, namespace: a, hostname: db-{name}.a.svc.cluster.local, \
+                 ports: {{80: 80}}{family}}}\n"
+            ));
+        }
+        MeshState::from_config(&LocalConfig::parse(&text, "dns").unwrap()).unwrap()
+    }
+
+    fn families(state: &MeshState, host: &str) -> (usize, usize) {
+        let addrs = mesh_addresses(state, host, "a", "cluster.local").unwrap();
+        let v4 = addrs.iter().filter(|ip| ip.is_ipv4()).count();
+        (v4, addrs.len() - v4)
+    }
+
+    /// ztunnel `src/dns/server.rs` `service_family_allowed`: a service of
+    /// one family has no record of the other, VIP or headless.
+    #[test]
+    fn a_single_family_service_has_no_address_of_the_other_family() {
+        let state = state();
+        for kind in ["web", "db"] {
+            let host = |family: &str| format!("{kind}-{family}.a.svc.cluster.local");
+            assert_eq!(families(&state, &host("auto")), (1, 1), "{kind}");
+            assert_eq!(families(&state, &host("dual")), (1, 1), "{kind}");
+            assert_eq!(families(&state, &host("v4")), (1, 0), "{kind}");
+            assert_eq!(families(&state, &host("v6")), (0, 1), "{kind}");
+        }
+        assert!(
+            mesh_addresses(&state, "other.a.svc.cluster.local", "a", "cluster.local").is_none()
+        );
+    }
 }

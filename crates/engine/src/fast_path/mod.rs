@@ -264,7 +264,7 @@ impl FastPath {
             return;
         }
         let source = state.workloads.by_ip(client.ip()).map(Arc::as_ref);
-        let Some(endpoints) = entry.even_candidates(vip.port(), source, &ctx.mesh.network, |ip| {
+        let Some(endpoints) = entry.even_candidates(vip, source, &ctx.mesh.network, |ip| {
             ctx.mesh.dead.is_dead(ip)
         }) else {
             return;
@@ -283,8 +283,11 @@ impl FastPath {
                 continue;
             }
             // A socket keeps its family, so the kernel needs the endpoint's
-            // address of the VIP's family (the engine, which dials anew,
-            // takes the first one a dual-stack workload lists).
+            // address of the VIP's family, one the service's families
+            // allow (the engine, which dials anew, may cross families:
+            // an IPv6-only service's endpoint dialled at an IPv4 VIP is
+            // left to it).
+            let families = entry.service.ip_families;
             let Some(ip) = endpoint
                 .workload
                 .workload
@@ -292,6 +295,7 @@ impl FastPath {
                 .iter()
                 .map(|ip| ip.to_canonical())
                 .find(|ip| ip.is_ipv4() == vip.is_ipv4())
+                .filter(|ip| families.is_none_or(|f| f.accepts(*ip)))
             else {
                 continue;
             };

@@ -19,8 +19,8 @@ mod workload;
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 
 pub use schema::{
-    Action, HealthPolicy, LoadBalancing, Match, Policy, Routing, RoutingMode, RoutingScope, Scope,
-    Service, Visibility, WeightedWaypoint,
+    Action, HealthPolicy, IpFamily, LoadBalancing, Match, Policy, Routing, RoutingMode,
+    RoutingScope, Scope, Service, Visibility, WeightedWaypoint,
 };
 pub use shared_str::SharedStr;
 pub use vip::{Vip, VipError, VipRange, VipRangeError};

@@ -62,6 +62,35 @@ pub struct Service {
     /// all weights 0: `waypoint`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub weighted_waypoints: Vec<WeightedWaypoint>,
+    /// The address families its endpoints are reached and resolved by
+    /// (Kubernetes' `ipFamilies`, istiod's `IPFamilies`); absent: any, the
+    /// destination's own preferred.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_families: Option<IpFamily>,
+}
+
+/// A service's address families ([`Service::ip_families`]), named as
+/// ztunnel names them (`src/state/service.rs` `IpFamily`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum IpFamily {
+    /// Both: an endpoint is reached at its address of the destination's
+    /// family when it has one.
+    Dual,
+    /// IPv4 only: endpoints at their IPv4 address, no AAAA answer.
+    IPv4,
+    /// IPv6 only: endpoints at their IPv6 address, no A answer.
+    IPv6,
+}
+
+impl IpFamily {
+    /// Whether `ip` is of a family it allows (ztunnel `IpFamily::accepts_ip`).
+    pub fn accepts(self, ip: std::net::IpAddr) -> bool {
+        match self {
+            Self::Dual => true,
+            Self::IPv4 => ip.to_canonical().is_ipv4(),
+            Self::IPv6 => !ip.to_canonical().is_ipv4(),
+        }
+    }
 }
 
 /// One waypoint of a weighted set ([`Service::weighted_waypoints`]).

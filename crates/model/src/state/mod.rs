@@ -39,7 +39,7 @@ pub use dead::{DEAD_ENDPOINT_HOLD, DeadEndpoints, random_index};
 pub use endpoints::EndpointSet;
 pub use peer::{Peer, ServiceRef};
 pub use provenance::Provenance;
-pub use routing::on_reachable_network;
+pub use routing::{on_reachable_network, pick_address};
 pub use service_entry::{Endpoint, EndpointAddr, ServiceEntry};
 pub use services::ServiceIndex;
 pub use snapshot::MeshState;
@@ -298,6 +298,9 @@ mod network_vip_tests;
 
 #[cfg(test)]
 mod claimants_tests;
+
+#[cfg(test)]
+mod family_tests;
 
 #[cfg(test)]
 #[expect(

@@ -190,7 +190,7 @@ fn a_gateway_by_address_is_looked_up_on_its_network() {
     };
     // Not named: the network of the workload behind it, not the node's.
     assert_eq!(
-        instance(state.network_gateway(gateway, &far.workload, 0)),
+        instance(state.network_gateway(gateway, &far.workload, [0, 0, 0, 0].into(), 0)),
         Some(("west-gw".to_owned(), "10.22.1.1:15009".to_owned()))
     );
     // Named (as istiod sends it): that network.
@@ -199,21 +199,22 @@ fn a_gateway_by_address_is_looked_up_on_its_network() {
         ..gateway.clone()
     };
     assert_eq!(
-        instance(state.network_gateway(&named("east"), &far.workload, 0)).map(|(uid, _)| uid),
+        instance(state.network_gateway(&named("east"), &far.workload, [0, 0, 0, 0].into(), 0))
+            .map(|(uid, _)| uid),
         Some("east-gw".to_owned())
     );
     assert_eq!(
-        instance(state.network_gateway(&named("south"), &far.workload, 0)),
+        instance(state.network_gateway(&named("south"), &far.workload, [0, 0, 0, 0].into(), 0)),
         None,
         "no gateway at that address on that network"
     );
     // A waypoint without a network is on the node's.
     assert_eq!(
-        instance(state.waypoint(gateway, 0)).map(|(uid, _)| uid),
+        instance(state.waypoint(gateway, [0, 0, 0, 0].into(), 0)).map(|(uid, _)| uid),
         Some("east-gw".to_owned())
     );
     assert_eq!(
-        instance(state.waypoint(&named("west"), 0)).map(|(uid, _)| uid),
+        instance(state.waypoint(&named("west"), [0, 0, 0, 0].into(), 0)).map(|(uid, _)| uid),
         Some("west-gw".to_owned())
     );
 }

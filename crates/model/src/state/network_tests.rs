@@ -51,7 +51,13 @@ fn chosen(state: &MeshState, vip: &str, source: Option<&str>, local_network: &st
     let entry = state.services.by_vip(vip.parse().unwrap()).unwrap();
     let source = source.map(|ip| state.workloads.by_ip(ip.parse().unwrap()).unwrap());
     entry
-        .candidates(80, 0, source.map(Arc::as_ref), local_network, |_| false)
+        .candidates(
+            ([0, 0, 0, 0], 80).into(),
+            0,
+            source.map(Arc::as_ref),
+            local_network,
+            |_| false,
+        )
         .into_iter()
         .map(|e| match e.addr {
             EndpointAddr::Gateway(gateway) => format!(

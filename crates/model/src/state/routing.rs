@@ -2,7 +2,9 @@
 //! reach, then those sharing its locality (a service's routing
 //! preferences).
 
-use crate::config::RoutingScope;
+use std::net::IpAddr;
+
+use crate::config::{IpFamily, RoutingScope};
 
 use super::MeshWorkload;
 
@@ -21,6 +23,33 @@ use super::MeshWorkload;
 /// network is no pod to the client (ztunnel keys addresses by network).
 pub fn on_reachable_network(workload: &crate::config::Workload, network: &str) -> bool {
     *workload.network == *network
+}
+
+/// Which of `ips` (a workload's addresses) a connection first dialled to
+/// `original` goes to, for a service of `families` (ztunnel
+/// `src/state.rs` `pick_workload_destination_or_resolve`): `original`
+/// itself when it is one of them; else, among those `families` allows,
+/// the first of `original`'s family, else the first. `None` when none is
+/// allowed.
+pub fn pick_address(
+    ips: &[IpAddr],
+    original: IpAddr,
+    families: Option<IpFamily>,
+) -> Option<IpAddr> {
+    if ips.contains(&original) {
+        return Some(original);
+    }
+    let same_family =
+        |ip: &IpAddr| ip.to_canonical().is_ipv4() == original.to_canonical().is_ipv4();
+    let mut allowed = ips
+        .iter()
+        .copied()
+        .filter(|ip| families.is_none_or(|f| f.accepts(*ip)));
+    let first = allowed.next()?;
+    if same_family(&first) {
+        return Some(first);
+    }
+    Some(allowed.find(same_family).unwrap_or(first))
 }
 
 /// How many of `preferences`, in order, `endpoint` shares with `source`

@@ -99,7 +99,9 @@ impl ServiceEntry {
     }
 
     /// Endpoint candidates for a connection from `source` (the client's
-    /// workload, when the mesh knows it) to `port`, in the order to try:
+    /// workload, when the mesh knows it) to `dst` (the service's address
+    /// as dialled: its port, and the family an endpoint is reached in, see
+    /// [`super::pick_address`]), in the order to try:
     /// rotated to begin at `start` (the load-balancing choice), then
     /// narrowed (`strict`) or ordered (`failover`) by how many of the
     /// service's locality preferences each endpoint shares with the client,
@@ -107,20 +109,20 @@ impl ServiceEntry {
     /// rotation order. Pure: the same inputs give the same order.
     pub fn candidates(
         &self,
-        port: u16,
+        dst: SocketAddr,
         start: usize,
         source: Option<&MeshWorkload>,
         local_network: &str,
         is_dead: impl Fn(IpAddr) -> bool,
     ) -> Vec<Endpoint> {
-        let mut ordered = self.ranked(port, start, source, local_network);
+        let mut ordered = self.ranked(dst, start, source, local_network);
         // Stable: live ones first, then the best locality, keeping the
         // rotation order among equals.
         ordered.sort_by_key(|(rank, e)| (e.dead(&is_dead), std::cmp::Reverse(*rank)));
         ordered.into_iter().map(|(_, e)| e).collect()
     }
 
-    /// The candidates for a connection from `source` to `port` when the
+    /// The candidates for a connection from `source` to `dst` when the
     /// engine's choice among them is even: every one equally close to the
     /// client and none dead, so any of them is as likely to be first as
     /// another. `None` when locality or a dead endpoint would order them,
@@ -128,7 +130,7 @@ impl ServiceEntry {
     /// resolves names), or their weights differ.
     pub fn even_candidates(
         &self,
-        port: u16,
+        dst: SocketAddr,
         source: Option<&MeshWorkload>,
         local_network: &str,
         is_dead: impl Fn(IpAddr) -> bool,
@@ -136,7 +138,7 @@ impl ServiceEntry {
         if self.endpoints.sums().is_some() {
             return None;
         }
-        let ranked = self.ranked(port, 0, source, local_network);
+        let ranked = self.ranked(dst, 0, source, local_network);
         let first = ranked.first()?.0;
         ranked
             .into_iter()
@@ -146,7 +148,7 @@ impl ServiceEntry {
             .collect()
     }
 
-    /// The endpoints for `port` with their locality rank for `source`,
+    /// The endpoints for `dst` with their locality rank for `source`,
     /// rotated to begin at `start`; `strict` routing drops the ones that
     /// do not share every preference, and none on a network the client
     /// cannot reach is kept (see [`super::on_reachable_network`]). The client's
@@ -154,7 +156,7 @@ impl ServiceEntry {
     /// `--network`).
     fn ranked(
         &self,
-        port: u16,
+        dst: SocketAddr,
         start: usize,
         source: Option<&MeshWorkload>,
         local_network: &str,
@@ -163,6 +165,7 @@ impl ServiceEntry {
             return Vec::new();
         }
         let network = source.map_or(local_network, |s| &*s.workload.network);
+        let port = dst.port();
         let key = self.service.key();
         let routing = &self.service.routing;
         let wanted = routing.preferences.len();
@@ -191,9 +194,15 @@ impl ServiceEntry {
                 // ztunnel `load_balance`: an endpoint needs an IP or a
                 // hostname, or, on another network, a gateway (through
                 // which it goes whatever its addresses: `build_request`).
+                // Its address of the destination's family, among the
+                // service's families, else its hostname resolved
+                // (`pick_workload_destination_or_resolve`); one with
+                // neither is left out (ztunnel would pick it and fail:
+                // `NoValidDestination`).
+                let ips = &workload.workload.workload_ips;
                 let addr = if super::on_reachable_network(&workload.workload, network) {
-                    match workload.workload.workload_ips.first() {
-                        Some(ip) => EndpointAddr::Ip(SocketAddr::new(*ip, target)),
+                    match super::pick_address(ips, dst.ip(), self.service.ip_families) {
+                        Some(ip) => EndpointAddr::Ip(SocketAddr::new(ip, target)),
                         None if !workload.workload.hostname.is_empty() => {
                             EndpointAddr::Hostname(Arc::from(&workload.workload.hostname), target)
                         }

@@ -16,9 +16,13 @@
 //! workload of that hostname (ztunnel `src/state.rs` `find_upstream`,
 //! `find_hostname`). A service's instances take HBONE at the port the
 //! waypoint's HBONE port maps to, as a port of that service; a workload
-//! at the HBONE port as given (`fetch_waypoint`).
+//! at the HBONE port as given (`fetch_waypoint`). An instance is dialled
+//! at its address of the family of the waypoint's address, or, for a
+//! waypoint named by hostname, of the connection's original destination
+//! (`finalize_upstream`'s `target_address`), within its service's
+//! families.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use super::{MeshState, MeshWorkload, ServiceEntry};
@@ -55,11 +59,18 @@ impl MeshState {
         self.services.by_key(key)
     }
 
-    /// The instances of `waypoint`, rotated to begin at `start` (the
-    /// load-balancing choice); `None` when it names nothing the mesh
-    /// knows. An address without a network is on this node's.
-    pub fn waypoint(&self, waypoint: &Waypoint, start: usize) -> Option<WaypointTarget> {
-        self.waypoint_on(waypoint, self.workloads.network(), start, true)
+    /// The instances of `waypoint` for a connection to `original`,
+    /// rotated to begin at `start` (the load-balancing choice); `None`
+    /// when it names nothing the mesh knows. An address without a network
+    /// is on this node's.
+    pub fn waypoint(
+        &self,
+        waypoint: &Waypoint,
+        original: IpAddr,
+        start: usize,
+    ) -> Option<WaypointTarget> {
+        let network = self.workloads.network();
+        self.waypoint_on(waypoint, (network, original), start, true)
     }
 
     /// [`Self::waypoint`] for the network gateway `gateway` of `behind`: an
@@ -69,32 +80,38 @@ impl MeshState {
         &self,
         gateway: &Waypoint,
         behind: &Workload,
+        original: IpAddr,
         start: usize,
     ) -> Option<WaypointTarget> {
-        self.waypoint_on(gateway, &behind.network, start, false)
+        self.waypoint_on(gateway, (&behind.network, original), start, false)
     }
 
-    /// The instances of `waypoint`, an address of which is looked up on
-    /// its own network, else on `network` (ztunnel `src/state.rs`
-    /// `fetch_network_gateway` and `fetch_waypoint`: `find_upstream` on
-    /// `Destination::Address`'s network). A service's instances are
-    /// dialled at the port its HBONE port maps to ([`service_hbone_port`]);
-    /// a workload's at the HBONE port as given.
+    /// The instances of `waypoint` for a connection to `original`, an
+    /// address of which is looked up on its own network, else on `network`
+    /// (ztunnel `src/state.rs` `fetch_network_gateway` and
+    /// `fetch_waypoint`: `find_upstream` on `Destination::Address`'s
+    /// network). A service's instances are dialled at the port its HBONE
+    /// port maps to ([`service_hbone_port`]); a workload's at the HBONE
+    /// port as given. The address family followed is the waypoint
+    /// address's, else `original`'s (`finalize_upstream`'s
+    /// `target_address`).
     fn waypoint_on(
         &self,
         waypoint: &Waypoint,
-        network: &str,
+        (network, original): (&str, IpAddr),
         start: usize,
         as_waypoint: bool,
     ) -> Option<WaypointTarget> {
         let port = waypoint.hbone_port;
+        let toward = waypoint.address.unwrap_or(original);
         let of_service = |entry: &ServiceEntry| {
             let key = entry.service.key();
             let instances = entry
                 .endpoints()
                 .rotated(start)
                 .filter_map(|w| {
-                    let ip = *w.workload.workload_ips.first()?;
+                    let families = entry.service.ip_families;
+                    let ip = super::pick_address(&w.workload.workload_ips, toward, families)?;
                     let target =
                         service_hbone_port(&entry.service, &key, &w.workload, port, as_waypoint)?;
                     Some((Arc::clone(w), SocketAddr::new(ip, target)))
@@ -122,11 +139,11 @@ impl MeshState {
         // None)`), and with no service's subjectAltNames.
         let ip = match waypoint.address {
             Some(ip) => ip,
-            // By hostname: its first address. ztunnel would resolve the
-            // hostname of a workload without one (`finalize_upstream` ->
-            // `pick_workload_destination_or_resolve`); such a waypoint
-            // has no instance here.
-            None => *workload.workload.workload_ips.first()?,
+            // By hostname: its address of `original`'s family. ztunnel
+            // would resolve the hostname of a workload without one
+            // (`finalize_upstream` -> `pick_workload_destination_or_resolve`);
+            // such a waypoint has no instance here.
+            None => super::pick_address(&workload.workload.workload_ips, original, None)?,
         };
         Some(WaypointTarget {
             instances: vec![(Arc::clone(workload), SocketAddr::new(ip, port))],
@@ -194,7 +211,11 @@ impl MeshState {
 
     /// Whether `peer` is one of `waypoint`'s instances (by identity).
     pub fn is_waypoint_peer(&self, waypoint: &Waypoint, peer: &Identity) -> bool {
-        self.waypoint(waypoint, 0).is_some_and(|target| {
+        // The instances' identities whatever the family they are dialled in.
+        let any = waypoint
+            .address
+            .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        self.waypoint(waypoint, any, 0).is_some_and(|target| {
             target.instances.iter().any(|(w, _)| w.identity == *peer)
                 || target.alt_identities.contains(peer)
         })

@@ -60,11 +60,17 @@ fn a_waypoint_service_without_the_hbone_port_offers_its_tunnel_instances_alone()
     // whichever the balancing starts at.
     let web = waypoint_of(&state, "web");
     for start in 0..4 {
-        assert_eq!(uids(state.waypoint(&web, start)), ["wp-tunnel"]);
+        assert_eq!(
+            uids(state.waypoint(&web, [0, 0, 0, 0].into(), start)),
+            ["wp-tunnel"]
+        );
     }
     // `wp-hbone` has it: both.
     let api = waypoint_of(&state, "api");
-    assert_eq!(uids(state.waypoint(&api, 0)), ["wp-plain", "wp-tunnel"]);
+    assert_eq!(
+        uids(state.waypoint(&api, [0, 0, 0, 0].into(), 0)),
+        ["wp-plain", "wp-tunnel"]
+    );
 }
 
 #[test]
@@ -118,7 +124,9 @@ fn a_gateway_service_is_dialled_at_its_hbone_ports_target() {
         let behind = state.workloads.iter().find(|w| &*w.workload.uid == uid);
         let behind = &behind.unwrap().workload;
         let gateway = behind.network_gateway.as_deref().unwrap();
-        let target = state.network_gateway(gateway, behind, 0).unwrap();
+        let target = state
+            .network_gateway(gateway, behind, [0, 0, 0, 0].into(), 0)
+            .unwrap();
         let vias: Vec<String> = target
             .instances
             .iter()

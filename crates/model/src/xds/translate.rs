@@ -22,7 +22,7 @@ use crate::identity::Identity;
 use crate::istio_api::{
     security::{self, Authorization, StringMatch, string_match::MatchType},
     workload::{
-        self, Address, GatewayAddress, TunnelProtocol, address, gateway_address,
+        self, Address, GatewayAddress, IpFamilies, TunnelProtocol, address, gateway_address,
         load_balancing::{HealthPolicy as XdsHealthPolicy, Mode, Scope as XdsScope},
         service::Visibility as XdsVisibility,
     },
@@ -313,6 +313,27 @@ fn service_of(s: &workload::Service, dropped: &mut Vec<String>) -> config::Servi
             Ok(XdsVisibility::Namespace) => config::Visibility::Namespace,
             _ => config::Visibility::Public,
         },
+        ip_families: ip_families_of(s, dropped),
+    }
+}
+
+/// A service's address families (ztunnel `src/state/service.rs`:
+/// `AUTOMATIC` is none). ztunnel refuses a service whose value it does not
+/// know; here the service is kept, reached as if `AUTOMATIC`, and the
+/// value noted.
+fn ip_families_of(s: &workload::Service, dropped: &mut Vec<String>) -> Option<config::IpFamily> {
+    match IpFamilies::try_from(s.ip_families) {
+        Ok(IpFamilies::Automatic) => None,
+        Ok(IpFamilies::Ipv4Only) => Some(config::IpFamily::IPv4),
+        Ok(IpFamilies::Ipv6Only) => Some(config::IpFamily::IPv6),
+        Ok(IpFamilies::Dual) => Some(config::IpFamily::Dual),
+        Err(_) => {
+            dropped.push(format!(
+                "service {}/{}: ip_families {} is not one this agent knows; any family is used",
+                s.namespace, s.hostname, s.ip_families
+            ));
+            None
+        }
     }
 }
 

@@ -665,3 +665,40 @@ fn services_sharing_a_vip_are_chosen_per_client_namespace() {
     let state = MeshState::from_config(&translate(&r, "xds").config).unwrap();
     assert!(state.services.by_vip_for(vip, "d").is_some());
 }
+
+/// `ip_families` as ztunnel reads it (`src/state/service.rs`
+/// `From<IpFamilies> for Option<IpFamily>`: `AUTOMATIC` is none); a value
+/// it does not know keeps the service, as automatic, with a note.
+#[test]
+fn a_services_ip_families_are_carried_over_and_an_unknown_value_noted() {
+    use crate::config::IpFamily;
+    let service = |families: i32| workload::Service {
+        name: "db".into(),
+        namespace: "a".into(),
+        hostname: "db.a.svc.cluster.local".into(),
+        ip_families: families,
+        ..Default::default()
+    };
+    for (families, expected) in [
+        (workload::IpFamilies::Automatic, None),
+        (workload::IpFamilies::Ipv4Only, Some(IpFamily::IPv4)),
+        (workload::IpFamilies::Ipv6Only, Some(IpFamily::IPv6)),
+        (workload::IpFamilies::Dual, Some(IpFamily::Dual)),
+    ] {
+        let mut r = XdsResources::default();
+        put_service(&mut r, service(families as i32));
+        let out = translate(&r, "xds");
+        assert!(out.dropped.is_empty(), "{:?}", out.dropped);
+        assert_eq!(out.config.services[0].ip_families, expected, "{families:?}");
+    }
+    let mut r = XdsResources::default();
+    put_service(&mut r, service(9));
+    let out = translate(&r, "xds");
+    assert_eq!(out.config.services.len(), 1);
+    assert_eq!(out.config.services[0].ip_families, None);
+    assert!(
+        out.dropped.iter().any(|d| d.contains("ip_families 9")),
+        "{:?}",
+        out.dropped
+    );
+}

@@ -185,6 +185,7 @@ pub fn synthetic_mesh(n: usize) -> LocalConfig {
                 visibility: Default::default(),
                 cidr_vips: Vec::new(),
                 weighted_waypoints: Vec::new(),
+                ip_families: None,
             }
         })
         .collect();

@@ -290,8 +290,8 @@ pub fn plan(
         let client = state.workloads.by_ip(src).map(Arc::as_ref);
         let start = choice.start(entry);
         let endpoints = match choice.taken_by_kernel(dst) {
-            Some(taken) => others_first(entry, dst.port(), start, client, choice, &taken),
-            None => entry.candidates(dst.port(), start, client, choice.network(), |ip| {
+            Some(taken) => others_first(entry, dst, start, client, choice, &taken),
+            None => entry.candidates(dst, start, client, choice.network(), |ip| {
                 choice.is_dead(ip)
             }),
         };
@@ -367,7 +367,7 @@ pub fn plan(
 /// the kernel's (`taken`) come last, should every other fail.
 fn others_first(
     entry: &ServiceEntry,
-    port: u16,
+    dst: SocketAddr,
     start: usize,
     client: Option<&MeshWorkload>,
     choice: &impl EndpointChoice,
@@ -377,7 +377,7 @@ fn others_first(
     // (rotating all of them first would favour whichever follows a run of
     // taken ones).
     let (mut others, kernels): (Vec<_>, Vec<_>) = entry
-        .candidates(port, 0, client, choice.network(), |ip| choice.is_dead(ip))
+        .candidates(dst, 0, client, choice.network(), |ip| choice.is_dead(ip))
         .into_iter()
         .partition(|e| !e.addr.ip().is_some_and(|ip| taken.contains(&ip)));
     let live = others
@@ -406,7 +406,7 @@ fn via_waypoint(
         .waypoint_service(waypoint)
         .map_or(0, |entry| choice.start(entry));
     let mut hops: Vec<(bool, Hop)> = state
-        .waypoint(waypoint, start)
+        .waypoint(waypoint, dst.ip(), start)
         .map(|target| {
             target
                 .instances
@@ -456,7 +456,7 @@ fn through_gateway(
     let start = state
         .waypoint_service(gateway)
         .map_or(0, |entry| choice.start(entry));
-    let target = state.network_gateway(gateway, &workload.workload, start)?;
+    let target = state.network_gateway(gateway, &workload.workload, dst.ip(), start)?;
     let (instance, via) = target
         .instances
         .iter()

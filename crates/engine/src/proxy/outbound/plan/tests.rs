@@ -442,7 +442,9 @@ fn the_choice_is_even_only_among_equally_close_live_endpoints() {
         let entry = state.services.by_vip(vip.parse().unwrap()).unwrap();
         let dead: Vec<IpAddr> = dead.iter().map(|ip| ip.parse().unwrap()).collect();
         entry
-            .even_candidates(80, client, "", |ip| dead.contains(&ip))
+            .even_candidates(([0, 0, 0, 0], 80).into(), client, "", |ip| {
+                dead.contains(&ip)
+            })
             .map(|endpoints| {
                 endpoints
                     .iter()
@@ -468,8 +470,15 @@ fn the_choice_is_even_only_among_equally_close_live_endpoints() {
         .services
         .by_vip("240.240.0.1".parse().unwrap())
         .unwrap();
-    assert!(api.even_candidates(443, None, "", |_| false).is_none());
-    assert_eq!(api.candidates(443, 0, None, "", |_| false).len(), 1);
+    assert!(
+        api.even_candidates(([0, 0, 0, 0], 443).into(), None, "", |_| false)
+            .is_none()
+    );
+    assert_eq!(
+        api.candidates(([0, 0, 0, 0], 443).into(), 0, None, "", |_| false)
+            .len(),
+        1
+    );
 }
 
 /// A choice whose fast path takes some endpoints of every service.
@@ -658,7 +667,7 @@ services:
     let state = MeshState::from_config(&LocalConfig::parse(&text, "weighted").unwrap()).unwrap();
     let first = |entry: &ServiceEntry| {
         let start = entry.next_start();
-        let candidates = entry.candidates(80, start, None, "", |_| false);
+        let candidates = entry.candidates(([0, 0, 0, 0], 80).into(), start, None, "", |_| false);
         candidates[0].workload.workload.name.clone()
     };
     let count = |vip: &str, n: usize| {
@@ -680,9 +689,18 @@ services:
     assert!((2450..=3550).contains(&big), "{random:?}");
     assert_eq!(random.get("none"), None, "{random:?}");
     let entry = state.services.by_vip("10.96.2.1".parse().unwrap()).unwrap();
-    assert!(entry.even_candidates(80, None, "", |_| false).is_none());
+    assert!(
+        entry
+            .even_candidates(([0, 0, 0, 0], 80).into(), None, "", |_| false)
+            .is_none()
+    );
     // Every endpoint stays a candidate for failover, in rotation order.
-    assert_eq!(entry.candidates(80, 0, None, "", |_| false).len(), 3);
+    assert_eq!(
+        entry
+            .candidates(([0, 0, 0, 0], 80).into(), 0, None, "", |_| false)
+            .len(),
+        3
+    );
 }
 
 /// A ServiceEntry whose `addresses` are CIDRs: a destination in a range,
