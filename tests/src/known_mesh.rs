@@ -125,7 +125,8 @@ pub fn resources(client: &crate::topology::Pod) -> Vec<Vec<Resource>> {
             // address): the dumps write it with that network.
             NetworkAddress {
                 network: "east".into(),
-                address: vec![10, 97, 0, 0],
+                // Host bits set: both dumps keep them as sent.
+                address: vec![10, 97, 0, 5],
                 length: Some(16),
             },
         ],

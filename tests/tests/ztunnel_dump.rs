@@ -96,7 +96,7 @@ fn expected_services() -> Value {
         "namespace": "test",
         "hostname": "echo.test.svc.cluster.local",
         "vips": ["/10.96.0.10"],
-        "cidrVips": [{"network": "east", "cidr": "10.97.0.0/16"}],
+        "cidrVips": [{"network": "east", "cidr": "10.97.0.5/16"}],
         "ports": {"80": 9000},
         "endpoints": {
             SERVER_A: {"workloadUid": SERVER_A, "port": {"80": 9000}, "status": "Healthy"},

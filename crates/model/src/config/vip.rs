@@ -94,7 +94,9 @@ pub struct VipRange {
     /// The network (empty: the default one).
     pub network: SharedStr,
     /// The range, its address canonical (an IPv4-mapped range is the IPv4
-    /// one) and its host bits cleared.
+    /// one) and its host bits kept as given, as ztunnel keeps them
+    /// (`src/state/service.rs`: `IpNet::new` of the address sent), so
+    /// both dumps write `10.97.0.5/16` alike; membership ignores them.
     pub net: IpNet,
 }
 
@@ -110,7 +112,7 @@ impl VipRange {
         };
         Self {
             network: network.into(),
-            net: net.trunc(),
+            net,
         }
     }
 
@@ -190,7 +192,9 @@ mod tests {
     fn a_range_reads_and_writes_network_slash_cidr() {
         let range: VipRange = "net1/192.0.2.9/24".parse().unwrap();
         assert_eq!(&*range.network, "net1");
-        assert_eq!(range.to_string(), "net1/192.0.2.0/24");
+        assert_eq!(range.to_string(), "net1/192.0.2.9/24");
+        assert!(range.contains("net1", &"192.0.2.200".parse().unwrap()));
+        assert!(!range.contains("net1", &"192.0.3.9".parse().unwrap()));
         let bare: VipRange = "fd00::/112".parse().unwrap();
         assert_eq!(bare, VipRange::from("fd00::/112".parse::<IpNet>().unwrap()));
         assert_eq!(bare.to_string(), "/fd00::/112");

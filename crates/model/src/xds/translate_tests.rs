@@ -324,7 +324,8 @@ fn cidr_addresses_are_vip_ranges() {
     assert_eq!(
         svc.cidr_vips,
         [
-            "/192.0.2.0/24".parse::<config::VipRange>().unwrap(),
+            // Host bits as sent, as ztunnel keeps them.
+            "/192.0.2.9/24".parse::<config::VipRange>().unwrap(),
             "east/10.7.0.0/16".parse().unwrap()
         ]
     );
