@@ -31,10 +31,11 @@ use super::resources::{Held, Versioned};
 use super::translate::IntoModel;
 use crate::istio_api::{security::Authorization, workload::Address};
 
-/// Most names kept (over all the responses kept). A single-workload
-/// update names one or a few; this covers hundreds of updates a consumer
-/// may skip while busy, and looking this many up costs less than a diff
-/// at 10k workloads. A response naming more (a first state) is not kept.
+/// Most names kept (over all the responses kept, each response counting
+/// one more). A single-workload update names one or a few; this covers
+/// hundreds of updates a consumer may skip while busy, and bounds the
+/// journal's memory and the lookups a walk makes. A response naming
+/// more (a first state) is not kept: the caller compares the maps.
 pub const MAX_NAMES: usize = 1024;
 
 /// Ids of states: 0 is every empty state no response made.
@@ -149,6 +150,8 @@ impl Journal {
         let Named { names, overflow } = named;
         if overflow {
             // Too many to keep: nothing before this state is reachable.
+            // (The weight bound below would drop it too: a full list
+            // weighs MAX_NAMES + 1.)
             self.steps.clear();
             self.weight = 0;
             return;
