@@ -10,6 +10,7 @@
 
 pub mod client;
 pub mod grpc;
+pub mod journal;
 pub mod metrics;
 pub mod model;
 pub mod node;

@@ -1,7 +1,8 @@
 //! istiod's resources in the mesh model, kept up to date one push at a
-//! time: a push brings in only the resources it changed (found by
-//! comparing the held maps, which share every node a push does not touch;
-//! each resource was translated once, when it arrived, and the entries
+//! time: a push brings in only the resources it changed (named by the
+//! resources' journal, [`super::journal`], or when it cannot vouch for the
+//! copy held, found by comparing the held maps, which share every node a
+//! push does not touch; each resource was translated once, when it arrived, and the entries
 //! share that translation) and resolves again only the addresses those
 //! resources claim or claimed. What it keeps ([`XdsEntries`]) is persistent, so the sources
 //! can compare the entries in force with the new ones at the cost of
@@ -22,9 +23,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
-use imbl::ordmap::DiffItem;
 use tracing::warn;
 
+use super::journal::changed_resources;
 use super::resources::XdsResources;
 use super::translate::{AddressEntry, Translated};
 use crate::config::{
@@ -374,17 +375,17 @@ impl XdsModel {
             // Every entry will be new.
             self.pending = ChangedEntries::everything();
         }
+        // The journal names what the responses since `held` touched; a
+        // copy it cannot vouch for is compared whole.
+        let (touched_addresses, touched_policies) = match resources.touched_since(&held) {
+            Some(touched) => (Some(touched.addresses), Some(touched.authorizations)),
+            None => (None, None),
+        };
         let mut touched: BTreeSet<XdsEntry> = BTreeSet::new();
         let mut addresses: HashSet<(SharedStr, IpAddr)> = HashSet::new();
-        for item in held.addresses.diff(&resources.addresses) {
-            let (name, old, new) = match item {
-                DiffItem::Add(name, new) => (name, None, Some(new)),
-                DiffItem::Update {
-                    old: (_, old),
-                    new: (name, new),
-                } => (name, Some(old), Some(new)),
-                DiffItem::Remove(name, old) => (name, Some(old), None),
-            };
+        for (name, old, new) in
+            changed_resources(&held.addresses, &resources.addresses, touched_addresses)
+        {
             let mut noted = None;
             if let Some(old) = old {
                 let old = &old.model().entry;
@@ -437,22 +438,22 @@ impl XdsModel {
         for entry in &touched {
             self.resolve(entry);
         }
-        for item in held.authorizations.diff(&resources.authorizations) {
-            let name = match item {
-                DiffItem::Add(name, new)
-                | DiffItem::Update {
-                    new: (name, new), ..
-                } => {
+        let policies = changed_resources(
+            &held.authorizations,
+            &resources.authorizations,
+            touched_policies,
+        );
+        for (name, _, new) in policies {
+            match new {
+                Some(new) => {
                     self.entries
                         .policies
                         .insert(name.clone(), Arc::clone(new.model()));
-                    name
                 }
-                DiffItem::Remove(name, _) => {
+                None => {
                     self.entries.policies.remove(name);
-                    name
                 }
-            };
+            }
             self.pending
                 .note(&XdsEntry::new(EntryKind::Policy, Arc::clone(name)));
         }

@@ -23,6 +23,7 @@ use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::journal::{Journal, Kind, Named, Touched};
 use super::translate::IntoModel;
 use super::wire::Response;
 use crate::config::interned::Strings;
@@ -133,6 +134,8 @@ pub struct XdsResources {
     /// The strings the translations share, shared by every copy (only
     /// the copy responses are applied to adds to them).
     strings: Arc<Mutex<Strings>>,
+    /// The names the last responses touched.
+    journal: Journal,
 }
 
 impl PartialEq for XdsResources {
@@ -175,20 +178,53 @@ impl XdsResources {
         }
     }
 
+    /// The names that may differ between `earlier` and this copy (every
+    /// name that does is among them), when known: `earlier` is this
+    /// copy as it stood a few responses ago (at most
+    /// [`journal::MAX_NAMES`](super::journal::MAX_NAMES) names back) and
+    /// neither copy's maps were changed but by [`Self::apply`].
+    pub fn touched_since(&self, earlier: &XdsResources) -> Option<Touched> {
+        self.journal.touched_since(
+            (&self.addresses, &self.authorizations),
+            &earlier.journal,
+            (&earlier.addresses, &earlier.authorizations),
+        )
+    }
+
     /// Applies one delta response; says whether to ACK or NACK it.
     pub fn apply(&mut self, response: &Response) -> Verdict {
         let strings = Arc::clone(&self.strings);
         let mut strings = strings.lock().unwrap_or_else(PoisonError::into_inner);
-        let rejects = match response.type_url() {
-            ADDRESS_TYPE => apply_to(&mut self.addresses, response, check_address, &mut strings),
-            AUTHORIZATION_TYPE => apply_to(
-                &mut self.authorizations,
-                response,
-                check_authorization,
-                &mut strings,
+        self.journal.begin(&self.addresses, &self.authorizations);
+        let mut named = Named::default();
+        let (kind, rejects) = match response.type_url() {
+            ADDRESS_TYPE => (
+                Kind::Addresses,
+                apply_to(
+                    &mut self.addresses,
+                    response,
+                    check_address,
+                    &mut strings,
+                    &mut named,
+                ),
             ),
-            other => vec![format!("resource type {other} was not asked for")],
+            AUTHORIZATION_TYPE => (
+                Kind::Authorizations,
+                apply_to(
+                    &mut self.authorizations,
+                    response,
+                    check_authorization,
+                    &mut strings,
+                    &mut named,
+                ),
+            ),
+            other => (
+                Kind::Addresses,
+                vec![format!("resource type {other} was not asked for")],
+            ),
         };
+        self.journal
+            .record(kind, named, &self.addresses, &self.authorizations);
         if rejects.is_empty() {
             return Verdict::Ack;
         }
@@ -214,6 +250,7 @@ fn apply_to<T: IntoModel>(
     response: &Response,
     check: fn(&T) -> Result<(), String>,
     strings: &mut Strings,
+    named: &mut Named,
 ) -> Vec<String> {
     let mut rejects = Vec::new();
     for resource in response.resources() {
@@ -240,13 +277,16 @@ fn apply_to<T: IntoModel>(
                 let version = resource.version.into();
                 let name = Arc::from(name);
                 let translated = Versioned::translated(&name, version, body, &value, strings);
+                named.push(&name);
                 held.insert(name, Arc::new(translated));
             }
             Err(reason) => rejects.push(format!("{}: {reason}", printable(name))),
         }
     }
     for name in response.removed() {
-        held.remove(name);
+        if let Some((name, _)) = held.remove_with_key(name) {
+            named.push(&name);
+        }
     }
     rejects
 }
