@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use dataplane_core::intern::Interner;
 
 use super::Peer;
-use crate::identity::Identity;
+use crate::{config::SharedStr, identity::Identity};
 
 /// Smallest table size swept (below it sweeping is not worth a pass).
 const MIN_SWEEP: usize = 64;
@@ -25,6 +25,9 @@ pub(super) struct Interned(Mutex<Tables>);
 struct Tables {
     identities: Interner<Identity>,
     peers: Interner<Arc<Peer>>,
+    /// The strings of peers that workloads repeat (identity URIs,
+    /// revisions, localities).
+    texts: Interner<SharedStr>,
 }
 
 impl Default for Interned {
@@ -32,6 +35,7 @@ impl Default for Interned {
         Interned(Mutex::new(Tables {
             identities: Interner::new(MIN_SWEEP),
             peers: Interner::new(MIN_SWEEP),
+            texts: Interner::new(MIN_SWEEP),
         }))
     }
 }
@@ -44,6 +48,19 @@ impl Interned {
     /// The held identity equal to `identity` (holding it if none is).
     pub(super) fn identity(&self, identity: Identity) -> Identity {
         self.tables().identities.intern(identity)
+    }
+
+    /// The held string equal to `text` (holding it if none is); empty
+    /// strings are never held (a `SharedStr` holds nothing for them).
+    pub(super) fn text(&self, text: &str) -> SharedStr {
+        if text.is_empty() {
+            return SharedStr::default();
+        }
+        let mut tables = self.tables();
+        match tables.texts.get(text) {
+            Some(held) => held,
+            None => tables.texts.intern(SharedStr::from(text)),
+        }
     }
 
     /// The held peer equal to `peer` (holding it if none is).
@@ -70,8 +87,8 @@ mod tests {
 
     fn peer(name: &str) -> Peer {
         Peer {
-            workload: Some(name.to_owned()),
-            namespace: Some("shop".to_owned()),
+            workload: Some(name.into()),
+            namespace: Some("shop".into()),
             ..Peer::default()
         }
     }
