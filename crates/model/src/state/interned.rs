@@ -107,6 +107,55 @@ mod tests {
     }
 
     #[test]
+    fn pods_of_no_deployment_share_the_strings_their_peers_repeat() {
+        use crate::config::{SharedStr, Workload};
+        let interned = Interned::default();
+        // As translation shares them (`config::interned::Strings`).
+        let (namespace, cluster) = (SharedStr::from("shop"), SharedStr::from("east"));
+        let pod = |name: &str| Workload {
+            name: name.to_owned(),
+            namespace: namespace.clone(),
+            service_account: "web".into(),
+            trust_domain: "cluster.local".into(),
+            cluster_id: cluster.clone(),
+            ..Workload::default()
+        };
+        let peers: Vec<Arc<Peer>> = ["web-1", "web-2"]
+            .into_iter()
+            .map(|name| {
+                let workload = pod(name);
+                let identity = interned.identity(
+                    Identity::new(
+                        &*workload.trust_domain,
+                        &*workload.namespace,
+                        &*workload.service_account,
+                    )
+                    .unwrap(),
+                );
+                interned.peer(super::super::workload_peer(&workload, &identity, &interned))
+            })
+            .collect();
+        let (a, b) = (&peers[0], &peers[1]);
+        // Two peers (the pods' names differ), as before.
+        assert!(!Arc::ptr_eq(a, b));
+        assert_eq!(a.workload.as_deref(), Some("web-1"));
+        assert_eq!(
+            a.principal.as_deref(),
+            Some("spiffe://cluster.local/ns/shop/sa/web")
+        );
+        assert_eq!(a.canonical_revision.as_deref(), Some("latest"));
+        let same = |x: &Option<SharedStr>, y: &Option<SharedStr>| {
+            SharedStr::ptr_eq(x.as_ref().unwrap(), y.as_ref().unwrap())
+        };
+        assert!(same(&a.principal, &b.principal), "the identity URI");
+        assert!(
+            same(&a.canonical_revision, &b.canonical_revision),
+            "`latest`"
+        );
+        assert!(same(&a.namespace, &b.namespace) && same(&a.cluster, &b.cluster));
+    }
+
+    #[test]
     fn values_no_one_holds_are_swept_once_the_table_doubled() {
         let interned = Interned::default();
         let kept: Vec<Arc<Peer>> = (0..10)

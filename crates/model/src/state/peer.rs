@@ -4,8 +4,8 @@
 //! so a connection's telemetry takes them by pointer. Its strings are
 //! [`SharedStr`]s: a peer per pod (pods no Deployment owns) repeats its
 //! namespace, cluster, revision and its identity's URI, which are then
-//! one allocation each, not one per peer (at 100k such pods, about 24 MB
-//! of the agent's heap in `dp-scale`).
+//! one allocation each, not one per peer (`dp-scale` at 100k such pods:
+//! 19 MB less RSS).
 
 use crate::config::SharedStr;
 
