@@ -272,14 +272,14 @@ fn flow_open_close(c: &mut Criterion) {
     let metrics = Arc::new(Metrics::new());
     let peer = |name: &str| {
         Arc::new(Peer {
-            workload: Some(name.to_owned()),
-            namespace: Some("shop".to_owned()),
-            principal: Some(format!("spiffe://cluster.local/ns/shop/sa/{name}")),
-            canonical_service: Some(name.to_owned()),
-            canonical_revision: Some("v1".to_owned()),
-            cluster: Some("Kubernetes".to_owned()),
-            region: Some("eu".to_owned()),
-            zone: Some("eu-1".to_owned()),
+            workload: Some(name.into()),
+            namespace: Some("shop".into()),
+            principal: Some(format!("spiffe://cluster.local/ns/shop/sa/{name}").into()),
+            canonical_service: Some(name.into()),
+            canonical_revision: Some("v1".into()),
+            cluster: Some("Kubernetes".into()),
+            region: Some("eu".into()),
+            zone: Some("eu-1".into()),
         })
     };
     let flow = Flow {

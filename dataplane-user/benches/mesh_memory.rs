@@ -2,7 +2,10 @@
 //! 31's synthetic meshes (N workloads with one IP, N/10 services, N/100
 //! namespace policies), counted by a global allocator that tracks the
 //! bytes in use (what was asked for: the allocator's own overhead and
-//! free pages are not counted, so RSS is higher):
+//! free pages are not counted, so RSS is higher; the `glibc chunks`
+//! column is what glibc's allocator takes for the same blocks, its
+//! 8-byte header and 16-byte rounding included, 32 bytes at least: the
+//! agent's heap as `malloc_stats` reports it in use):
 //!
 //! - `resources`: istiod's resources as the xDS client holds them, each
 //!   translated into the mesh model when it arrived (for the model, a
@@ -34,6 +37,30 @@ mod synthetic;
 struct Counting;
 
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
+/// The same blocks as glibc's allocator sizes them ([`chunk`]).
+static CHUNKS: AtomicUsize = AtomicUsize::new(0);
+/// Blocks in use.
+static BLOCKS: AtomicUsize = AtomicUsize::new(0);
+
+/// The size of glibc's chunk for a request of `size` bytes on 64-bit
+/// targets (malloc.c `request2size`: the size word, rounded up to 16,
+/// `MINSIZE` 32). Blocks past the mmap threshold are page-rounded
+/// instead; the few there are do not change the figures.
+fn chunk(size: usize) -> usize {
+    ((size + 8 + 15) & !15).max(32)
+}
+
+fn count_alloc(size: usize) {
+    IN_USE.fetch_add(size, Ordering::Relaxed);
+    CHUNKS.fetch_add(chunk(size), Ordering::Relaxed);
+    BLOCKS.fetch_add(1, Ordering::Relaxed);
+}
+
+fn count_dealloc(size: usize) {
+    IN_USE.fetch_sub(size, Ordering::Relaxed);
+    CHUNKS.fetch_sub(chunk(size), Ordering::Relaxed);
+    BLOCKS.fetch_sub(1, Ordering::Relaxed);
+}
 
 // SAFETY: every call is forwarded to `System` with the caller's layout;
 // the counter only observes sizes.
@@ -42,7 +69,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: the caller's contract is `System::alloc`'s.
         let ptr = unsafe { System.alloc(layout) };
         if !ptr.is_null() {
-            IN_USE.fetch_add(layout.size(), Ordering::Relaxed);
+            count_alloc(layout.size());
         }
         ptr
     }
@@ -50,15 +77,15 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: as above.
         unsafe { System.dealloc(ptr, layout) };
-        IN_USE.fetch_sub(layout.size(), Ordering::Relaxed);
+        count_dealloc(layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as above.
         let new = unsafe { System.realloc(ptr, layout, new_size) };
         if !new.is_null() {
-            IN_USE.fetch_sub(layout.size(), Ordering::Relaxed);
-            IN_USE.fetch_add(new_size, Ordering::Relaxed);
+            count_dealloc(layout.size());
+            count_alloc(new_size);
         }
         new
     }
@@ -71,6 +98,14 @@ fn in_use() -> usize {
     IN_USE.load(Ordering::Relaxed)
 }
 
+/// Glibc's chunk bytes and the blocks in use.
+fn chunks_and_blocks() -> (usize, usize) {
+    (
+        CHUNKS.load(Ordering::Relaxed),
+        BLOCKS.load(Ordering::Relaxed),
+    )
+}
+
 /// Bytes in use by each stage for a mesh of `n` workloads, `services`
 /// services and `policies` policies.
 #[derive(Debug, Clone, Copy)]
@@ -78,6 +113,10 @@ struct Stages {
     resources: usize,
     model: usize,
     state: usize,
+    /// The three stages' blocks as glibc's chunks.
+    chunks: usize,
+    /// The three stages' blocks.
+    blocks: usize,
 }
 
 impl Stages {
@@ -89,6 +128,7 @@ impl Stages {
 fn measure(n: usize, services: usize, policies: usize) -> Result<Stages, String> {
     let file = LocalConfig::default();
     let start = in_use();
+    let (chunks_start, blocks_start) = chunks_and_blocks();
     let resources = synthetic::held(n, services, policies);
     let after_resources = in_use();
     let mut model = XdsModel::default();
@@ -97,10 +137,13 @@ fn measure(n: usize, services: usize, policies: usize) -> Result<Stages, String>
     let state = merged_state(&file, Some(("xds://bench", &entries)))
         .map_err(|err| format!("the mesh state of {n} workloads: {err}"))?;
     let after_state = in_use();
+    let (chunks_end, blocks_end) = chunks_and_blocks();
     let stages = Stages {
         resources: after_resources.saturating_sub(start),
         model: after_model.saturating_sub(after_resources),
         state: after_state.saturating_sub(after_model),
+        chunks: chunks_end.saturating_sub(chunks_start),
+        blocks: blocks_end.saturating_sub(blocks_start),
     };
     drop((state, entries, model, resources));
     Ok(stages)
@@ -118,9 +161,9 @@ fn main() -> Result<(), String> {
         None => vec![1_000],
     };
     println!(
-        "| workloads (services, policies) | resources | model | state | total | per workload | per service | per policy |"
+        "| workloads (services, policies) | resources | model | state | total | per workload | per service | per policy | glibc chunks | blocks |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for n in sizes {
         let (services, policies) = ((n / 10).max(1), (n / 100).max(1));
         let base = measure(n, services, policies)?;
@@ -130,7 +173,7 @@ fn main() -> Result<(), String> {
             |grown: Stages, added: usize| grown.total().saturating_sub(base.total()) / added.max(1);
         let mb = |bytes: usize| format!("{:.1} MB", bytes as f64 / 1e6);
         println!(
-            "| {n} ({services}, {policies}) | {} | {} | {} | {} | {} B | {} B | {} B |",
+            "| {n} ({services}, {policies}) | {} | {} | {} | {} | {} B | {} B | {} B | {} | {} |",
             mb(base.resources),
             mb(base.model),
             mb(base.state),
@@ -138,6 +181,8 @@ fn main() -> Result<(), String> {
             base.total() / n.max(1),
             per(more_services, services),
             per(more_policies, policies),
+            mb(base.chunks),
+            base.blocks,
         );
     }
     Ok(())

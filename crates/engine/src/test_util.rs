@@ -238,9 +238,9 @@ impl TestPodBuilder {
                 namespace: self.namespace.clone(),
             },
             peer: Arc::new(Peer {
-                workload: Some(name),
-                namespace: Some(self.namespace),
-                principal: Some(spiffe.to_uri()),
+                workload: Some(name.into()),
+                namespace: Some(self.namespace.into()),
+                principal: Some(spiffe.as_uri().into()),
                 ..Default::default()
             }),
             spiffe,

@@ -74,9 +74,9 @@ impl Enrollments {
                 namespace: spec.namespace.clone(),
             },
             peer: Arc::new(crate::telemetry::Peer {
-                workload: Some(spec.name.clone()),
-                namespace: Some(spec.namespace.clone()),
-                principal: Some(spiffe.to_uri()),
+                workload: Some(spec.name.as_str().into()),
+                namespace: Some(spec.namespace.as_str().into()),
+                principal: Some(spiffe.as_uri().into()),
                 ..Default::default()
             }),
             spiffe: spiffe.clone(),

@@ -11,6 +11,8 @@ use http::{
     header::{self, InvalidHeaderValue},
 };
 
+use dataplane_model::config::SharedStr;
+
 use crate::telemetry::{Peer, TraceId};
 
 /// Per-stream receive window: 4 MiB (ztunnel's `HTTP2_STREAM_WINDOW_SIZE`
@@ -129,11 +131,11 @@ impl Baggage {
     /// and name (from enrollment; empty takes the mesh's), and the mesh's
     /// facts about it (`peer`), with `Kubernetes` and `latest` as defaults.
     pub fn of(peer: &Peer, namespace: &str, pod: &str) -> Self {
-        let or = |value: &Option<String>, default: &str| {
-            value.clone().unwrap_or_else(|| default.to_owned())
+        let or = |value: &Option<SharedStr>, default: &str| {
+            value.as_deref().unwrap_or(default).to_owned()
         };
-        let given = |value: &str, fallback: &Option<String>| match value {
-            "" => fallback.clone().unwrap_or_default(),
+        let given = |value: &str, fallback: &Option<SharedStr>| match value {
+            "" => fallback.as_deref().unwrap_or_default().to_owned(),
             value => value.to_owned(),
         };
         let pod = given(pod, &peer.workload);
@@ -143,8 +145,8 @@ impl Baggage {
             service: or(&peer.canonical_service, &pod),
             workload: ("pod".into(), pod),
             version: or(&peer.canonical_revision, "latest"),
-            region: peer.region.clone().unwrap_or_default(),
-            zone: peer.zone.clone().unwrap_or_default(),
+            region: peer.region.as_deref().unwrap_or_default().to_owned(),
+            zone: peer.zone.as_deref().unwrap_or_default().to_owned(),
         }
     }
 }
@@ -162,12 +164,12 @@ impl Baggage {
     /// `principal` is the verified identity, never the baggage's word.
     /// Empty facts, facts longer than [`MAX_BAGGAGE_FACT`] and facts with
     /// control characters are left out (`unknown` in the labels).
-    pub fn peer(&self, principal: Option<String>) -> Peer {
+    pub fn peer(&self, principal: Option<SharedStr>) -> Peer {
         let fact = |value: &str| {
             let fits = !value.is_empty()
                 && value.len() <= MAX_BAGGAGE_FACT
                 && !value.chars().any(char::is_control);
-            fits.then(|| value.to_owned())
+            fits.then(|| SharedStr::from(value))
         };
         Peer {
             workload: fact(&self.workload.1),

@@ -136,7 +136,9 @@ async fn serve_connection(
     // not know: the streams' baggage then says who the client is.
     let source_known = *known != Peer::default();
     let source = Arc::new(Peer {
-        principal: peer_identity.as_ref().map(Identity::to_uri),
+        principal: peer_identity
+            .as_ref()
+            .map(|id: &Identity| id.as_uri().into()),
         ..(*known).clone()
     });
     let destination = ctx.own_peer(&ctx.mesh.state());

@@ -110,12 +110,12 @@ pub struct Flow {
 }
 
 /// A label's value: `unknown` when not known, as Istio writes it.
-pub(super) fn label(value: Option<&String>) -> String {
-    value.cloned().unwrap_or_else(|| "unknown".to_owned())
+pub(super) fn label<S: AsRef<str>>(value: Option<&S>) -> String {
+    value.map_or_else(|| "unknown".to_owned(), |v| v.as_ref().to_owned())
 }
 
-fn field(value: Option<&String>) -> &str {
-    value.map_or("-", String::as_str)
+fn field<S: AsRef<str>>(value: Option<&S>) -> &str {
+    value.map_or("-", AsRef::as_ref)
 }
 
 impl Flow {
@@ -378,9 +378,9 @@ mod tests {
 
     fn peer(name: &str) -> Arc<Peer> {
         Arc::new(Peer {
-            workload: Some(name.to_owned()),
-            namespace: Some("shop".to_owned()),
-            principal: Some(format!("spiffe://cluster.local/ns/shop/sa/{name}")),
+            workload: Some(name.into()),
+            namespace: Some("shop".into()),
+            principal: Some(format!("spiffe://cluster.local/ns/shop/sa/{name}").into()),
             ..Peer::default()
         })
     }

@@ -474,7 +474,8 @@ impl Metrics {
     /// `hostname` is resolved for it (ztunnel counts before the lookup,
     /// whatever its outcome: `src/state.rs` `resolve_workload_address`).
     pub fn on_demand_dns(&self, source: &Peer, hostname: &str) {
-        let label = |value: &Option<String>| super::flow::label(value.as_ref());
+        let label =
+            |value: &Option<dataplane_model::config::SharedStr>| super::flow::label(value.as_ref());
         self.on_demand_dns
             .get_or_create(&OnDemandDnsLabels {
                 source_workload: label(&source.workload),

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use dataplane_core::intern::Interner;
 
 use super::Peer;
-use crate::identity::Identity;
+use crate::{config::SharedStr, identity::Identity};
 
 /// Smallest table size swept (below it sweeping is not worth a pass).
 const MIN_SWEEP: usize = 64;
@@ -25,6 +25,9 @@ pub(super) struct Interned(Mutex<Tables>);
 struct Tables {
     identities: Interner<Identity>,
     peers: Interner<Arc<Peer>>,
+    /// The strings of peers that workloads repeat (identity URIs,
+    /// revisions, localities).
+    texts: Interner<SharedStr>,
 }
 
 impl Default for Interned {
@@ -32,6 +35,7 @@ impl Default for Interned {
         Interned(Mutex::new(Tables {
             identities: Interner::new(MIN_SWEEP),
             peers: Interner::new(MIN_SWEEP),
+            texts: Interner::new(MIN_SWEEP),
         }))
     }
 }
@@ -44,6 +48,19 @@ impl Interned {
     /// The held identity equal to `identity` (holding it if none is).
     pub(super) fn identity(&self, identity: Identity) -> Identity {
         self.tables().identities.intern(identity)
+    }
+
+    /// The held string equal to `text` (holding it if none is); empty
+    /// strings are never held (a `SharedStr` holds nothing for them).
+    pub(super) fn text(&self, text: &str) -> SharedStr {
+        if text.is_empty() {
+            return SharedStr::default();
+        }
+        let mut tables = self.tables();
+        match tables.texts.get(text) {
+            Some(held) => held,
+            None => tables.texts.intern(SharedStr::from(text)),
+        }
     }
 
     /// The held peer equal to `peer` (holding it if none is).
@@ -70,8 +87,8 @@ mod tests {
 
     fn peer(name: &str) -> Peer {
         Peer {
-            workload: Some(name.to_owned()),
-            namespace: Some("shop".to_owned()),
+            workload: Some(name.into()),
+            namespace: Some("shop".into()),
             ..Peer::default()
         }
     }
@@ -87,6 +104,55 @@ mod tests {
         assert!(Arc::ptr_eq(&p, &q));
         assert!(!Arc::ptr_eq(&p, &interned.peer(peer("db"))));
         assert_eq!(interned.len(), (2, 2));
+    }
+
+    #[test]
+    fn pods_of_no_deployment_share_the_strings_their_peers_repeat() {
+        use crate::config::{SharedStr, Workload};
+        let interned = Interned::default();
+        // As translation shares them (`config::interned::Strings`).
+        let (namespace, cluster) = (SharedStr::from("shop"), SharedStr::from("east"));
+        let pod = |name: &str| Workload {
+            name: name.to_owned(),
+            namespace: namespace.clone(),
+            service_account: "web".into(),
+            trust_domain: "cluster.local".into(),
+            cluster_id: cluster.clone(),
+            ..Workload::default()
+        };
+        let peers: Vec<Arc<Peer>> = ["web-1", "web-2"]
+            .into_iter()
+            .map(|name| {
+                let workload = pod(name);
+                let identity = interned.identity(
+                    Identity::new(
+                        &*workload.trust_domain,
+                        &*workload.namespace,
+                        &*workload.service_account,
+                    )
+                    .unwrap(),
+                );
+                interned.peer(super::super::workload_peer(&workload, &identity, &interned))
+            })
+            .collect();
+        let (a, b) = (&peers[0], &peers[1]);
+        // Two peers (the pods' names differ), as before.
+        assert!(!Arc::ptr_eq(a, b));
+        assert_eq!(a.workload.as_deref(), Some("web-1"));
+        assert_eq!(
+            a.principal.as_deref(),
+            Some("spiffe://cluster.local/ns/shop/sa/web")
+        );
+        assert_eq!(a.canonical_revision.as_deref(), Some("latest"));
+        let same = |x: &Option<SharedStr>, y: &Option<SharedStr>| {
+            SharedStr::ptr_eq(x.as_ref().unwrap(), y.as_ref().unwrap())
+        };
+        assert!(same(&a.principal, &b.principal), "the identity URI");
+        assert!(
+            same(&a.canonical_revision, &b.canonical_revision),
+            "`latest`"
+        );
+        assert!(same(&a.namespace, &b.namespace) && same(&a.cluster, &b.cluster));
     }
 
     #[test]

@@ -89,21 +89,23 @@ impl MeshWorkload {
 /// A workload as a connection end in telemetry, named as Istio names it:
 /// the owning workload (a Deployment) when known, else the pod; the
 /// canonical service defaulting to that name and the revision to `latest`,
-/// as Istio defaults them.
-fn workload_peer(workload: &Workload, identity: &Identity) -> Peer {
-    let known = |value: &str| (!value.is_empty()).then(|| value.to_owned());
-    let name = known(&workload.workload_name).unwrap_or_else(|| workload.name.clone());
+/// as Istio defaults them. The strings other peers repeat are shared
+/// (`interned`, the workload's own namespace and cluster).
+fn workload_peer(workload: &Workload, identity: &Identity, interned: &interned::Interned) -> Peer {
+    let known = |value: &SharedStr| (!value.is_empty()).then(|| value.clone());
+    let name = known(&workload.workload_name).unwrap_or_else(|| SharedStr::from(&workload.name));
+    let shared = |value: &str| (!value.is_empty()).then(|| interned.text(value));
     Peer {
         canonical_service: Some(known(&workload.canonical_name).unwrap_or_else(|| name.clone())),
         canonical_revision: Some(
-            known(&workload.canonical_revision).unwrap_or_else(|| "latest".to_owned()),
+            known(&workload.canonical_revision).unwrap_or_else(|| interned.text("latest")),
         ),
         workload: Some(name),
-        namespace: Some(workload.namespace.to_string()),
-        principal: Some(identity.to_uri()),
+        namespace: Some(workload.namespace.clone()),
+        principal: Some(interned.text(identity.as_uri())),
         cluster: known(&workload.cluster_id),
-        region: known(&workload.locality().region),
-        zone: known(&workload.locality().zone),
+        region: shared(&workload.locality().region),
+        zone: shared(&workload.locality().zone),
     }
 }
 
@@ -218,7 +220,9 @@ impl WorkloadIndex {
             source,
         })?;
         let identity = self.interned.identity(identity);
-        let peer = self.interned.peer(workload_peer(workload, &identity));
+        let peer = self
+            .interned
+            .peer(workload_peer(workload, &identity, &self.interned));
         Ok(MeshWorkload {
             workload: Arc::clone(workload),
             identity,
