@@ -8,6 +8,10 @@ use std::{sync::Arc, time::Duration};
 use serde_json::{Value, json};
 
 use super::*;
+use super::{
+    certs::{der_to_pem, rfc3339_secs},
+    policies::string_match,
+};
 use dataplane_identity::test_util::TestCa;
 
 const MESH: &str = r#"
