@@ -9,12 +9,11 @@
 
 use std::sync::Arc;
 
-use prost_types::Any;
+use crate::xds::test_support::{resource, response};
 
 use super::MAX_NAMES;
 use crate::istio_api::{
     ADDRESS_TYPE, AUTHORIZATION_TYPE,
-    discovery::{DeltaDiscoveryResponse, Resource},
     security::Authorization,
     workload::{Address, NetworkAddress, Service, Workload, address},
 };
@@ -77,29 +76,6 @@ fn policy(name: &str, action: i32) -> Authorization {
     }
 }
 
-fn resource(name: &str, version: &str, type_url: &str, body: &impl prost::Message) -> Resource {
-    Resource {
-        name: name.into(),
-        version: version.into(),
-        resource: Some(Any {
-            type_url: type_url.into(),
-            value: body.encode_to_vec(),
-        }),
-        ..Default::default()
-    }
-}
-
-fn response(type_url: &str, resources: Vec<Resource>, removed: Vec<String>) -> Response {
-    Response::from_message(&DeltaDiscoveryResponse {
-        type_url: type_url.into(),
-        resources,
-        removed_resources: removed,
-        nonce: "n".into(),
-        ..Default::default()
-    })
-    .unwrap()
-}
-
 /// A random response over small pools of names and addresses, so that
 /// entries often claim one another's addresses (conflicts to resolve
 /// again), resources are sent again unchanged, removed when not held,
@@ -119,10 +95,11 @@ fn random_response(rng: &mut Lcg) -> Response {
                 )
             })
             .collect();
-        let removed = (0..rng.below(2))
+        let removed: Vec<String> = (0..rng.below(2))
             .map(|_| format!("shop/p{}", rng.below(4)))
             .collect();
-        return response(AUTHORIZATION_TYPE, resources, removed);
+        let removed: Vec<&str> = removed.iter().map(String::as_str).collect();
+        return response(AUTHORIZATION_TYPE, resources, &removed);
     }
     let mut resources = Vec::new();
     for _ in 0..=rng.below(3) {
@@ -149,7 +126,7 @@ fn random_response(rng: &mut Lcg) -> Response {
             resources.push(resource(&uid, &version, ADDRESS_TYPE, &body));
         }
     }
-    let removed = (0..rng.below(3) / 2)
+    let removed: Vec<String> = (0..rng.below(3) / 2)
         .map(|_| {
             if rng.below(2) == 0 {
                 format!("w{:02}", rng.below(12))
@@ -158,7 +135,8 @@ fn random_response(rng: &mut Lcg) -> Response {
             }
         })
         .collect();
-    response(ADDRESS_TYPE, resources, removed)
+    let removed: Vec<&str> = removed.iter().map(String::as_str).collect();
+    response(ADDRESS_TYPE, resources, &removed)
 }
 
 /// `resources`' maps in a copy the journal cannot vouch for (none of its
@@ -243,7 +221,7 @@ fn many_workloads(count: usize, version: &str) -> Response {
             resource(&uid, version, ADDRESS_TYPE, &body)
         })
         .collect();
-    response(ADDRESS_TYPE, resources, Vec::new())
+    response(ADDRESS_TYPE, resources, &[])
 }
 
 /// Brings `model` up to `resources` and checks it against one that
@@ -276,14 +254,14 @@ fn a_response_naming_more_than_the_journal_keeps_is_compared_whole() {
         client.apply(&response(
             ADDRESS_TYPE,
             vec![resource(&uid, &format!("v3-{i}"), ADDRESS_TYPE, &body)],
-            Vec::new(),
+            &[],
         ));
     }
     assert_eq!(client.touched_since(&seen), None);
     update_and_check(&mut model, &client, "many small responses");
     // And within reach again afterwards.
     let seen = client.clone();
-    client.apply(&response(ADDRESS_TYPE, Vec::new(), vec!["w0003".into()]));
+    client.apply(&response(ADDRESS_TYPE, Vec::new(), &["w0003"]));
     let touched = client.touched_since(&seen).unwrap();
     assert_eq!(touched.addresses, [Arc::from("w0003")]);
     update_and_check(&mut model, &client, "after the overflow");
@@ -298,14 +276,14 @@ fn a_copy_of_another_history_is_compared_whole() {
     // Another client given the same first state, then a different change.
     let mut other = XdsResources::default();
     other.apply(&many_workloads(20, "v1"));
-    other.apply(&response(ADDRESS_TYPE, Vec::new(), vec!["w0001".into()]));
+    other.apply(&response(ADDRESS_TYPE, Vec::new(), &["w0001"]));
     assert_eq!(other.touched_since(&one), None);
     update_and_check(&mut model, &other, "another client");
     // Two copies of one state going separate ways (a branch).
     let mut left = other.clone();
     let mut right = other.clone();
-    left.apply(&response(ADDRESS_TYPE, Vec::new(), vec!["w0002".into()]));
-    right.apply(&response(ADDRESS_TYPE, Vec::new(), vec!["w0003".into()]));
+    left.apply(&response(ADDRESS_TYPE, Vec::new(), &["w0002"]));
+    right.apply(&response(ADDRESS_TYPE, Vec::new(), &["w0003"]));
     update_and_check(&mut model, &left, "left");
     assert_eq!(right.touched_since(&left), None);
     update_and_check(&mut model, &right, "right after left");
@@ -330,7 +308,7 @@ fn maps_changed_outside_the_journal_are_compared_whole() {
     // The client goes on without that change: the model held the changed
     // copy, whose state the journal cannot vouch for.
     let seen = client.clone();
-    client.apply(&response(ADDRESS_TYPE, Vec::new(), vec!["w0005".into()]));
+    client.apply(&response(ADDRESS_TYPE, Vec::new(), &["w0005"]));
     assert!(client.touched_since(&seen).is_some());
     assert_eq!(client.touched_since(&direct), None);
     update_and_check(&mut model, &client, "the client after the direct change");
@@ -339,7 +317,7 @@ fn maps_changed_outside_the_journal_are_compared_whole() {
     // journal does not link it to the copy the model holds.
     let seen = client.clone();
     client.addresses.insert(name.clone(), held.clone());
-    client.apply(&response(ADDRESS_TYPE, Vec::new(), vec!["w0008".into()]));
+    client.apply(&response(ADDRESS_TYPE, Vec::new(), &["w0008"]));
     assert_eq!(client.touched_since(&seen), None);
     update_and_check(&mut model, &client, "a response after changing the client");
     assert!(model.entries().workloads.contains_key("w0020"));
@@ -349,7 +327,7 @@ fn maps_changed_outside_the_journal_are_compared_whole() {
     policies.apply(&response(
         AUTHORIZATION_TYPE,
         vec![resource("shop/p", "1", AUTHORIZATION_TYPE, &policy("p", 0))],
-        Vec::new(),
+        &[],
     ));
     let (name, held) = policies.authorizations.get_key_value("shop/p").unwrap();
     direct.authorizations.insert(name.clone(), held.clone());
@@ -357,11 +335,11 @@ fn maps_changed_outside_the_journal_are_compared_whole() {
     // Its next response starts a history the journal cannot link to the
     // copy the model holds; the one after that it vouches for.
     let seen = direct.clone();
-    direct.apply(&response(ADDRESS_TYPE, Vec::new(), vec!["w0006".into()]));
+    direct.apply(&response(ADDRESS_TYPE, Vec::new(), &["w0006"]));
     assert_eq!(direct.touched_since(&seen), None);
     update_and_check(&mut model, &direct, "a response after the direct change");
     let seen = direct.clone();
-    direct.apply(&response(ADDRESS_TYPE, Vec::new(), vec!["w0007".into()]));
+    direct.apply(&response(ADDRESS_TYPE, Vec::new(), &["w0007"]));
     assert!(direct.touched_since(&seen).is_some());
     update_and_check(&mut model, &direct, "the next response");
     assert!(model.entries().policies.contains_key("shop/p"));

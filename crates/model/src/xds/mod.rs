@@ -18,6 +18,9 @@ pub mod resources;
 pub mod translate;
 pub mod wire;
 
+#[cfg(test)]
+mod test_support;
+
 pub use client::{Applied, AppliedReporter, XdsClient, XdsSnapshot, XdsStatus};
 pub use metrics::XdsMetrics;
 pub use model::{ChangedEntries, XdsEntries, XdsModel};

@@ -3,15 +3,14 @@
     reason = "a bad fixture should fail the test loudly"
 )]
 
-use prost_types::Any;
+use crate::xds::test_support::{resource, response};
 
 use super::*;
 use crate::istio_api::{
-    discovery::{DeltaDiscoveryResponse, Resource},
+    discovery::Resource,
     security::{Clause, Match, Rule},
     workload::NetworkAddress,
 };
-use crate::xds::wire::Response;
 
 fn workload(uid: &str, ip: [u8; 4]) -> Address {
     Address {
@@ -40,29 +39,6 @@ fn service(hostname: &str, vip: Vec<u8>) -> Address {
             ..Default::default()
         })),
     }
-}
-
-fn resource(name: &str, version: &str, type_url: &str, body: &impl prost::Message) -> Resource {
-    Resource {
-        name: name.into(),
-        version: version.into(),
-        resource: Some(Any {
-            type_url: type_url.into(),
-            value: body.encode_to_vec(),
-        }),
-        ..Default::default()
-    }
-}
-
-fn response(type_url: &str, resources: Vec<Resource>, removed: &[&str]) -> Response {
-    Response::from_message(&DeltaDiscoveryResponse {
-        type_url: type_url.into(),
-        resources,
-        removed_resources: removed.iter().map(|s| (*s).to_owned()).collect(),
-        nonce: "n1".into(),
-        ..Default::default()
-    })
-    .unwrap()
 }
 
 #[test]
